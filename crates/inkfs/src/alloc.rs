@@ -1,0 +1,1 @@
+//! Per-lane block and inode-slot allocators. (Being written.)

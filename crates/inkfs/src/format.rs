@@ -1,0 +1,489 @@
+//! On-media format v1: every persistent structure, defined once.
+//!
+//! docs/FORMAT.md is the prose version of this file and states the persist
+//! order of every update path. All integers are little-endian (inkfs runs on
+//! x86_64 only, so native order is little-endian; the compile-time check
+//! below keeps it honest). Structures hold only what recovery needs: no
+//! locks, no DRAM pointers, no "updating" flags.
+
+use std::mem::size_of;
+
+#[cfg(not(target_endian = "little"))]
+compile_error!("inkfs' on-media format is little-endian and is read with native loads");
+
+pub const BLOCK_SIZE: u64 = 4096;
+pub const BLOCK_SHIFT: u32 = 12;
+pub const MAGIC: [u8; 8] = *b"INKFSpm1";
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Block numbers of the two superblock copies.
+pub const SUPER_PRIMARY_BLOCK: u64 = 0;
+pub const SUPER_BACKUP_BLOCK: u64 = 1;
+/// The lane areas start right after the superblocks.
+pub const LANES_FIRST_BLOCK: u64 = 2;
+
+/// Per-lane fixed area: journal block, free-list save area, first inode-table block.
+pub const LANE_JOURNAL_BLOCK: u64 = 0;
+pub const LANE_SAVE_FIRST_BLOCK: u64 = 1;
+pub const LANE_SAVE_BLOCKS: u64 = 16;
+pub const LANE_INODE_TABLE_BLOCK: u64 = LANE_SAVE_FIRST_BLOCK + LANE_SAVE_BLOCKS;
+pub const LANE_STRIDE_BLOCKS: u64 = LANE_INODE_TABLE_BLOCK + 1;
+pub const LANES_MAX: u32 = 256;
+
+/// The root directory's inode number (lane 0, slot 0).
+pub const ROOT_INO: u64 = 1;
+pub const NAME_MAX: usize = 255;
+pub const SYMLINK_MAX: usize = 4095;
+/// Largest file size; writes beyond fail with EFBIG.
+pub const MAX_FILE_BYTES: u64 = 1 << 46;
+
+/// Plain old data: `#[repr(C)]` types without padding for which every bit
+/// pattern is a valid value, so they can be copied to and from media.
+///
+/// # Safety
+/// Implement only for `#[repr(C)]` types made of integers and byte arrays,
+/// with no implicit padding (the size assertions next to each type check it).
+pub unsafe trait Pod: Copy + 'static {
+    fn zeroed() -> Self {
+        // SAFETY: every bit pattern, including all zeros, is valid (trait contract).
+        unsafe { std::mem::zeroed() }
+    }
+    fn as_bytes(&self) -> &[u8] {
+        // SAFETY: no padding, so every byte is initialised (trait contract).
+        unsafe { std::slice::from_raw_parts(self as *const Self as *const u8, size_of::<Self>()) }
+    }
+    fn as_bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: every bit pattern is valid (trait contract).
+        unsafe { std::slice::from_raw_parts_mut(self as *mut Self as *mut u8, size_of::<Self>()) }
+    }
+    fn from_bytes(bytes: &[u8]) -> Self {
+        debug_assert!(bytes.len() >= size_of::<Self>());
+        let mut v = Self::zeroed();
+        let n = size_of::<Self>();
+        v.as_bytes_mut().copy_from_slice(&bytes[..n]);
+        v
+    }
+}
+
+macro_rules! pod {
+    ($t:ty, $size:expr) => {
+        // SAFETY: repr(C), integers and byte arrays only, size asserted below.
+        unsafe impl Pod for $t {}
+        const _: () = assert!(size_of::<$t>() == $size);
+    };
+}
+
+// ---------------------------------------------------------------------------
+// Superblock
+// ---------------------------------------------------------------------------
+
+/// `Superblock::state` values.
+pub const STATE_CLEAN: u32 = 1;
+pub const STATE_MOUNTED: u32 = 2;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Superblock {
+    pub magic: [u8; 8],
+    pub version: u32,
+    pub block_size: u32,
+    pub size_bytes: u64,
+    pub total_blocks: u64,
+    pub lane_count: u32,
+    /// STATE_CLEAN after a clean unmount, STATE_MOUNTED while in use.
+    pub state: u32,
+    /// Bumped at every mount; the free-list save areas are trusted only when
+    /// their epoch equals the epoch of the clean unmount that wrote them.
+    pub mount_epoch: u64,
+    /// First block the allocator manages (after all lane areas).
+    pub first_data_block: u64,
+    pub uuid: [u8; 16],
+    pub created_unix_ns: u64,
+    /// Last clean unmount time (0 if never).
+    pub unmounted_unix_ns: u64,
+    pub reserved: [u8; 164],
+    /// crc32c of every byte before this field.
+    pub checksum: u32,
+}
+pod!(Superblock, 256);
+
+impl Superblock {
+    pub fn compute_checksum(&self) -> u32 {
+        let bytes = self.as_bytes();
+        crc32c::crc32c(&bytes[..bytes.len() - 4])
+    }
+    pub fn seal(&mut self) {
+        self.checksum = self.compute_checksum();
+    }
+}
+
+/// Block number of lane `lane`'s fixed area.
+pub fn lane_first_block(lane: u32) -> u64 {
+    LANES_FIRST_BLOCK + lane as u64 * LANE_STRIDE_BLOCKS
+}
+
+/// First block after all lane areas.
+pub fn lanes_end_block(lane_count: u32) -> u64 {
+    lane_first_block(lane_count)
+}
+
+// ---------------------------------------------------------------------------
+// Redo journal (one per lane, one block)
+// ---------------------------------------------------------------------------
+
+/// Fixed header at the start of a lane's journal block.
+///
+/// A transaction is committed when `commit` holds a non-zero record count
+/// and a crc32c that matches the records: both live in one 8-byte word, so
+/// the commit point is a single atomic store. See docs/FORMAT.md.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JournalHeader {
+    /// Transaction sequence number (also covered by the crc).
+    pub seq: u64,
+    /// `count as u64 | (crc32c as u64) << 32`; 0 means "no transaction".
+    pub commit: u64,
+    pub reserved: [u8; 48],
+}
+pod!(JournalHeader, 64);
+
+/// One redo record: store `value` at byte offset `offset` (8-byte aligned).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JournalRecord {
+    pub offset: u64,
+    pub value: u64,
+}
+pod!(JournalRecord, 16);
+
+pub const JOURNAL_MAX_RECORDS: usize =
+    (BLOCK_SIZE as usize - size_of::<JournalHeader>()) / size_of::<JournalRecord>();
+
+pub fn journal_commit_word(count: u32, crc: u32) -> u64 {
+    count as u64 | (crc as u64) << 32
+}
+
+pub fn journal_crc(seq: u64, records: &[JournalRecord]) -> u32 {
+    let mut crc = crc32c::crc32c(&seq.to_le_bytes());
+    for r in records {
+        crc = crc32c::crc32c_append(crc, r.as_bytes());
+    }
+    crc
+}
+
+// ---------------------------------------------------------------------------
+// Free-list save area (one per lane, LANE_SAVE_BLOCKS blocks)
+// ---------------------------------------------------------------------------
+
+/// Header of a lane's save area, written at clean unmount. Followed by
+/// `block_ranges` then `inode_ranges` `SavedRange`s.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SaveHeader {
+    pub magic: u64,
+    /// Must equal `Superblock::mount_epoch` of the unmount that wrote it.
+    pub epoch: u64,
+    pub block_ranges: u32,
+    pub inode_ranges: u32,
+    /// Next never-used inode slot of this lane (slots at or above are free).
+    pub inode_slots_used: u64,
+    pub reserved: [u8; 28],
+    /// crc32c over the header (this field zero) and all ranges.
+    pub checksum: u32,
+}
+pod!(SaveHeader, 64);
+pub const SAVE_MAGIC: u64 = u64::from_le_bytes(*b"INKSAVE1");
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SavedRange {
+    pub start: u64,
+    pub len: u64,
+}
+pod!(SavedRange, 16);
+
+pub const SAVE_MAX_RANGES: usize =
+    ((LANE_SAVE_BLOCKS * BLOCK_SIZE) as usize - size_of::<SaveHeader>()) / size_of::<SavedRange>();
+
+// ---------------------------------------------------------------------------
+// Inode table (per lane: a chain of blocks of inode records)
+// ---------------------------------------------------------------------------
+
+/// `InodeRecord::state` values.
+pub const INODE_FREE: u64 = 0;
+pub const INODE_LIVE: u64 = 1;
+/// Unlinked while open: reclaimed at the next mount after a crash.
+pub const INODE_ORPHAN: u64 = 2;
+
+/// The persistent inode: where its log is, and whether it exists. Every
+/// attribute lives in the log.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InodeRecord {
+    /// INODE_FREE / INODE_LIVE / INODE_ORPHAN; changed by one atomic store
+    /// (journaled when other logs change with it).
+    pub state: u64,
+    /// Block number of the first log page.
+    pub log_head: u64,
+    /// Byte offset (pool-relative) just past the last committed entry.
+    pub log_tail: u64,
+    /// Incremented each time the slot is reused (FUSE/NFS generation).
+    pub generation: u64,
+    /// The inode's own number, for fsck.
+    pub ino: u64,
+    /// `FileKind` as u32, fixed at creation.
+    pub kind: u32,
+    pub reserved0: u32,
+    pub reserved: [u8; 80],
+}
+pod!(InodeRecord, 128);
+
+pub const INODE_RECORD_SIZE: u64 = 128;
+/// Records per inode-table block; the last 128 bytes hold the chain link.
+pub const INODES_PER_TABLE_BLOCK: u64 = BLOCK_SIZE / INODE_RECORD_SIZE - 1;
+pub const INODE_STATE_FIELD: u64 = 0;
+pub const INODE_HEAD_FIELD: u64 = 8;
+pub const INODE_TAIL_FIELD: u64 = 16;
+
+/// Trailer of an inode-table block.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableTrailer {
+    pub magic: u64,
+    /// Next table block of this lane, 0 = end of chain.
+    pub next_block: u64,
+    pub reserved: [u8; 112],
+}
+pod!(TableTrailer, 128);
+pub const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"INKITBL1");
+pub const TABLE_TRAILER_OFFSET: u64 = INODES_PER_TABLE_BLOCK * INODE_RECORD_SIZE;
+
+/// Split an inode number into (lane, slot).
+pub fn ino_to_lane_slot(ino: u64, lane_count: u32) -> (u32, u64) {
+    debug_assert!(ino >= 1);
+    let n = ino - 1;
+    ((n % lane_count as u64) as u32, n / lane_count as u64)
+}
+
+pub fn lane_slot_to_ino(lane: u32, slot: u64, lane_count: u32) -> u64 {
+    slot * lane_count as u64 + lane as u64 + 1
+}
+
+// ---------------------------------------------------------------------------
+// File kinds
+// ---------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum FileKind {
+    File = 1,
+    Dir = 2,
+    Symlink = 3,
+    Fifo = 4,
+    Socket = 5,
+    CharDev = 6,
+    BlockDev = 7,
+}
+
+impl FileKind {
+    pub fn from_u32(v: u32) -> Option<FileKind> {
+        Some(match v {
+            1 => FileKind::File,
+            2 => FileKind::Dir,
+            3 => FileKind::Symlink,
+            4 => FileKind::Fifo,
+            5 => FileKind::Socket,
+            6 => FileKind::CharDev,
+            7 => FileKind::BlockDev,
+            _ => return None,
+        })
+    }
+    /// The S_IFMT bits.
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            FileKind::File => libc::S_IFREG,
+            FileKind::Dir => libc::S_IFDIR,
+            FileKind::Symlink => libc::S_IFLNK,
+            FileKind::Fifo => libc::S_IFIFO,
+            FileKind::Socket => libc::S_IFSOCK,
+            FileKind::CharDev => libc::S_IFCHR,
+            FileKind::BlockDev => libc::S_IFBLK,
+        }
+    }
+    pub fn from_mode(mode: u32) -> Option<FileKind> {
+        Some(match mode & libc::S_IFMT {
+            libc::S_IFREG => FileKind::File,
+            libc::S_IFDIR => FileKind::Dir,
+            libc::S_IFLNK => FileKind::Symlink,
+            libc::S_IFIFO => FileKind::Fifo,
+            libc::S_IFSOCK => FileKind::Socket,
+            libc::S_IFCHR => FileKind::CharDev,
+            libc::S_IFBLK => FileKind::BlockDev,
+            _ => return None,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Log pages and entries
+// ---------------------------------------------------------------------------
+
+/// Log entries are whole cache lines so one entry never shares a line with
+/// the next (a flush of one never re-writes another).
+pub const ENTRY_UNIT: u64 = 64;
+/// Entries live in the first 4032 bytes of a log page; the footer follows.
+pub const LOG_PAGE_PAYLOAD: u64 = BLOCK_SIZE - 64;
+pub const LOG_FOOTER_OFFSET: u64 = LOG_PAGE_PAYLOAD;
+pub const LOG_MAGIC: u64 = u64::from_le_bytes(*b"INKLOGP1");
+
+/// Footer of every log page.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogPageFooter {
+    /// Next page of this log (block number), 0 = none yet.
+    pub next_block: u64,
+    pub magic: u64,
+    /// Inode that owns this log, for fsck.
+    pub owner_ino: u64,
+    pub reserved: [u8; 40],
+}
+pod!(LogPageFooter, 64);
+
+/// Entry type tags (first byte of every entry).
+pub mod entry_type {
+    /// Never written: unused space reads as zero only by accident; entries
+    /// below the tail are never of this type.
+    pub const INVALID: u8 = 0;
+    /// The rest of this page is unused; continue at the next page.
+    pub const PAD: u8 = 1;
+    pub const SET_ATTR: u8 = 2;
+    pub const LINK_CHANGE: u8 = 3;
+    pub const FILE_WRITE: u8 = 4;
+    pub const DIR_ADD: u8 = 5;
+    pub const DIR_REMOVE: u8 = 6;
+    pub const SYMLINK: u8 = 7;
+    pub const XATTR_SET: u8 = 8;
+    pub const XATTR_REMOVE: u8 = 9;
+}
+
+/// First 8 bytes of every entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryHeader {
+    pub kind: u8,
+    /// Entry length in 64-byte units.
+    pub units: u8,
+    pub reserved: u16,
+    /// crc32c of the whole entry with this field zero.
+    pub checksum: u32,
+}
+pod!(EntryHeader, 8);
+
+/// SET_ATTR and LINK_CHANGE: a full snapshot of the inode's attributes.
+/// The last one in the log wins.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttrEntry {
+    pub hdr: EntryHeader,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub size: u64,
+    pub atime_ns: i64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    /// Device number for device nodes; parent inode for directories.
+    pub rdev_or_parent: u64,
+}
+pod!(AttrEntry, 64);
+
+/// FILE_WRITE: pages `[file_page, file_page + pages)` now live in blocks
+/// `[block, block + pages)`, or are a hole when `block == 0`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteEntry {
+    pub hdr: EntryHeader,
+    pub file_page: u64,
+    pub block: u64,
+    pub pages: u32,
+    pub reserved0: u32,
+    /// File size after this write.
+    pub size: u64,
+    /// mtime and ctime after this write.
+    pub mtime_ns: i64,
+    pub reserved: [u8; 16],
+}
+pod!(WriteEntry, 64);
+
+/// DIR_ADD / DIR_REMOVE head; the name follows immediately.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DirEntryHead {
+    pub hdr: EntryHeader,
+    pub ino: u64,
+    /// Readdir cookie: per-directory increasing sequence of the DIR_ADD.
+    pub seq: u64,
+    /// Directory mtime and ctime after this change.
+    pub mtime_ns: i64,
+    pub name_len: u16,
+    /// `FileKind` of the child, for readdir's d_type.
+    pub child_kind: u8,
+    pub reserved: [u8; 5],
+}
+pod!(DirEntryHead, 40);
+
+/// SYMLINK: the target is stored in one data block.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SymlinkEntry {
+    pub hdr: EntryHeader,
+    pub block: u64,
+    pub len: u32,
+    pub reserved: [u8; 44],
+}
+pod!(SymlinkEntry, 64);
+
+/// XATTR_SET / XATTR_REMOVE head; name then value follow.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct XattrHead {
+    pub hdr: EntryHeader,
+    pub name_len: u16,
+    pub value_len: u16,
+    pub reserved: u32,
+    pub ctime_ns: i64,
+}
+pod!(XattrHead, 24);
+
+/// Largest xattr value stored (ext4 without ea_inode stores about a block).
+pub const XATTR_VALUE_MAX: usize = LOG_PAGE_PAYLOAD as usize - size_of::<XattrHead>() - NAME_MAX;
+
+/// Size in bytes of an entry carrying `payload` bytes after a `head`-byte head.
+pub const fn entry_bytes(head: usize, payload: usize) -> u64 {
+    ((head + payload) as u64).div_ceil(ENTRY_UNIT) * ENTRY_UNIT
+}
+
+/// Compute and store an entry's checksum (over `bytes`, the whole entry).
+pub fn seal_entry(bytes: &mut [u8]) {
+    bytes[4..8].fill(0);
+    let crc = crc32c::crc32c(bytes);
+    bytes[4..8].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Check an entry read back from media.
+pub fn entry_checksum_ok(bytes: &[u8]) -> bool {
+    if bytes.len() < 8 {
+        return false;
+    }
+    let stored = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[..4]), &[0; 4]);
+    crc32c::crc32c_append(crc, &bytes[8..]) == stored
+}
+
+const _: () =
+    assert!(size_of::<JournalHeader>() as u64 + (JOURNAL_MAX_RECORDS * 16) as u64 <= BLOCK_SIZE);
+const _: () = assert!(TABLE_TRAILER_OFFSET + size_of::<TableTrailer>() as u64 == BLOCK_SIZE);
+const _: () = assert!(LOG_FOOTER_OFFSET + size_of::<LogPageFooter>() as u64 == BLOCK_SIZE);
+const _: () = assert!(entry_bytes(size_of::<DirEntryHead>(), NAME_MAX) <= LOG_PAGE_PAYLOAD);
+const _: () = assert!(XATTR_VALUE_MAX >= 3072);

@@ -1,0 +1,1 @@
+//! Formatting a pool and validating its superblocks. (Being written.)
