@@ -194,7 +194,7 @@ impl SimPool {
     /// run recovery on).
     pub fn from_image(image: Vec<u8>) -> SimPool {
         assert!(
-            image.len() % LINE_BYTES == 0,
+            image.len() & (LINE_BYTES - 1) == 0,
             "simulated pool size {} is not a multiple of the cache line",
             image.len()
         );
