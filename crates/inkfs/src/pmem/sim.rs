@@ -19,7 +19,7 @@
 //! and its event log, never a copy per fence.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{BackendInfo, BackendKind, FlushMethod, Pmem, CACHE_LINE};
 
@@ -64,7 +64,9 @@ impl PendingLine {
 /// What is durable, and what each pending line may still become.
 #[derive(Clone, Debug)]
 struct Media {
-    durable: Vec<u8>,
+    /// Shared with crash-image iterators; copied on write only if one is
+    /// still alive when a fence changes it.
+    durable: Arc<Vec<u8>>,
     pending: HashMap<u64, PendingLine>,
     /// Lines with a write-back waiting for the next fence.
     flushed: Vec<u64>,
@@ -73,7 +75,7 @@ struct Media {
 impl Media {
     fn new(durable: Vec<u8>) -> Media {
         Media {
-            durable,
+            durable: Arc::new(durable),
             pending: HashMap::new(),
             flushed: Vec::new(),
         }
@@ -107,12 +109,16 @@ impl Media {
 
     /// Every write-back issued so far becomes durable.
     fn fence(&mut self) {
+        if self.flushed.is_empty() {
+            return;
+        }
+        let durable = Arc::make_mut(&mut self.durable);
         for line in self.flushed.drain(..) {
             let Some(p) = self.pending.get_mut(&line) else {
                 unreachable!("flushed line {line} is not pending");
             };
             let start = line as usize * LINE_BYTES;
-            self.durable[start..start + LINE_BYTES].copy_from_slice(&p.versions[p.flushed - 1]);
+            durable[start..start + LINE_BYTES].copy_from_slice(&p.versions[p.flushed - 1]);
             p.versions.drain(..p.flushed);
             p.flushed = 0;
             if p.versions.is_empty() {
@@ -135,7 +141,7 @@ impl Media {
             .map(|line| (line, self.pending[&line].versions.clone()))
             .collect();
         CrashBase {
-            durable: self.durable.clone(),
+            durable: Arc::clone(&self.durable),
             pending,
         }
     }
@@ -224,7 +230,7 @@ impl SimPool {
 
     /// Only what is certainly durable.
     pub fn persisted_image(&self) -> Vec<u8> {
-        self.lock().media.durable.clone()
+        self.lock().media.durable.as_ref().clone()
     }
 
     /// Fences since creation (`sync_all` counts as one).
@@ -535,7 +541,7 @@ pub struct CrashImage {
 
 /// The durable image at a crash point and each pending line's versions.
 struct CrashBase {
-    durable: Vec<u8>,
+    durable: Arc<Vec<u8>>,
     /// Sorted by line, so image numbering is deterministic.
     pending: Vec<(u64, Vec<Line>)>,
 }
@@ -621,7 +627,7 @@ impl ExactSizeIterator for CrashImages {}
 
 impl CrashBase {
     fn image(&self, plan: &Plan, index: u64) -> CrashImage {
-        let mut image = self.durable.clone();
+        let mut image = self.durable.as_ref().clone();
         let mut choose = Chooser::new(plan, index);
         for (line, versions) in &self.pending {
             // 0: the line never got written back; k: it holds version k.
