@@ -248,13 +248,24 @@ impl Pmem for MappedPool {
         cpu::sfence();
     }
 
+    /// msync of the whole mapping (on fs-DAX the kernel also writes back
+    /// the CPU caches of dirty pages), then a fence.
+    ///
+    /// Device DAX has no kernel write-back path (msync fails with EINVAL:
+    /// the device has no fsync) and flushing every line of a large device
+    /// would take seconds, so there this is only a fence: every store the
+    /// engine depends on was already flushed by it.
     fn sync_all(&self) -> io::Result<()> {
-        // SAFETY: exactly the mapping.
-        let rc = unsafe { libc::msync(self.base.cast(), self.map_len, libc::MS_SYNC) };
-        let result = if rc != 0 {
-            Err(io::Error::last_os_error())
-        } else {
+        let result = if self.kind == BackendKind::DeviceDax {
             Ok(())
+        } else {
+            // SAFETY: exactly the mapping.
+            let rc = unsafe { libc::msync(self.base.cast(), self.map_len, libc::MS_SYNC) };
+            if rc != 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(())
+            }
         };
         cpu::sfence();
         self.take_msync_error()?;
