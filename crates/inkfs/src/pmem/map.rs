@@ -131,6 +131,9 @@ impl MappedPool {
     /// Write back `[off, off + len)` to the file (msync backend only).
     #[cold]
     fn msync_range(&self, off: u64, len: u64) {
+        if len == 0 {
+            return;
+        }
         let start = off as usize & !self.page_mask;
         let end = (off + len) as usize;
         // SAFETY: start..end lies within the mapping (page-aligned start of
