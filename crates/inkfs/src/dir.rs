@@ -76,15 +76,23 @@ impl DirIndex {
     /// Children whose cookie is greater than `cookie`, in cookie order.
     pub fn after_cookie(&self, cookie: u64) -> impl Iterator<Item = (u64, &[u8], Child)> + '_ {
         let first_seq = cookie.saturating_sub(COOKIE_FIRST_CHILD_BASE - 1);
-        let first_seq = if cookie < COOKIE_FIRST_CHILD_BASE { 0 } else { first_seq };
-        self.by_seq.range(first_seq..).filter_map(move |(&seq, name)| {
-            let child = self.by_name.get(name)?;
-            Some((seq + COOKIE_FIRST_CHILD_BASE, &name[..], *child))
-        })
+        let first_seq = if cookie < COOKIE_FIRST_CHILD_BASE {
+            0
+        } else {
+            first_seq
+        };
+        self.by_seq
+            .range(first_seq..)
+            .filter_map(move |(&seq, name)| {
+                let child = self.by_name.get(name)?;
+                Some((seq + COOKIE_FIRST_CHILD_BASE, &name[..], *child))
+            })
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], Child)> + '_ {
-        self.by_seq.values().filter_map(move |n| self.by_name.get(n).map(|c| (&n[..], *c)))
+        self.by_seq
+            .values()
+            .filter_map(move |n| self.by_name.get(n).map(|c| (&n[..], *c)))
     }
 }
 
@@ -96,13 +104,26 @@ mod tests {
     fn cookies_resume_after_removal() {
         let mut d = DirIndex::default();
         for (i, n) in [b"a", b"b", b"c"].iter().enumerate() {
-            d.add(*n, Child { ino: 10 + i as u64, kind: FileKind::File, seq: i as u64 });
+            d.add(
+                *n,
+                Child {
+                    ino: 10 + i as u64,
+                    kind: FileKind::File,
+                    seq: i as u64,
+                },
+            );
         }
-        let all: Vec<_> = d.after_cookie(COOKIE_DOTDOT).map(|(c, n, _)| (c, n.to_vec())).collect();
+        let all: Vec<_> = d
+            .after_cookie(COOKIE_DOTDOT)
+            .map(|(c, n, _)| (c, n.to_vec()))
+            .collect();
         assert_eq!(all.len(), 3);
         let after_first = all[0].0;
         d.remove(b"b");
-        let rest: Vec<_> = d.after_cookie(after_first).map(|(_, n, _)| n.to_vec()).collect();
+        let rest: Vec<_> = d
+            .after_cookie(after_first)
+            .map(|(_, n, _)| n.to_vec())
+            .collect();
         assert_eq!(rest, vec![b"c".to_vec()]);
         assert_eq!(d.next_seq(), 3);
     }

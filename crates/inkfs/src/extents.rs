@@ -34,7 +34,11 @@ impl FileMap {
     /// The extent containing `page`, if any.
     pub fn find(&self, page: u64) -> Option<Extent> {
         let (&start, &(block, pages)) = self.map.range(..=page).next_back()?;
-        (page < start + pages).then_some(Extent { page: start, block, pages })
+        (page < start + pages).then_some(Extent {
+            page: start,
+            block,
+            pages,
+        })
     }
 
     /// First extent that contains `page` or starts after it.
@@ -42,11 +46,19 @@ impl FileMap {
         if let Some(e) = self.find(page) {
             return Some(e);
         }
-        self.map.range(page..).next().map(|(&p, &(b, n))| Extent { page: p, block: b, pages: n })
+        self.map.range(page..).next().map(|(&p, &(b, n))| Extent {
+            page: p,
+            block: b,
+            pages: n,
+        })
     }
 
     pub fn iter(&self) -> impl Iterator<Item = Extent> + '_ {
-        self.map.iter().map(|(&p, &(b, n))| Extent { page: p, block: b, pages: n })
+        self.map.iter().map(|(&p, &(b, n))| Extent {
+            page: p,
+            block: b,
+            pages: n,
+        })
     }
 
     /// Map pages `[page, page + pages)` to blocks starting at `block`, or
@@ -74,7 +86,11 @@ impl FileMap {
         }
         for (&p, &(b, n)) in self.map.range(page..end) {
             if overlapping.first().is_none_or(|e| e.page != p) {
-                overlapping.push(Extent { page: p, block: b, pages: n });
+                overlapping.push(Extent {
+                    page: p,
+                    block: b,
+                    pages: n,
+                });
             }
         }
         for e in overlapping {

@@ -8,8 +8,8 @@
 use crate::error::{errno, Error, Result};
 use crate::format::*;
 use crate::fs::{live, FileHandle, Fs};
-use crate::inode::{self, write, Body, Inode, InodeState};
-use crate::log::{EntryBuf, Entry, LogCursor, NewPages};
+use crate::inode::{self, write, Inode, InodeState};
+use crate::log::{Entry, EntryBuf, LogCursor, NewPages};
 use crate::pmem::Pmem;
 use crate::time::now_ns;
 use crate::types::*;
@@ -46,7 +46,11 @@ struct Pieces {
 
 impl Pieces {
     fn new() -> Pieces {
-        Pieces { inline: [WriteEntry::from_bytes(&[0u8; 64]); 8], len: 0, spill: Vec::new() }
+        Pieces {
+            inline: [WriteEntry::from_bytes(&[0u8; 64]); 8],
+            len: 0,
+            spill: Vec::new(),
+        }
     }
     fn push(&mut self, w: WriteEntry) {
         if self.len < self.inline.len() {
@@ -75,7 +79,11 @@ struct DataTx {
 
 impl DataTx {
     fn new() -> DataTx {
-        DataTx { pieces: Pieces::new(), fresh: Pieces::new(), pages: NewPages::default() }
+        DataTx {
+            pieces: Pieces::new(),
+            fresh: Pieces::new(),
+            pages: NewPages::default(),
+        }
     }
 }
 
@@ -114,7 +122,9 @@ impl<P: Pmem> Fs<P> {
             return Ok(0);
         }
         let n = (size - off).min(buf.len() as u64) as usize;
-        let Some(map) = st.file() else { return errno(libc::EINVAL) };
+        let Some(map) = st.file() else {
+            return errno(libc::EINVAL);
+        };
         let mut done = 0usize;
         while done < n {
             let pos = off + done as u64;
@@ -129,7 +139,9 @@ impl<P: Pmem> Fs<P> {
                     done += take;
                 }
                 None => {
-                    let hole_end = map.next_from(page).map_or(u64::MAX, |e| e.page * BLOCK_SIZE);
+                    let hole_end = map
+                        .next_from(page)
+                        .map_or(u64::MAX, |e| e.page * BLOCK_SIZE);
                     let take = (hole_end - pos).min((n - done) as u64) as usize;
                     buf[done..done + take].fill(0);
                     done += take;
@@ -164,9 +176,17 @@ impl<P: Pmem> Fs<P> {
         Ok((off, data.len()))
     }
 
-    fn write_locked(&self, inode: &Inode, st: &mut InodeState, off: u64, data: &[u8]) -> Result<()> {
+    fn write_locked(
+        &self,
+        inode: &Inode,
+        st: &mut InodeState,
+        off: u64,
+        data: &[u8],
+    ) -> Result<()> {
         live(st)?;
-        let end = off.checked_add(data.len() as u64).ok_or(Error::Errno(libc::EFBIG))?;
+        let end = off
+            .checked_add(data.len() as u64)
+            .ok_or(Error::Errno(libc::EFBIG))?;
         if end > MAX_FILE_BYTES {
             return errno(libc::EFBIG);
         }
@@ -175,8 +195,24 @@ impl<P: Pmem> Fs<P> {
         let src = Src::Data { off, data };
         let mut tx = DataTx::new();
         let r = match self.mode {
-            Mode::Strict => self.cow_range(st, off / BLOCK_SIZE, (end - 1) / BLOCK_SIZE + 1, src, new_size, now, &mut tx),
-            Mode::Sync | Mode::Posix => self.in_place_range(st, off / BLOCK_SIZE, (end - 1) / BLOCK_SIZE + 1, src, new_size, now, &mut tx),
+            Mode::Strict => self.cow_range(
+                st,
+                off / BLOCK_SIZE,
+                (end - 1) / BLOCK_SIZE + 1,
+                src,
+                new_size,
+                now,
+                &mut tx,
+            ),
+            Mode::Sync | Mode::Posix => self.in_place_range(
+                st,
+                off / BLOCK_SIZE,
+                (end - 1) / BLOCK_SIZE + 1,
+                src,
+                new_size,
+                now,
+                &mut tx,
+            ),
         };
         if let Err(e) = r {
             self.abort_data(tx);
@@ -196,18 +232,34 @@ impl<P: Pmem> Fs<P> {
 
     /// Append the prepared entries (plus an optional trailing SET_ATTR),
     /// commit the tail, and bring DRAM up to date.
-    fn commit_data(&self, inode: &Inode, st: &mut InodeState, mut tx: DataTx, attr: Option<AttrEntry>, durable: bool) -> Result<()> {
+    fn commit_data(
+        &self,
+        inode: &Inode,
+        st: &mut InodeState,
+        mut tx: DataTx,
+        attr: Option<AttrEntry>,
+        durable: bool,
+    ) -> Result<()> {
         let mut cur = st.log;
         let mut appended = Ok(());
         for w in tx.pieces.iter() {
             let e = EntryBuf::write(w.file_page, w.block, w.pages, w.size, w.mtime_ns);
-            appended = self.append(inode.ino, &mut cur, &e, &mut tx.pages).map(|_| ());
+            appended = self
+                .log_append(inode.ino, &mut cur, &e, &mut tx.pages)
+                .map(|_| ());
             if appended.is_err() {
                 break;
             }
         }
         if let (Ok(()), Some(a)) = (&appended, attr) {
-            appended = self.append(inode.ino, &mut cur, &EntryBuf::attr(false, a), &mut tx.pages).map(|_| ());
+            appended = self
+                .log_append(
+                    inode.ino,
+                    &mut cur,
+                    &EntryBuf::attr(false, a),
+                    &mut tx.pages,
+                )
+                .map(|_| ());
         }
         if let Err(e) = appended {
             self.abort_data(tx);
@@ -219,7 +271,13 @@ impl<P: Pmem> Fs<P> {
             self.apply_committed(st, Entry::Write(*w));
         }
         if let Some(a) = attr {
-            self.apply_committed(st, Entry::Attr { link_change: false, attr: a });
+            self.apply_committed(
+                st,
+                Entry::Attr {
+                    link_change: false,
+                    attr: a,
+                },
+            );
         }
         if durable {
             st.attr_dirty = false;
@@ -255,11 +313,23 @@ impl<P: Pmem> Fs<P> {
     /// Copy-on-write pages `[first, end)`: fresh blocks hold the old
     /// contents overlaid with `src`.
     #[allow(clippy::too_many_arguments)]
-    fn cow_range(&self, st: &InodeState, first: u64, end: u64, src: Src<'_>, size: u64, now: i64, tx: &mut DataTx) -> Result<()> {
+    fn cow_range(
+        &self,
+        st: &InodeState,
+        first: u64,
+        end: u64,
+        src: Src<'_>,
+        size: u64,
+        now: i64,
+        tx: &mut DataTx,
+    ) -> Result<()> {
         let mut page = first;
         while page < end {
             let want = (end - page).min(MAX_PAGES_PER_ENTRY);
-            let (block, got) = self.blocks.alloc(self.lane(), want).ok_or(Error::Errno(libc::ENOSPC))?;
+            let (block, got) = self
+                .blocks
+                .alloc(self.lane(), want)
+                .ok_or(Error::Errno(libc::ENOSPC))?;
             let w = write_entry(page, block, got, size, now);
             tx.fresh.push(w);
             tx.pieces.push(w);
@@ -275,8 +345,19 @@ impl<P: Pmem> Fs<P> {
     /// fresh blocks. Sync mode logs every piece (size and mtime durable);
     /// posix mode logs only what changes the mapping or the size.
     #[allow(clippy::too_many_arguments)]
-    fn in_place_range(&self, st: &InodeState, first: u64, end: u64, src: Src<'_>, size: u64, now: i64, tx: &mut DataTx) -> Result<()> {
-        let Some(map) = st.file() else { return errno(libc::EINVAL) };
+    fn in_place_range(
+        &self,
+        st: &InodeState,
+        first: u64,
+        end: u64,
+        src: Src<'_>,
+        size: u64,
+        now: i64,
+        tx: &mut DataTx,
+    ) -> Result<()> {
+        let Some(map) = st.file() else {
+            return errno(libc::EINVAL);
+        };
         let grows = size != st.attr.size;
         let mut page = first;
         while page < end {
@@ -287,11 +368,14 @@ impl<P: Pmem> Fs<P> {
                     let (a, b) = src.clip(page * BLOCK_SIZE, run_end * BLOCK_SIZE);
                     let at = block * BLOCK_SIZE + (a - page * BLOCK_SIZE);
                     match src {
-                        Src::Data { off, data } => self.pm.copy_nt(at, &data[(a - off) as usize..(b - off) as usize]),
+                        Src::Data { off, data } => self
+                            .pm
+                            .copy_nt(at, &data[(a - off) as usize..(b - off) as usize]),
                         Src::Zeros { .. } => self.pm.zero_nt(at, b - a),
                     }
                     if self.mode == Mode::Sync || grows {
-                        tx.pieces.push(write_entry(page, block, run_end - page, size, now));
+                        tx.pieces
+                            .push(write_entry(page, block, run_end - page, size, now));
                     }
                     page = run_end;
                 }
@@ -313,7 +397,9 @@ impl<P: Pmem> Fs<P> {
         let dst = block * BLOCK_SIZE;
         if a == p0 && b == p0 + BLOCK_SIZE {
             match src {
-                Src::Data { off, data } => self.pm.copy_nt(dst, &data[(a - off) as usize..(b - off) as usize]),
+                Src::Data { off, data } => self
+                    .pm
+                    .copy_nt(dst, &data[(a - off) as usize..(b - off) as usize]),
                 Src::Zeros { .. } => self.pm.zero_nt(dst, BLOCK_SIZE),
             }
             return;
@@ -322,12 +408,15 @@ impl<P: Pmem> Fs<P> {
         // Bytes past EOF in the last page are always zero (truncate zeroes
         // them), so the whole old page can be copied.
         if let Some(e) = st.file().and_then(|m| m.find(page)) {
-            self.pm.read((e.block + (page - e.page)) * BLOCK_SIZE, &mut buf);
+            self.pm
+                .read((e.block + (page - e.page)) * BLOCK_SIZE, &mut buf);
         }
         if a < b {
             let (lo, hi) = ((a - p0) as usize, (b - p0) as usize);
             match src {
-                Src::Data { off, data } => buf[lo..hi].copy_from_slice(&data[(a - off) as usize..(b - off) as usize]),
+                Src::Data { off, data } => {
+                    buf[lo..hi].copy_from_slice(&data[(a - off) as usize..(b - off) as usize])
+                }
                 Src::Zeros { .. } => buf[lo..hi].fill(0),
             }
         }
@@ -336,7 +425,15 @@ impl<P: Pmem> Fs<P> {
 
     /// Zero `[a, b)` inside one page (a partial page of truncate, punch or
     /// zero-range) the way the mode writes data.
-    fn zero_partial(&self, st: &InodeState, a: u64, b: u64, size: u64, now: i64, tx: &mut DataTx) -> Result<()> {
+    fn zero_partial(
+        &self,
+        st: &InodeState,
+        a: u64,
+        b: u64,
+        size: u64,
+        now: i64,
+        tx: &mut DataTx,
+    ) -> Result<()> {
         debug_assert!(a < b && a / BLOCK_SIZE == (b - 1) / BLOCK_SIZE);
         let page = a / BLOCK_SIZE;
         if st.file().and_then(|m| m.find(page)).is_none() {
@@ -352,12 +449,19 @@ impl<P: Pmem> Fs<P> {
     /// Shrink or grow to `new_size` with attributes `a` (mtime/ctime set by
     /// the caller); one transaction: the zeroed partial page, then the
     /// SET_ATTR whose smaller size unmaps everything past it.
-    pub(crate) fn truncate_locked(&self, inode: &Inode, st: &mut InodeState, mut a: AttrEntry, new_size: u64) -> Result<()> {
+    pub(crate) fn truncate_locked(
+        &self,
+        inode: &Inode,
+        st: &mut InodeState,
+        mut a: AttrEntry,
+        new_size: u64,
+    ) -> Result<()> {
         let old_size = st.attr.size;
         let mut tx = DataTx::new();
         if new_size < old_size && new_size % BLOCK_SIZE != 0 {
             let page_end = (new_size / BLOCK_SIZE + 1) * BLOCK_SIZE;
-            if let Err(e) = self.zero_partial(st, new_size, page_end, old_size, a.ctime_ns, &mut tx) {
+            if let Err(e) = self.zero_partial(st, new_size, page_end, old_size, a.ctime_ns, &mut tx)
+            {
                 self.abort_data(tx);
                 return Err(e);
             }
@@ -382,7 +486,11 @@ impl<P: Pmem> Fs<P> {
         live(&st)?;
         let now = now_ns();
         let old_size = st.attr.size;
-        let size = if flags.keep_size || flags.punch_hole { old_size } else { old_size.max(end) };
+        let size = if flags.keep_size || flags.punch_hole {
+            old_size
+        } else {
+            old_size.max(end)
+        };
         let mut tx = DataTx::new();
         let r = if flags.punch_hole || flags.zero_range {
             self.clear_range(&st, off, end, size, now, flags.zero_range, &mut tx)
@@ -404,8 +512,18 @@ impl<P: Pmem> Fs<P> {
 
     /// Map fresh zeroed blocks over every hole in `[off, end)`.
     #[allow(clippy::too_many_arguments)]
-    fn preallocate(&self, st: &InodeState, off: u64, end: u64, size: u64, now: i64, tx: &mut DataTx) -> Result<()> {
-        let Some(map) = st.file() else { return errno(libc::EINVAL) };
+    fn preallocate(
+        &self,
+        st: &InodeState,
+        off: u64,
+        end: u64,
+        size: u64,
+        now: i64,
+        tx: &mut DataTx,
+    ) -> Result<()> {
+        let Some(map) = st.file() else {
+            return errno(libc::EINVAL);
+        };
         let (first, last) = (off / BLOCK_SIZE, (end - 1) / BLOCK_SIZE + 1);
         let mut page = first;
         while page < last {
@@ -413,7 +531,18 @@ impl<P: Pmem> Fs<P> {
                 Some(e) => page = e.end(),
                 None => {
                     let hole_end = map.next_from(page).map_or(last, |e| e.page.min(last));
-                    self.cow_range(st, page, hole_end, Src::Zeros { off: page * BLOCK_SIZE, len: (hole_end - page) * BLOCK_SIZE }, size, now, tx)?;
+                    self.cow_range(
+                        st,
+                        page,
+                        hole_end,
+                        Src::Zeros {
+                            off: page * BLOCK_SIZE,
+                            len: (hole_end - page) * BLOCK_SIZE,
+                        },
+                        size,
+                        now,
+                        tx,
+                    )?;
                     page = hole_end;
                 }
             }
@@ -424,7 +553,16 @@ impl<P: Pmem> Fs<P> {
     /// Punch a hole (unmap whole pages) or zero a range (fresh zeroed
     /// blocks), zeroing the partial pages at both edges.
     #[allow(clippy::too_many_arguments)]
-    fn clear_range(&self, st: &InodeState, off: u64, end: u64, size: u64, now: i64, keep_blocks: bool, tx: &mut DataTx) -> Result<()> {
+    fn clear_range(
+        &self,
+        st: &InodeState,
+        off: u64,
+        end: u64,
+        size: u64,
+        now: i64,
+        keep_blocks: bool,
+        tx: &mut DataTx,
+    ) -> Result<()> {
         let first_full = off.div_ceil(BLOCK_SIZE);
         let end_full = end / BLOCK_SIZE;
         if first_full > end_full {
@@ -439,7 +577,10 @@ impl<P: Pmem> Fs<P> {
         }
         if first_full < end_full {
             if keep_blocks {
-                let src = Src::Zeros { off: first_full * BLOCK_SIZE, len: (end_full - first_full) * BLOCK_SIZE };
+                let src = Src::Zeros {
+                    off: first_full * BLOCK_SIZE,
+                    len: (end_full - first_full) * BLOCK_SIZE,
+                };
                 self.cow_range(st, first_full, end_full, src, size, now, tx)?;
             } else {
                 let mut page = first_full;
@@ -461,10 +602,14 @@ impl<P: Pmem> Fs<P> {
         if off >= size {
             return errno(libc::ENXIO);
         }
-        let Some(map) = st.file() else { return errno(libc::EINVAL) };
+        let Some(map) = st.file() else {
+            return errno(libc::EINVAL);
+        };
         match whence {
             Whence::Data => {
-                let e = map.next_from(off / BLOCK_SIZE).ok_or(Error::Errno(libc::ENXIO))?;
+                let e = map
+                    .next_from(off / BLOCK_SIZE)
+                    .ok_or(Error::Errno(libc::ENXIO))?;
                 let at = off.max(e.page * BLOCK_SIZE);
                 if at >= size {
                     return errno(libc::ENXIO);
@@ -497,7 +642,12 @@ impl<P: Pmem> Fs<P> {
         if st.attr_dirty && !datasync {
             let mut cur: LogCursor = st.log;
             let mut pages = NewPages::default();
-            if let Err(e) = self.append(inode.ino, &mut cur, &EntryBuf::attr(false, st.attr), &mut pages) {
+            if let Err(e) = self.log_append(
+                inode.ino,
+                &mut cur,
+                &EntryBuf::attr(false, st.attr),
+                &mut pages,
+            ) {
                 pages.release(&self.blocks);
                 return Err(e);
             }
@@ -508,7 +658,8 @@ impl<P: Pmem> Fs<P> {
         // Another thread's posix write may have stored the tail without a
         // fence: write the line back again from here, then fence.
         self.pm.fence();
-        self.pm.write_u64(inode.rec_off + INODE_TAIL_FIELD, st.log.tail);
+        self.pm
+            .write_u64(inode.rec_off + INODE_TAIL_FIELD, st.log.tail);
         self.pm.persist(inode.rec_off + INODE_TAIL_FIELD, 8);
         Ok(())
     }
@@ -516,11 +667,5 @@ impl<P: Pmem> Fs<P> {
     /// A handle's inode state, for front ends that need the size under lock.
     pub fn handle_size(&self, fh: &FileHandle) -> u64 {
         inode::read(&fh.inode.state).attr.size
-    }
-}
-
-impl InodeState {
-    pub(crate) fn is_file(&self) -> bool {
-        matches!(self.body, Body::File(_))
     }
 }

@@ -91,7 +91,13 @@ impl<P: Pmem> Fs<P> {
             }
         }
         let restored = if sb.state == STATE_CLEAN && report.journals_replayed == 0 {
-            BlockAllocator::restore(&pm, geo.lane_count, geo.first_data_block, geo.total_blocks, sb.mount_epoch)
+            BlockAllocator::restore(
+                &pm,
+                geo.lane_count,
+                geo.first_data_block,
+                geo.total_blocks,
+                sb.mount_epoch,
+            )
         } else {
             None
         };
@@ -113,7 +119,9 @@ impl<P: Pmem> Fs<P> {
             sb.seal();
             superblock::write_superblocks(&pm, &sb);
         }
-        let journals = (0..geo.lane_count).map(|l| Mutex::new(Journal::open(&pm, l))).collect();
+        let journals = (0..geo.lane_count)
+            .map(|l| Mutex::new(Journal::open(&pm, l)))
+            .collect();
         let fs = Fs {
             pm,
             geo,
@@ -205,17 +213,29 @@ impl<P: Pmem> Fs<P> {
     /// The loaded inode `ino`, reading its log on first access.
     pub(crate) fn iget(&self, ino: u64) -> Result<Arc<Inode>> {
         self.cache.get_or_load(ino, || {
-            let rec_off = self.tables.record_offset(ino).ok_or(Error::Errno(libc::ENOENT))?;
+            let rec_off = self
+                .tables
+                .record_offset(ino)
+                .ok_or(Error::Errno(libc::ENOENT))?;
             let rec: InodeRecord = read_pod(&self.pm, rec_off);
             if rec.state != INODE_LIVE && rec.state != INODE_ORPHAN {
                 return errno(libc::ENOENT);
             }
             if rec.ino != ino {
-                return Err(Error::Corrupt(format!("inode record at {rec_off} names inode {}, expected {ino}", rec.ino)));
+                return Err(Error::Corrupt(format!(
+                    "inode record at {rec_off} names inode {}, expected {ino}",
+                    rec.ino
+                )));
             }
             let st = inode::load(&self.pm, &self.geo, ino, &rec)?;
-            let kind = FileKind::from_u32(rec.kind).ok_or_else(|| Error::Corrupt(format!("inode {ino} kind")))?;
-            Ok(Arc::new(Inode { ino, kind, rec_off, state: RwLock::new(st) }))
+            let kind = FileKind::from_u32(rec.kind)
+                .ok_or_else(|| Error::Corrupt(format!("inode {ino} kind")))?;
+            Ok(Arc::new(Inode {
+                ino,
+                kind,
+                rec_off,
+                state: RwLock::new(st),
+            }))
         })
     }
 
@@ -223,7 +243,11 @@ impl<P: Pmem> Fs<P> {
         let a = &st.attr;
         let (size, blocks, nlink) = match &st.body {
             Body::File(map) => (a.size, map.mapped_pages() * (BLOCK_SIZE / 512), a.nlink),
-            Body::Dir(d) => (st.log.pages * BLOCK_SIZE, st.log.pages * (BLOCK_SIZE / 512), 2 + d.subdirs()),
+            Body::Dir(d) => (
+                st.log.pages * BLOCK_SIZE,
+                st.log.pages * (BLOCK_SIZE / 512),
+                2 + d.subdirs(),
+            ),
             Body::Symlink { target, .. } => (target.len() as u64, BLOCK_SIZE / 512, a.nlink),
             Body::Special => (0, 0, a.nlink),
         };
@@ -236,7 +260,11 @@ impl<P: Pmem> Fs<P> {
             nlink,
             uid: a.uid,
             gid: a.gid,
-            rdev: if inode.kind == FileKind::CharDev || inode.kind == FileKind::BlockDev { a.rdev_or_parent } else { 0 },
+            rdev: if inode.kind == FileKind::CharDev || inode.kind == FileKind::BlockDev {
+                a.rdev_or_parent
+            } else {
+                0
+            },
             size,
             blocks,
             atime_ns: a.atime_ns,
@@ -307,7 +335,7 @@ impl<P: Pmem> Fs<P> {
             let mut cur = st.log;
             let mut pages = NewPages::default();
             let entry = EntryBuf::attr(false, a);
-            if let Err(e) = self.append(inode.ino, &mut cur, &entry, &mut pages) {
+            if let Err(e) = self.log_append(inode.ino, &mut cur, &entry, &mut pages) {
                 pages.release(&self.blocks);
                 return Err(e);
             }
@@ -351,7 +379,8 @@ impl<P: Pmem> Fs<P> {
     /// rebuilds the allocator from live logs only).
     pub(crate) fn free_inode_now(&self, inode: &Inode, st: &mut InodeState) {
         debug_assert!(!st.gone);
-        self.pm.write_u64(inode.rec_off + INODE_STATE_FIELD, INODE_FREE);
+        self.pm
+            .write_u64(inode.rec_off + INODE_STATE_FIELD, INODE_FREE);
         self.pm.persist(inode.rec_off + INODE_STATE_FIELD, 8);
         self.release_inode_blocks(inode, st);
     }
@@ -361,7 +390,14 @@ impl<P: Pmem> Fs<P> {
     pub(crate) fn release_inode_blocks(&self, inode: &Inode, st: &mut InodeState) {
         st.gone = true;
         st.orphan = false;
-        if let Ok(summary) = log::walk(&self.pm, &self.geo, inode.ino, st.log.head, st.log.tail, |_, _| Ok(())) {
+        if let Ok(summary) = log::walk(
+            &self.pm,
+            &self.geo,
+            inode.ino,
+            st.log.head,
+            st.log.tail,
+            |_, _| Ok(()),
+        ) {
             for p in summary.pages {
                 self.free_blocks(p, 1);
             }
@@ -378,7 +414,7 @@ impl<P: Pmem> Fs<P> {
             _ => {}
         }
         let (lane, slot) = ino_to_lane_slot(inode.ino, self.geo.lane_count);
-        self.slots.free(lane, slot);
+        let _ = self.slots.free(lane, slot);
         self.cache.remove(inode.ino);
     }
 
@@ -418,8 +454,22 @@ impl<P: Pmem> Fs<P> {
     // -----------------------------------------------------------------------
 
     /// Append one entry to a working cursor (not yet committed).
-    pub(crate) fn append(&self, ino: u64, cur: &mut LogCursor, entry: &EntryBuf, pages: &mut NewPages) -> Result<u64> {
-        log::append(&self.pm, &self.blocks, self.lane(), ino, cur, entry.as_bytes(), pages)
+    pub(crate) fn log_append(
+        &self,
+        ino: u64,
+        cur: &mut LogCursor,
+        entry: &EntryBuf,
+        pages: &mut NewPages,
+    ) -> Result<u64> {
+        log::append(
+            &self.pm,
+            &self.blocks,
+            self.lane(),
+            ino,
+            cur,
+            entry.as_bytes(),
+            pages,
+        )
     }
 
     /// Commit one log: fence (entries and data durable), then the 8-byte
@@ -458,5 +508,8 @@ pub(crate) fn live(st: &InodeState) -> Result<()> {
 
 /// A journal record storing `value` in field `field` of the inode record at `rec_off`.
 pub(crate) fn rec(rec_off: u64, field: u64, value: u64) -> JournalRecord {
-    JournalRecord { offset: rec_off + field, value }
+    JournalRecord {
+        offset: rec_off + field,
+        value,
+    }
 }

@@ -18,7 +18,10 @@ use crate::superblock::Geometry;
 pub enum Body {
     File(FileMap),
     Dir(DirIndex),
-    Symlink { target: Vec<u8>, block: u64 },
+    Symlink {
+        target: Vec<u8>,
+        block: u64,
+    },
     /// FIFOs, sockets, device nodes: attributes only.
     Special,
 }
@@ -40,6 +43,8 @@ pub struct InodeState {
     pub orphan: bool,
     /// Freed: every operation through a stale reference fails.
     pub gone: bool,
+    /// Posix mode: attributes (mtime) changed in DRAM only, persisted at fsync.
+    pub attr_dirty: bool,
 }
 
 impl InodeState {
@@ -80,17 +85,40 @@ pub struct Inode {
 }
 
 /// Rebuild an inode's DRAM state by replaying its log.
-pub fn load<P: Pmem + ?Sized>(pm: &P, geo: &Geometry, ino: u64, rec: &InodeRecord) -> Result<InodeState> {
+pub fn load<P: Pmem + ?Sized>(
+    pm: &P,
+    geo: &Geometry,
+    ino: u64,
+    rec: &InodeRecord,
+) -> Result<InodeState> {
+    load_with_pages(pm, geo, ino, rec).map(|(st, _)| st)
+}
+
+/// `load`, also returning the log's pages (recovery marks them in use).
+pub fn load_with_pages<P: Pmem + ?Sized>(
+    pm: &P,
+    geo: &Geometry,
+    ino: u64,
+    rec: &InodeRecord,
+) -> Result<(InodeState, Vec<u64>)> {
     let corrupt = |m: String| Error::Corrupt(format!("inode {ino}: {m}"));
-    let kind = FileKind::from_u32(rec.kind).ok_or_else(|| corrupt(format!("unknown kind {}", rec.kind)))?;
+    let kind = FileKind::from_u32(rec.kind)
+        .ok_or_else(|| corrupt(format!("unknown kind {}", rec.kind)))?;
     let mut st = InodeState {
         attr: AttrEntry::from_bytes(&[0u8; 64]),
         generation: rec.generation,
-        log: LogCursor { head: rec.log_head, tail: rec.log_tail, pages: 0 },
+        log: LogCursor {
+            head: rec.log_head,
+            tail: rec.log_tail,
+            pages: 0,
+        },
         body: match kind {
             FileKind::File => Body::File(FileMap::default()),
             FileKind::Dir => Body::Dir(DirIndex::default()),
-            FileKind::Symlink => Body::Symlink { target: Vec::new(), block: 0 },
+            FileKind::Symlink => Body::Symlink {
+                target: Vec::new(),
+                block: 0,
+            },
             _ => Body::Special,
         },
         xattrs: BTreeMap::new(),
@@ -98,6 +126,7 @@ pub fn load<P: Pmem + ?Sized>(pm: &P, geo: &Geometry, ino: u64, rec: &InodeRecor
         open_count: 0,
         orphan: rec.state == INODE_ORPHAN,
         gone: false,
+        attr_dirty: false,
     };
     let mut seen_attr = false;
     let summary = log::walk(pm, geo, ino, rec.log_head, rec.log_tail, |_, e| {
@@ -112,11 +141,14 @@ pub fn load<P: Pmem + ?Sized>(pm: &P, geo: &Geometry, ino: u64, rec: &InodeRecor
         return Err(corrupt("empty log".into()));
     }
     if FileKind::from_mode(st.attr.mode) != Some(kind) {
-        return Err(corrupt(format!("mode {:o} disagrees with kind {kind:?}", st.attr.mode)));
+        return Err(corrupt(format!(
+            "mode {:o} disagrees with kind {kind:?}",
+            st.attr.mode
+        )));
     }
     st.log.pages = summary.pages.len() as u64;
     st.log_entries = summary.entries;
-    Ok(st)
+    Ok((st, summary.pages))
 }
 
 /// Apply one log entry to DRAM state (replay, and after a commit).
@@ -143,10 +175,19 @@ pub fn apply_entry<P: Pmem + ?Sized>(
                 return Err("write entry in a non-file log".into());
             };
             if w.block != 0 && !geo.is_data_range(w.block, w.pages as u64) {
-                return Err(format!("write entry maps blocks {}+{} out of range", w.block, w.pages));
+                return Err(format!(
+                    "write entry maps blocks {}+{} out of range",
+                    w.block, w.pages
+                ));
             }
-            if w.file_page.checked_add(w.pages as u64).is_none_or(|end| end > MAX_FILE_BYTES / BLOCK_SIZE) {
-                return Err(format!("write entry at page {} beyond the maximum file size", w.file_page));
+            if w.file_page
+                .checked_add(w.pages as u64)
+                .is_none_or(|end| end > MAX_FILE_BYTES / BLOCK_SIZE)
+            {
+                return Err(format!(
+                    "write entry at page {} beyond the maximum file size",
+                    w.file_page
+                ));
             }
             map.map(w.file_page, w.pages as u64, w.block, released);
             st.attr.size = w.size;
@@ -158,7 +199,14 @@ pub fn apply_entry<P: Pmem + ?Sized>(
                 return Err("directory entry in a non-directory log".into());
             };
             let kind = FileKind::from_u32(head.child_kind as u32).ok_or("bad child kind")?;
-            dir.add(name, Child { ino: head.ino, kind, seq: head.seq });
+            dir.add(
+                name,
+                Child {
+                    ino: head.ino,
+                    kind,
+                    seq: head.seq,
+                },
+            );
             st.attr.mtime_ns = head.mtime_ns;
             st.attr.ctime_ns = head.mtime_ns;
         }
@@ -216,12 +264,15 @@ impl InodeTables {
                 let last = blocks[blocks.len() - 1];
                 let trailer: TableTrailer = read_pod(pm, last * BLOCK_SIZE + TABLE_TRAILER_OFFSET);
                 if trailer.magic != TABLE_MAGIC {
-                    return Err(Error::Corrupt(format!("lane {lane} inode table block {last} has a bad trailer")));
+                    return Err(Error::Corrupt(format!(
+                        "lane {lane} inode table block {last} has a bad trailer"
+                    )));
                 }
                 if trailer.next_block == 0 {
                     break;
                 }
-                if !geo.is_data_range(trailer.next_block, 1) || blocks.contains(&trailer.next_block) {
+                if !geo.is_data_range(trailer.next_block, 1) || blocks.contains(&trailer.next_block)
+                {
                     return Err(Error::Corrupt(format!(
                         "lane {lane} inode table links to bad block {}",
                         trailer.next_block
@@ -229,12 +280,17 @@ impl InodeTables {
                 }
                 blocks.push(trailer.next_block);
                 if blocks.len() as u64 > geo.total_blocks {
-                    return Err(Error::Corrupt(format!("lane {lane} inode table chain too long")));
+                    return Err(Error::Corrupt(format!(
+                        "lane {lane} inode table chain too long"
+                    )));
                 }
             }
             lanes.push(Mutex::new(blocks));
         }
-        Ok(InodeTables { lanes, lane_count: geo.lane_count })
+        Ok(InodeTables {
+            lanes,
+            lane_count: geo.lane_count,
+        })
     }
 
     pub fn lane_count(&self) -> u32 {
@@ -273,7 +329,11 @@ impl InodeTables {
         while blocks.len() <= index {
             let (block, _) = alloc.alloc(lane, 1).ok_or(Error::Errno(libc::ENOSPC))?;
             pm.zero_nt(block * BLOCK_SIZE, BLOCK_SIZE);
-            let trailer = TableTrailer { magic: TABLE_MAGIC, next_block: 0, reserved: [0; 112] };
+            let trailer = TableTrailer {
+                magic: TABLE_MAGIC,
+                next_block: 0,
+                reserved: [0; 112],
+            };
             write_pod(pm, block * BLOCK_SIZE + TABLE_TRAILER_OFFSET, &trailer);
             pm.persist(block * BLOCK_SIZE + TABLE_TRAILER_OFFSET, 128);
             let last = blocks[blocks.len() - 1];
@@ -289,7 +349,12 @@ impl InodeTables {
     /// (the only targets the journal may write).
     pub fn is_record_field(&self, off: u64) -> bool {
         let in_block = off % BLOCK_SIZE;
-        if in_block >= TABLE_TRAILER_OFFSET || !matches!(in_block % INODE_RECORD_SIZE, INODE_STATE_FIELD | INODE_HEAD_FIELD | INODE_TAIL_FIELD) {
+        if in_block >= TABLE_TRAILER_OFFSET
+            || !matches!(
+                in_block % INODE_RECORD_SIZE,
+                INODE_STATE_FIELD | INODE_HEAD_FIELD | INODE_TAIL_FIELD
+            )
+        {
             return false;
         }
         let block = off / BLOCK_SIZE;
@@ -312,7 +377,11 @@ pub struct InodeCache {
 
 impl Default for InodeCache {
     fn default() -> Self {
-        InodeCache { shards: (0..CACHE_SHARDS).map(|_| RwLock::new(HashMap::new())).collect() }
+        InodeCache {
+            shards: (0..CACHE_SHARDS)
+                .map(|_| RwLock::new(HashMap::new()))
+                .collect(),
+        }
     }
 }
 
@@ -328,7 +397,11 @@ impl InodeCache {
     /// Get, or load with `load` while holding the shard's write lock, so a
     /// concurrent free (which removes under the same lock) cannot leave a
     /// stale inode behind.
-    pub fn get_or_load(&self, ino: u64, load: impl FnOnce() -> Result<Arc<Inode>>) -> Result<Arc<Inode>> {
+    pub fn get_or_load(
+        &self,
+        ino: u64,
+        load: impl FnOnce() -> Result<Arc<Inode>>,
+    ) -> Result<Arc<Inode>> {
         if let Some(i) = self.get(ino) {
             return Ok(i);
         }
@@ -350,7 +423,10 @@ impl InodeCache {
     }
 
     pub fn all(&self) -> Vec<Arc<Inode>> {
-        self.shards.iter().flat_map(|s| read(s).values().cloned().collect::<Vec<_>>()).collect()
+        self.shards
+            .iter()
+            .flat_map(|s| read(s).values().cloned().collect::<Vec<_>>())
+            .collect()
     }
 }
 

@@ -30,13 +30,18 @@ impl Journal {
     pub fn open<P: Pmem + ?Sized>(pm: &P, lane: u32) -> Journal {
         let off = (lane_first_block(lane) + LANE_JOURNAL_BLOCK) * BLOCK_SIZE;
         let header: JournalHeader = read_pod(pm, off);
-        Journal { off, seq: header.seq }
+        Journal {
+            off,
+            seq: header.seq,
+        }
     }
 
     /// Apply `records` atomically (all or none survive a crash).
     pub fn commit<P: Pmem + ?Sized>(&mut self, pm: &P, records: &[JournalRecord]) {
         debug_assert!(!records.is_empty() && records.len() <= JOURNAL_MAX_RECORDS);
-        debug_assert!(records.iter().all(|r| r.offset % 8 == 0 && r.offset + 8 <= pm.size_bytes()));
+        debug_assert!(records
+            .iter()
+            .all(|r| r.offset % 8 == 0 && r.offset + 8 <= pm.size_bytes()));
         debug_assert_eq!(pm.read_u64(self.off + 8), 0, "journal busy");
         let seq = self.seq + 1;
         let rec_off = self.off + std::mem::size_of::<JournalHeader>() as u64;
@@ -73,7 +78,9 @@ fn apply<P: Pmem + ?Sized>(pm: &P, records: &[JournalRecord]) {
 pub enum JournalState {
     Empty,
     /// A committed transaction was replayed.
-    Replayed { records: u32 },
+    Replayed {
+        records: u32,
+    },
     /// A commit word whose crc does not match: the transaction never
     /// committed (torn commit) and was discarded.
     Discarded,
@@ -98,7 +105,9 @@ pub fn recover<P: Pmem + ?Sized>(
         JournalState::Discarded
     } else {
         let rec_off = off + std::mem::size_of::<JournalHeader>() as u64;
-        let records: Vec<JournalRecord> = (0..count).map(|i| read_pod(pm, rec_off + i as u64 * 16)).collect();
+        let records: Vec<JournalRecord> = (0..count)
+            .map(|i| read_pod(pm, rec_off + i as u64 * 16))
+            .collect();
         if journal_crc(header.seq, &records) != crc {
             JournalState::Discarded
         } else {
@@ -111,7 +120,9 @@ pub fn recover<P: Pmem + ?Sized>(
             if !read_only {
                 apply(pm, &records);
             }
-            JournalState::Replayed { records: count as u32 }
+            JournalState::Replayed {
+                records: count as u32,
+            }
         }
     };
     if !read_only {

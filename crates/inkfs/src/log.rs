@@ -63,10 +63,18 @@ pub fn append<P: Pmem + ?Sized>(
 ) -> Result<u64> {
     let len = entry.len() as u64;
     debug_assert!(len > 0 && len % ENTRY_UNIT == 0 && len <= LOG_PAGE_PAYLOAD);
-    debug_assert_eq!(entry[1] as u64 * ENTRY_UNIT, len, "units field must match length");
+    debug_assert_eq!(
+        entry[1] as u64 * ENTRY_UNIT,
+        len,
+        "units field must match length"
+    );
     if cur.head == 0 {
         let page = new_page(pm, alloc, lane, owner_ino, new_pages)?;
-        *cur = LogCursor { head: page, tail: page * BLOCK_SIZE, pages: 1 };
+        *cur = LogCursor {
+            head: page,
+            tail: page * BLOCK_SIZE,
+            pages: 1,
+        };
     } else if cur.tail_in_page() + len > LOG_PAGE_PAYLOAD {
         let page = new_page(pm, alloc, lane, owner_ino, new_pages)?;
         link_page(pm, cur, page);
@@ -87,7 +95,12 @@ fn new_page<P: Pmem + ?Sized>(
 ) -> Result<u64> {
     let (block, _) = alloc.alloc(lane, 1).ok_or(Error::Errno(libc::ENOSPC))?;
     new_pages.blocks.push(block);
-    let footer = LogPageFooter { next_block: 0, magic: LOG_MAGIC, owner_ino, reserved: [0; 40] };
+    let footer = LogPageFooter {
+        next_block: 0,
+        magic: LOG_MAGIC,
+        owner_ino,
+        reserved: [0; 40],
+    };
     let off = block * BLOCK_SIZE + LOG_FOOTER_OFFSET;
     write_pod(pm, off, &footer);
     pm.flush(off, 64);
@@ -103,7 +116,12 @@ fn link_page<P: Pmem + ?Sized>(pm: &P, cur: &mut LogCursor, page: u64) {
     // every entry fits in an empty page.
     debug_assert!(in_page > 0);
     if in_page < LOG_PAGE_PAYLOAD {
-        let pad = EntryHeader { kind: entry_type::PAD, units: 0, reserved: 0, checksum: 0 };
+        let pad = EntryHeader {
+            kind: entry_type::PAD,
+            units: 0,
+            reserved: 0,
+            checksum: 0,
+        };
         write_pod(pm, cur.tail, &pad);
         pm.flush(cur.tail, 8);
     }
@@ -117,13 +135,29 @@ fn link_page<P: Pmem + ?Sized>(pm: &P, cur: &mut LogCursor, page: u64) {
 /// One entry met while walking a log.
 #[derive(Debug)]
 pub enum Entry<'a> {
-    Attr { link_change: bool, attr: AttrEntry },
+    Attr {
+        link_change: bool,
+        attr: AttrEntry,
+    },
     Write(WriteEntry),
-    DirAdd { head: DirEntryHead, name: &'a [u8] },
-    DirRemove { head: DirEntryHead, name: &'a [u8] },
+    DirAdd {
+        head: DirEntryHead,
+        name: &'a [u8],
+    },
+    DirRemove {
+        head: DirEntryHead,
+        name: &'a [u8],
+    },
     Symlink(SymlinkEntry),
-    XattrSet { head: XattrHead, name: &'a [u8], value: &'a [u8] },
-    XattrRemove { head: XattrHead, name: &'a [u8] },
+    XattrSet {
+        head: XattrHead,
+        name: &'a [u8],
+        value: &'a [u8],
+    },
+    XattrRemove {
+        head: XattrHead,
+        name: &'a [u8],
+    },
 }
 
 /// Decode one checksummed entry; anything inconsistent is corruption.
@@ -134,7 +168,10 @@ pub fn parse(bytes: &[u8]) -> std::result::Result<Entry<'_>, String> {
     let kind = bytes[0];
     let fixed = |n: usize| -> std::result::Result<(), String> {
         if bytes.len() < n {
-            Err(format!("entry type {kind} too short ({} bytes)", bytes.len()))
+            Err(format!(
+                "entry type {kind} too short ({} bytes)",
+                bytes.len()
+            ))
         } else {
             Ok(())
         }
@@ -142,7 +179,10 @@ pub fn parse(bytes: &[u8]) -> std::result::Result<Entry<'_>, String> {
     match kind {
         entry_type::SET_ATTR | entry_type::LINK_CHANGE => {
             fixed(64)?;
-            Ok(Entry::Attr { link_change: kind == entry_type::LINK_CHANGE, attr: AttrEntry::from_bytes(bytes) })
+            Ok(Entry::Attr {
+                link_change: kind == entry_type::LINK_CHANGE,
+                attr: AttrEntry::from_bytes(bytes),
+            })
         }
         entry_type::FILE_WRITE => {
             fixed(64)?;
@@ -162,7 +202,10 @@ pub fn parse(bytes: &[u8]) -> std::result::Result<Entry<'_>, String> {
             let name = &bytes[40..40 + n];
             if kind == entry_type::DIR_ADD {
                 if FileKind::from_u32(head.child_kind as u32).is_none() {
-                    return Err(format!("directory entry child kind {} invalid", head.child_kind));
+                    return Err(format!(
+                        "directory entry child kind {} invalid",
+                        head.child_kind
+                    ));
                 }
                 Ok(Entry::DirAdd { head, name })
             } else {
@@ -186,7 +229,11 @@ pub fn parse(bytes: &[u8]) -> std::result::Result<Entry<'_>, String> {
             }
             let name = &bytes[24..24 + n];
             if kind == entry_type::XATTR_SET {
-                Ok(Entry::XattrSet { head, name, value: &bytes[24 + n..24 + n + v] })
+                Ok(Entry::XattrSet {
+                    head,
+                    name,
+                    value: &bytes[24 + n..24 + n + v],
+                })
             } else {
                 Ok(Entry::XattrRemove { head, name })
             }
@@ -219,7 +266,10 @@ pub fn walk<P: Pmem + ?Sized>(
     if !geo.is_data_range(head, 1) {
         return Err(corrupt(format!("head block {head} out of range")));
     }
-    if tail / BLOCK_SIZE >= geo.total_blocks || tail % ENTRY_UNIT != 0 || tail % BLOCK_SIZE > LOG_PAGE_PAYLOAD {
+    if tail / BLOCK_SIZE >= geo.total_blocks
+        || tail % ENTRY_UNIT != 0
+        || tail % BLOCK_SIZE > LOG_PAGE_PAYLOAD
+    {
         return Err(corrupt(format!("tail offset {tail} invalid")));
     }
     let mut summary = WalkSummary::default();
@@ -234,25 +284,38 @@ pub fn walk<P: Pmem + ?Sized>(
         pm.read(page * BLOCK_SIZE, &mut buf);
         let footer = LogPageFooter::from_bytes(&buf[LOG_FOOTER_OFFSET as usize..]);
         if footer.magic != LOG_MAGIC || footer.owner_ino != owner_ino {
-            return Err(corrupt(format!("block {page} is not a log page of this inode")));
+            return Err(corrupt(format!(
+                "block {page} is not a log page of this inode"
+            )));
         }
         let tail_here = tail / BLOCK_SIZE == page;
-        let end = if tail_here { tail % BLOCK_SIZE } else { LOG_PAGE_PAYLOAD };
+        let end = if tail_here {
+            tail % BLOCK_SIZE
+        } else {
+            LOG_PAGE_PAYLOAD
+        };
         let mut pos = 0u64;
         while pos < end {
             let kind = buf[pos as usize];
             if kind == entry_type::PAD {
                 if tail_here {
-                    return Err(corrupt(format!("pad below the tail at offset {}", page * BLOCK_SIZE + pos)));
+                    return Err(corrupt(format!(
+                        "pad below the tail at offset {}",
+                        page * BLOCK_SIZE + pos
+                    )));
                 }
                 break;
             }
             let len = buf[pos as usize + 1] as u64 * ENTRY_UNIT;
             if len == 0 || pos + len > end {
-                return Err(corrupt(format!("entry at offset {} has bad length {len}", page * BLOCK_SIZE + pos)));
+                return Err(corrupt(format!(
+                    "entry at offset {} has bad length {len}",
+                    page * BLOCK_SIZE + pos
+                )));
             }
             let bytes = &buf[pos as usize..(pos + len) as usize];
-            let entry = parse(bytes).map_err(|e| corrupt(format!("offset {}: {e}", page * BLOCK_SIZE + pos)))?;
+            let entry = parse(bytes)
+                .map_err(|e| corrupt(format!("offset {}: {e}", page * BLOCK_SIZE + pos)))?;
             f(page * BLOCK_SIZE + pos, entry)?;
             summary.entries += 1;
             pos += len;
@@ -262,7 +325,9 @@ pub fn walk<P: Pmem + ?Sized>(
         }
         let next = footer.next_block;
         if !geo.is_data_range(next, 1) {
-            return Err(corrupt(format!("page {page} links to block {next}, out of range, before the tail")));
+            return Err(corrupt(format!(
+                "page {page} links to block {next}, out of range, before the tail"
+            )));
         }
         page = next;
     }
@@ -284,7 +349,10 @@ impl EntryBuf {
         let payload: usize = tails.iter().map(|t| t.len()).sum();
         let len = entry_bytes(head.len(), payload) as usize;
         debug_assert!(len as u64 <= LOG_PAGE_PAYLOAD);
-        let mut b = EntryBuf { bytes: [0; LOG_PAGE_PAYLOAD as usize], len };
+        let mut b = EntryBuf {
+            bytes: [0; LOG_PAGE_PAYLOAD as usize],
+            len,
+        };
         b.bytes[..head.len()].copy_from_slice(head);
         let mut at = head.len();
         for t in tails {
@@ -302,7 +370,11 @@ impl EntryBuf {
 
     pub fn attr(link_change: bool, mut a: AttrEntry) -> EntryBuf {
         a.hdr = EntryHeader::default_zero();
-        let kind = if link_change { entry_type::LINK_CHANGE } else { entry_type::SET_ATTR };
+        let kind = if link_change {
+            entry_type::LINK_CHANGE
+        } else {
+            entry_type::SET_ATTR
+        };
         EntryBuf::new(kind, a.as_bytes(), &[])
     }
     pub fn write(file_page: u64, block: u64, pages: u32, size: u64, mtime_ns: i64) -> EntryBuf {
@@ -318,7 +390,14 @@ impl EntryBuf {
         };
         EntryBuf::new(entry_type::FILE_WRITE, w.as_bytes(), &[])
     }
-    pub fn dir(add: bool, ino: u64, seq: u64, mtime_ns: i64, child_kind: FileKind, name: &[u8]) -> EntryBuf {
+    pub fn dir(
+        add: bool,
+        ino: u64,
+        seq: u64,
+        mtime_ns: i64,
+        child_kind: FileKind,
+        name: &[u8],
+    ) -> EntryBuf {
         debug_assert!(!name.is_empty() && name.len() <= NAME_MAX);
         let h = DirEntryHead {
             hdr: EntryHeader::default_zero(),
@@ -329,11 +408,20 @@ impl EntryBuf {
             child_kind: child_kind as u32 as u8,
             reserved: [0; 5],
         };
-        let kind = if add { entry_type::DIR_ADD } else { entry_type::DIR_REMOVE };
+        let kind = if add {
+            entry_type::DIR_ADD
+        } else {
+            entry_type::DIR_REMOVE
+        };
         EntryBuf::new(kind, h.as_bytes(), &[name])
     }
     pub fn symlink(block: u64, len: u32) -> EntryBuf {
-        let s = SymlinkEntry { hdr: EntryHeader::default_zero(), block, len, reserved: [0; 44] };
+        let s = SymlinkEntry {
+            hdr: EntryHeader::default_zero(),
+            block,
+            len,
+            reserved: [0; 44],
+        };
         EntryBuf::new(entry_type::SYMLINK, s.as_bytes(), &[])
     }
     pub fn xattr(set: bool, name: &[u8], value: &[u8], ctime_ns: i64) -> EntryBuf {
@@ -355,6 +443,11 @@ impl EntryBuf {
 
 impl EntryHeader {
     pub fn default_zero() -> EntryHeader {
-        EntryHeader { kind: 0, units: 0, reserved: 0, checksum: 0 }
+        EntryHeader {
+            kind: 0,
+            units: 0,
+            reserved: 0,
+            checksum: 0,
+        }
     }
 }

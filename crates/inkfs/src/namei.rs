@@ -46,10 +46,19 @@ impl<'a> Locked<'a> {
         let mut sorted: Vec<&'a Arc<Inode>> = inodes.to_vec();
         sorted.sort_by_key(|i| i.ino);
         sorted.dedup_by_key(|i| i.ino);
-        Locked { guards: sorted.into_iter().map(|i| (i.ino, write(&i.state))).collect() }
+        Locked {
+            guards: sorted
+                .into_iter()
+                .map(|i| (i.ino, write(&i.state)))
+                .collect(),
+        }
     }
     fn get(&mut self, ino: u64) -> &mut InodeState {
-        let (_, g) = self.guards.iter_mut().find(|(i, _)| *i == ino).expect("inode locked");
+        let (_, g) = self
+            .guards
+            .iter_mut()
+            .find(|(i, _)| *i == ino)
+            .expect("inode locked");
         g
     }
 }
@@ -90,10 +99,20 @@ impl<P: Pmem> Fs<P> {
         if name == b".." {
             return Ok(st.attr.rdev_or_parent);
         }
-        st.dir().and_then(|d| d.get(name)).map(|c| c.ino).ok_or(Error::Errno(libc::ENOENT))
+        st.dir()
+            .and_then(|d| d.get(name))
+            .map(|c| c.ino)
+            .ok_or(Error::Errno(libc::ENOENT))
     }
 
-    pub fn create(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<(Attr, FileHandle)> {
+    pub fn create(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<(Attr, FileHandle)> {
         let inode = self.make_node(parent, name, FileKind::File, mode, 0, uid, gid, None)?;
         let fh = FileHandle { inode };
         let mut st = write(&fh.inode.state);
@@ -103,7 +122,15 @@ impl<P: Pmem> Fs<P> {
         Ok((attr, fh))
     }
 
-    pub fn mknod(&self, parent: u64, name: &[u8], mode: u32, rdev: u64, uid: u32, gid: u32) -> Result<Attr> {
+    pub fn mknod(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
         let kind = match mode & libc::S_IFMT {
             0 => FileKind::File,
             libc::S_IFDIR => return errno(libc::EPERM),
@@ -121,14 +148,30 @@ impl<P: Pmem> Fs<P> {
         Ok(self.attr_of(&inode, &st))
     }
 
-    pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
+    pub fn symlink(
+        &self,
+        parent: u64,
+        name: &[u8],
+        target: &[u8],
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
         if target.len() > SYMLINK_MAX {
             return errno(libc::ENAMETOOLONG);
         }
         if target.is_empty() {
             return errno(libc::ENOENT);
         }
-        let inode = self.make_node(parent, name, FileKind::Symlink, 0o777, 0, uid, gid, Some(target))?;
+        let inode = self.make_node(
+            parent,
+            name,
+            FileKind::Symlink,
+            0o777,
+            0,
+            uid,
+            gid,
+            Some(target),
+        )?;
         let st = read(&inode.state);
         Ok(self.attr_of(&inode, &st))
     }
@@ -172,7 +215,20 @@ impl<P: Pmem> Fs<P> {
         let ino = lane_slot_to_ino(lane, slot, self.geo.lane_count);
         let mut new_pages = NewPages::default();
         let mut target_block = 0;
-        let result = self.prepare_node(ino, lane, slot, parent, kind, mode, rdev, uid, gid, target, &mut new_pages, &mut target_block);
+        let result = self.prepare_node(
+            ino,
+            lane,
+            slot,
+            parent,
+            kind,
+            mode,
+            rdev,
+            uid,
+            gid,
+            target,
+            &mut new_pages,
+            &mut target_block,
+        );
         let (rec_off, child_cur, generation, attr) = match result {
             Ok(v) => v,
             Err(e) => {
@@ -180,19 +236,24 @@ impl<P: Pmem> Fs<P> {
                 if target_block != 0 {
                     self.free_blocks(target_block, 1);
                 }
-                self.slots.free(lane, slot);
+                let _ = self.slots.free(lane, slot);
                 return Err(e);
             }
         };
         let now = attr.ctime_ns;
         let mut dir_cur = dst.log;
         let seq = dst.dir().map_or(0, |d| d.next_seq());
-        if let Err(e) = self.append(parent, &mut dir_cur, &EntryBuf::dir(true, ino, seq, now, kind, name), &mut new_pages) {
+        if let Err(e) = self.log_append(
+            parent,
+            &mut dir_cur,
+            &EntryBuf::dir(true, ino, seq, now, kind, name),
+            &mut new_pages,
+        ) {
             new_pages.release(&self.blocks);
             if target_block != 0 {
                 self.free_blocks(target_block, 1);
             }
-            self.slots.free(lane, slot);
+            let _ = self.slots.free(lane, slot);
             return Err(e);
         }
         // Commit: the child's record (written, state still FREE) turns LIVE
@@ -211,7 +272,10 @@ impl<P: Pmem> Fs<P> {
         let body = match kind {
             FileKind::File => Body::File(Default::default()),
             FileKind::Dir => Body::Dir(Default::default()),
-            FileKind::Symlink => Body::Symlink { target: target.unwrap_or_default().to_vec(), block: target_block },
+            FileKind::Symlink => Body::Symlink {
+                target: target.unwrap_or_default().to_vec(),
+                block: target_block,
+            },
             _ => Body::Special,
         };
         let st = InodeState {
@@ -224,8 +288,14 @@ impl<P: Pmem> Fs<P> {
             open_count: 0,
             orphan: false,
             gone: false,
+            attr_dirty: false,
         };
-        let inode = Arc::new(Inode { ino, kind, rec_off, state: std::sync::RwLock::new(st) });
+        let inode = Arc::new(Inode {
+            ino,
+            kind,
+            rec_off,
+            state: std::sync::RwLock::new(st),
+        });
         self.cache.insert(inode.clone());
         drop(dst);
         let mut dst = write(&dir.state);
@@ -250,10 +320,14 @@ impl<P: Pmem> Fs<P> {
         new_pages: &mut NewPages,
         target_block: &mut u64,
     ) -> Result<(u64, LogCursor, u64, AttrEntry)> {
-        let rec_off = self.tables.ensure_slot(&self.pm, &self.blocks, lane, slot)?;
+        let rec_off = self
+            .tables
+            .ensure_slot(&self.pm, &self.blocks, lane, slot)?;
         let old: InodeRecord = crate::pmem::read_pod(&self.pm, rec_off);
         if old.state != INODE_FREE {
-            return Err(Error::Corrupt(format!("inode slot {ino} handed out while in use")));
+            return Err(Error::Corrupt(format!(
+                "inode slot {ino} handed out while in use"
+            )));
         }
         let generation = old.generation + 1;
         let now = now_ns();
@@ -270,13 +344,21 @@ impl<P: Pmem> Fs<P> {
             rdev_or_parent: if kind == FileKind::Dir { parent } else { rdev },
         };
         let mut cur = LogCursor::default();
-        self.append(ino, &mut cur, &EntryBuf::attr(false, attr), new_pages)?;
+        self.log_append(ino, &mut cur, &EntryBuf::attr(false, attr), new_pages)?;
         if let Some(t) = target {
-            let (block, _) = self.blocks.alloc(lane, 1).ok_or(Error::Errno(libc::ENOSPC))?;
+            let (block, _) = self
+                .blocks
+                .alloc(lane, 1)
+                .ok_or(Error::Errno(libc::ENOSPC))?;
             *target_block = block;
             self.pm.write(block * BLOCK_SIZE, t);
             self.pm.flush(block * BLOCK_SIZE, t.len() as u64);
-            self.append(ino, &mut cur, &EntryBuf::symlink(block, t.len() as u32), new_pages)?;
+            self.log_append(
+                ino,
+                &mut cur,
+                &EntryBuf::symlink(block, t.len() as u32),
+                new_pages,
+            )?;
         }
         let record = InodeRecord {
             state: INODE_FREE,
@@ -331,13 +413,23 @@ impl<P: Pmem> Fs<P> {
         let mut dcur = locked.get(dir.ino).log;
         let seq = locked.get(dir.ino).dir().map_or(0, |d| d.next_seq());
         let r = self
-            .append(ino, &mut icur, &EntryBuf::attr(true, a), &mut pages)
-            .and_then(|_| self.append(dir.ino, &mut dcur, &EntryBuf::dir(true, ino, seq, now, inode.kind, newname), &mut pages));
+            .log_append(ino, &mut icur, &EntryBuf::attr(true, a), &mut pages)
+            .and_then(|_| {
+                self.log_append(
+                    dir.ino,
+                    &mut dcur,
+                    &EntryBuf::dir(true, ino, seq, now, inode.kind, newname),
+                    &mut pages,
+                )
+            });
         if let Err(e) = r {
             pages.release(&self.blocks);
             return Err(e);
         }
-        self.commit_journal(&[rec(inode.rec_off, INODE_TAIL_FIELD, icur.tail), rec(dir.rec_off, INODE_TAIL_FIELD, dcur.tail)]);
+        self.commit_journal(&[
+            rec(inode.rec_off, INODE_TAIL_FIELD, icur.tail),
+            rec(dir.rec_off, INODE_TAIL_FIELD, dcur.tail),
+        ]);
         let st = locked.get(ino);
         st.log = icur;
         st.log_entries += 1;
@@ -348,7 +440,14 @@ impl<P: Pmem> Fs<P> {
         d.attr.mtime_ns = now;
         d.attr.ctime_ns = now;
         if let Some(x) = d.dir_mut() {
-            x.add(newname, Child { ino, kind: inode.kind, seq });
+            x.add(
+                newname,
+                Child {
+                    ino,
+                    kind: inode.kind,
+                    seq,
+                },
+            );
         }
         let st = locked.get(ino);
         Ok(self.attr_of(&inode, st))
@@ -388,33 +487,56 @@ impl<P: Pmem> Fs<P> {
             }
             let mut locked = Locked::new(&[&dir, &child]);
             // The name may have moved while nothing was locked: retry.
-            if locked.get(parent).dir().and_then(|d| d.get(name)).map(|c| c.ino) != Some(child_ino) {
+            if locked
+                .get(parent)
+                .dir()
+                .and_then(|d| d.get(name))
+                .map(|c| c.ino)
+                != Some(child_ino)
+            {
                 continue;
             }
             return self.remove_locked(&dir, &child, name, &mut locked);
         }
     }
 
-    fn remove_locked(&self, dir: &Arc<Inode>, child: &Arc<Inode>, name: &[u8], locked: &mut Locked<'_>) -> Result<()> {
-        if child.kind == FileKind::Dir && locked.get(child.ino).dir().is_some_and(|d| !d.is_empty()) {
+    fn remove_locked(
+        &self,
+        dir: &Arc<Inode>,
+        child: &Arc<Inode>,
+        name: &[u8],
+        locked: &mut Locked<'_>,
+    ) -> Result<()> {
+        if child.kind == FileKind::Dir && locked.get(child.ino).dir().is_some_and(|d| !d.is_empty())
+        {
             return errno(libc::ENOTEMPTY);
         }
         let now = now_ns();
         let mut pages = NewPages::default();
-        let seq = locked.get(dir.ino).dir().and_then(|d| d.get(name)).map_or(0, |c| c.seq);
+        let seq = locked
+            .get(dir.ino)
+            .dir()
+            .and_then(|d| d.get(name))
+            .map_or(0, |c| c.seq);
         let mut dcur = locked.get(dir.ino).log;
-        if let Err(e) = self.append(dir.ino, &mut dcur, &EntryBuf::dir(false, child.ino, seq, now, child.kind, name), &mut pages) {
+        if let Err(e) = self.log_append(
+            dir.ino,
+            &mut dcur,
+            &EntryBuf::dir(false, child.ino, seq, now, child.kind, name),
+            &mut pages,
+        ) {
             pages.release(&self.blocks);
             return Err(e);
         }
         let mut records = vec![rec(dir.rec_off, INODE_TAIL_FIELD, dcur.tail)];
-        let outcome = match self.drop_link(child, locked.get(child.ino), now, &mut pages, &mut records) {
-            Ok(o) => o,
-            Err(e) => {
-                pages.release(&self.blocks);
-                return Err(e);
-            }
-        };
+        let outcome =
+            match self.drop_link(child, locked.get(child.ino), now, &mut pages, &mut records) {
+                Ok(o) => o,
+                Err(e) => {
+                    pages.release(&self.blocks);
+                    return Err(e);
+                }
+            };
         self.commit_journal(&records);
         let d = locked.get(dir.ino);
         d.log = dcur;
@@ -440,15 +562,23 @@ impl<P: Pmem> Fs<P> {
     ) -> Result<DropOutcome> {
         let last = child.kind == FileKind::Dir || st.attr.nlink <= 1;
         if last {
-            let state = if st.open_count > 0 { INODE_ORPHAN } else { INODE_FREE };
+            let state = if st.open_count > 0 {
+                INODE_ORPHAN
+            } else {
+                INODE_FREE
+            };
             records.push(rec(child.rec_off, INODE_STATE_FIELD, state));
-            return Ok(if state == INODE_ORPHAN { DropOutcome::Orphaned } else { DropOutcome::Freed });
+            return Ok(if state == INODE_ORPHAN {
+                DropOutcome::Orphaned
+            } else {
+                DropOutcome::Freed
+            });
         }
         let mut a = st.attr;
         a.nlink -= 1;
         a.ctime_ns = now;
         let mut cur = st.log;
-        self.append(child.ino, &mut cur, &EntryBuf::attr(true, a), pages)?;
+        self.log_append(child.ino, &mut cur, &EntryBuf::attr(true, a), pages)?;
         records.push(rec(child.rec_off, INODE_TAIL_FIELD, cur.tail));
         Ok(DropOutcome::Linked { cur, attr: a })
     }
@@ -471,7 +601,14 @@ impl<P: Pmem> Fs<P> {
         }
     }
 
-    pub fn rename(&self, parent: u64, name: &[u8], newparent: u64, newname: &[u8], flags: RenameFlags) -> Result<()> {
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
         self.check_writable()?;
         check_name(name)?;
         check_name(newname)?;
@@ -489,15 +626,25 @@ impl<P: Pmem> Fs<P> {
             };
             let m = self.iget(m_ino)?;
             let v = v_ino.map(|i| self.iget(i)).transpose()?;
-            let moves_dir_across = (m.kind == FileKind::Dir || v.as_ref().is_some_and(|v| v.kind == FileKind::Dir)) && parent != newparent;
+            let moves_dir_across = (m.kind == FileKind::Dir
+                || v.as_ref().is_some_and(|v| v.kind == FileKind::Dir))
+                && parent != newparent;
             let _rename_guard = moves_dir_across.then(|| crate::inode::lock(&self.rename_lock));
             let mut all: Vec<&Arc<Inode>> = vec![&sp, &dp, &m];
             if let Some(v) = &v {
                 all.push(v);
             }
             let mut locked = Locked::new(&all);
-            let still_m = locked.get(parent).dir().and_then(|d| d.get(name)).map(|c| c.ino);
-            let still_v = locked.get(newparent).dir().and_then(|d| d.get(newname)).map(|c| c.ino);
+            let still_m = locked
+                .get(parent)
+                .dir()
+                .and_then(|d| d.get(name))
+                .map(|c| c.ino);
+            let still_v = locked
+                .get(newparent)
+                .dir()
+                .and_then(|d| d.get(newname))
+                .map(|c| c.ino);
             if still_m != Some(m_ino) || still_v != v_ino {
                 continue;
             }
@@ -508,12 +655,23 @@ impl<P: Pmem> Fs<P> {
                 if m.kind == FileKind::Dir && self.is_ancestor(m_ino, newparent)? {
                     return errno(libc::EINVAL);
                 }
-                if flags.exchange && v.as_ref().is_some_and(|v| v.kind == FileKind::Dir) && self.is_ancestor(v.as_ref().map_or(0, |v| v.ino), parent)? {
+                if flags.exchange
+                    && v.as_ref().is_some_and(|v| v.kind == FileKind::Dir)
+                    && self.is_ancestor(v.as_ref().map_or(0, |v| v.ino), parent)?
+                {
                     return errno(libc::EINVAL);
                 }
                 locked = Locked::new(&all);
-                let still_m = locked.get(parent).dir().and_then(|d| d.get(name)).map(|c| c.ino);
-                let still_v = locked.get(newparent).dir().and_then(|d| d.get(newname)).map(|c| c.ino);
+                let still_m = locked
+                    .get(parent)
+                    .dir()
+                    .and_then(|d| d.get(name))
+                    .map(|c| c.ino);
+                let still_v = locked
+                    .get(newparent)
+                    .dir()
+                    .and_then(|d| d.get(newname))
+                    .map(|c| c.ino);
                 if still_m != Some(m_ino) || still_v != v_ino {
                     continue;
                 }
@@ -535,7 +693,9 @@ impl<P: Pmem> Fs<P> {
             let inode = self.iget(cur)?;
             cur = read(&inode.state).attr.rdev_or_parent;
         }
-        Err(Error::Corrupt(format!("directory parent chain from {dir} does not reach the root")))
+        Err(Error::Corrupt(format!(
+            "directory parent chain from {dir} does not reach the root"
+        )))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -583,7 +743,19 @@ impl<P: Pmem> Fs<P> {
         let now = now_ns();
         let mut pages = NewPages::default();
         let mut records = Vec::new();
-        let r = self.rename_entries(sp, name, dp, newname, m, v, flags, now, locked, &mut pages, &mut records);
+        let r = self.rename_entries(
+            sp,
+            name,
+            dp,
+            newname,
+            m,
+            v,
+            flags,
+            now,
+            locked,
+            &mut pages,
+            &mut records,
+        );
         let (pending, outcome) = match r {
             Ok(x) => x,
             Err(e) => {
@@ -598,11 +770,7 @@ impl<P: Pmem> Fs<P> {
             st.log = p.cur;
             st.log_entries += p.entries;
         }
-        let m_seq = locked.get(sp.ino).dir().and_then(|d| d.get(name)).map_or(0, |c| c.seq);
-        let _ = m_seq;
-        let seqs = (pending_seq(&pending, dp.ino), pending_seq(&pending, sp.ino));
-        let _ = seqs;
-        self.rename_apply_dram(sp, name, dp, newname, m, v, flags, now, locked, &pending);
+        self.rename_apply_dram(sp, name, dp, newname, m, v, flags, now, locked);
         if let (Some(v), Some(o)) = (v, outcome) {
             self.finish_drop_link(v, locked.get(v.ino), o);
         }
@@ -625,18 +793,32 @@ impl<P: Pmem> Fs<P> {
         records: &mut Vec<JournalRecord>,
     ) -> Result<(Vec<Pending>, Option<DropOutcome>)> {
         let mut pending: Vec<Pending> = Vec::new();
-        let cursor_of = |pending: &mut Vec<Pending>, inode: &Arc<Inode>, st: &InodeState| -> usize {
-            if let Some(i) = pending.iter().position(|p| p.ino == inode.ino) {
-                return i;
-            }
-            pending.push(Pending { ino: inode.ino, rec_off: inode.rec_off, cur: st.log, entries: 0 });
-            pending.len() - 1
-        };
-        let m_seq = locked.get(sp.ino).dir().and_then(|d| d.get(name)).map_or(0, |c| c.seq);
+        let cursor_of =
+            |pending: &mut Vec<Pending>, inode: &Arc<Inode>, st: &InodeState| -> usize {
+                if let Some(i) = pending.iter().position(|p| p.ino == inode.ino) {
+                    return i;
+                }
+                pending.push(Pending {
+                    ino: inode.ino,
+                    rec_off: inode.rec_off,
+                    cur: st.log,
+                    entries: 0,
+                });
+                pending.len() - 1
+            };
+        let m_seq = locked
+            .get(sp.ino)
+            .dir()
+            .and_then(|d| d.get(name))
+            .map_or(0, |c| c.seq);
         // Sequence numbers for the new names: one counter per directory,
         // bumped when the same directory gets two adds (exchange within it).
         let mut next_seq_sp = locked.get(sp.ino).dir().map_or(0, |d| d.next_seq());
-        let mut next_seq_dp = if dp.ino == sp.ino { next_seq_sp } else { locked.get(dp.ino).dir().map_or(0, |d| d.next_seq()) };
+        let mut next_seq_dp = if dp.ino == sp.ino {
+            next_seq_sp
+        } else {
+            locked.get(dp.ino).dir().map_or(0, |d| d.next_seq())
+        };
 
         // Source directory: the old name goes (or, for exchange, points at v).
         let i = cursor_of(&mut pending, sp, locked.get(sp.ino));
@@ -651,14 +833,18 @@ impl<P: Pmem> Fs<P> {
             }
             _ => EntryBuf::dir(false, m.ino, m_seq, now, m.kind, name),
         };
-        self.append(sp.ino, &mut pending[i].cur, &src_entry, pages)?;
+        self.log_append(sp.ino, &mut pending[i].cur, &src_entry, pages)?;
         pending[i].entries += 1;
 
         // Destination directory: the new name points at m.
         let i = cursor_of(&mut pending, dp, locked.get(dp.ino));
-        self.append(dp.ino, &mut pending[i].cur, &EntryBuf::dir(true, m.ino, next_seq_dp, now, m.kind, newname), pages)?;
+        self.log_append(
+            dp.ino,
+            &mut pending[i].cur,
+            &EntryBuf::dir(true, m.ino, next_seq_dp, now, m.kind, newname),
+            pages,
+        )?;
         pending[i].entries += 1;
-        let _ = &mut next_seq_dp;
 
         // The moved inode: ctime, and ".." when a directory changes parent.
         let mut ma = locked.get(m.ino).attr;
@@ -667,7 +853,12 @@ impl<P: Pmem> Fs<P> {
             ma.rdev_or_parent = dp.ino;
         }
         let i = cursor_of(&mut pending, m, locked.get(m.ino));
-        self.append(m.ino, &mut pending[i].cur, &EntryBuf::attr(false, ma), pages)?;
+        self.log_append(
+            m.ino,
+            &mut pending[i].cur,
+            &EntryBuf::attr(false, ma),
+            pages,
+        )?;
         pending[i].entries += 1;
 
         let mut outcome = None;
@@ -679,15 +870,17 @@ impl<P: Pmem> Fs<P> {
                     va.rdev_or_parent = sp.ino;
                 }
                 let i = cursor_of(&mut pending, v, locked.get(v.ino));
-                self.append(v.ino, &mut pending[i].cur, &EntryBuf::attr(false, va), pages)?;
+                self.log_append(
+                    v.ino,
+                    &mut pending[i].cur,
+                    &EntryBuf::attr(false, va),
+                    pages,
+                )?;
                 pending[i].entries += 1;
             } else {
                 let mut vrecords = Vec::new();
+                // The victim loses a link: its tail or state joins the records.
                 let o = self.drop_link(v, locked.get(v.ino), now, pages, &mut vrecords)?;
-                if let DropOutcome::Linked { cur, .. } = &o {
-                    // The victim's new tail is in `o`; committed below with the others.
-                    let _ = cur;
-                }
                 records.extend(vrecords);
                 outcome = Some(o);
             }
@@ -710,7 +903,6 @@ impl<P: Pmem> Fs<P> {
         flags: RenameFlags,
         now: i64,
         locked: &mut Locked<'_>,
-        _pending: &[Pending],
     ) {
         let sp_seq = locked.get(sp.ino).dir().map_or(0, |d| d.next_seq());
         {
@@ -720,7 +912,14 @@ impl<P: Pmem> Fs<P> {
             let d = st.dir_mut().expect("directory");
             d.remove(name);
             if let (true, Some(v)) = (flags.exchange, v) {
-                d.add(name, Child { ino: v.ino, kind: v.kind, seq: sp_seq });
+                d.add(
+                    name,
+                    Child {
+                        ino: v.ino,
+                        kind: v.kind,
+                        seq: sp_seq,
+                    },
+                );
             }
         }
         {
@@ -730,7 +929,14 @@ impl<P: Pmem> Fs<P> {
             let d = st.dir_mut().expect("directory");
             let seq = d.next_seq();
             d.remove(newname);
-            d.add(newname, Child { ino: m.ino, kind: m.kind, seq });
+            d.add(
+                newname,
+                Child {
+                    ino: m.ino,
+                    kind: m.kind,
+                    seq,
+                },
+            );
         }
         let st = locked.get(m.ino);
         st.attr.ctime_ns = now;
@@ -748,31 +954,49 @@ impl<P: Pmem> Fs<P> {
 
     /// Entries of directory `ino` after `cookie` ("." and ".." first), until
     /// `f` returns false.
-    pub fn readdir(&self, ino: u64, cookie: u64, f: &mut dyn FnMut(DirEntry) -> bool) -> Result<()> {
+    pub fn readdir(
+        &self,
+        ino: u64,
+        cookie: u64,
+        f: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> Result<()> {
         let dir = self.dir_inode(ino)?;
         let st = read(&dir.state);
         live(&st)?;
-        if cookie < COOKIE_DOT && !f(DirEntry { ino, kind: FileKind::Dir, name: b".".to_vec(), cookie: COOKIE_DOT }) {
+        if cookie < COOKIE_DOT
+            && !f(DirEntry {
+                ino,
+                kind: FileKind::Dir,
+                name: b".".to_vec(),
+                cookie: COOKIE_DOT,
+            })
+        {
             return Ok(());
         }
         if cookie < COOKIE_DOTDOT
-            && !f(DirEntry { ino: st.attr.rdev_or_parent, kind: FileKind::Dir, name: b"..".to_vec(), cookie: COOKIE_DOTDOT })
+            && !f(DirEntry {
+                ino: st.attr.rdev_or_parent,
+                kind: FileKind::Dir,
+                name: b"..".to_vec(),
+                cookie: COOKIE_DOTDOT,
+            })
         {
             return Ok(());
         }
         if let Some(d) = st.dir() {
             for (c, name, child) in d.after_cookie(cookie.max(COOKIE_DOTDOT)) {
-                if !f(DirEntry { ino: child.ino, kind: child.kind, name: name.to_vec(), cookie: c }) {
+                if !f(DirEntry {
+                    ino: child.ino,
+                    kind: child.kind,
+                    name: name.to_vec(),
+                    cookie: c,
+                }) {
                     break;
                 }
             }
         }
         Ok(())
     }
-}
-
-fn pending_seq(pending: &[Pending], ino: u64) -> u64 {
-    pending.iter().find(|p| p.ino == ino).map_or(0, |p| p.entries)
 }
 
 /// The victim's or unlinked child's fate, decided before the commit and

@@ -38,7 +38,9 @@ impl Geometry {
     pub fn is_data_range(&self, block: u64, len: u64) -> bool {
         block >= self.first_data_block
             && len > 0
-            && block.checked_add(len).is_some_and(|end| end <= self.total_blocks)
+            && block
+                .checked_add(len)
+                .is_some_and(|end| end <= self.total_blocks)
     }
 }
 
@@ -50,9 +52,15 @@ pub fn default_lanes() -> u32 {
 /// Lay out a fresh file system on `pm`, with an empty root directory.
 /// The whole pool is overwritten; the caller decided that was wanted.
 pub fn format<P: Pmem + ?Sized>(pm: &P, opts: &FormatOptions) -> Result<Superblock> {
-    let lanes = if opts.lanes == 0 { default_lanes() } else { opts.lanes };
+    let lanes = if opts.lanes == 0 {
+        default_lanes()
+    } else {
+        opts.lanes
+    };
     if lanes > LANES_MAX {
-        return Err(Error::BadPool(format!("at most {LANES_MAX} lanes, asked for {lanes}")));
+        return Err(Error::BadPool(format!(
+            "at most {LANES_MAX} lanes, asked for {lanes}"
+        )));
     }
     let total_blocks = pm.size_bytes() / BLOCK_SIZE;
     let first_data_block = lanes_end_block(lanes);
@@ -64,7 +72,11 @@ pub fn format<P: Pmem + ?Sized>(pm: &P, opts: &FormatOptions) -> Result<Superblo
             (first_data_block + MIN_DATA_BLOCKS) * BLOCK_SIZE
         )));
     }
-    let geo = Geometry { lane_count: lanes, total_blocks, first_data_block };
+    let geo = Geometry {
+        lane_count: lanes,
+        total_blocks,
+        first_data_block,
+    };
 
     // Invalidate any previous superblock first: a crash during mkfs must not
     // leave an old superblock describing half-overwritten lanes.
@@ -74,7 +86,11 @@ pub fn format<P: Pmem + ?Sized>(pm: &P, opts: &FormatOptions) -> Result<Superblo
     for lane in 0..lanes {
         let first = lane_first_block(lane) * BLOCK_SIZE;
         pm.zero_nt(first, LANE_STRIDE_BLOCKS * BLOCK_SIZE);
-        let trailer = TableTrailer { magic: TABLE_MAGIC, next_block: 0, reserved: [0; 112] };
+        let trailer = TableTrailer {
+            magic: TABLE_MAGIC,
+            next_block: 0,
+            reserved: [0; 112],
+        };
         let table = first + LANE_INODE_TABLE_BLOCK * BLOCK_SIZE;
         write_pod(pm, table + TABLE_TRAILER_OFFSET, &trailer);
         pm.flush(table + TABLE_TRAILER_OFFSET, 128);
@@ -91,7 +107,9 @@ pub fn format<P: Pmem + ?Sized>(pm: &P, opts: &FormatOptions) -> Result<Superblo
         .map_err(|e| Error::Corrupt(format!("mkfs allocator: {e:?}")))?;
     let slots = InodeSlots::new(lanes);
     let (root_lane, root_slot) = ino_to_lane_slot(ROOT_INO, lanes);
-    slots.mark_used(root_lane, root_slot);
+    slots
+        .mark_used(root_lane, root_slot)
+        .map_err(|e| Error::Corrupt(format!("mkfs inode slots: {e:?}")))?;
 
     let mut sb = Superblock {
         magic: MAGIC,
@@ -123,7 +141,12 @@ pub fn format<P: Pmem + ?Sized>(pm: &P, opts: &FormatOptions) -> Result<Superblo
 fn write_root<P: Pmem + ?Sized>(pm: &P, log_block: u64, opts: &FormatOptions, now: i64) {
     let page = log_block * BLOCK_SIZE;
     let mut attr = AttrEntry {
-        hdr: EntryHeader { kind: entry_type::SET_ATTR, units: 1, reserved: 0, checksum: 0 },
+        hdr: EntryHeader {
+            kind: entry_type::SET_ATTR,
+            units: 1,
+            reserved: 0,
+            checksum: 0,
+        },
         mode: libc::S_IFDIR | (opts.root_mode & 0o7777),
         uid: opts.root_uid,
         gid: opts.root_gid,
@@ -136,7 +159,12 @@ fn write_root<P: Pmem + ?Sized>(pm: &P, log_block: u64, opts: &FormatOptions, no
     };
     seal_entry(attr.as_bytes_mut());
     write_pod(pm, page, &attr);
-    let footer = LogPageFooter { next_block: 0, magic: LOG_MAGIC, owner_ino: ROOT_INO, reserved: [0; 40] };
+    let footer = LogPageFooter {
+        next_block: 0,
+        magic: LOG_MAGIC,
+        owner_ino: ROOT_INO,
+        reserved: [0; 40],
+    };
     write_pod(pm, page + LOG_FOOTER_OFFSET, &footer);
     pm.flush(page, ENTRY_UNIT);
     pm.flush(page + LOG_FOOTER_OFFSET, 64);
@@ -202,7 +230,10 @@ fn check_one(sb: &Superblock, pool_bytes: u64) -> std::result::Result<(), String
         return Err(format!("format version {} is invalid", sb.version));
     }
     if sb.block_size as u64 != BLOCK_SIZE {
-        return Err(format!("block size {} unsupported (only {BLOCK_SIZE})", sb.block_size));
+        return Err(format!(
+            "block size {} unsupported (only {BLOCK_SIZE})",
+            sb.block_size
+        ));
     }
     if sb.lane_count == 0 || sb.lane_count > LANES_MAX {
         return Err(format!("lane count {} out of range", sb.lane_count));
@@ -218,7 +249,11 @@ fn check_one(sb: &Superblock, pool_bytes: u64) -> std::result::Result<(), String
             "pool size mismatch: the superblock says {} bytes, the pool has {} bytes{}",
             sb.size_bytes,
             pool_bytes,
-            if pool_bytes < sb.size_bytes { " (truncated?)" } else { "" }
+            if pool_bytes < sb.size_bytes {
+                " (truncated?)"
+            } else {
+                ""
+            }
         ));
     }
     Ok(())
@@ -228,7 +263,9 @@ fn check_one(sb: &Superblock, pool_bytes: u64) -> std::result::Result<(), String
 pub fn read_superblock<P: Pmem + ?Sized>(pm: &P) -> Result<(Superblock, SuperSource)> {
     let pool_bytes = pm.size_bytes();
     if pool_bytes < 2 * BLOCK_SIZE {
-        return Err(Error::BadPool(format!("pool of {pool_bytes} bytes is too small to hold a superblock")));
+        return Err(Error::BadPool(format!(
+            "pool of {pool_bytes} bytes is too small to hold a superblock"
+        )));
     }
     let primary: Superblock = read_pod(pm, SUPER_PRIMARY_BLOCK * BLOCK_SIZE);
     let primary_err = match check_one(&primary, pool_bytes) {
