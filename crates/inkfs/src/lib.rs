@@ -12,5 +12,6 @@ pub mod error;
 pub mod format;
 pub mod pmem;
 pub mod superblock;
+pub mod types;
 
 pub use error::{Error, Result};
