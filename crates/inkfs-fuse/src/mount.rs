@@ -454,6 +454,17 @@ pub fn prepare_mountpoint(mountpoint: &Path) -> Result<PathBuf, String> {
     if !mnt.is_dir() {
         return Err(format!("{}: not a directory", mnt.display()));
     }
+    // Stacking a second server on a live one would hide it and take over
+    // its statistics socket.
+    if let Some(Ok(report)) = crate::stat_mountpoint(&mnt, false) {
+        let pid = report
+            .lines()
+            .find_map(|l| l.strip_prefix("pid"))
+            .map(str::trim)
+            .unwrap_or("?")
+            .to_string();
+        return Err(format!("{}: already an inkfs mount (server pid {pid})", mnt.display()));
+    }
     Ok(mnt)
 }
 

@@ -13,6 +13,7 @@
 //! statistics are most wanted.
 
 use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -247,6 +248,8 @@ pub type Reporter = Arc<dyn Fn(bool) -> String + Send + Sync>;
 /// The stats server: a thread answering each connection with one report.
 pub struct StatsServer {
     path: PathBuf,
+    /// Inode of our socket file (to remove only our own).
+    ino: u64,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -259,6 +262,7 @@ impl StatsServer {
         // (we hold the mount point, so no live server can).
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path)?;
+        let ino = std::fs::metadata(&path)?.ino();
         {
             use std::os::unix::fs::PermissionsExt;
             // Statistics are not secret: let any user read them.
@@ -280,17 +284,22 @@ impl StatsServer {
                 let _ = conn.write_all(reporter(json).as_bytes());
             }
         })?;
-        Ok(StatsServer { path, stop, thread: Some(thread) })
+        Ok(StatsServer { path, ino, stop, thread: Some(thread) })
     }
 
     pub fn stop(&mut self) {
         self.stop.store(true, Relaxed);
-        // Wake the accept loop.
-        let _ = UnixStream::connect(&self.path);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        // Remove the name first (only if it is still ours), then wake the
+        // accept loop; the thread is not joined: it holds nothing that
+        // needs an orderly end, and a wake-up that goes astray must not
+        // hang the unmount.
+        if std::fs::metadata(&self.path).map(|m| m.ino()) .ok() == Some(self.ino) {
+            let _ = std::fs::remove_file(&self.path);
         }
-        let _ = std::fs::remove_file(&self.path);
+        if let Some(t) = self.thread.take() {
+            let _ = UnixStream::connect(&self.path);
+            drop(t);
+        }
     }
 }
 
