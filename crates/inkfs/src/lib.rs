@@ -6,12 +6,32 @@
 //! - [`format`]: every on-media structure (docs/FORMAT.md)
 //! - [`superblock`]: formatting a pool and validating its superblocks
 //! - [`alloc`]: per-lane block and inode-slot allocators (DRAM)
+//! - [`log`]: per-inode logs: append, link pages, walk
+//! - [`journal`]: the lite redo journal for multi-inode operations
+//! - [`inode`]: inode records, tables, DRAM state rebuilt from logs, cache
+//! - [`extents`], [`dir`]: DRAM indexes of files and directories
+//! - [`fs`]: mount/unmount, attributes, handles, commit helpers
+//! - [`namei`]: namespace operations; [`file`]: data operations; [`xattr`]
+//! - [`gc`]: log compaction; [`recovery`]: crash rebuild
 
 pub mod alloc;
+pub mod dir;
 pub mod error;
+pub mod extents;
+pub mod file;
 pub mod format;
+pub mod fs;
+pub mod gc;
+pub mod inode;
+pub mod journal;
+pub mod log;
+pub mod namei;
 pub mod pmem;
+pub mod recovery;
 pub mod superblock;
+pub mod time;
 pub mod types;
+pub mod xattr;
 
 pub use error::{Error, Result};
+pub use fs::{FileHandle, Fs, MountReport};

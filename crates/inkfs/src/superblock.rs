@@ -1,1 +1,293 @@
-//! Formatting a pool and validating its superblocks. (Being written.)
+//! Formatting a pool (mkfs) and reading, validating and rewriting its
+//! superblocks.
+
+use crate::alloc::{BlockAllocator, InodeSlots};
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::pmem::{read_pod, write_pod, Pmem};
+use crate::types::FormatOptions;
+
+/// Smallest pool mkfs accepts beyond the fixed areas.
+pub const MIN_DATA_BLOCKS: u64 = 64;
+
+/// Which copy a superblock came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SuperSource {
+    Primary,
+    /// The primary was damaged; the backup was used (and should be rewritten).
+    Backup,
+}
+
+/// Pool geometry derived from a validated superblock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    pub lane_count: u32,
+    pub total_blocks: u64,
+    pub first_data_block: u64,
+}
+
+impl Geometry {
+    pub fn of(sb: &Superblock) -> Geometry {
+        Geometry {
+            lane_count: sb.lane_count,
+            total_blocks: sb.total_blocks,
+            first_data_block: sb.first_data_block,
+        }
+    }
+    /// True if `[block, block + len)` lies inside the allocator-managed area.
+    pub fn is_data_range(&self, block: u64, len: u64) -> bool {
+        block >= self.first_data_block
+            && len > 0
+            && block
+                .checked_add(len)
+                .is_some_and(|end| end <= self.total_blocks)
+    }
+}
+
+pub fn default_lanes() -> u32 {
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get()) as u32;
+    cpus.clamp(4, 64)
+}
+
+/// Lay out a fresh file system on `pm`, with an empty root directory.
+/// The whole pool is overwritten; the caller decided that was wanted.
+pub fn format<P: Pmem + ?Sized>(pm: &P, opts: &FormatOptions) -> Result<Superblock> {
+    let lanes = if opts.lanes == 0 {
+        default_lanes()
+    } else {
+        opts.lanes
+    };
+    if lanes > LANES_MAX {
+        return Err(Error::BadPool(format!(
+            "at most {LANES_MAX} lanes, asked for {lanes}"
+        )));
+    }
+    let total_blocks = pm.size_bytes() / BLOCK_SIZE;
+    let first_data_block = lanes_end_block(lanes);
+    if total_blocks < first_data_block + MIN_DATA_BLOCKS {
+        return Err(Error::BadPool(format!(
+            "pool of {} bytes is too small: {} lanes need at least {} bytes",
+            pm.size_bytes(),
+            lanes,
+            (first_data_block + MIN_DATA_BLOCKS) * BLOCK_SIZE
+        )));
+    }
+    let geo = Geometry {
+        lane_count: lanes,
+        total_blocks,
+        first_data_block,
+    };
+
+    // Invalidate any previous superblock first: a crash during mkfs must not
+    // leave an old superblock describing half-overwritten lanes.
+    pm.zero_nt(0, 2 * BLOCK_SIZE);
+    pm.fence();
+
+    for lane in 0..lanes {
+        let first = lane_first_block(lane) * BLOCK_SIZE;
+        pm.zero_nt(first, LANE_STRIDE_BLOCKS * BLOCK_SIZE);
+        let trailer = TableTrailer {
+            magic: TABLE_MAGIC,
+            next_block: 0,
+            reserved: [0; 112],
+        };
+        let table = first + LANE_INODE_TABLE_BLOCK * BLOCK_SIZE;
+        write_pod(pm, table + TABLE_TRAILER_OFFSET, &trailer);
+        pm.flush(table + TABLE_TRAILER_OFFSET, 128);
+    }
+    pm.fence();
+
+    let now = crate::time::now_ns();
+    let root_log = first_data_block;
+    write_root(pm, root_log, opts, now);
+
+    let blocks = BlockAllocator::new_all_free(lanes, first_data_block, total_blocks);
+    blocks
+        .mark_used(root_log, 1)
+        .map_err(|e| Error::Corrupt(format!("mkfs allocator: {e:?}")))?;
+    let slots = InodeSlots::new(lanes);
+    let (root_lane, root_slot) = ino_to_lane_slot(ROOT_INO, lanes);
+    slots
+        .mark_used(root_lane, root_slot)
+        .map_err(|e| Error::Corrupt(format!("mkfs inode slots: {e:?}")))?;
+
+    let mut sb = Superblock {
+        magic: MAGIC,
+        version: FORMAT_VERSION,
+        block_size: BLOCK_SIZE as u32,
+        size_bytes: total_blocks * BLOCK_SIZE,
+        total_blocks,
+        lane_count: lanes,
+        state: STATE_CLEAN,
+        mount_epoch: 1,
+        first_data_block,
+        uuid: new_uuid(now),
+        created_unix_ns: now as u64,
+        unmounted_unix_ns: now as u64,
+        reserved: [0; 164],
+        checksum: 0,
+    };
+    let saved = blocks
+        .save(pm, sb.mount_epoch, &slots)
+        .map_err(|e| Error::Corrupt(format!("mkfs save area: {e:?}")))?;
+    debug_assert!(saved, "a fresh allocator always fits its save area");
+    debug_assert_eq!(Geometry::of(&sb), geo);
+    sb.seal();
+    write_superblocks(pm, &sb);
+    Ok(sb)
+}
+
+/// The root directory: inode record (lane 0, slot 0) and a one-entry log.
+fn write_root<P: Pmem + ?Sized>(pm: &P, log_block: u64, opts: &FormatOptions, now: i64) {
+    let page = log_block * BLOCK_SIZE;
+    let mut attr = AttrEntry {
+        hdr: EntryHeader {
+            kind: entry_type::SET_ATTR,
+            units: 1,
+            reserved: 0,
+            checksum: 0,
+        },
+        mode: libc::S_IFDIR | (opts.root_mode & 0o7777),
+        uid: opts.root_uid,
+        gid: opts.root_gid,
+        nlink: 2,
+        size: 0,
+        atime_ns: now,
+        mtime_ns: now,
+        ctime_ns: now,
+        rdev_or_parent: ROOT_INO,
+    };
+    seal_entry(attr.as_bytes_mut());
+    write_pod(pm, page, &attr);
+    let footer = LogPageFooter {
+        next_block: 0,
+        magic: LOG_MAGIC,
+        owner_ino: ROOT_INO,
+        reserved: [0; 40],
+    };
+    write_pod(pm, page + LOG_FOOTER_OFFSET, &footer);
+    pm.flush(page, ENTRY_UNIT);
+    pm.flush(page + LOG_FOOTER_OFFSET, 64);
+    pm.fence();
+
+    let rec = InodeRecord {
+        state: INODE_LIVE,
+        log_head: log_block,
+        log_tail: page + ENTRY_UNIT,
+        generation: 1,
+        ino: ROOT_INO,
+        kind: FileKind::Dir as u32,
+        reserved0: 0,
+        reserved: [0; 80],
+    };
+    let rec_off = lane_first_block(0) * BLOCK_SIZE + LANE_INODE_TABLE_BLOCK * BLOCK_SIZE;
+    write_pod(pm, rec_off, &rec);
+    pm.persist(rec_off, INODE_RECORD_SIZE);
+}
+
+fn new_uuid(now: i64) -> [u8; 16] {
+    let mut seed = [0u8; 16];
+    // getrandom may be unavailable in odd sandboxes: fall back to time + pid.
+    // SAFETY: the buffer is valid for 16 bytes.
+    let got = unsafe { libc::getrandom(seed.as_mut_ptr().cast(), 16, 0) };
+    if got != 16 {
+        seed[..8].copy_from_slice(&now.to_le_bytes());
+        seed[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+    }
+    seed[6] = (seed[6] & 0x0f) | 0x40;
+    seed[8] = (seed[8] & 0x3f) | 0x80;
+    seed
+}
+
+/// Write primary then backup, each persisted before the next: a crash
+/// leaves at least one intact copy.
+pub fn write_superblocks<P: Pmem + ?Sized>(pm: &P, sb: &Superblock) {
+    debug_assert_eq!(sb.checksum, sb.compute_checksum());
+    for block in [SUPER_PRIMARY_BLOCK, SUPER_BACKUP_BLOCK] {
+        write_pod(pm, block * BLOCK_SIZE, sb);
+        pm.persist(block * BLOCK_SIZE, std::mem::size_of::<Superblock>() as u64);
+    }
+}
+
+/// Why one superblock copy was refused.
+fn check_one(sb: &Superblock, pool_bytes: u64) -> std::result::Result<(), String> {
+    if sb.magic != MAGIC {
+        if sb.magic == [0; 8] {
+            return Err("no inkfs superblock (the area is blank)".into());
+        }
+        return Err(format!("bad magic {:02x?} (not an inkfs pool)", sb.magic));
+    }
+    if sb.checksum != sb.compute_checksum() {
+        return Err("superblock checksum mismatch (damaged)".into());
+    }
+    if sb.version > FORMAT_VERSION {
+        return Err(format!(
+            "format version {} is newer than this inkfs understands ({FORMAT_VERSION}); upgrade inkfs",
+            sb.version
+        ));
+    }
+    if sb.version < 1 {
+        return Err(format!("format version {} is invalid", sb.version));
+    }
+    if sb.block_size as u64 != BLOCK_SIZE {
+        return Err(format!(
+            "block size {} unsupported (only {BLOCK_SIZE})",
+            sb.block_size
+        ));
+    }
+    if sb.lane_count == 0 || sb.lane_count > LANES_MAX {
+        return Err(format!("lane count {} out of range", sb.lane_count));
+    }
+    if sb.first_data_block != lanes_end_block(sb.lane_count)
+        || sb.total_blocks != sb.size_bytes / BLOCK_SIZE
+        || sb.total_blocks < sb.first_data_block + MIN_DATA_BLOCKS
+    {
+        return Err("inconsistent geometry in superblock".into());
+    }
+    if sb.size_bytes != pool_bytes {
+        return Err(format!(
+            "pool size mismatch: the superblock says {} bytes, the pool has {} bytes{}",
+            sb.size_bytes,
+            pool_bytes,
+            if pool_bytes < sb.size_bytes {
+                " (truncated?)"
+            } else {
+                ""
+            }
+        ));
+    }
+    Ok(())
+}
+
+/// Read and validate the superblock, falling back to the backup copy.
+pub fn read_superblock<P: Pmem + ?Sized>(pm: &P) -> Result<(Superblock, SuperSource)> {
+    let pool_bytes = pm.size_bytes();
+    if pool_bytes < 2 * BLOCK_SIZE {
+        return Err(Error::BadPool(format!(
+            "pool of {pool_bytes} bytes is too small to hold a superblock"
+        )));
+    }
+    let primary: Superblock = read_pod(pm, SUPER_PRIMARY_BLOCK * BLOCK_SIZE);
+    let primary_err = match check_one(&primary, pool_bytes) {
+        Ok(()) => return Ok((primary, SuperSource::Primary)),
+        Err(e) => e,
+    };
+    let backup: Superblock = read_pod(pm, SUPER_BACKUP_BLOCK * BLOCK_SIZE);
+    match check_one(&backup, pool_bytes) {
+        Ok(()) => Ok((backup, SuperSource::Backup)),
+        // Report the primary's reason: it is the one the user expects to be there.
+        Err(_) => Err(Error::BadPool(primary_err)),
+    }
+}
+
+/// True if the pool holds something that looks like an inkfs superblock
+/// (valid or not), for mkfs's "refuse to overwrite" check.
+pub fn looks_like_inkfs<P: Pmem + ?Sized>(pm: &P) -> bool {
+    if pm.size_bytes() < 2 * BLOCK_SIZE {
+        return false;
+    }
+    [SUPER_PRIMARY_BLOCK, SUPER_BACKUP_BLOCK].iter().any(|b| {
+        let sb: Superblock = read_pod(pm, b * BLOCK_SIZE);
+        sb.magic == MAGIC
+    })
+}

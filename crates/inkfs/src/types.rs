@@ -50,7 +50,12 @@ pub struct FormatOptions {
 
 impl Default for FormatOptions {
     fn default() -> Self {
-        FormatOptions { lanes: 0, root_uid: 0, root_gid: 0, root_mode: 0o755 }
+        FormatOptions {
+            lanes: 0,
+            root_uid: 0,
+            root_gid: 0,
+            root_mode: 0o755,
+        }
     }
 }
 
@@ -117,7 +122,10 @@ impl RenameFlags {
         if bits & !(NOREPLACE | EXCHANGE) != 0 || bits == NOREPLACE | EXCHANGE {
             return crate::error::errno(libc::EINVAL);
         }
-        Ok(RenameFlags { noreplace: bits & NOREPLACE != 0, exchange: bits & EXCHANGE != 0 })
+        Ok(RenameFlags {
+            noreplace: bits & NOREPLACE != 0,
+            exchange: bits & EXCHANGE != 0,
+        })
     }
 }
 
@@ -173,7 +181,8 @@ pub struct FallocFlags {
 impl FallocFlags {
     /// From FALLOC_FL_* bits; unsupported combinations → EOPNOTSUPP/EINVAL as Linux.
     pub fn from_bits(bits: i32) -> crate::Result<FallocFlags> {
-        let known = libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
+        let known =
+            libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
         if bits & !known != 0 {
             return crate::error::errno(libc::EOPNOTSUPP);
         }

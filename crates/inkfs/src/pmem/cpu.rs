@@ -35,34 +35,68 @@ impl FlushMethod {
 
 /// The best cache-line flush this CPU has. `INKFS_FLUSH=clflush` (or
 /// `clflushopt`) forces a weaker one, e.g. to run under valgrind, which
-/// does not decode clwb.
+/// does not decode clwb. An override the CPU cannot execute is ignored.
 pub fn detect_flush_method() -> FlushMethod {
     static METHOD: OnceLock<FlushMethod> = OnceLock::new();
     *METHOD.get_or_init(|| {
         let hw = detect_hw();
         match std::env::var("INKFS_FLUSH").as_deref() {
-            Ok("clflush") => FlushMethod::Clflush,
-            Ok("clflushopt") if hw != FlushMethod::Clflush => FlushMethod::Clflushopt,
-            _ => hw,
+            Ok("clflush") if hw.clflush => FlushMethod::Clflush,
+            Ok("clflushopt") if hw.clflushopt => FlushMethod::Clflushopt,
+            _ => hw.best(),
         }
     })
 }
 
-#[cfg(all(target_arch = "x86_64", not(miri)))]
-fn detect_hw() -> FlushMethod {
-    let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
-    if leaf7.ebx & (1 << 24) != 0 {
-        FlushMethod::Clwb
-    } else if leaf7.ebx & (1 << 23) != 0 {
-        FlushMethod::Clflushopt
-    } else {
-        FlushMethod::Clflush
+/// The flush instructions the CPU decodes.
+#[derive(Clone, Copy, Debug, Default)]
+struct HwFlush {
+    clwb: bool,
+    clflushopt: bool,
+    clflush: bool,
+}
+
+impl HwFlush {
+    fn best(self) -> FlushMethod {
+        if self.clwb {
+            FlushMethod::Clwb
+        } else if self.clflushopt {
+            FlushMethod::Clflushopt
+        } else if self.clflush {
+            FlushMethod::Clflush
+        } else {
+            FlushMethod::None
+        }
     }
 }
 
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+// The cpuid intrinsics are safe from Rust 1.87 on, unsafe before (our MSRV).
+#[allow(unused_unsafe)]
+fn detect_hw() -> HwFlush {
+    use std::arch::x86_64::{__cpuid_count, __get_cpuid_max};
+    // clflush is part of SSE2, which every x86_64 CPU has.
+    let mut hw = HwFlush {
+        clflush: true,
+        ..HwFlush::default()
+    };
+    // Leaf 7 exists only if the CPU says so; asking for a leaf above the
+    // maximum returns the data of the highest leaf on Intel, whose bits
+    // would be misread as clwb/clflushopt.
+    // SAFETY: cpuid is always available on x86_64.
+    let (max_leaf, _) = unsafe { __get_cpuid_max(0) };
+    if max_leaf >= 7 {
+        // SAFETY: leaf 7 is supported (checked above).
+        let leaf7 = unsafe { __cpuid_count(7, 0) };
+        hw.clwb = leaf7.ebx & (1 << 24) != 0;
+        hw.clflushopt = leaf7.ebx & (1 << 23) != 0;
+    }
+    hw
+}
+
 #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-fn detect_hw() -> FlushMethod {
-    FlushMethod::None
+fn detect_hw() -> HwFlush {
+    HwFlush::default()
 }
 
 /// Write back every line overlapping `[addr, addr + len)`.
@@ -167,7 +201,9 @@ unsafe fn copy_nt_x86(method: FlushMethod, dst: *mut u8, src: &[u8]) {
 /// # Safety
 /// `dst..dst+len` must be mapped and writable.
 pub unsafe fn zero_nt(method: FlushMethod, dst: *mut u8, len: usize) {
-    const ZEROS: [u8; 4096] = [0; 4096];
+    // A `static`, not a `const`: slicing a const array materialises a 4 KiB
+    // copy on the stack at every iteration.
+    static ZEROS: [u8; 4096] = [0; 4096];
     let mut done = 0;
     while done < len {
         let n = (len - done).min(ZEROS.len());

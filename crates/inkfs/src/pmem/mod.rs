@@ -22,7 +22,7 @@ mod sim;
 
 pub use cpu::{detect_flush_method, FlushMethod};
 pub use map::{MappedPool, OpenOptions as PoolOpenOptions};
-pub use sim::{CrashImages, SimPool, SimTrace};
+pub use sim::{CrashImage, CrashImages, SimPool, SimTrace};
 
 /// A cache line: the unit in which the hardware writes back to media.
 pub const CACHE_LINE: u64 = 64;

@@ -1,0 +1,184 @@
+//! A file's DRAM index: file page → data block extents. Rebuilt from the
+//! log's FILE_WRITE entries; never persisted.
+
+use std::collections::BTreeMap;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub page: u64,
+    pub block: u64,
+    pub pages: u64,
+}
+
+impl Extent {
+    pub fn end(&self) -> u64 {
+        self.page + self.pages
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct FileMap {
+    /// first page → (first block, page count); extents never overlap.
+    map: BTreeMap<u64, (u64, u64)>,
+    mapped_pages: u64,
+}
+
+impl FileMap {
+    pub fn mapped_pages(&self) -> u64 {
+        self.mapped_pages
+    }
+    pub fn extent_count(&self) -> usize {
+        self.map.len()
+    }
+
+    /// The extent containing `page`, if any.
+    pub fn find(&self, page: u64) -> Option<Extent> {
+        let (&start, &(block, pages)) = self.map.range(..=page).next_back()?;
+        (page < start + pages).then_some(Extent {
+            page: start,
+            block,
+            pages,
+        })
+    }
+
+    /// First extent that contains `page` or starts after it.
+    pub fn next_from(&self, page: u64) -> Option<Extent> {
+        if let Some(e) = self.find(page) {
+            return Some(e);
+        }
+        self.map.range(page..).next().map(|(&p, &(b, n))| Extent {
+            page: p,
+            block: b,
+            pages: n,
+        })
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = Extent> + '_ {
+        self.map.iter().map(|(&p, &(b, n))| Extent {
+            page: p,
+            block: b,
+            pages: n,
+        })
+    }
+
+    /// Map pages `[page, page + pages)` to blocks starting at `block`, or
+    /// unmap them when `block == 0`. Blocks no longer referenced are passed
+    /// to `released` (the caller frees them once the change is committed).
+    pub fn map(&mut self, page: u64, pages: u64, block: u64, released: &mut impl FnMut(u64, u64)) {
+        debug_assert!(pages > 0);
+        let end = page + pages;
+        self.unmap_range(page, end, released);
+        if block != 0 {
+            self.insert_merging(page, block, pages);
+        }
+        debug_assert!(self.check());
+    }
+
+    /// Unmap every page at or after `from_page` (truncate).
+    pub fn truncate(&mut self, from_page: u64, released: &mut impl FnMut(u64, u64)) {
+        self.unmap_range(from_page, u64::MAX, released);
+    }
+
+    fn unmap_range(&mut self, page: u64, end: u64, released: &mut impl FnMut(u64, u64)) {
+        let mut overlapping = Vec::new();
+        if let Some(e) = self.find(page) {
+            overlapping.push(e);
+        }
+        for (&p, &(b, n)) in self.map.range(page..end) {
+            if overlapping.first().is_none_or(|e| e.page != p) {
+                overlapping.push(Extent {
+                    page: p,
+                    block: b,
+                    pages: n,
+                });
+            }
+        }
+        for e in overlapping {
+            self.map.remove(&e.page);
+            self.mapped_pages -= e.pages;
+            let cut_start = e.page.max(page);
+            let cut_end = e.end().min(end);
+            released(e.block + (cut_start - e.page), cut_end - cut_start);
+            if e.page < cut_start {
+                self.insert_raw(e.page, e.block, cut_start - e.page);
+            }
+            if cut_end < e.end() {
+                self.insert_raw(cut_end, e.block + (cut_end - e.page), e.end() - cut_end);
+            }
+        }
+    }
+
+    fn insert_raw(&mut self, page: u64, block: u64, pages: u64) {
+        self.map.insert(page, (block, pages));
+        self.mapped_pages += pages;
+    }
+
+    fn insert_merging(&mut self, mut page: u64, mut block: u64, mut pages: u64) {
+        if let Some((&p, &(b, n))) = self.map.range(..page).next_back() {
+            if p + n == page && b + n == block {
+                self.map.remove(&p);
+                self.mapped_pages -= n;
+                page = p;
+                block = b;
+                pages += n;
+            }
+        }
+        if let Some(&(b, n)) = self.map.get(&(page + pages)) {
+            if block + pages == b {
+                self.map.remove(&(page + pages));
+                self.mapped_pages -= n;
+                pages += n;
+            }
+        }
+        self.insert_raw(page, block, pages);
+    }
+
+    fn check(&self) -> bool {
+        let mut prev_end = 0;
+        let mut total = 0;
+        for (&p, &(_, n)) in &self.map {
+            if p < prev_end || n == 0 {
+                return false;
+            }
+            prev_end = p + n;
+            total += n;
+        }
+        total == self.mapped_pages
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn collect(m: &FileMap) -> Vec<(u64, u64, u64)> {
+        m.iter().map(|e| (e.page, e.block, e.pages)).collect()
+    }
+
+    #[test]
+    fn overwrite_splits_and_releases() {
+        let mut m = FileMap::default();
+        let mut rel = Vec::new();
+        m.map(0, 10, 100, &mut |b, n| rel.push((b, n)));
+        m.map(3, 2, 500, &mut |b, n| rel.push((b, n)));
+        assert_eq!(collect(&m), vec![(0, 100, 3), (3, 500, 2), (5, 105, 5)]);
+        assert_eq!(rel, vec![(103, 2)]);
+        assert_eq!(m.mapped_pages(), 10);
+        rel.clear();
+        m.truncate(4, &mut |b, n| rel.push((b, n)));
+        assert_eq!(collect(&m), vec![(0, 100, 3), (3, 500, 1)]);
+        assert_eq!(rel, vec![(501, 1), (105, 5)]);
+    }
+
+    #[test]
+    fn adjacent_contiguous_extents_merge() {
+        let mut m = FileMap::default();
+        m.map(0, 2, 10, &mut |_, _| {});
+        m.map(2, 2, 12, &mut |_, _| {});
+        assert_eq!(collect(&m), vec![(0, 10, 4)]);
+        m.map(1, 1, 0, &mut |_, _| {});
+        assert_eq!(collect(&m), vec![(0, 10, 1), (2, 12, 2)]);
+        assert!(m.find(1).is_none());
+        assert_eq!(m.next_from(1).map(|e| e.page), Some(2));
+    }
+}

@@ -1,0 +1,671 @@
+//! File data: read, write (copy-on-write or in place, per mode), append,
+//! truncate, fallocate, SEEK_DATA/SEEK_HOLE, fsync.
+//!
+//! A write never makes new data visible before it is durable: data goes to
+//! blocks with non-temporal stores, the FILE_WRITE entries that map them are
+//! flushed, one fence covers both, and only then does the tail move.
+
+use crate::error::{errno, Error, Result};
+use crate::format::*;
+use crate::fs::{live, FileHandle, Fs};
+use crate::inode::{self, write, Inode, InodeState};
+use crate::log::{Entry, EntryBuf, LogCursor, NewPages};
+use crate::pmem::Pmem;
+use crate::time::now_ns;
+use crate::types::*;
+
+/// Bytes to lay over pages: caller data, or zeros.
+#[derive(Clone, Copy)]
+enum Src<'a> {
+    Data { off: u64, data: &'a [u8] },
+    Zeros { off: u64, len: u64 },
+}
+
+impl Src<'_> {
+    fn range(&self) -> (u64, u64) {
+        match *self {
+            Src::Data { off, data } => (off, off + data.len() as u64),
+            Src::Zeros { off, len } => (off, off + len),
+        }
+    }
+    /// The part of `[lo, hi)` this source covers.
+    fn clip(&self, lo: u64, hi: u64) -> (u64, u64) {
+        let (a, b) = self.range();
+        (a.max(lo), b.min(hi))
+    }
+}
+
+/// FILE_WRITE entries of one operation, kept on the stack for the common
+/// case (a write maps to few extents); spills to the heap only when the
+/// allocator hands out many fragments.
+struct Pieces {
+    inline: [WriteEntry; 8],
+    len: usize,
+    spill: Vec<WriteEntry>,
+}
+
+impl Pieces {
+    fn new() -> Pieces {
+        Pieces {
+            inline: [WriteEntry::from_bytes(&[0u8; 64]); 8],
+            len: 0,
+            spill: Vec::new(),
+        }
+    }
+    fn push(&mut self, w: WriteEntry) {
+        if self.len < self.inline.len() {
+            self.inline[self.len] = w;
+            self.len += 1;
+        } else {
+            self.spill.push(w);
+        }
+    }
+    fn iter(&self) -> impl Iterator<Item = &WriteEntry> {
+        self.inline[..self.len].iter().chain(self.spill.iter())
+    }
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// State of one data operation being prepared: what it allocated (to undo
+/// on failure) and what it will append.
+struct DataTx {
+    pieces: Pieces,
+    /// Pieces that map fresh blocks (freed if the operation fails).
+    fresh: Pieces,
+    pages: NewPages,
+}
+
+impl DataTx {
+    fn new() -> DataTx {
+        DataTx {
+            pieces: Pieces::new(),
+            fresh: Pieces::new(),
+            pages: NewPages::default(),
+        }
+    }
+}
+
+fn write_entry(file_page: u64, block: u64, pages: u64, size: u64, mtime_ns: i64) -> WriteEntry {
+    WriteEntry {
+        hdr: EntryHeader::default_zero(),
+        file_page,
+        block,
+        pages: pages as u32,
+        reserved0: 0,
+        size,
+        mtime_ns,
+        reserved: [0; 16],
+    }
+}
+
+/// Pages per FILE_WRITE entry at most (the entry's count is 32 bits).
+const MAX_PAGES_PER_ENTRY: u64 = 1 << 20;
+
+impl<P: Pmem> Fs<P> {
+    fn file_state_check(inode: &Inode) -> Result<()> {
+        match inode.kind {
+            FileKind::File => Ok(()),
+            FileKind::Dir => errno(libc::EISDIR),
+            _ => errno(libc::EINVAL),
+        }
+    }
+
+    /// Read up to `buf.len()` bytes at `off`; short at end of file. Holes
+    /// read as zeros.
+    pub fn read(&self, fh: &FileHandle, off: u64, buf: &mut [u8]) -> Result<usize> {
+        Self::file_state_check(&fh.inode)?;
+        let st = inode::read(&fh.inode.state);
+        let size = st.attr.size;
+        if off >= size || buf.is_empty() {
+            return Ok(0);
+        }
+        let n = (size - off).min(buf.len() as u64) as usize;
+        let Some(map) = st.file() else {
+            return errno(libc::EINVAL);
+        };
+        let mut done = 0usize;
+        while done < n {
+            let pos = off + done as u64;
+            let page = pos / BLOCK_SIZE;
+            let in_page = pos % BLOCK_SIZE;
+            match map.find(page) {
+                Some(e) => {
+                    let run = (e.end() - page) * BLOCK_SIZE - in_page;
+                    let take = run.min((n - done) as u64) as usize;
+                    let at = (e.block + (page - e.page)) * BLOCK_SIZE + in_page;
+                    self.pm.read(at, &mut buf[done..done + take]);
+                    done += take;
+                }
+                None => {
+                    let hole_end = map
+                        .next_from(page)
+                        .map_or(u64::MAX, |e| e.page * BLOCK_SIZE);
+                    let take = (hole_end - pos).min((n - done) as u64) as usize;
+                    buf[done..done + take].fill(0);
+                    done += take;
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// pwrite: write `data` at `off`. Durable on return in strict and sync
+    /// mode; atomic in strict mode.
+    pub fn write(&self, fh: &FileHandle, off: u64, data: &[u8]) -> Result<usize> {
+        self.check_writable()?;
+        Self::file_state_check(&fh.inode)?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let mut st = write(&fh.inode.state);
+        self.write_locked(&fh.inode, &mut st, off, data)?;
+        Ok(data.len())
+    }
+
+    /// O_APPEND write: at the end of file, decided under the inode lock.
+    pub fn append(&self, fh: &FileHandle, data: &[u8]) -> Result<(u64, usize)> {
+        self.check_writable()?;
+        Self::file_state_check(&fh.inode)?;
+        let mut st = write(&fh.inode.state);
+        let off = st.attr.size;
+        if !data.is_empty() {
+            self.write_locked(&fh.inode, &mut st, off, data)?;
+        }
+        Ok((off, data.len()))
+    }
+
+    fn write_locked(
+        &self,
+        inode: &Inode,
+        st: &mut InodeState,
+        off: u64,
+        data: &[u8],
+    ) -> Result<()> {
+        live(st)?;
+        let end = off
+            .checked_add(data.len() as u64)
+            .ok_or(Error::Errno(libc::EFBIG))?;
+        if end > MAX_FILE_BYTES {
+            return errno(libc::EFBIG);
+        }
+        let now = now_ns();
+        let new_size = st.attr.size.max(end);
+        let src = Src::Data { off, data };
+        let mut tx = DataTx::new();
+        let r = match self.mode {
+            Mode::Strict => self.cow_range(
+                st,
+                off / BLOCK_SIZE,
+                (end - 1) / BLOCK_SIZE + 1,
+                src,
+                new_size,
+                now,
+                &mut tx,
+            ),
+            Mode::Sync | Mode::Posix => self.in_place_range(
+                st,
+                off / BLOCK_SIZE,
+                (end - 1) / BLOCK_SIZE + 1,
+                src,
+                new_size,
+                now,
+                &mut tx,
+            ),
+        };
+        if let Err(e) = r {
+            self.abort_data(tx);
+            return Err(e);
+        }
+        if tx.pieces.is_empty() {
+            // Posix-mode overwrite in place: data durable at fsync; the new
+            // mtime is persisted then too.
+            debug_assert!(self.mode == Mode::Posix);
+            st.attr.mtime_ns = now;
+            st.attr.ctime_ns = now;
+            st.attr_dirty = true;
+            return Ok(());
+        }
+        self.commit_data(inode, st, tx, None, self.mode != Mode::Posix)
+    }
+
+    /// Append the prepared entries (plus an optional trailing SET_ATTR),
+    /// commit the tail, and bring DRAM up to date.
+    fn commit_data(
+        &self,
+        inode: &Inode,
+        st: &mut InodeState,
+        mut tx: DataTx,
+        attr: Option<AttrEntry>,
+        durable: bool,
+    ) -> Result<()> {
+        let mut cur = st.log;
+        let mut appended = Ok(());
+        for w in tx.pieces.iter() {
+            let e = EntryBuf::write(w.file_page, w.block, w.pages, w.size, w.mtime_ns);
+            appended = self
+                .log_append(inode.ino, &mut cur, &e, &mut tx.pages)
+                .map(|_| ());
+            if appended.is_err() {
+                break;
+            }
+        }
+        if let (Ok(()), Some(a)) = (&appended, attr) {
+            appended = self
+                .log_append(
+                    inode.ino,
+                    &mut cur,
+                    &EntryBuf::attr(false, a),
+                    &mut tx.pages,
+                )
+                .map(|_| ());
+        }
+        if let Err(e) = appended {
+            self.abort_data(tx);
+            return Err(e);
+        }
+        self.commit_tail(inode.rec_off, &cur, durable);
+        st.log = cur;
+        for w in tx.pieces.iter() {
+            self.apply_committed(st, Entry::Write(*w));
+        }
+        if let Some(a) = attr {
+            self.apply_committed(
+                st,
+                Entry::Attr {
+                    link_change: false,
+                    attr: a,
+                },
+            );
+        }
+        if durable {
+            st.attr_dirty = false;
+        }
+        self.maybe_compact(inode, st);
+        Ok(())
+    }
+
+    /// Apply a committed entry to DRAM and free the blocks it displaced
+    /// (never the blocks it maps itself: an in-place entry remaps them).
+    fn apply_committed(&self, st: &mut InodeState, e: Entry<'_>) {
+        let own = match &e {
+            Entry::Write(w) => (w.block, w.block + w.pages as u64),
+            _ => (0, 0),
+        };
+        let geo = self.geo;
+        let mut released = |b: u64, n: u64| {
+            if !(b >= own.0 && b < own.1) {
+                self.free_blocks(b, n);
+            }
+        };
+        let r = inode::apply_entry(&self.pm, &geo, st, e, &mut released);
+        debug_assert!(r.is_ok(), "a committed entry must apply: {r:?}");
+    }
+
+    fn abort_data(&self, tx: DataTx) {
+        for w in tx.fresh.iter() {
+            self.free_blocks(w.block, w.pages as u64);
+        }
+        tx.pages.release(&self.blocks);
+    }
+
+    /// Copy-on-write pages `[first, end)`: fresh blocks hold the old
+    /// contents overlaid with `src`.
+    #[allow(clippy::too_many_arguments)]
+    fn cow_range(
+        &self,
+        st: &InodeState,
+        first: u64,
+        end: u64,
+        src: Src<'_>,
+        size: u64,
+        now: i64,
+        tx: &mut DataTx,
+    ) -> Result<()> {
+        let mut page = first;
+        while page < end {
+            let want = (end - page).min(MAX_PAGES_PER_ENTRY);
+            let (block, got) = self
+                .blocks
+                .alloc(self.lane(), want)
+                .ok_or(Error::Errno(libc::ENOSPC))?;
+            let w = write_entry(page, block, got, size, now);
+            tx.fresh.push(w);
+            tx.pieces.push(w);
+            for i in 0..got {
+                self.fill_page(st, page + i, block + i, src);
+            }
+            page += got;
+        }
+        Ok(())
+    }
+
+    /// Sync/posix: pages already mapped are overwritten in place; holes get
+    /// fresh blocks. Sync mode logs every piece (size and mtime durable);
+    /// posix mode logs only what changes the mapping or the size.
+    #[allow(clippy::too_many_arguments)]
+    fn in_place_range(
+        &self,
+        st: &InodeState,
+        first: u64,
+        end: u64,
+        src: Src<'_>,
+        size: u64,
+        now: i64,
+        tx: &mut DataTx,
+    ) -> Result<()> {
+        let Some(map) = st.file() else {
+            return errno(libc::EINVAL);
+        };
+        let grows = size != st.attr.size;
+        let mut page = first;
+        while page < end {
+            match map.find(page) {
+                Some(e) => {
+                    let run_end = e.end().min(end);
+                    let block = e.block + (page - e.page);
+                    let (a, b) = src.clip(page * BLOCK_SIZE, run_end * BLOCK_SIZE);
+                    let at = block * BLOCK_SIZE + (a - page * BLOCK_SIZE);
+                    match src {
+                        Src::Data { off, data } => self
+                            .pm
+                            .copy_nt(at, &data[(a - off) as usize..(b - off) as usize]),
+                        Src::Zeros { .. } => self.pm.zero_nt(at, b - a),
+                    }
+                    if self.mode == Mode::Sync || grows {
+                        tx.pieces
+                            .push(write_entry(page, block, run_end - page, size, now));
+                    }
+                    page = run_end;
+                }
+                None => {
+                    let hole_end = map.next_from(page).map_or(end, |e| e.page.min(end));
+                    self.cow_range(st, page, hole_end, src, size, now, tx)?;
+                    page = hole_end;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Fill fresh block `block` with file page `page`: old contents (zeros
+    /// for a hole) overlaid with `src`, written non-temporally.
+    fn fill_page(&self, st: &InodeState, page: u64, block: u64, src: Src<'_>) {
+        let p0 = page * BLOCK_SIZE;
+        let (a, b) = src.clip(p0, p0 + BLOCK_SIZE);
+        let dst = block * BLOCK_SIZE;
+        if a == p0 && b == p0 + BLOCK_SIZE {
+            match src {
+                Src::Data { off, data } => self
+                    .pm
+                    .copy_nt(dst, &data[(a - off) as usize..(b - off) as usize]),
+                Src::Zeros { .. } => self.pm.zero_nt(dst, BLOCK_SIZE),
+            }
+            return;
+        }
+        let mut buf = [0u8; BLOCK_SIZE as usize];
+        // Bytes past EOF in the last page are always zero (truncate zeroes
+        // them), so the whole old page can be copied.
+        if let Some(e) = st.file().and_then(|m| m.find(page)) {
+            self.pm
+                .read((e.block + (page - e.page)) * BLOCK_SIZE, &mut buf);
+        }
+        if a < b {
+            let (lo, hi) = ((a - p0) as usize, (b - p0) as usize);
+            match src {
+                Src::Data { off, data } => {
+                    buf[lo..hi].copy_from_slice(&data[(a - off) as usize..(b - off) as usize])
+                }
+                Src::Zeros { .. } => buf[lo..hi].fill(0),
+            }
+        }
+        self.pm.copy_nt(dst, &buf);
+    }
+
+    /// Zero `[a, b)` inside one page (a partial page of truncate, punch or
+    /// zero-range) the way the mode writes data.
+    fn zero_partial(
+        &self,
+        st: &InodeState,
+        a: u64,
+        b: u64,
+        size: u64,
+        now: i64,
+        tx: &mut DataTx,
+    ) -> Result<()> {
+        debug_assert!(a < b && a / BLOCK_SIZE == (b - 1) / BLOCK_SIZE);
+        let page = a / BLOCK_SIZE;
+        if st.file().and_then(|m| m.find(page)).is_none() {
+            return Ok(()); // a hole already reads as zeros
+        }
+        let src = Src::Zeros { off: a, len: b - a };
+        match self.mode {
+            Mode::Strict => self.cow_range(st, page, page + 1, src, size, now, tx),
+            Mode::Sync | Mode::Posix => self.in_place_range(st, page, page + 1, src, size, now, tx),
+        }
+    }
+
+    /// Shrink or grow to `new_size` with attributes `a` (mtime/ctime set by
+    /// the caller); one transaction: the zeroed partial page, then the
+    /// SET_ATTR whose smaller size unmaps everything past it.
+    pub(crate) fn truncate_locked(
+        &self,
+        inode: &Inode,
+        st: &mut InodeState,
+        mut a: AttrEntry,
+        new_size: u64,
+    ) -> Result<()> {
+        let old_size = st.attr.size;
+        let mut tx = DataTx::new();
+        if new_size < old_size && new_size % BLOCK_SIZE != 0 {
+            let page_end = (new_size / BLOCK_SIZE + 1) * BLOCK_SIZE;
+            if let Err(e) = self.zero_partial(st, new_size, page_end, old_size, a.ctime_ns, &mut tx)
+            {
+                self.abort_data(tx);
+                return Err(e);
+            }
+        }
+        a.size = new_size;
+        self.commit_data(inode, st, tx, Some(a), true)
+    }
+
+    /// fallocate: preallocate (zeroed blocks), punch a hole, or zero a range.
+    pub fn fallocate(&self, fh: &FileHandle, off: u64, len: u64, flags: FallocFlags) -> Result<()> {
+        self.check_writable()?;
+        Self::file_state_check(&fh.inode)?;
+        if len == 0 {
+            return errno(libc::EINVAL);
+        }
+        let end = off.checked_add(len).ok_or(Error::Errno(libc::EFBIG))?;
+        if end > MAX_FILE_BYTES {
+            return errno(libc::EFBIG);
+        }
+        let inode = &fh.inode;
+        let mut st = write(&inode.state);
+        live(&st)?;
+        let now = now_ns();
+        let old_size = st.attr.size;
+        let size = if flags.keep_size || flags.punch_hole {
+            old_size
+        } else {
+            old_size.max(end)
+        };
+        let mut tx = DataTx::new();
+        let r = if flags.punch_hole || flags.zero_range {
+            self.clear_range(&st, off, end, size, now, flags.zero_range, &mut tx)
+        } else {
+            self.preallocate(&st, off, end, size, now, &mut tx)
+        };
+        if let Err(e) = r {
+            self.abort_data(tx);
+            return Err(e);
+        }
+        let mut a = st.attr;
+        a.ctime_ns = now;
+        if size != old_size {
+            a.mtime_ns = now;
+        }
+        a.size = size;
+        self.commit_data(inode, &mut st, tx, Some(a), true)
+    }
+
+    /// Map fresh zeroed blocks over every hole in `[off, end)`.
+    #[allow(clippy::too_many_arguments)]
+    fn preallocate(
+        &self,
+        st: &InodeState,
+        off: u64,
+        end: u64,
+        size: u64,
+        now: i64,
+        tx: &mut DataTx,
+    ) -> Result<()> {
+        let Some(map) = st.file() else {
+            return errno(libc::EINVAL);
+        };
+        let (first, last) = (off / BLOCK_SIZE, (end - 1) / BLOCK_SIZE + 1);
+        let mut page = first;
+        while page < last {
+            match map.find(page) {
+                Some(e) => page = e.end(),
+                None => {
+                    let hole_end = map.next_from(page).map_or(last, |e| e.page.min(last));
+                    self.cow_range(
+                        st,
+                        page,
+                        hole_end,
+                        Src::Zeros {
+                            off: page * BLOCK_SIZE,
+                            len: (hole_end - page) * BLOCK_SIZE,
+                        },
+                        size,
+                        now,
+                        tx,
+                    )?;
+                    page = hole_end;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Punch a hole (unmap whole pages) or zero a range (fresh zeroed
+    /// blocks), zeroing the partial pages at both edges.
+    #[allow(clippy::too_many_arguments)]
+    fn clear_range(
+        &self,
+        st: &InodeState,
+        off: u64,
+        end: u64,
+        size: u64,
+        now: i64,
+        keep_blocks: bool,
+        tx: &mut DataTx,
+    ) -> Result<()> {
+        let first_full = off.div_ceil(BLOCK_SIZE);
+        let end_full = end / BLOCK_SIZE;
+        if first_full > end_full {
+            // Inside a single page.
+            return self.zero_partial(st, off, end, size, now, tx);
+        }
+        if off % BLOCK_SIZE != 0 {
+            self.zero_partial(st, off, first_full * BLOCK_SIZE, size, now, tx)?;
+        }
+        if end % BLOCK_SIZE != 0 {
+            self.zero_partial(st, end_full * BLOCK_SIZE, end, size, now, tx)?;
+        }
+        if first_full < end_full {
+            if keep_blocks {
+                let src = Src::Zeros {
+                    off: first_full * BLOCK_SIZE,
+                    len: (end_full - first_full) * BLOCK_SIZE,
+                };
+                self.cow_range(st, first_full, end_full, src, size, now, tx)?;
+            } else {
+                let mut page = first_full;
+                while page < end_full {
+                    let n = (end_full - page).min(MAX_PAGES_PER_ENTRY);
+                    tx.pieces.push(write_entry(page, 0, n, size, now));
+                    page += n;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// SEEK_DATA / SEEK_HOLE from `off`.
+    pub fn seek(&self, fh: &FileHandle, off: u64, whence: Whence) -> Result<u64> {
+        Self::file_state_check(&fh.inode)?;
+        let st = inode::read(&fh.inode.state);
+        let size = st.attr.size;
+        if off >= size {
+            return errno(libc::ENXIO);
+        }
+        let Some(map) = st.file() else {
+            return errno(libc::EINVAL);
+        };
+        match whence {
+            Whence::Data => {
+                let e = map
+                    .next_from(off / BLOCK_SIZE)
+                    .ok_or(Error::Errno(libc::ENXIO))?;
+                let at = off.max(e.page * BLOCK_SIZE);
+                if at >= size {
+                    return errno(libc::ENXIO);
+                }
+                Ok(at)
+            }
+            Whence::Hole => {
+                let mut page = off / BLOCK_SIZE;
+                while let Some(e) = map.find(page) {
+                    page = e.end();
+                }
+                Ok(off.max(page * BLOCK_SIZE).min(size))
+            }
+        }
+    }
+
+    /// fsync/fdatasync. Strict and sync mode made everything durable
+    /// already; posix mode makes in-place data (and a pending mtime)
+    /// durable here.
+    pub fn fsync(&self, fh: &FileHandle, datasync: bool) -> Result<()> {
+        let inode = &fh.inode;
+        if self.mode != Mode::Posix || self.read_only {
+            self.pm.fence();
+            return Ok(());
+        }
+        let mut st = write(&inode.state);
+        if st.gone {
+            return Ok(());
+        }
+        if st.attr_dirty && !datasync {
+            let mut cur: LogCursor = st.log;
+            let mut pages = NewPages::default();
+            if let Err(e) = self.log_append(
+                inode.ino,
+                &mut cur,
+                &EntryBuf::attr(false, st.attr),
+                &mut pages,
+            ) {
+                pages.release(&self.blocks);
+                return Err(e);
+            }
+            st.log = cur;
+            st.log_entries += 1;
+            st.attr_dirty = false;
+        }
+        // Another thread's posix write may have stored the tail without a
+        // fence: write the line back again from here, then fence.
+        self.pm.fence();
+        self.pm
+            .write_u64(inode.rec_off + INODE_TAIL_FIELD, st.log.tail);
+        self.pm.persist(inode.rec_off + INODE_TAIL_FIELD, 8);
+        Ok(())
+    }
+
+    /// A handle's inode state, for front ends that need the size under lock.
+    pub fn handle_size(&self, fh: &FileHandle) -> u64 {
+        inode::read(&fh.inode.state).attr.size
+    }
+}

@@ -1,0 +1,515 @@
+//! The file system object: mount and unmount, inode lookup by number,
+//! attributes, handles, and the commit helpers every operation uses.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use crate::alloc::{BlockAllocator, InodeSlots};
+use crate::error::{errno, Error, Result};
+use crate::format::*;
+use crate::inode::{self, lock, read, write, Body, Inode, InodeCache, InodeState, InodeTables};
+use crate::journal::{self, Journal, JournalState};
+use crate::log::{self, EntryBuf, LogCursor, NewPages};
+use crate::pmem::{read_pod, Pmem};
+use crate::recovery;
+use crate::superblock::{self, Geometry, SuperSource};
+use crate::time::now_ns;
+use crate::types::*;
+
+/// How the last mount found the pool.
+#[derive(Clone, Debug, Default)]
+pub struct MountReport {
+    pub was_clean: bool,
+    pub used_backup_superblock: bool,
+    pub journals_replayed: u32,
+    pub journals_discarded: u32,
+    pub orphans_reclaimed: u64,
+    pub inodes_scanned: u64,
+    /// True if the allocator came from the save areas (no log scan).
+    pub allocator_restored: bool,
+}
+
+/// An open file or directory. Reads and writes go straight to the inode,
+/// without any table lookup.
+#[derive(Debug)]
+pub struct FileHandle {
+    pub(crate) inode: Arc<Inode>,
+}
+
+impl FileHandle {
+    pub fn ino(&self) -> u64 {
+        self.inode.ino
+    }
+}
+
+pub struct Fs<P: Pmem> {
+    pub(crate) pm: P,
+    pub(crate) geo: Geometry,
+    pub(crate) mode: Mode,
+    pub(crate) read_only: bool,
+    sb: Mutex<Superblock>,
+    pub(crate) blocks: BlockAllocator,
+    pub(crate) slots: InodeSlots,
+    pub(crate) tables: InodeTables,
+    pub(crate) cache: InodeCache,
+    journals: Vec<Mutex<Journal>>,
+    /// Serialises cross-directory renames of directories, so the
+    /// "not into its own descendant" check cannot race (as Linux's
+    /// s_vfs_rename_mutex).
+    pub(crate) rename_lock: Mutex<()>,
+    report: MountReport,
+}
+
+static NEXT_THREAD_LANE: AtomicU32 = AtomicU32::new(0);
+thread_local! {
+    static THREAD_LANE: Cell<u32> = const { Cell::new(u32::MAX) };
+}
+
+impl<P: Pmem> Fs<P> {
+    /// Lay out an empty file system on `pm` (mkfs).
+    pub fn format(pm: &P, opts: &FormatOptions) -> Result<Superblock> {
+        superblock::format(pm, opts)
+    }
+
+    /// Open a formatted pool: instant after a clean unmount, a journal
+    /// replay plus a scan of every live log after a crash.
+    pub fn mount(pm: P, opts: MountOptions) -> Result<Fs<P>> {
+        let (mut sb, source) = superblock::read_superblock(&pm)?;
+        let geo = Geometry::of(&sb);
+        let tables = InodeTables::load(&pm, &geo)?;
+        let mut report = MountReport {
+            was_clean: sb.state == STATE_CLEAN,
+            used_backup_superblock: source == SuperSource::Backup,
+            ..MountReport::default()
+        };
+        for lane in 0..geo.lane_count {
+            match journal::recover(&pm, lane, opts.read_only, |off| tables.is_record_field(off))? {
+                JournalState::Empty => {}
+                JournalState::Replayed { .. } => report.journals_replayed += 1,
+                JournalState::Discarded => report.journals_discarded += 1,
+            }
+        }
+        let restored = if sb.state == STATE_CLEAN && report.journals_replayed == 0 {
+            BlockAllocator::restore(
+                &pm,
+                geo.lane_count,
+                geo.first_data_block,
+                geo.total_blocks,
+                sb.mount_epoch,
+            )
+        } else {
+            None
+        };
+        let (blocks, slots) = match restored {
+            Some(pair) => {
+                report.allocator_restored = true;
+                pair
+            }
+            None => {
+                let rebuilt = recovery::rebuild(&pm, &geo, &tables, opts.read_only)?;
+                report.orphans_reclaimed = rebuilt.orphans_reclaimed;
+                report.inodes_scanned = rebuilt.inodes_scanned;
+                (rebuilt.blocks, rebuilt.slots)
+            }
+        };
+        if !opts.read_only {
+            sb.state = STATE_MOUNTED;
+            sb.mount_epoch += 1;
+            sb.seal();
+            superblock::write_superblocks(&pm, &sb);
+        }
+        let journals = (0..geo.lane_count)
+            .map(|l| Mutex::new(Journal::open(&pm, l)))
+            .collect();
+        let fs = Fs {
+            pm,
+            geo,
+            mode: opts.mode,
+            read_only: opts.read_only,
+            sb: Mutex::new(sb),
+            blocks,
+            slots,
+            tables,
+            cache: InodeCache::default(),
+            journals,
+            rename_lock: Mutex::new(()),
+            report,
+        };
+        let root = fs.iget(ROOT_INO)?;
+        if root.kind != FileKind::Dir {
+            return Err(Error::Corrupt("the root inode is not a directory".into()));
+        }
+        Ok(fs)
+    }
+
+    /// Clean unmount: reclaim inodes still open after unlink, save the
+    /// allocators, mark the superblock clean. Returns the pool.
+    pub fn unmount(self) -> Result<P> {
+        if self.read_only {
+            return Ok(self.pm);
+        }
+        for inode in self.cache.all() {
+            let mut st = write(&inode.state);
+            if st.orphan && !st.gone {
+                self.free_inode_now(&inode, &mut st);
+            }
+        }
+        let mut sb = *lock(&self.sb);
+        // If the free lists do not fit the save areas, the next mount
+        // rebuilds them by scanning: slower, never wrong.
+        let _saved = self
+            .blocks
+            .save(&self.pm, sb.mount_epoch, &self.slots)
+            .map_err(|e| Error::Corrupt(format!("saving the allocator: {e:?}")))?;
+        sb.state = STATE_CLEAN;
+        sb.unmounted_unix_ns = now_ns() as u64;
+        sb.seal();
+        superblock::write_superblocks(&self.pm, &sb);
+        self.pm.sync_all()?;
+        Ok(self.pm)
+    }
+
+    pub fn pmem(&self) -> &P {
+        &self.pm
+    }
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+    pub fn mount_report(&self) -> &MountReport {
+        &self.report
+    }
+    pub fn geometry(&self) -> Geometry {
+        self.geo
+    }
+    pub fn superblock(&self) -> Superblock {
+        *lock(&self.sb)
+    }
+
+    /// This thread's lane (allocation, inode numbers, journal): assigned
+    /// round-robin on first use, so threads spread without a system call.
+    pub(crate) fn lane(&self) -> u32 {
+        let raw = THREAD_LANE.with(|l| {
+            if l.get() == u32::MAX {
+                l.set(NEXT_THREAD_LANE.fetch_add(1, Ordering::Relaxed));
+            }
+            l.get()
+        });
+        raw % self.geo.lane_count
+    }
+
+    pub(crate) fn check_writable(&self) -> Result<()> {
+        if self.read_only {
+            errno(libc::EROFS)
+        } else {
+            Ok(())
+        }
+    }
+
+    // -----------------------------------------------------------------------
+    // Inodes by number
+    // -----------------------------------------------------------------------
+
+    /// The loaded inode `ino`, reading its log on first access.
+    pub(crate) fn iget(&self, ino: u64) -> Result<Arc<Inode>> {
+        self.cache.get_or_load(ino, || {
+            let rec_off = self
+                .tables
+                .record_offset(ino)
+                .ok_or(Error::Errno(libc::ENOENT))?;
+            let rec: InodeRecord = read_pod(&self.pm, rec_off);
+            if rec.state != INODE_LIVE && rec.state != INODE_ORPHAN {
+                return errno(libc::ENOENT);
+            }
+            if rec.ino != ino {
+                return Err(Error::Corrupt(format!(
+                    "inode record at {rec_off} names inode {}, expected {ino}",
+                    rec.ino
+                )));
+            }
+            let st = inode::load(&self.pm, &self.geo, ino, &rec)?;
+            let kind = FileKind::from_u32(rec.kind)
+                .ok_or_else(|| Error::Corrupt(format!("inode {ino} kind")))?;
+            Ok(Arc::new(Inode {
+                ino,
+                kind,
+                rec_off,
+                state: RwLock::new(st),
+            }))
+        })
+    }
+
+    pub(crate) fn attr_of(&self, inode: &Inode, st: &InodeState) -> Attr {
+        let a = &st.attr;
+        let (size, blocks, nlink) = match &st.body {
+            Body::File(map) => (a.size, map.mapped_pages() * (BLOCK_SIZE / 512), a.nlink),
+            Body::Dir(d) => (
+                st.log.pages * BLOCK_SIZE,
+                st.log.pages * (BLOCK_SIZE / 512),
+                2 + d.subdirs(),
+            ),
+            Body::Symlink { target, .. } => (target.len() as u64, BLOCK_SIZE / 512, a.nlink),
+            Body::Special => (0, 0, a.nlink),
+        };
+        let nlink = if st.orphan || st.gone { 0 } else { nlink };
+        Attr {
+            ino: inode.ino,
+            generation: st.generation,
+            kind: inode.kind,
+            mode: a.mode,
+            nlink,
+            uid: a.uid,
+            gid: a.gid,
+            rdev: if inode.kind == FileKind::CharDev || inode.kind == FileKind::BlockDev {
+                a.rdev_or_parent
+            } else {
+                0
+            },
+            size,
+            blocks,
+            atime_ns: a.atime_ns,
+            mtime_ns: a.mtime_ns,
+            ctime_ns: a.ctime_ns,
+        }
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        let inode = self.iget(ino)?;
+        let st = read(&inode.state);
+        live(&st)?;
+        Ok(self.attr_of(&inode, &st))
+    }
+
+    pub fn fgetattr(&self, fh: &FileHandle) -> Result<Attr> {
+        let st = read(&fh.inode.state);
+        Ok(self.attr_of(&fh.inode, &st))
+    }
+
+    /// chmod, chown, utimens, truncate: one SET_ATTR entry (plus the
+    /// partial-page zeroing of a shrinking truncate), committed by the tail.
+    pub fn setattr(&self, ino: u64, set: &SetAttr) -> Result<Attr> {
+        self.check_writable()?;
+        let inode = self.iget(ino)?;
+        self.setattr_inode(&inode, set)
+    }
+
+    pub(crate) fn setattr_inode(&self, inode: &Arc<Inode>, set: &SetAttr) -> Result<Attr> {
+        let mut st = write(&inode.state);
+        live(&st)?;
+        let now = now_ns();
+        let mut a = st.attr;
+        if let Some(mode) = set.mode {
+            a.mode = (a.mode & libc::S_IFMT) | (mode & 0o7777);
+        }
+        if let Some(uid) = set.uid {
+            a.uid = uid;
+        }
+        if let Some(gid) = set.gid {
+            a.gid = gid;
+        }
+        let resolve = |t: TimeSet| match t {
+            TimeSet::Now => now,
+            TimeSet::At(ns) => ns,
+        };
+        if let Some(t) = set.atime {
+            a.atime_ns = resolve(t);
+        }
+        if let Some(t) = set.mtime {
+            a.mtime_ns = resolve(t);
+        }
+        a.ctime_ns = now;
+        if let Some(size) = set.size {
+            match inode.kind {
+                FileKind::File => {}
+                FileKind::Dir => return errno(libc::EISDIR),
+                _ => return errno(libc::EINVAL),
+            }
+            if size > MAX_FILE_BYTES {
+                return errno(libc::EFBIG);
+            }
+            if set.mtime.is_none() {
+                a.mtime_ns = now;
+            }
+            self.truncate_locked(inode, &mut st, a, size)?;
+        } else {
+            let mut cur = st.log;
+            let mut pages = NewPages::default();
+            let entry = EntryBuf::attr(false, a);
+            if let Err(e) = self.log_append(inode.ino, &mut cur, &entry, &mut pages) {
+                pages.release(&self.blocks);
+                return Err(e);
+            }
+            self.commit_tail(inode.rec_off, &cur, true);
+            st.log = cur;
+            st.log_entries += 1;
+            st.attr = a;
+        }
+        self.maybe_compact(inode, &mut st);
+        Ok(self.attr_of(inode, &st))
+    }
+
+    // -----------------------------------------------------------------------
+    // Handles
+    // -----------------------------------------------------------------------
+
+    /// Open any inode (files for I/O, directories for fsync/readdir).
+    /// Keeps an unlinked inode alive until `release`.
+    pub fn open(&self, ino: u64) -> Result<FileHandle> {
+        let inode = self.iget(ino)?;
+        let mut st = write(&inode.state);
+        live(&st)?;
+        st.open_count += 1;
+        drop(st);
+        Ok(FileHandle { inode })
+    }
+
+    /// Close a handle; the last close of an unlinked inode frees it.
+    pub fn release(&self, fh: FileHandle) {
+        let mut st = write(&fh.inode.state);
+        debug_assert!(st.open_count > 0);
+        st.open_count = st.open_count.saturating_sub(1);
+        if st.open_count == 0 && st.orphan && !st.gone && !self.read_only {
+            self.free_inode_now(&fh.inode, &mut st);
+        }
+    }
+
+    /// Free an inode whose last link and last handle are gone: its record
+    /// becomes FREE with one persisted store, then its blocks return to the
+    /// allocator (a crash in between leaks nothing: the recovery scan
+    /// rebuilds the allocator from live logs only).
+    pub(crate) fn free_inode_now(&self, inode: &Inode, st: &mut InodeState) {
+        debug_assert!(!st.gone);
+        self.pm
+            .write_u64(inode.rec_off + INODE_STATE_FIELD, INODE_FREE);
+        self.pm.persist(inode.rec_off + INODE_STATE_FIELD, 8);
+        self.release_inode_blocks(inode, st);
+    }
+
+    /// Return an inode's log pages and data blocks to the allocator and mark
+    /// it gone (its record is already FREE on media).
+    pub(crate) fn release_inode_blocks(&self, inode: &Inode, st: &mut InodeState) {
+        st.gone = true;
+        st.orphan = false;
+        if let Ok(summary) = log::walk(
+            &self.pm,
+            &self.geo,
+            inode.ino,
+            st.log.head,
+            st.log.tail,
+            |_, _| Ok(()),
+        ) {
+            for p in summary.pages {
+                self.free_blocks(p, 1);
+            }
+        }
+        match &mut st.body {
+            Body::File(map) => {
+                let extents: Vec<_> = map.iter().collect();
+                for e in extents {
+                    self.free_blocks(e.block, e.pages);
+                }
+                *map = Default::default();
+            }
+            Body::Symlink { block, .. } if *block != 0 => self.free_blocks(*block, 1),
+            _ => {}
+        }
+        let (lane, slot) = ino_to_lane_slot(inode.ino, self.geo.lane_count);
+        let _ = self.slots.free(lane, slot);
+        self.cache.remove(inode.ino);
+    }
+
+    pub(crate) fn free_blocks(&self, start: u64, len: u64) {
+        if let Err(e) = self.blocks.free(start, len) {
+            // A double free means DRAM state disagrees with itself; keep
+            // going (the allocator refused the free), but say so loudly.
+            eprintln!("inkfs: internal error freeing blocks {start}+{len}: {e:?}");
+            debug_assert!(false, "double free of {start}+{len}");
+        }
+    }
+
+    pub fn statfs(&self) -> StatFs {
+        let data_blocks = self.geo.total_blocks - self.geo.first_data_block;
+        let free = self.blocks.free_blocks();
+        let used_inodes = self.slots.used_count();
+        // Each inode needs at least one log page.
+        StatFs {
+            block_size: BLOCK_SIZE as u32,
+            blocks: data_blocks,
+            blocks_free: free,
+            files: used_inodes + free,
+            files_free: free,
+            name_max: NAME_MAX as u32,
+        }
+    }
+
+    /// syncfs: every mode already persists metadata at each call; this makes
+    /// pending posix-mode data durable.
+    pub fn sync(&self) -> Result<()> {
+        self.pm.fence();
+        Ok(())
+    }
+
+    // -----------------------------------------------------------------------
+    // Commit helpers
+    // -----------------------------------------------------------------------
+
+    /// Append one entry to a working cursor (not yet committed).
+    pub(crate) fn log_append(
+        &self,
+        ino: u64,
+        cur: &mut LogCursor,
+        entry: &EntryBuf,
+        pages: &mut NewPages,
+    ) -> Result<u64> {
+        log::append(
+            &self.pm,
+            &self.blocks,
+            self.lane(),
+            ino,
+            cur,
+            entry.as_bytes(),
+            pages,
+        )
+    }
+
+    /// Commit one log: fence (entries and data durable), then the 8-byte
+    /// tail store, persisted unless the caller defers durability (posix
+    /// data writes; fsync re-flushes the tail).
+    pub(crate) fn commit_tail(&self, rec_off: u64, cur: &LogCursor, durable: bool) {
+        self.pm.fence();
+        self.pm.write_u64(rec_off + INODE_TAIL_FIELD, cur.tail);
+        self.pm.flush(rec_off + INODE_TAIL_FIELD, 8);
+        if durable {
+            self.pm.fence();
+        }
+    }
+
+    /// Commit several 8-byte stores (tails, inode states) atomically
+    /// through this lane's journal.
+    pub(crate) fn commit_journal(&self, records: &[JournalRecord]) {
+        let mut j = lock(&self.journals[self.lane() as usize]);
+        j.commit(&self.pm, records);
+    }
+
+    /// Compact an inode's log when most of it is dead (log GC).
+    pub(crate) fn maybe_compact(&self, inode: &Inode, st: &mut InodeState) {
+        crate::gc::maybe_compact(self, inode, st);
+    }
+}
+
+/// Fail operations on an inode that was freed under a stale reference.
+pub(crate) fn live(st: &InodeState) -> Result<()> {
+    if st.gone {
+        errno(libc::ENOENT)
+    } else {
+        Ok(())
+    }
+}
+
+/// A journal record storing `value` in field `field` of the inode record at `rec_off`.
+pub(crate) fn rec(rec_off: u64, field: u64, value: u64) -> JournalRecord {
+    JournalRecord {
+        offset: rec_off + field,
+        value,
+    }
+}

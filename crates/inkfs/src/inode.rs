@@ -1,0 +1,444 @@
+//! Inodes: the persistent record in a lane's inode table, the DRAM state
+//! rebuilt from the inode's log, and the cache that holds loaded inodes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+
+use crate::alloc::BlockAllocator;
+use crate::dir::{Child, DirIndex};
+use crate::error::{Error, Result};
+use crate::extents::FileMap;
+use crate::format::*;
+use crate::log::{self, Entry, LogCursor};
+use crate::pmem::{read_pod, write_pod, Pmem};
+use crate::superblock::Geometry;
+
+/// What an inode holds besides attributes.
+#[derive(Debug)]
+pub enum Body {
+    File(FileMap),
+    Dir(DirIndex),
+    Symlink {
+        target: Vec<u8>,
+        block: u64,
+    },
+    /// FIFOs, sockets, device nodes: attributes only.
+    Special,
+}
+
+/// The DRAM state of one inode, guarded by the inode's RwLock.
+#[derive(Debug)]
+pub struct InodeState {
+    /// Latest attribute snapshot (the header field is unused in DRAM).
+    pub attr: AttrEntry,
+    pub generation: u64,
+    pub log: LogCursor,
+    pub body: Body,
+    pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// Entries in the log (for compaction decisions).
+    pub log_entries: u64,
+    /// Open handles; an unlinked inode lives until the last one closes.
+    pub open_count: u32,
+    /// Unlinked while open (INODE_ORPHAN on media).
+    pub orphan: bool,
+    /// Freed: every operation through a stale reference fails.
+    pub gone: bool,
+    /// Posix mode: attributes (mtime) changed in DRAM only, persisted at fsync.
+    pub attr_dirty: bool,
+}
+
+impl InodeState {
+    pub fn file(&self) -> Option<&FileMap> {
+        match &self.body {
+            Body::File(m) => Some(m),
+            _ => None,
+        }
+    }
+    pub fn file_mut(&mut self) -> Option<&mut FileMap> {
+        match &mut self.body {
+            Body::File(m) => Some(m),
+            _ => None,
+        }
+    }
+    pub fn dir(&self) -> Option<&DirIndex> {
+        match &self.body {
+            Body::Dir(d) => Some(d),
+            _ => None,
+        }
+    }
+    pub fn dir_mut(&mut self) -> Option<&mut DirIndex> {
+        match &mut self.body {
+            Body::Dir(d) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+/// A loaded inode. The kind and location never change while it lives.
+#[derive(Debug)]
+pub struct Inode {
+    pub ino: u64,
+    pub kind: FileKind,
+    /// Byte offset of the InodeRecord.
+    pub rec_off: u64,
+    pub state: RwLock<InodeState>,
+}
+
+/// Rebuild an inode's DRAM state by replaying its log.
+pub fn load<P: Pmem + ?Sized>(
+    pm: &P,
+    geo: &Geometry,
+    ino: u64,
+    rec: &InodeRecord,
+) -> Result<InodeState> {
+    load_with_pages(pm, geo, ino, rec).map(|(st, _)| st)
+}
+
+/// `load`, also returning the log's pages (recovery marks them in use).
+pub fn load_with_pages<P: Pmem + ?Sized>(
+    pm: &P,
+    geo: &Geometry,
+    ino: u64,
+    rec: &InodeRecord,
+) -> Result<(InodeState, Vec<u64>)> {
+    let corrupt = |m: String| Error::Corrupt(format!("inode {ino}: {m}"));
+    let kind = FileKind::from_u32(rec.kind)
+        .ok_or_else(|| corrupt(format!("unknown kind {}", rec.kind)))?;
+    let mut st = InodeState {
+        attr: AttrEntry::from_bytes(&[0u8; 64]),
+        generation: rec.generation,
+        log: LogCursor {
+            head: rec.log_head,
+            tail: rec.log_tail,
+            pages: 0,
+        },
+        body: match kind {
+            FileKind::File => Body::File(FileMap::default()),
+            FileKind::Dir => Body::Dir(DirIndex::default()),
+            FileKind::Symlink => Body::Symlink {
+                target: Vec::new(),
+                block: 0,
+            },
+            _ => Body::Special,
+        },
+        xattrs: BTreeMap::new(),
+        log_entries: 0,
+        open_count: 0,
+        orphan: rec.state == INODE_ORPHAN,
+        gone: false,
+        attr_dirty: false,
+    };
+    let mut seen_attr = false;
+    let summary = log::walk(pm, geo, ino, rec.log_head, rec.log_tail, |_, e| {
+        if !seen_attr && !matches!(e, Entry::Attr { .. }) {
+            return Err(corrupt("log does not start with an attribute entry".into()));
+        }
+        apply_entry(pm, geo, &mut st, e, &mut |_, _| {}).map_err(corrupt)?;
+        seen_attr = true;
+        Ok(())
+    })?;
+    if !seen_attr {
+        return Err(corrupt("empty log".into()));
+    }
+    if FileKind::from_mode(st.attr.mode) != Some(kind) {
+        return Err(corrupt(format!(
+            "mode {:o} disagrees with kind {kind:?}",
+            st.attr.mode
+        )));
+    }
+    st.log.pages = summary.pages.len() as u64;
+    st.log_entries = summary.entries;
+    Ok((st, summary.pages))
+}
+
+/// Apply one log entry to DRAM state (replay, and after a commit).
+/// `released` receives data blocks the entry makes unreachable.
+pub fn apply_entry<P: Pmem + ?Sized>(
+    pm: &P,
+    geo: &Geometry,
+    st: &mut InodeState,
+    e: Entry<'_>,
+    released: &mut impl FnMut(u64, u64),
+) -> std::result::Result<(), String> {
+    match e {
+        Entry::Attr { attr, .. } => {
+            let shrink = attr.size < st.attr.size;
+            st.attr = attr;
+            if shrink {
+                if let Body::File(map) = &mut st.body {
+                    map.truncate(attr.size.div_ceil(BLOCK_SIZE), released);
+                }
+            }
+        }
+        Entry::Write(w) => {
+            let Body::File(map) = &mut st.body else {
+                return Err("write entry in a non-file log".into());
+            };
+            if w.block != 0 && !geo.is_data_range(w.block, w.pages as u64) {
+                return Err(format!(
+                    "write entry maps blocks {}+{} out of range",
+                    w.block, w.pages
+                ));
+            }
+            if w.file_page
+                .checked_add(w.pages as u64)
+                .is_none_or(|end| end > MAX_FILE_BYTES / BLOCK_SIZE)
+            {
+                return Err(format!(
+                    "write entry at page {} beyond the maximum file size",
+                    w.file_page
+                ));
+            }
+            map.map(w.file_page, w.pages as u64, w.block, released);
+            st.attr.size = w.size;
+            st.attr.mtime_ns = w.mtime_ns;
+            st.attr.ctime_ns = w.mtime_ns;
+        }
+        Entry::DirAdd { head, name } => {
+            let Body::Dir(dir) = &mut st.body else {
+                return Err("directory entry in a non-directory log".into());
+            };
+            let kind = FileKind::from_u32(head.child_kind as u32).ok_or("bad child kind")?;
+            dir.add(
+                name,
+                Child {
+                    ino: head.ino,
+                    kind,
+                    seq: head.seq,
+                },
+            );
+            st.attr.mtime_ns = head.mtime_ns;
+            st.attr.ctime_ns = head.mtime_ns;
+        }
+        Entry::DirRemove { head, name } => {
+            let Body::Dir(dir) = &mut st.body else {
+                return Err("directory entry in a non-directory log".into());
+            };
+            dir.note_seq(head.seq);
+            dir.remove(name);
+            st.attr.mtime_ns = head.mtime_ns;
+            st.attr.ctime_ns = head.mtime_ns;
+        }
+        Entry::Symlink(s) => {
+            let Body::Symlink { target, block } = &mut st.body else {
+                return Err("symlink entry in a non-symlink log".into());
+            };
+            if !geo.is_data_range(s.block, 1) {
+                return Err(format!("symlink block {} out of range", s.block));
+            }
+            let mut t = vec![0u8; s.len as usize];
+            pm.read(s.block * BLOCK_SIZE, &mut t);
+            *target = t;
+            *block = s.block;
+        }
+        Entry::XattrSet { head, name, value } => {
+            st.xattrs.insert(name.to_vec(), value.to_vec());
+            st.attr.ctime_ns = head.ctime_ns;
+        }
+        Entry::XattrRemove { head, name } => {
+            st.xattrs.remove(name);
+            st.attr.ctime_ns = head.ctime_ns;
+        }
+    }
+    st.log_entries += 1;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Inode tables
+// ---------------------------------------------------------------------------
+
+/// Per lane, the blocks of its inode table chain, in order.
+pub struct InodeTables {
+    lanes: Vec<Mutex<Vec<u64>>>,
+    lane_count: u32,
+}
+
+impl InodeTables {
+    /// Walk every lane's table chain (bounded, checked).
+    pub fn load<P: Pmem + ?Sized>(pm: &P, geo: &Geometry) -> Result<InodeTables> {
+        let mut lanes = Vec::with_capacity(geo.lane_count as usize);
+        for lane in 0..geo.lane_count {
+            let mut blocks = vec![lane_first_block(lane) + LANE_INODE_TABLE_BLOCK];
+            loop {
+                let last = blocks[blocks.len() - 1];
+                let trailer: TableTrailer = read_pod(pm, last * BLOCK_SIZE + TABLE_TRAILER_OFFSET);
+                if trailer.magic != TABLE_MAGIC {
+                    return Err(Error::Corrupt(format!(
+                        "lane {lane} inode table block {last} has a bad trailer"
+                    )));
+                }
+                if trailer.next_block == 0 {
+                    break;
+                }
+                if !geo.is_data_range(trailer.next_block, 1) || blocks.contains(&trailer.next_block)
+                {
+                    return Err(Error::Corrupt(format!(
+                        "lane {lane} inode table links to bad block {}",
+                        trailer.next_block
+                    )));
+                }
+                blocks.push(trailer.next_block);
+                if blocks.len() as u64 > geo.total_blocks {
+                    return Err(Error::Corrupt(format!(
+                        "lane {lane} inode table chain too long"
+                    )));
+                }
+            }
+            lanes.push(Mutex::new(blocks));
+        }
+        Ok(InodeTables {
+            lanes,
+            lane_count: geo.lane_count,
+        })
+    }
+
+    pub fn lane_count(&self) -> u32 {
+        self.lane_count
+    }
+
+    /// Table blocks of `lane` (recovery, fsck).
+    pub fn blocks(&self, lane: u32) -> Vec<u64> {
+        lock(&self.lanes[lane as usize]).clone()
+    }
+
+    /// Record offset of an inode number, if its slot exists.
+    pub fn record_offset(&self, ino: u64) -> Option<u64> {
+        if ino == 0 {
+            return None;
+        }
+        let (lane, slot) = ino_to_lane_slot(ino, self.lane_count);
+        let blocks = lock(&self.lanes[lane as usize]);
+        let block = *blocks.get((slot / INODES_PER_TABLE_BLOCK) as usize)?;
+        Some(block * BLOCK_SIZE + (slot % INODES_PER_TABLE_BLOCK) * INODE_RECORD_SIZE)
+    }
+
+    /// Record offset for a slot about to be used, growing the lane's chain
+    /// by one zeroed, persisted block if needed. A crash after the block is
+    /// written but before it is linked leaks nothing: an unlinked block is
+    /// free to the recovery scan.
+    pub fn ensure_slot<P: Pmem + ?Sized>(
+        &self,
+        pm: &P,
+        alloc: &BlockAllocator,
+        lane: u32,
+        slot: u64,
+    ) -> Result<u64> {
+        let mut blocks = lock(&self.lanes[lane as usize]);
+        let index = (slot / INODES_PER_TABLE_BLOCK) as usize;
+        while blocks.len() <= index {
+            let (block, _) = alloc.alloc(lane, 1).ok_or(Error::Errno(libc::ENOSPC))?;
+            pm.zero_nt(block * BLOCK_SIZE, BLOCK_SIZE);
+            let trailer = TableTrailer {
+                magic: TABLE_MAGIC,
+                next_block: 0,
+                reserved: [0; 112],
+            };
+            write_pod(pm, block * BLOCK_SIZE + TABLE_TRAILER_OFFSET, &trailer);
+            pm.persist(block * BLOCK_SIZE + TABLE_TRAILER_OFFSET, 128);
+            let last = blocks[blocks.len() - 1];
+            let link = last * BLOCK_SIZE + TABLE_TRAILER_OFFSET + 8;
+            pm.write_u64(link, block);
+            pm.persist(link, 8);
+            blocks.push(block);
+        }
+        Ok(blocks[index] * BLOCK_SIZE + (slot % INODES_PER_TABLE_BLOCK) * INODE_RECORD_SIZE)
+    }
+
+    /// True if `off` is the state, head or tail field of some inode record
+    /// (the only targets the journal may write).
+    pub fn is_record_field(&self, off: u64) -> bool {
+        let in_block = off % BLOCK_SIZE;
+        if in_block >= TABLE_TRAILER_OFFSET
+            || !matches!(
+                in_block % INODE_RECORD_SIZE,
+                INODE_STATE_FIELD | INODE_HEAD_FIELD | INODE_TAIL_FIELD
+            )
+        {
+            return false;
+        }
+        let block = off / BLOCK_SIZE;
+        self.lanes.iter().any(|l| lock(l).contains(&block))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Inode cache
+// ---------------------------------------------------------------------------
+
+const CACHE_SHARDS: usize = 64;
+
+/// Loaded inodes by number, sharded so lookups of different inodes rarely
+/// meet on a lock. Handles hold `Arc<Inode>` directly, so reads and writes
+/// never touch this map.
+pub struct InodeCache {
+    shards: Vec<RwLock<HashMap<u64, Arc<Inode>>>>,
+}
+
+impl Default for InodeCache {
+    fn default() -> Self {
+        InodeCache {
+            shards: (0..CACHE_SHARDS)
+                .map(|_| RwLock::new(HashMap::new()))
+                .collect(),
+        }
+    }
+}
+
+impl InodeCache {
+    fn shard(&self, ino: u64) -> &RwLock<HashMap<u64, Arc<Inode>>> {
+        &self.shards[(ino as usize) % CACHE_SHARDS]
+    }
+
+    pub fn get(&self, ino: u64) -> Option<Arc<Inode>> {
+        read(self.shard(ino)).get(&ino).cloned()
+    }
+
+    /// Get, or load with `load` while holding the shard's write lock, so a
+    /// concurrent free (which removes under the same lock) cannot leave a
+    /// stale inode behind.
+    pub fn get_or_load(
+        &self,
+        ino: u64,
+        load: impl FnOnce() -> Result<Arc<Inode>>,
+    ) -> Result<Arc<Inode>> {
+        if let Some(i) = self.get(ino) {
+            return Ok(i);
+        }
+        let mut shard = write(self.shard(ino));
+        if let Some(i) = shard.get(&ino) {
+            return Ok(i.clone());
+        }
+        let inode = load()?;
+        shard.insert(ino, inode.clone());
+        Ok(inode)
+    }
+
+    pub fn insert(&self, inode: Arc<Inode>) {
+        write(self.shard(inode.ino)).insert(inode.ino, inode);
+    }
+
+    pub fn remove(&self, ino: u64) {
+        write(self.shard(ino)).remove(&ino);
+    }
+
+    pub fn all(&self) -> Vec<Arc<Inode>> {
+        self.shards
+            .iter()
+            .flat_map(|s| read(s).values().cloned().collect::<Vec<_>>())
+            .collect()
+    }
+}
+
+// Lock helpers: a poisoned lock means a thread panicked while holding it;
+// the engine's invariants are asserted before any state is mutated, so the
+// data is still consistent and we continue rather than cascade panics.
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+pub fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+pub fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|e| e.into_inner())
+}

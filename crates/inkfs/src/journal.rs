@@ -1,0 +1,133 @@
+//! The lite redo journal: makes several 8-byte stores (log tails, inode
+//! states) atomic, for operations that touch more than one inode.
+//!
+//! Protocol (docs/FORMAT.md "Redo journal"), for one lane's journal block:
+//! 1. the log entries of every inode involved are already written past
+//!    their tails and flushed; write the redo records and the sequence
+//!    number, flush — **fence**. A crash here: no commit word, nothing
+//!    happened (entries past old tails are ignored).
+//! 2. store the commit word (record count + crc32c of seq and records),
+//!    flush — **fence**. This is the commit point: after it, recovery
+//!    replays the records.
+//! 3. apply the records (8-byte atomic stores), flush — **fence**. A crash
+//!    here is repaired by replaying (the stores are idempotent).
+//! 4. clear the commit word, flush — **fence**. Must be durable before any
+//!    applied field changes again, or a replay would roll it back.
+
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::pmem::{read_pod, Pmem};
+
+/// One lane's journal (used under that lane's mutex).
+#[derive(Debug)]
+pub struct Journal {
+    /// Byte offset of the journal block.
+    off: u64,
+    seq: u64,
+}
+
+impl Journal {
+    pub fn open<P: Pmem + ?Sized>(pm: &P, lane: u32) -> Journal {
+        let off = (lane_first_block(lane) + LANE_JOURNAL_BLOCK) * BLOCK_SIZE;
+        let header: JournalHeader = read_pod(pm, off);
+        Journal {
+            off,
+            seq: header.seq,
+        }
+    }
+
+    /// Apply `records` atomically (all or none survive a crash).
+    pub fn commit<P: Pmem + ?Sized>(&mut self, pm: &P, records: &[JournalRecord]) {
+        debug_assert!(!records.is_empty() && records.len() <= JOURNAL_MAX_RECORDS);
+        debug_assert!(records
+            .iter()
+            .all(|r| r.offset % 8 == 0 && r.offset + 8 <= pm.size_bytes()));
+        debug_assert_eq!(pm.read_u64(self.off + 8), 0, "journal busy");
+        let seq = self.seq + 1;
+        let rec_off = self.off + std::mem::size_of::<JournalHeader>() as u64;
+        for (i, r) in records.iter().enumerate() {
+            pm.write(rec_off + i as u64 * 16, r.as_bytes());
+        }
+        pm.write_u64(self.off, seq);
+        pm.flush(rec_off, records.len() as u64 * 16);
+        pm.flush(self.off, 8);
+        pm.fence();
+
+        let crc = journal_crc(seq, records);
+        pm.write_u64(self.off + 8, journal_commit_word(records.len() as u32, crc));
+        pm.persist(self.off + 8, 8);
+
+        apply(pm, records);
+
+        pm.write_u64(self.off + 8, 0);
+        pm.persist(self.off + 8, 8);
+        self.seq = seq;
+    }
+}
+
+fn apply<P: Pmem + ?Sized>(pm: &P, records: &[JournalRecord]) {
+    for r in records {
+        pm.write_u64(r.offset, r.value);
+        pm.flush(r.offset, 8);
+    }
+    pm.fence();
+}
+
+/// What recovery found in one journal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JournalState {
+    Empty,
+    /// A committed transaction was replayed.
+    Replayed {
+        records: u32,
+    },
+    /// A commit word whose crc does not match: the transaction never
+    /// committed (torn commit) and was discarded.
+    Discarded,
+}
+
+/// Replay or discard lane `lane`'s journal. `valid_offset` vets each record's
+/// target (it must be an inode record's state/head/tail field).
+pub fn recover<P: Pmem + ?Sized>(
+    pm: &P,
+    lane: u32,
+    read_only: bool,
+    valid_offset: impl Fn(u64) -> bool,
+) -> Result<JournalState> {
+    let off = (lane_first_block(lane) + LANE_JOURNAL_BLOCK) * BLOCK_SIZE;
+    let header: JournalHeader = read_pod(pm, off);
+    if header.commit == 0 {
+        return Ok(JournalState::Empty);
+    }
+    let count = (header.commit & 0xffff_ffff) as usize;
+    let crc = (header.commit >> 32) as u32;
+    let state = if count == 0 || count > JOURNAL_MAX_RECORDS {
+        JournalState::Discarded
+    } else {
+        let rec_off = off + std::mem::size_of::<JournalHeader>() as u64;
+        let records: Vec<JournalRecord> = (0..count)
+            .map(|i| read_pod(pm, rec_off + i as u64 * 16))
+            .collect();
+        if journal_crc(header.seq, &records) != crc {
+            JournalState::Discarded
+        } else {
+            if let Some(bad) = records.iter().find(|r| !valid_offset(r.offset)) {
+                return Err(Error::Corrupt(format!(
+                    "lane {lane} journal record targets offset {} outside any inode record",
+                    bad.offset
+                )));
+            }
+            if !read_only {
+                apply(pm, &records);
+            }
+            JournalState::Replayed {
+                records: count as u32,
+            }
+        }
+    };
+    if !read_only {
+        pm.write_u64(off + 8, 0);
+        pm.persist(off + 8, 8);
+    }
+    Ok(state)
+}

@@ -1,0 +1,453 @@
+//! Per-inode logs: appending entries to linked 4 KiB log pages, and walking
+//! a log back from media with every step bounded and checked.
+//!
+//! An append never makes anything visible by itself: entries are written
+//! past the tail and flushed; the caller commits them by moving the tail
+//! (one persisted 8-byte store, or a journal record when several logs move
+//! together). A crash before that leaves the old tail, and everything past
+//! it is ignored.
+
+use std::collections::HashSet;
+
+use crate::alloc::BlockAllocator;
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::pmem::{read_pod, write_pod, Pmem};
+use crate::superblock::Geometry;
+
+/// DRAM position of one log.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogCursor {
+    /// First page (block number); 0 = the log has no page yet.
+    pub head: u64,
+    /// Byte offset where the next entry goes (== the committed tail when
+    /// this cursor describes media).
+    pub tail: u64,
+    /// Pages in the chain up to and including the tail's page.
+    pub pages: u64,
+}
+
+impl LogCursor {
+    fn tail_in_page(&self) -> u64 {
+        self.tail % BLOCK_SIZE
+    }
+}
+
+/// Pages allocated by an append that is not committed yet; released if the
+/// operation fails.
+#[derive(Debug, Default)]
+pub struct NewPages {
+    pub blocks: Vec<u64>,
+}
+
+impl NewPages {
+    pub fn release(self, alloc: &BlockAllocator) {
+        for b in self.blocks {
+            // The pages were never reachable below a committed tail.
+            let _ = alloc.free(b, 1);
+        }
+    }
+}
+
+/// Write `entry` (already sealed, a multiple of ENTRY_UNIT) at the cursor,
+/// linking a new page first if it does not fit. Flushes what it writes, does
+/// not fence. Returns the entry's offset.
+pub fn append<P: Pmem + ?Sized>(
+    pm: &P,
+    alloc: &BlockAllocator,
+    lane: u32,
+    owner_ino: u64,
+    cur: &mut LogCursor,
+    entry: &[u8],
+    new_pages: &mut NewPages,
+) -> Result<u64> {
+    let len = entry.len() as u64;
+    debug_assert!(len > 0 && len % ENTRY_UNIT == 0 && len <= LOG_PAGE_PAYLOAD);
+    debug_assert_eq!(
+        entry[1] as u64 * ENTRY_UNIT,
+        len,
+        "units field must match length"
+    );
+    if cur.head == 0 {
+        let page = new_page(pm, alloc, lane, owner_ino, new_pages)?;
+        *cur = LogCursor {
+            head: page,
+            tail: page * BLOCK_SIZE,
+            pages: 1,
+        };
+    } else if cur.tail_in_page() + len > LOG_PAGE_PAYLOAD {
+        let page = new_page(pm, alloc, lane, owner_ino, new_pages)?;
+        link_page(pm, cur, page);
+    }
+    let at = cur.tail;
+    pm.write(at, entry);
+    pm.flush(at, len);
+    cur.tail += len;
+    Ok(at)
+}
+
+fn new_page<P: Pmem + ?Sized>(
+    pm: &P,
+    alloc: &BlockAllocator,
+    lane: u32,
+    owner_ino: u64,
+    new_pages: &mut NewPages,
+) -> Result<u64> {
+    let (block, _) = alloc.alloc(lane, 1).ok_or(Error::Errno(libc::ENOSPC))?;
+    new_pages.blocks.push(block);
+    let footer = LogPageFooter {
+        next_block: 0,
+        magic: LOG_MAGIC,
+        owner_ino,
+        reserved: [0; 40],
+    };
+    let off = block * BLOCK_SIZE + LOG_FOOTER_OFFSET;
+    write_pod(pm, off, &footer);
+    pm.flush(off, 64);
+    Ok(block)
+}
+
+/// Close the tail page (PAD marker if space remains) and point its footer at
+/// `page`. Both are below nothing committed until the tail moves.
+fn link_page<P: Pmem + ?Sized>(pm: &P, cur: &mut LogCursor, page: u64) {
+    let old_page = cur.tail / BLOCK_SIZE;
+    let in_page = cur.tail_in_page();
+    // Only a fresh, still empty head page has its tail at offset 0, and
+    // every entry fits in an empty page.
+    debug_assert!(in_page > 0);
+    if in_page < LOG_PAGE_PAYLOAD {
+        let pad = EntryHeader {
+            kind: entry_type::PAD,
+            units: 0,
+            reserved: 0,
+            checksum: 0,
+        };
+        write_pod(pm, cur.tail, &pad);
+        pm.flush(cur.tail, 8);
+    }
+    let next_off = old_page * BLOCK_SIZE + LOG_FOOTER_OFFSET;
+    pm.write_u64(next_off, page);
+    pm.flush(next_off, 8);
+    cur.tail = page * BLOCK_SIZE;
+    cur.pages += 1;
+}
+
+/// One entry met while walking a log.
+#[derive(Debug)]
+pub enum Entry<'a> {
+    Attr {
+        link_change: bool,
+        attr: AttrEntry,
+    },
+    Write(WriteEntry),
+    DirAdd {
+        head: DirEntryHead,
+        name: &'a [u8],
+    },
+    DirRemove {
+        head: DirEntryHead,
+        name: &'a [u8],
+    },
+    Symlink(SymlinkEntry),
+    XattrSet {
+        head: XattrHead,
+        name: &'a [u8],
+        value: &'a [u8],
+    },
+    XattrRemove {
+        head: XattrHead,
+        name: &'a [u8],
+    },
+}
+
+/// Decode one checksummed entry; anything inconsistent is corruption.
+pub fn parse(bytes: &[u8]) -> std::result::Result<Entry<'_>, String> {
+    if !entry_checksum_ok(bytes) {
+        return Err("entry checksum mismatch".into());
+    }
+    let kind = bytes[0];
+    let fixed = |n: usize| -> std::result::Result<(), String> {
+        if bytes.len() < n {
+            Err(format!(
+                "entry type {kind} too short ({} bytes)",
+                bytes.len()
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    match kind {
+        entry_type::SET_ATTR | entry_type::LINK_CHANGE => {
+            fixed(64)?;
+            Ok(Entry::Attr {
+                link_change: kind == entry_type::LINK_CHANGE,
+                attr: AttrEntry::from_bytes(bytes),
+            })
+        }
+        entry_type::FILE_WRITE => {
+            fixed(64)?;
+            let w = WriteEntry::from_bytes(bytes);
+            if w.pages == 0 {
+                return Err("write entry of zero pages".into());
+            }
+            Ok(Entry::Write(w))
+        }
+        entry_type::DIR_ADD | entry_type::DIR_REMOVE => {
+            fixed(40)?;
+            let head = DirEntryHead::from_bytes(bytes);
+            let n = head.name_len as usize;
+            if n == 0 || n > NAME_MAX || 40 + n > bytes.len() {
+                return Err(format!("directory entry name length {n} out of range"));
+            }
+            let name = &bytes[40..40 + n];
+            if kind == entry_type::DIR_ADD {
+                if FileKind::from_u32(head.child_kind as u32).is_none() {
+                    return Err(format!(
+                        "directory entry child kind {} invalid",
+                        head.child_kind
+                    ));
+                }
+                Ok(Entry::DirAdd { head, name })
+            } else {
+                Ok(Entry::DirRemove { head, name })
+            }
+        }
+        entry_type::SYMLINK => {
+            fixed(64)?;
+            let s = SymlinkEntry::from_bytes(bytes);
+            if s.len as usize > SYMLINK_MAX || s.len == 0 {
+                return Err(format!("symlink length {} out of range", s.len));
+            }
+            Ok(Entry::Symlink(s))
+        }
+        entry_type::XATTR_SET | entry_type::XATTR_REMOVE => {
+            fixed(24)?;
+            let head = XattrHead::from_bytes(bytes);
+            let (n, v) = (head.name_len as usize, head.value_len as usize);
+            if n == 0 || n > NAME_MAX || 24 + n + v > bytes.len() {
+                return Err("xattr entry lengths out of range".into());
+            }
+            let name = &bytes[24..24 + n];
+            if kind == entry_type::XATTR_SET {
+                Ok(Entry::XattrSet {
+                    head,
+                    name,
+                    value: &bytes[24 + n..24 + n + v],
+                })
+            } else {
+                Ok(Entry::XattrRemove { head, name })
+            }
+        }
+        other => Err(format!("unknown entry type {other}")),
+    }
+}
+
+/// What a walk saw besides the entries.
+#[derive(Debug, Default)]
+pub struct WalkSummary {
+    /// Every page of the chain up to the tail's page, in order.
+    pub pages: Vec<u64>,
+    pub entries: u64,
+}
+
+/// Walk the committed entries of a log from `head` to `tail`, calling `f`
+/// with each entry's offset and decoded form. Bounded: a bad pointer, a
+/// cycle, a foreign page or a damaged entry ends the walk with
+/// `Error::Corrupt`, never a hang or a panic.
+pub fn walk<P: Pmem + ?Sized>(
+    pm: &P,
+    geo: &Geometry,
+    owner_ino: u64,
+    head: u64,
+    tail: u64,
+    mut f: impl FnMut(u64, Entry<'_>) -> Result<()>,
+) -> Result<WalkSummary> {
+    let corrupt = |what: String| Error::Corrupt(format!("inode {owner_ino} log: {what}"));
+    if !geo.is_data_range(head, 1) {
+        return Err(corrupt(format!("head block {head} out of range")));
+    }
+    if tail / BLOCK_SIZE >= geo.total_blocks
+        || tail % ENTRY_UNIT != 0
+        || tail % BLOCK_SIZE > LOG_PAGE_PAYLOAD
+    {
+        return Err(corrupt(format!("tail offset {tail} invalid")));
+    }
+    let mut summary = WalkSummary::default();
+    let mut seen = HashSet::new();
+    let mut page = head;
+    let mut buf = vec![0u8; BLOCK_SIZE as usize];
+    loop {
+        if !seen.insert(page) {
+            return Err(corrupt(format!("cycle in log chain at block {page}")));
+        }
+        summary.pages.push(page);
+        pm.read(page * BLOCK_SIZE, &mut buf);
+        let footer = LogPageFooter::from_bytes(&buf[LOG_FOOTER_OFFSET as usize..]);
+        if footer.magic != LOG_MAGIC || footer.owner_ino != owner_ino {
+            return Err(corrupt(format!(
+                "block {page} is not a log page of this inode"
+            )));
+        }
+        let tail_here = tail / BLOCK_SIZE == page;
+        let end = if tail_here {
+            tail % BLOCK_SIZE
+        } else {
+            LOG_PAGE_PAYLOAD
+        };
+        let mut pos = 0u64;
+        while pos < end {
+            let kind = buf[pos as usize];
+            if kind == entry_type::PAD {
+                if tail_here {
+                    return Err(corrupt(format!(
+                        "pad below the tail at offset {}",
+                        page * BLOCK_SIZE + pos
+                    )));
+                }
+                break;
+            }
+            let len = buf[pos as usize + 1] as u64 * ENTRY_UNIT;
+            if len == 0 || pos + len > end {
+                return Err(corrupt(format!(
+                    "entry at offset {} has bad length {len}",
+                    page * BLOCK_SIZE + pos
+                )));
+            }
+            let bytes = &buf[pos as usize..(pos + len) as usize];
+            let entry = parse(bytes)
+                .map_err(|e| corrupt(format!("offset {}: {e}", page * BLOCK_SIZE + pos)))?;
+            f(page * BLOCK_SIZE + pos, entry)?;
+            summary.entries += 1;
+            pos += len;
+        }
+        if tail_here {
+            return Ok(summary);
+        }
+        let next = footer.next_block;
+        if !geo.is_data_range(next, 1) {
+            return Err(corrupt(format!(
+                "page {page} links to block {next}, out of range, before the tail"
+            )));
+        }
+        page = next;
+    }
+}
+
+/// Read the footer of a log page.
+pub fn footer<P: Pmem + ?Sized>(pm: &P, page: u64) -> LogPageFooter {
+    read_pod(pm, page * BLOCK_SIZE + LOG_FOOTER_OFFSET)
+}
+
+/// A stack buffer in which one entry is encoded and sealed.
+pub struct EntryBuf {
+    bytes: [u8; LOG_PAGE_PAYLOAD as usize],
+    len: usize,
+}
+
+impl EntryBuf {
+    fn new(kind: u8, head: &[u8], tails: &[&[u8]]) -> EntryBuf {
+        let payload: usize = tails.iter().map(|t| t.len()).sum();
+        let len = entry_bytes(head.len(), payload) as usize;
+        debug_assert!(len as u64 <= LOG_PAGE_PAYLOAD);
+        let mut b = EntryBuf {
+            bytes: [0; LOG_PAGE_PAYLOAD as usize],
+            len,
+        };
+        b.bytes[..head.len()].copy_from_slice(head);
+        let mut at = head.len();
+        for t in tails {
+            b.bytes[at..at + t.len()].copy_from_slice(t);
+            at += t.len();
+        }
+        b.bytes[0] = kind;
+        b.bytes[1] = (len as u64 / ENTRY_UNIT) as u8;
+        seal_entry(&mut b.bytes[..len]);
+        b
+    }
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+
+    pub fn attr(link_change: bool, mut a: AttrEntry) -> EntryBuf {
+        a.hdr = EntryHeader::default_zero();
+        let kind = if link_change {
+            entry_type::LINK_CHANGE
+        } else {
+            entry_type::SET_ATTR
+        };
+        EntryBuf::new(kind, a.as_bytes(), &[])
+    }
+    pub fn write(file_page: u64, block: u64, pages: u32, size: u64, mtime_ns: i64) -> EntryBuf {
+        let w = WriteEntry {
+            hdr: EntryHeader::default_zero(),
+            file_page,
+            block,
+            pages,
+            reserved0: 0,
+            size,
+            mtime_ns,
+            reserved: [0; 16],
+        };
+        EntryBuf::new(entry_type::FILE_WRITE, w.as_bytes(), &[])
+    }
+    pub fn dir(
+        add: bool,
+        ino: u64,
+        seq: u64,
+        mtime_ns: i64,
+        child_kind: FileKind,
+        name: &[u8],
+    ) -> EntryBuf {
+        debug_assert!(!name.is_empty() && name.len() <= NAME_MAX);
+        let h = DirEntryHead {
+            hdr: EntryHeader::default_zero(),
+            ino,
+            seq,
+            mtime_ns,
+            name_len: name.len() as u16,
+            child_kind: child_kind as u32 as u8,
+            reserved: [0; 5],
+        };
+        let kind = if add {
+            entry_type::DIR_ADD
+        } else {
+            entry_type::DIR_REMOVE
+        };
+        EntryBuf::new(kind, h.as_bytes(), &[name])
+    }
+    pub fn symlink(block: u64, len: u32) -> EntryBuf {
+        let s = SymlinkEntry {
+            hdr: EntryHeader::default_zero(),
+            block,
+            len,
+            reserved: [0; 44],
+        };
+        EntryBuf::new(entry_type::SYMLINK, s.as_bytes(), &[])
+    }
+    pub fn xattr(set: bool, name: &[u8], value: &[u8], ctime_ns: i64) -> EntryBuf {
+        debug_assert!(name.len() <= NAME_MAX && value.len() <= XATTR_VALUE_MAX);
+        let h = XattrHead {
+            hdr: EntryHeader::default_zero(),
+            name_len: name.len() as u16,
+            value_len: if set { value.len() as u16 } else { 0 },
+            reserved: 0,
+            ctime_ns,
+        };
+        if set {
+            EntryBuf::new(entry_type::XATTR_SET, h.as_bytes(), &[name, value])
+        } else {
+            EntryBuf::new(entry_type::XATTR_REMOVE, h.as_bytes(), &[name])
+        }
+    }
+}
+
+impl EntryHeader {
+    pub fn default_zero() -> EntryHeader {
+        EntryHeader {
+            kind: 0,
+            units: 0,
+            reserved: 0,
+            checksum: 0,
+        }
+    }
+}

@@ -1,0 +1,1008 @@
+//! Namespace operations: lookup, create (all kinds), link, unlink, rmdir,
+//! rename, readdir, readlink.
+//!
+//! Every operation that changes more than one inode appends its entries to
+//! each log past the tail, then commits all new tails (and any inode state
+//! change) through the lane's redo journal, so a crash shows the operation
+//! entirely or not at all.
+
+use std::sync::{Arc, RwLockWriteGuard};
+
+use crate::dir::{Child, COOKIE_DOT, COOKIE_DOTDOT};
+use crate::error::{errno, Error, Result};
+use crate::format::*;
+use crate::fs::{live, rec, FileHandle, Fs};
+use crate::inode::{read, write, Body, Inode, InodeState};
+use crate::log::{EntryBuf, LogCursor, NewPages};
+use crate::pmem::{write_pod, Pmem};
+use crate::time::now_ns;
+use crate::types::*;
+
+/// Highest link count of a file (ext4's limit).
+pub const LINK_MAX: u32 = 65000;
+
+/// Names that can be created or removed.
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.len() > NAME_MAX {
+        return errno(libc::ENAMETOOLONG);
+    }
+    if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
+        return errno(libc::EINVAL);
+    }
+    Ok(())
+}
+
+fn is_dot_or_dotdot(name: &[u8]) -> bool {
+    name == b"." || name == b".."
+}
+
+/// Write locks on several inodes, always taken in inode-number order.
+struct Locked<'a> {
+    guards: Vec<(u64, RwLockWriteGuard<'a, InodeState>)>,
+}
+
+impl<'a> Locked<'a> {
+    fn new(inodes: &[&'a Arc<Inode>]) -> Locked<'a> {
+        let mut sorted: Vec<&'a Arc<Inode>> = inodes.to_vec();
+        sorted.sort_by_key(|i| i.ino);
+        sorted.dedup_by_key(|i| i.ino);
+        Locked {
+            guards: sorted
+                .into_iter()
+                .map(|i| (i.ino, write(&i.state)))
+                .collect(),
+        }
+    }
+    fn get(&mut self, ino: u64) -> &mut InodeState {
+        let (_, g) = self
+            .guards
+            .iter_mut()
+            .find(|(i, _)| *i == ino)
+            .expect("inode locked");
+        g
+    }
+}
+
+/// Entries being prepared for one inode's log.
+struct Pending {
+    ino: u64,
+    rec_off: u64,
+    cur: LogCursor,
+    entries: u64,
+}
+
+impl<P: Pmem> Fs<P> {
+    fn dir_inode(&self, ino: u64) -> Result<Arc<Inode>> {
+        let inode = self.iget(ino)?;
+        if inode.kind != FileKind::Dir {
+            return errno(libc::ENOTDIR);
+        }
+        Ok(inode)
+    }
+
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        let child = self.lookup_ino(parent, name)?;
+        self.getattr(child)
+    }
+
+    /// The inode number `name` resolves to in directory `parent`.
+    pub fn lookup_ino(&self, parent: u64, name: &[u8]) -> Result<u64> {
+        if name.len() > NAME_MAX {
+            return errno(libc::ENAMETOOLONG);
+        }
+        let dir = self.dir_inode(parent)?;
+        let st = read(&dir.state);
+        live(&st)?;
+        if name == b"." {
+            return Ok(parent);
+        }
+        if name == b".." {
+            return Ok(st.attr.rdev_or_parent);
+        }
+        st.dir()
+            .and_then(|d| d.get(name))
+            .map(|c| c.ino)
+            .ok_or(Error::Errno(libc::ENOENT))
+    }
+
+    pub fn create(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<(Attr, FileHandle)> {
+        let inode = self.make_node(parent, name, FileKind::File, mode, 0, uid, gid, None)?;
+        let fh = FileHandle { inode };
+        let mut st = write(&fh.inode.state);
+        st.open_count += 1;
+        let attr = self.attr_of(&fh.inode, &st);
+        drop(st);
+        Ok((attr, fh))
+    }
+
+    pub fn mknod(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
+        let kind = match mode & libc::S_IFMT {
+            0 => FileKind::File,
+            libc::S_IFDIR => return errno(libc::EPERM),
+            libc::S_IFLNK => return errno(libc::EINVAL),
+            t => FileKind::from_mode(t).ok_or(Error::Errno(libc::EINVAL))?,
+        };
+        let inode = self.make_node(parent, name, kind, mode, rdev, uid, gid, None)?;
+        let st = read(&inode.state);
+        Ok(self.attr_of(&inode, &st))
+    }
+
+    pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        let inode = self.make_node(parent, name, FileKind::Dir, mode, 0, uid, gid, None)?;
+        let st = read(&inode.state);
+        Ok(self.attr_of(&inode, &st))
+    }
+
+    pub fn symlink(
+        &self,
+        parent: u64,
+        name: &[u8],
+        target: &[u8],
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
+        if target.len() > SYMLINK_MAX {
+            return errno(libc::ENAMETOOLONG);
+        }
+        if target.is_empty() {
+            return errno(libc::ENOENT);
+        }
+        let inode = self.make_node(
+            parent,
+            name,
+            FileKind::Symlink,
+            0o777,
+            0,
+            uid,
+            gid,
+            Some(target),
+        )?;
+        let st = read(&inode.state);
+        Ok(self.attr_of(&inode, &st))
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        let inode = self.iget(ino)?;
+        let st = read(&inode.state);
+        live(&st)?;
+        match &st.body {
+            Body::Symlink { target, .. } => Ok(target.clone()),
+            _ => errno(libc::EINVAL),
+        }
+    }
+
+    /// Create an inode of any kind and its name, atomically.
+    #[allow(clippy::too_many_arguments)]
+    fn make_node(
+        &self,
+        parent: u64,
+        name: &[u8],
+        kind: FileKind,
+        mode: u32,
+        rdev: u64,
+        uid: u32,
+        gid: u32,
+        target: Option<&[u8]>,
+    ) -> Result<Arc<Inode>> {
+        self.check_writable()?;
+        check_name(name)?;
+        let dir = self.dir_inode(parent)?;
+        let mut dst = write(&dir.state);
+        live(&dst)?;
+        if dst.orphan {
+            return errno(libc::ENOENT);
+        }
+        if is_dot_or_dotdot(name) || dst.dir().is_some_and(|d| d.get(name).is_some()) {
+            return errno(libc::EEXIST);
+        }
+        let lane = self.lane();
+        let slot = self.slots.alloc(lane);
+        let ino = lane_slot_to_ino(lane, slot, self.geo.lane_count);
+        let mut new_pages = NewPages::default();
+        let mut target_block = 0;
+        let result = self.prepare_node(
+            ino,
+            lane,
+            slot,
+            parent,
+            kind,
+            mode,
+            rdev,
+            uid,
+            gid,
+            target,
+            &mut new_pages,
+            &mut target_block,
+        );
+        let (rec_off, child_cur, generation, attr) = match result {
+            Ok(v) => v,
+            Err(e) => {
+                new_pages.release(&self.blocks);
+                if target_block != 0 {
+                    self.free_blocks(target_block, 1);
+                }
+                let _ = self.slots.free(lane, slot);
+                return Err(e);
+            }
+        };
+        let now = attr.ctime_ns;
+        let mut dir_cur = dst.log;
+        let seq = dst.dir().map_or(0, |d| d.next_seq());
+        if let Err(e) = self.log_append(
+            parent,
+            &mut dir_cur,
+            &EntryBuf::dir(true, ino, seq, now, kind, name),
+            &mut new_pages,
+        ) {
+            new_pages.release(&self.blocks);
+            if target_block != 0 {
+                self.free_blocks(target_block, 1);
+            }
+            let _ = self.slots.free(lane, slot);
+            return Err(e);
+        }
+        // Commit: the child's record (written, state still FREE) turns LIVE
+        // together with the parent's new tail.
+        self.commit_journal(&[
+            rec(rec_off, INODE_STATE_FIELD, INODE_LIVE),
+            rec(dir.rec_off, INODE_TAIL_FIELD, dir_cur.tail),
+        ]);
+        dst.log = dir_cur;
+        dst.log_entries += 1;
+        dst.attr.mtime_ns = now;
+        dst.attr.ctime_ns = now;
+        if let Some(d) = dst.dir_mut() {
+            d.add(name, Child { ino, kind, seq });
+        }
+        let body = match kind {
+            FileKind::File => Body::File(Default::default()),
+            FileKind::Dir => Body::Dir(Default::default()),
+            FileKind::Symlink => Body::Symlink {
+                target: target.unwrap_or_default().to_vec(),
+                block: target_block,
+            },
+            _ => Body::Special,
+        };
+        let st = InodeState {
+            attr,
+            generation,
+            log: child_cur,
+            body,
+            xattrs: Default::default(),
+            log_entries: if target.is_some() { 2 } else { 1 },
+            open_count: 0,
+            orphan: false,
+            gone: false,
+            attr_dirty: false,
+        };
+        let inode = Arc::new(Inode {
+            ino,
+            kind,
+            rec_off,
+            state: std::sync::RwLock::new(st),
+        });
+        self.cache.insert(inode.clone());
+        drop(dst);
+        let mut dst = write(&dir.state);
+        self.maybe_compact(&dir, &mut dst);
+        Ok(inode)
+    }
+
+    /// Write a new inode's first log page and its record (state FREE).
+    #[allow(clippy::too_many_arguments)]
+    fn prepare_node(
+        &self,
+        ino: u64,
+        lane: u32,
+        slot: u64,
+        parent: u64,
+        kind: FileKind,
+        mode: u32,
+        rdev: u64,
+        uid: u32,
+        gid: u32,
+        target: Option<&[u8]>,
+        new_pages: &mut NewPages,
+        target_block: &mut u64,
+    ) -> Result<(u64, LogCursor, u64, AttrEntry)> {
+        let rec_off = self
+            .tables
+            .ensure_slot(&self.pm, &self.blocks, lane, slot)?;
+        let old: InodeRecord = crate::pmem::read_pod(&self.pm, rec_off);
+        if old.state != INODE_FREE {
+            return Err(Error::Corrupt(format!(
+                "inode slot {ino} handed out while in use"
+            )));
+        }
+        let generation = old.generation + 1;
+        let now = now_ns();
+        let attr = AttrEntry {
+            hdr: EntryHeader::default_zero(),
+            mode: kind.mode_bits() | (mode & 0o7777),
+            uid,
+            gid,
+            nlink: if kind == FileKind::Dir { 2 } else { 1 },
+            size: 0,
+            atime_ns: now,
+            mtime_ns: now,
+            ctime_ns: now,
+            rdev_or_parent: if kind == FileKind::Dir { parent } else { rdev },
+        };
+        let mut cur = LogCursor::default();
+        self.log_append(ino, &mut cur, &EntryBuf::attr(false, attr), new_pages)?;
+        if let Some(t) = target {
+            let (block, _) = self
+                .blocks
+                .alloc(lane, 1)
+                .ok_or(Error::Errno(libc::ENOSPC))?;
+            *target_block = block;
+            self.pm.write(block * BLOCK_SIZE, t);
+            self.pm.flush(block * BLOCK_SIZE, t.len() as u64);
+            self.log_append(
+                ino,
+                &mut cur,
+                &EntryBuf::symlink(block, t.len() as u32),
+                new_pages,
+            )?;
+        }
+        let record = InodeRecord {
+            state: INODE_FREE,
+            log_head: cur.head,
+            log_tail: cur.tail,
+            generation,
+            ino,
+            kind: kind as u32,
+            reserved0: 0,
+            reserved: [0; 80],
+        };
+        write_pod(&self.pm, rec_off, &record);
+        self.pm.flush(rec_off, INODE_RECORD_SIZE);
+        Ok((rec_off, cur, generation, attr))
+    }
+
+    pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
+        self.check_writable()?;
+        check_name(newname)?;
+        let inode = self.iget(ino)?;
+        if inode.kind == FileKind::Dir {
+            return errno(libc::EPERM);
+        }
+        let dir = self.dir_inode(newparent)?;
+        let mut locked = Locked::new(&[&inode, &dir]);
+        {
+            let d = locked.get(dir.ino);
+            live(d)?;
+            if d.orphan {
+                return errno(libc::ENOENT);
+            }
+            if is_dot_or_dotdot(newname) || d.dir().is_some_and(|x| x.get(newname).is_some()) {
+                return errno(libc::EEXIST);
+            }
+        }
+        let now = now_ns();
+        let mut pages = NewPages::default();
+        let mut a = {
+            let st = locked.get(ino);
+            live(st)?;
+            if st.orphan || st.attr.nlink == 0 {
+                return errno(libc::ENOENT);
+            }
+            if st.attr.nlink >= LINK_MAX {
+                return errno(libc::EMLINK);
+            }
+            st.attr
+        };
+        a.nlink += 1;
+        a.ctime_ns = now;
+        let mut icur = locked.get(ino).log;
+        let mut dcur = locked.get(dir.ino).log;
+        let seq = locked.get(dir.ino).dir().map_or(0, |d| d.next_seq());
+        let r = self
+            .log_append(ino, &mut icur, &EntryBuf::attr(true, a), &mut pages)
+            .and_then(|_| {
+                self.log_append(
+                    dir.ino,
+                    &mut dcur,
+                    &EntryBuf::dir(true, ino, seq, now, inode.kind, newname),
+                    &mut pages,
+                )
+            });
+        if let Err(e) = r {
+            pages.release(&self.blocks);
+            return Err(e);
+        }
+        self.commit_journal(&[
+            rec(inode.rec_off, INODE_TAIL_FIELD, icur.tail),
+            rec(dir.rec_off, INODE_TAIL_FIELD, dcur.tail),
+        ]);
+        let st = locked.get(ino);
+        st.log = icur;
+        st.log_entries += 1;
+        st.attr = a;
+        let d = locked.get(dir.ino);
+        d.log = dcur;
+        d.log_entries += 1;
+        d.attr.mtime_ns = now;
+        d.attr.ctime_ns = now;
+        if let Some(x) = d.dir_mut() {
+            x.add(
+                newname,
+                Child {
+                    ino,
+                    kind: inode.kind,
+                    seq,
+                },
+            );
+        }
+        let st = locked.get(ino);
+        Ok(self.attr_of(&inode, st))
+    }
+
+    pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.remove_name(parent, name, false)
+    }
+
+    pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.remove_name(parent, name, true)
+    }
+
+    fn remove_name(&self, parent: u64, name: &[u8], want_dir: bool) -> Result<()> {
+        self.check_writable()?;
+        if name.len() > NAME_MAX {
+            return errno(libc::ENAMETOOLONG);
+        }
+        if want_dir && name == b"." {
+            return errno(libc::EINVAL);
+        }
+        if want_dir && name == b".." {
+            return errno(libc::ENOTEMPTY);
+        }
+        let dir = self.dir_inode(parent)?;
+        loop {
+            let child_ino = self.lookup_ino(parent, name)?;
+            if is_dot_or_dotdot(name) {
+                return errno(if want_dir { libc::EINVAL } else { libc::EISDIR });
+            }
+            let child = self.iget(child_ino)?;
+            if want_dir && child.kind != FileKind::Dir {
+                return errno(libc::ENOTDIR);
+            }
+            if !want_dir && child.kind == FileKind::Dir {
+                return errno(libc::EISDIR);
+            }
+            let mut locked = Locked::new(&[&dir, &child]);
+            // The name may have moved while nothing was locked: retry.
+            if locked
+                .get(parent)
+                .dir()
+                .and_then(|d| d.get(name))
+                .map(|c| c.ino)
+                != Some(child_ino)
+            {
+                continue;
+            }
+            return self.remove_locked(&dir, &child, name, &mut locked);
+        }
+    }
+
+    fn remove_locked(
+        &self,
+        dir: &Arc<Inode>,
+        child: &Arc<Inode>,
+        name: &[u8],
+        locked: &mut Locked<'_>,
+    ) -> Result<()> {
+        if child.kind == FileKind::Dir && locked.get(child.ino).dir().is_some_and(|d| !d.is_empty())
+        {
+            return errno(libc::ENOTEMPTY);
+        }
+        let now = now_ns();
+        let mut pages = NewPages::default();
+        let seq = locked
+            .get(dir.ino)
+            .dir()
+            .and_then(|d| d.get(name))
+            .map_or(0, |c| c.seq);
+        let mut dcur = locked.get(dir.ino).log;
+        if let Err(e) = self.log_append(
+            dir.ino,
+            &mut dcur,
+            &EntryBuf::dir(false, child.ino, seq, now, child.kind, name),
+            &mut pages,
+        ) {
+            pages.release(&self.blocks);
+            return Err(e);
+        }
+        let mut records = vec![rec(dir.rec_off, INODE_TAIL_FIELD, dcur.tail)];
+        let outcome =
+            match self.drop_link(child, locked.get(child.ino), now, &mut pages, &mut records) {
+                Ok(o) => o,
+                Err(e) => {
+                    pages.release(&self.blocks);
+                    return Err(e);
+                }
+            };
+        self.commit_journal(&records);
+        let d = locked.get(dir.ino);
+        d.log = dcur;
+        d.log_entries += 1;
+        d.attr.mtime_ns = now;
+        d.attr.ctime_ns = now;
+        if let Some(x) = d.dir_mut() {
+            x.remove(name);
+        }
+        self.finish_drop_link(child, locked.get(child.ino), outcome);
+        Ok(())
+    }
+
+    /// Prepare the child's side of losing one name: a LINK_CHANGE entry if
+    /// links remain, else its record turns ORPHAN (still open) or FREE.
+    fn drop_link(
+        &self,
+        child: &Inode,
+        st: &mut InodeState,
+        now: i64,
+        pages: &mut NewPages,
+        records: &mut Vec<JournalRecord>,
+    ) -> Result<DropOutcome> {
+        let last = child.kind == FileKind::Dir || st.attr.nlink <= 1;
+        if last {
+            let state = if st.open_count > 0 {
+                INODE_ORPHAN
+            } else {
+                INODE_FREE
+            };
+            records.push(rec(child.rec_off, INODE_STATE_FIELD, state));
+            return Ok(if state == INODE_ORPHAN {
+                DropOutcome::Orphaned
+            } else {
+                DropOutcome::Freed
+            });
+        }
+        let mut a = st.attr;
+        a.nlink -= 1;
+        a.ctime_ns = now;
+        let mut cur = st.log;
+        self.log_append(child.ino, &mut cur, &EntryBuf::attr(true, a), pages)?;
+        records.push(rec(child.rec_off, INODE_TAIL_FIELD, cur.tail));
+        Ok(DropOutcome::Linked { cur, attr: a })
+    }
+
+    fn finish_drop_link(&self, child: &Inode, st: &mut InodeState, outcome: DropOutcome) {
+        match outcome {
+            DropOutcome::Linked { cur, attr } => {
+                st.log = cur;
+                st.log_entries += 1;
+                st.attr = attr;
+            }
+            DropOutcome::Orphaned => {
+                st.orphan = true;
+                st.attr.nlink = 0;
+            }
+            DropOutcome::Freed => {
+                st.attr.nlink = 0;
+                self.release_inode_blocks(child, st);
+            }
+        }
+    }
+
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
+        self.check_writable()?;
+        check_name(name)?;
+        check_name(newname)?;
+        if is_dot_or_dotdot(name) || is_dot_or_dotdot(newname) {
+            return errno(libc::EINVAL);
+        }
+        let sp = self.dir_inode(parent)?;
+        let dp = self.dir_inode(newparent)?;
+        loop {
+            let m_ino = self.lookup_ino(parent, name)?;
+            let v_ino = match self.lookup_ino(newparent, newname) {
+                Ok(i) => Some(i),
+                Err(Error::Errno(libc::ENOENT)) => None,
+                Err(e) => return Err(e),
+            };
+            let m = self.iget(m_ino)?;
+            let v = v_ino.map(|i| self.iget(i)).transpose()?;
+            let moves_dir_across = (m.kind == FileKind::Dir
+                || v.as_ref().is_some_and(|v| v.kind == FileKind::Dir))
+                && parent != newparent;
+            let _rename_guard = moves_dir_across.then(|| crate::inode::lock(&self.rename_lock));
+            let mut all: Vec<&Arc<Inode>> = vec![&sp, &dp, &m];
+            if let Some(v) = &v {
+                all.push(v);
+            }
+            let mut locked = Locked::new(&all);
+            let still_m = locked
+                .get(parent)
+                .dir()
+                .and_then(|d| d.get(name))
+                .map(|c| c.ino);
+            let still_v = locked
+                .get(newparent)
+                .dir()
+                .and_then(|d| d.get(newname))
+                .map(|c| c.ino);
+            if still_m != Some(m_ino) || still_v != v_ino {
+                continue;
+            }
+            if moves_dir_across {
+                // Checked under the rename lock, so no other directory move
+                // can change the ancestry meanwhile.
+                drop(locked);
+                if m.kind == FileKind::Dir && self.is_ancestor(m_ino, newparent)? {
+                    return errno(libc::EINVAL);
+                }
+                if flags.exchange
+                    && v.as_ref().is_some_and(|v| v.kind == FileKind::Dir)
+                    && self.is_ancestor(v.as_ref().map_or(0, |v| v.ino), parent)?
+                {
+                    return errno(libc::EINVAL);
+                }
+                locked = Locked::new(&all);
+                let still_m = locked
+                    .get(parent)
+                    .dir()
+                    .and_then(|d| d.get(name))
+                    .map(|c| c.ino);
+                let still_v = locked
+                    .get(newparent)
+                    .dir()
+                    .and_then(|d| d.get(newname))
+                    .map(|c| c.ino);
+                if still_m != Some(m_ino) || still_v != v_ino {
+                    continue;
+                }
+            }
+            return self.rename_locked(&sp, name, &dp, newname, &m, v.as_ref(), flags, &mut locked);
+        }
+    }
+
+    /// True if directory `anc` is `dir` or one of its ancestors.
+    fn is_ancestor(&self, anc: u64, dir: u64) -> Result<bool> {
+        let mut cur = dir;
+        for _ in 0..=self.slots.used_count() + 1 {
+            if cur == anc {
+                return Ok(true);
+            }
+            if cur == ROOT_INO {
+                return Ok(false);
+            }
+            let inode = self.iget(cur)?;
+            cur = read(&inode.state).attr.rdev_or_parent;
+        }
+        Err(Error::Corrupt(format!(
+            "directory parent chain from {dir} does not reach the root"
+        )))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rename_locked(
+        &self,
+        sp: &Arc<Inode>,
+        name: &[u8],
+        dp: &Arc<Inode>,
+        newname: &[u8],
+        m: &Arc<Inode>,
+        v: Option<&Arc<Inode>>,
+        flags: RenameFlags,
+        locked: &mut Locked<'_>,
+    ) -> Result<()> {
+        for ino in [sp.ino, dp.ino] {
+            let st = locked.get(ino);
+            live(st)?;
+            if st.orphan {
+                return errno(libc::ENOENT);
+            }
+        }
+        if m.ino == ROOT_INO {
+            return errno(libc::EBUSY);
+        }
+        if let Some(v) = v {
+            if v.ino == m.ino {
+                return Ok(()); // two names of one inode: POSIX says do nothing
+            }
+            if flags.noreplace {
+                return errno(libc::EEXIST);
+            }
+            if !flags.exchange {
+                match (m.kind == FileKind::Dir, v.kind == FileKind::Dir) {
+                    (true, false) => return errno(libc::ENOTDIR),
+                    (false, true) => return errno(libc::EISDIR),
+                    (true, true) if locked.get(v.ino).dir().is_some_and(|d| !d.is_empty()) => {
+                        return errno(libc::ENOTEMPTY)
+                    }
+                    _ => {}
+                }
+            }
+        } else if flags.exchange {
+            return errno(libc::ENOENT);
+        }
+        let now = now_ns();
+        let mut pages = NewPages::default();
+        let mut records = Vec::new();
+        let r = self.rename_entries(
+            sp,
+            name,
+            dp,
+            newname,
+            m,
+            v,
+            flags,
+            now,
+            locked,
+            &mut pages,
+            &mut records,
+        );
+        let (pending, outcome) = match r {
+            Ok(x) => x,
+            Err(e) => {
+                pages.release(&self.blocks);
+                return Err(e);
+            }
+        };
+        self.commit_journal(&records);
+        // DRAM follows the committed media state.
+        for p in &pending {
+            let st = locked.get(p.ino);
+            st.log = p.cur;
+            st.log_entries += p.entries;
+        }
+        self.rename_apply_dram(sp, name, dp, newname, m, v, flags, now, locked);
+        if let (Some(v), Some(o)) = (v, outcome) {
+            self.finish_drop_link(v, locked.get(v.ino), o);
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rename_entries(
+        &self,
+        sp: &Arc<Inode>,
+        name: &[u8],
+        dp: &Arc<Inode>,
+        newname: &[u8],
+        m: &Arc<Inode>,
+        v: Option<&Arc<Inode>>,
+        flags: RenameFlags,
+        now: i64,
+        locked: &mut Locked<'_>,
+        pages: &mut NewPages,
+        records: &mut Vec<JournalRecord>,
+    ) -> Result<(Vec<Pending>, Option<DropOutcome>)> {
+        let mut pending: Vec<Pending> = Vec::new();
+        let cursor_of =
+            |pending: &mut Vec<Pending>, inode: &Arc<Inode>, st: &InodeState| -> usize {
+                if let Some(i) = pending.iter().position(|p| p.ino == inode.ino) {
+                    return i;
+                }
+                pending.push(Pending {
+                    ino: inode.ino,
+                    rec_off: inode.rec_off,
+                    cur: st.log,
+                    entries: 0,
+                });
+                pending.len() - 1
+            };
+        let m_seq = locked
+            .get(sp.ino)
+            .dir()
+            .and_then(|d| d.get(name))
+            .map_or(0, |c| c.seq);
+        // Sequence numbers for the new names: one counter per directory,
+        // bumped when the same directory gets two adds (exchange within it).
+        let mut next_seq_sp = locked.get(sp.ino).dir().map_or(0, |d| d.next_seq());
+        let mut next_seq_dp = if dp.ino == sp.ino {
+            next_seq_sp
+        } else {
+            locked.get(dp.ino).dir().map_or(0, |d| d.next_seq())
+        };
+
+        // Source directory: the old name goes (or, for exchange, points at v).
+        let i = cursor_of(&mut pending, sp, locked.get(sp.ino));
+        let src_entry = match (flags.exchange, v) {
+            (true, Some(v)) => {
+                let e = EntryBuf::dir(true, v.ino, next_seq_sp, now, v.kind, name);
+                next_seq_sp += 1;
+                if dp.ino == sp.ino {
+                    next_seq_dp = next_seq_sp;
+                }
+                e
+            }
+            _ => EntryBuf::dir(false, m.ino, m_seq, now, m.kind, name),
+        };
+        self.log_append(sp.ino, &mut pending[i].cur, &src_entry, pages)?;
+        pending[i].entries += 1;
+
+        // Destination directory: the new name points at m.
+        let i = cursor_of(&mut pending, dp, locked.get(dp.ino));
+        self.log_append(
+            dp.ino,
+            &mut pending[i].cur,
+            &EntryBuf::dir(true, m.ino, next_seq_dp, now, m.kind, newname),
+            pages,
+        )?;
+        pending[i].entries += 1;
+
+        // The moved inode: ctime, and ".." when a directory changes parent.
+        let mut ma = locked.get(m.ino).attr;
+        ma.ctime_ns = now;
+        if m.kind == FileKind::Dir {
+            ma.rdev_or_parent = dp.ino;
+        }
+        let i = cursor_of(&mut pending, m, locked.get(m.ino));
+        self.log_append(
+            m.ino,
+            &mut pending[i].cur,
+            &EntryBuf::attr(false, ma),
+            pages,
+        )?;
+        pending[i].entries += 1;
+
+        let mut outcome = None;
+        if let Some(v) = v {
+            if flags.exchange {
+                let mut va = locked.get(v.ino).attr;
+                va.ctime_ns = now;
+                if v.kind == FileKind::Dir {
+                    va.rdev_or_parent = sp.ino;
+                }
+                let i = cursor_of(&mut pending, v, locked.get(v.ino));
+                self.log_append(
+                    v.ino,
+                    &mut pending[i].cur,
+                    &EntryBuf::attr(false, va),
+                    pages,
+                )?;
+                pending[i].entries += 1;
+            } else {
+                let mut vrecords = Vec::new();
+                // The victim loses a link: its tail or state joins the records.
+                let o = self.drop_link(v, locked.get(v.ino), now, pages, &mut vrecords)?;
+                records.extend(vrecords);
+                outcome = Some(o);
+            }
+        }
+        for p in &pending {
+            records.push(rec(p.rec_off, INODE_TAIL_FIELD, p.cur.tail));
+        }
+        Ok((pending, outcome))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rename_apply_dram(
+        &self,
+        sp: &Arc<Inode>,
+        name: &[u8],
+        dp: &Arc<Inode>,
+        newname: &[u8],
+        m: &Arc<Inode>,
+        v: Option<&Arc<Inode>>,
+        flags: RenameFlags,
+        now: i64,
+        locked: &mut Locked<'_>,
+    ) {
+        let sp_seq = locked.get(sp.ino).dir().map_or(0, |d| d.next_seq());
+        {
+            let st = locked.get(sp.ino);
+            st.attr.mtime_ns = now;
+            st.attr.ctime_ns = now;
+            let d = st.dir_mut().expect("directory");
+            d.remove(name);
+            if let (true, Some(v)) = (flags.exchange, v) {
+                d.add(
+                    name,
+                    Child {
+                        ino: v.ino,
+                        kind: v.kind,
+                        seq: sp_seq,
+                    },
+                );
+            }
+        }
+        {
+            let st = locked.get(dp.ino);
+            st.attr.mtime_ns = now;
+            st.attr.ctime_ns = now;
+            let d = st.dir_mut().expect("directory");
+            let seq = d.next_seq();
+            d.remove(newname);
+            d.add(
+                newname,
+                Child {
+                    ino: m.ino,
+                    kind: m.kind,
+                    seq,
+                },
+            );
+        }
+        let st = locked.get(m.ino);
+        st.attr.ctime_ns = now;
+        if m.kind == FileKind::Dir {
+            st.attr.rdev_or_parent = dp.ino;
+        }
+        if let (true, Some(v)) = (flags.exchange, v) {
+            let st = locked.get(v.ino);
+            st.attr.ctime_ns = now;
+            if v.kind == FileKind::Dir {
+                st.attr.rdev_or_parent = sp.ino;
+            }
+        }
+    }
+
+    /// Entries of directory `ino` after `cookie` ("." and ".." first), until
+    /// `f` returns false.
+    pub fn readdir(
+        &self,
+        ino: u64,
+        cookie: u64,
+        f: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> Result<()> {
+        let dir = self.dir_inode(ino)?;
+        let st = read(&dir.state);
+        live(&st)?;
+        if cookie < COOKIE_DOT
+            && !f(DirEntry {
+                ino,
+                kind: FileKind::Dir,
+                name: b".".to_vec(),
+                cookie: COOKIE_DOT,
+            })
+        {
+            return Ok(());
+        }
+        if cookie < COOKIE_DOTDOT
+            && !f(DirEntry {
+                ino: st.attr.rdev_or_parent,
+                kind: FileKind::Dir,
+                name: b"..".to_vec(),
+                cookie: COOKIE_DOTDOT,
+            })
+        {
+            return Ok(());
+        }
+        if let Some(d) = st.dir() {
+            for (c, name, child) in d.after_cookie(cookie.max(COOKIE_DOTDOT)) {
+                if !f(DirEntry {
+                    ino: child.ino,
+                    kind: child.kind,
+                    name: name.to_vec(),
+                    cookie: c,
+                }) {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The victim's or unlinked child's fate, decided before the commit and
+/// applied to DRAM after it.
+enum DropOutcome {
+    Linked { cur: LogCursor, attr: AttrEntry },
+    Orphaned,
+    Freed,
+}
