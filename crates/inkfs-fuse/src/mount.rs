@@ -483,7 +483,9 @@ pub fn run_engine<E: Engine>(
     let stats = Arc::new(Stats::default());
     let adapter = InkFuse::new(engine.clone(), stats.clone(), cfg.read_only);
     let reporter: Reporter = {
-        let engine = engine.clone();
+        // Weak: the stats thread is never joined, and must not keep the
+        // engine from its clean unmount.
+        let engine = Arc::downgrade(&engine);
         let stats = stats.clone();
         let mut info = info;
         info.insert(0, ("mountpoint".into(), mnt.display().to_string()));
@@ -493,14 +495,16 @@ pub fn run_engine<E: Engine>(
         info.insert(4, ("read_only".into(), cfg.read_only.to_string()));
         info.insert(5, ("threads".into(), cfg.threads.to_string()));
         Arc::new(move |json| {
-            let s = engine.statfs();
             let mut lines = info.clone();
-            let bs = s.block_size as u64;
-            lines.push(("block_size".into(), bs.to_string()));
-            lines.push(("bytes_total".into(), (s.blocks * bs).to_string()));
-            lines.push(("bytes_free".into(), (s.blocks_free * bs).to_string()));
-            lines.push(("inodes_total".into(), s.files.to_string()));
-            lines.push(("inodes_free".into(), s.files_free.to_string()));
+            if let Some(engine) = engine.upgrade() {
+                let s = engine.statfs();
+                let bs = s.block_size as u64;
+                lines.push(("block_size".into(), bs.to_string()));
+                lines.push(("bytes_total".into(), (s.blocks * bs).to_string()));
+                lines.push(("bytes_free".into(), (s.blocks_free * bs).to_string()));
+                lines.push(("inodes_total".into(), s.files.to_string()));
+                lines.push(("inodes_free".into(), s.files_free.to_string()));
+            }
             stats.report(&lines, json)
         })
     };
