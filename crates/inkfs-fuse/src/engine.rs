@@ -6,9 +6,7 @@
 //! front-end bug from an engine bug. The methods mirror `inkfs::Fs` one for
 //! one; generics keep the real path monomorphised (no dynamic dispatch).
 
-use inkfs::types::{
-    Attr, DirEntry, FallocFlags, RenameFlags, SetAttr, StatFs, Whence, XattrFlags,
-};
+use inkfs::types::{Attr, DirEntry, FallocFlags, RenameFlags, SetAttr, StatFs, Whence, XattrFlags};
 use inkfs::Result;
 
 pub trait Engine: Send + Sync + 'static {
@@ -38,8 +36,7 @@ pub trait Engine: Send + Sync + 'static {
         gid: u32,
     ) -> Result<(Attr, Self::Handle)>;
     fn mkdir(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr>;
-    fn symlink(&self, parent: u64, name: &[u8], target: &[u8], uid: u32, gid: u32)
-        -> Result<Attr>;
+    fn symlink(&self, parent: u64, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr>;
     fn readlink(&self, ino: u64) -> Result<Vec<u8>>;
     fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr>;
     fn unlink(&self, parent: u64, name: &[u8]) -> Result<()>;

@@ -31,8 +31,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
     INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use inkfs::types::{
     Attr, DirEntry, FallocFlags, FileKind, RenameFlags, SetAttr, TimeSet, Whence, XattrFlags,
@@ -118,7 +118,12 @@ pub fn file_attr(a: &Attr) -> FileAttr {
 
 impl<E: Engine> InkFuse<E> {
     pub fn new(fs: Arc<E>, stats: Arc<Stats>, read_only: bool) -> InkFuse<E> {
-        InkFuse { fs, handles: HandleTable::default(), stats, read_only }
+        InkFuse {
+            fs,
+            handles: HandleTable::default(),
+            stats,
+            read_only,
+        }
     }
 
     #[inline]
@@ -177,9 +182,13 @@ impl<E: Engine> InkFuse<E> {
             // FUSE_ATOMIC_O_TRUNC: the kernel leaves the truncation to us.
             self.rofs()?;
             let h = self.fs.open(ino)?;
-            if let Err(e) =
-                self.fs.setattr(ino, &SetAttr { size: Some(0), ..SetAttr::default() })
-            {
+            if let Err(e) = self.fs.setattr(
+                ino,
+                &SetAttr {
+                    size: Some(0),
+                    ..SetAttr::default()
+                },
+            ) {
                 self.fs.release(h);
                 return Err(e);
             }
@@ -333,9 +342,10 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         let t = Instant::now();
         let mode = mode & !(umask & 0o777);
         let (uid, gid, mode) = self.new_owner(parent.0, req, mode, false);
-        let r = self
-            .rofs()
-            .and_then(|()| self.fs.mknod(parent.0, name_bytes(name), mode, rdev as u64, uid, gid));
+        let r = self.rofs().and_then(|()| {
+            self.fs
+                .mknod(parent.0, name_bytes(name), mode, rdev as u64, uid, gid)
+        });
         self.reply_entry(Op::mknod, t, r, reply);
     }
 
@@ -351,19 +361,25 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         let t = Instant::now();
         let mode = mode & !(umask & 0o777) & 0o7777;
         let (uid, gid, mode) = self.new_owner(parent.0, req, mode, true);
-        let r = self.rofs().and_then(|()| self.fs.mkdir(parent.0, name_bytes(name), mode, uid, gid));
+        let r = self
+            .rofs()
+            .and_then(|()| self.fs.mkdir(parent.0, name_bytes(name), mode, uid, gid));
         self.reply_entry(Op::mkdir, t, r, reply);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let t = Instant::now();
-        let r = self.rofs().and_then(|()| self.fs.unlink(parent.0, name_bytes(name)));
+        let r = self
+            .rofs()
+            .and_then(|()| self.fs.unlink(parent.0, name_bytes(name)));
         self.reply_empty(Op::unlink, t, r, reply);
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let t = Instant::now();
-        let r = self.rofs().and_then(|()| self.fs.rmdir(parent.0, name_bytes(name)));
+        let r = self
+            .rofs()
+            .and_then(|()| self.fs.rmdir(parent.0, name_bytes(name)));
         self.reply_empty(Op::rmdir, t, r, reply);
     }
 
@@ -378,7 +394,13 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         let t = Instant::now();
         let (uid, gid, _) = self.new_owner(parent.0, req, 0o777, false);
         let r = self.rofs().and_then(|()| {
-            self.fs.symlink(parent.0, name_bytes(link_name), target.as_os_str().as_bytes(), uid, gid)
+            self.fs.symlink(
+                parent.0,
+                name_bytes(link_name),
+                target.as_os_str().as_bytes(),
+                uid,
+                gid,
+            )
         });
         self.reply_entry(Op::symlink, t, r, reply);
     }
@@ -394,9 +416,18 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         reply: ReplyEmpty,
     ) {
         let t = Instant::now();
-        let r = self.rofs().and_then(|()| RenameFlags::from_bits(flags.bits())).and_then(|f| {
-            self.fs.rename(parent.0, name_bytes(name), newparent.0, name_bytes(newname), f)
-        });
+        let r = self
+            .rofs()
+            .and_then(|()| RenameFlags::from_bits(flags.bits()))
+            .and_then(|f| {
+                self.fs.rename(
+                    parent.0,
+                    name_bytes(name),
+                    newparent.0,
+                    name_bytes(newname),
+                    f,
+                )
+            });
         self.reply_empty(Op::rename, t, r, reply);
     }
 
@@ -409,7 +440,9 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         reply: ReplyEntry,
     ) {
         let t = Instant::now();
-        let r = self.rofs().and_then(|()| self.fs.link(ino.0, newparent.0, name_bytes(newname)));
+        let r = self
+            .rofs()
+            .and_then(|()| self.fs.link(ino.0, newparent.0, name_bytes(newname)));
         self.reply_entry(Op::link, t, r, reply);
     }
 
@@ -480,7 +513,8 @@ impl<E: Engine> Filesystem for InkFuse<E> {
             self.with_handle(fh, |h, flags| {
                 // O_APPEND from write(2) (not page-cache write-back of an
                 // mmap): let the engine place the data at the end atomically.
-                if flags & libc::O_APPEND != 0 && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE)
+                if flags & libc::O_APPEND != 0
+                    && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE)
                 {
                     let (at, n) = self.fs.append(h, data)?;
                     if at != offset {
@@ -571,7 +605,12 @@ impl<E: Engine> Filesystem for InkFuse<E> {
     ) {
         let t = Instant::now();
         let r = self.fs.readdir(ino.0, offset, &mut |e: DirEntry| {
-            !reply.add(INodeNo(e.ino), e.cookie, file_type(e.kind), OsStr::from_bytes(&e.name))
+            !reply.add(
+                INodeNo(e.ino),
+                e.cookie,
+                file_type(e.kind),
+                OsStr::from_bytes(&e.name),
+            )
         });
         match r {
             Ok(()) => {
@@ -742,7 +781,9 @@ impl<E: Engine> Filesystem for InkFuse<E> {
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let t = Instant::now();
-        let r = self.rofs().and_then(|()| self.fs.removexattr(ino.0, name_bytes(name)));
+        let r = self
+            .rofs()
+            .and_then(|()| self.fs.removexattr(ino.0, name_bytes(name)));
         self.reply_empty(Op::removexattr, t, r, reply);
     }
 
@@ -760,7 +801,11 @@ impl<E: Engine> Filesystem for InkFuse<E> {
             }
             let granted = if req.uid() == 0 {
                 // Root may do anything but execute a file nobody may execute.
-                if a.kind != FileKind::Dir && a.mode & 0o111 == 0 { 6 } else { 7 }
+                if a.kind != FileKind::Dir && a.mode & 0o111 == 0 {
+                    6
+                } else {
+                    7
+                }
             } else if req.uid() == a.uid {
                 (a.mode >> 6) & 7
             } else if req.gid() == a.gid {
@@ -790,20 +835,22 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         let perm = mode & !(umask & 0o777) & 0o7777;
         let (uid, gid, perm) = self.new_owner(parent.0, req, perm, false);
         let name = name_bytes(name);
-        let r = self.rofs().and_then(|()| match self.fs.create(parent.0, name, perm, uid, gid) {
-            Ok((attr, h)) => Ok((attr, self.handles.insert(h, flags))),
-            // Created by someone else since the kernel's lookup: open it,
-            // as open(O_CREAT) without O_EXCL must.
-            Err(inkfs::Error::Errno(libc::EEXIST)) if flags & libc::O_EXCL == 0 => {
-                let attr = self.fs.lookup(parent.0, name)?;
-                if attr.kind == FileKind::Dir {
-                    return Err(inkfs::Error::Errno(libc::EISDIR));
+        let r = self
+            .rofs()
+            .and_then(|()| match self.fs.create(parent.0, name, perm, uid, gid) {
+                Ok((attr, h)) => Ok((attr, self.handles.insert(h, flags))),
+                // Created by someone else since the kernel's lookup: open it,
+                // as open(O_CREAT) without O_EXCL must.
+                Err(inkfs::Error::Errno(libc::EEXIST)) if flags & libc::O_EXCL == 0 => {
+                    let attr = self.fs.lookup(parent.0, name)?;
+                    if attr.kind == FileKind::Dir {
+                        return Err(inkfs::Error::Errno(libc::EISDIR));
+                    }
+                    let fh = self.open_handle(attr.ino, flags)?;
+                    Ok((self.fs.getattr(attr.ino)?, fh))
                 }
-                let fh = self.open_handle(attr.ino, flags)?;
-                Ok((self.fs.getattr(attr.ino)?, fh))
-            }
-            Err(e) => Err(e),
-        });
+                Err(e) => Err(e),
+            });
         match r {
             Ok((a, fh)) => {
                 reply.created(
@@ -833,9 +880,10 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         reply: ReplyEmpty,
     ) {
         let t = Instant::now();
-        let r = self.rofs().and_then(|()| FallocFlags::from_bits(mode)).and_then(|f| {
-            self.with_handle(fh, |h, _| self.fs.fallocate(h, offset, length, f))
-        });
+        let r = self
+            .rofs()
+            .and_then(|()| FallocFlags::from_bits(mode))
+            .and_then(|f| self.with_handle(fh, |h, _| self.fs.fallocate(h, offset, length, f)));
         self.reply_empty(Op::fallocate, t, r, reply);
     }
 
@@ -851,7 +899,11 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         let t = Instant::now();
         let r = match whence {
             libc::SEEK_DATA | libc::SEEK_HOLE if offset >= 0 => {
-                let w = if whence == libc::SEEK_DATA { Whence::Data } else { Whence::Hole };
+                let w = if whence == libc::SEEK_DATA {
+                    Whence::Data
+                } else {
+                    Whence::Hole
+                };
                 self.with_handle(fh, |h, _| self.fs.seek(h, offset as u64, w))
             }
             libc::SEEK_DATA | libc::SEEK_HOLE => Err(inkfs::Error::Errno(libc::ENXIO)),

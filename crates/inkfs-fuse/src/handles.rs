@@ -42,19 +42,30 @@ impl<H> HandleTable<H> {
         let open = Arc::new(Open { handle, flags });
         // A poisoned shard only means another request panicked mid-insert;
         // the map itself is still consistent.
-        self.shard(fh).write().unwrap_or_else(|p| p.into_inner()).insert(fh, open);
+        self.shard(fh)
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(fh, open);
         fh
     }
 
     pub fn get(&self, fh: u64) -> Option<Arc<Open<H>>> {
-        self.shard(fh).read().unwrap_or_else(|p| p.into_inner()).get(&fh).cloned()
+        self.shard(fh)
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&fh)
+            .cloned()
     }
 
     /// Remove `fh` and hand back the engine handle once no request still
     /// uses it (the kernel sends RELEASE after every request on the file has
     /// been answered, so the wait is at most a few instructions long).
     pub fn remove(&self, fh: u64) -> Option<H> {
-        let mut open = self.shard(fh).write().unwrap_or_else(|p| p.into_inner()).remove(&fh)?;
+        let mut open = self
+            .shard(fh)
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&fh)?;
         for _ in 0..1_000_000 {
             match Arc::try_unwrap(open) {
                 Ok(o) => return Some(o.handle),
@@ -71,8 +82,11 @@ impl<H> HandleTable<H> {
     pub fn drain(&self) -> Vec<H> {
         let mut out = Vec::new();
         for shard in &self.shards {
-            let taken: Vec<_> =
-                shard.write().unwrap_or_else(|p| p.into_inner()).drain().collect();
+            let taken: Vec<_> = shard
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .drain()
+                .collect();
             for (_, open) in taken {
                 if let Ok(o) = Arc::try_unwrap(open) {
                     out.push(o.handle);

@@ -17,10 +17,10 @@ pub mod fs;
 pub mod handles;
 #[doc(hidden)]
 pub mod memfs;
-pub mod stats;
 pub mod mount;
 pub mod nullfs;
 mod real;
+pub mod stats;
 
 use std::path::{Path, PathBuf};
 
@@ -40,7 +40,10 @@ pub fn stat_mountpoint(path: &Path, json: bool) -> Option<Result<String, String>
     };
     // SAFETY: geteuid has no preconditions and cannot fail.
     let euid = unsafe { libc::geteuid() };
-    let dirs = [PathBuf::from(stats::RUN_DIR), PathBuf::from(format!("/tmp/inkfs-{euid}"))];
+    let dirs = [
+        PathBuf::from(stats::RUN_DIR),
+        PathBuf::from(format!("/tmp/inkfs-{euid}")),
+    ];
     stats::query(&dirs, &abs, json)
 }
 
@@ -51,7 +54,10 @@ pub const MOUNT_HELPER: &str = include_str!("../mount.fuse.inkfs");
 /// /sbin) pointing at this very binary, so that `mount -t fuse.inkfs` and
 /// /etc/fstab lines work.
 pub fn install_helper_main(args: &[String]) -> i32 {
-    let dir = args.first().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/sbin"));
+    let dir = args
+        .first()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/sbin"));
     let exe = match std::env::current_exe() {
         Ok(e) => e,
         Err(e) => {

@@ -53,7 +53,10 @@ pub struct MemHandle {
 }
 
 fn now_ns() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
 }
 
 fn kind_of(mode: u32) -> Option<FileKind> {
@@ -77,7 +80,10 @@ impl Default for MemFs {
 
 impl MemFs {
     pub fn new(read_only: bool) -> MemFs {
-        let mut st = State { nodes: HashMap::new(), next_ino: 2 };
+        let mut st = State {
+            nodes: HashMap::new(),
+            next_ino: 2,
+        };
         let t = now_ns();
         let root = Node::new(
             Attr {
@@ -98,7 +104,10 @@ impl MemFs {
             1,
         );
         st.nodes.insert(1, root);
-        MemFs { state: Mutex::new(st), read_only }
+        MemFs {
+            state: Mutex::new(st),
+            read_only,
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -153,10 +162,14 @@ impl Node {
 
 impl State {
     fn node(&self, ino: u64) -> Result<&Node> {
-        self.nodes.get(&ino).ok_or(inkfs::Error::Errno(libc::ENOENT))
+        self.nodes
+            .get(&ino)
+            .ok_or(inkfs::Error::Errno(libc::ENOENT))
     }
     fn node_mut(&mut self, ino: u64) -> Result<&mut Node> {
-        self.nodes.get_mut(&ino).ok_or(inkfs::Error::Errno(libc::ENOENT))
+        self.nodes
+            .get_mut(&ino)
+            .ok_or(inkfs::Error::Errno(libc::ENOENT))
     }
     fn dir(&self, ino: u64) -> Result<&Node> {
         let n = self.node(ino)?;
@@ -191,7 +204,10 @@ impl State {
     }
     fn remove_entry(&mut self, parent: u64, name: &[u8]) -> Result<u64> {
         let d = self.node_mut(parent)?;
-        let c = d.names.remove(name).ok_or(inkfs::Error::Errno(libc::ENOENT))?;
+        let c = d
+            .names
+            .remove(name)
+            .ok_or(inkfs::Error::Errno(libc::ENOENT))?;
         let (_, ino) = d.entries.remove(&c).ok_or(inkfs::Error::Errno(libc::EIO))?;
         let t = now_ns();
         d.attr.mtime_ns = t;
@@ -311,7 +327,15 @@ impl Engine for MemFs {
         n.attr.ctime_ns = t;
         Ok(n.attr)
     }
-    fn mknod(&self, parent: u64, name: &[u8], mode: u32, rdev: u64, uid: u32, gid: u32) -> Result<Attr> {
+    fn mknod(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
         self.writable()?;
         let mut st = self.lock();
         let ino = st.new_node(parent, name, mode, uid, gid)?;
@@ -319,7 +343,14 @@ impl Engine for MemFs {
         n.attr.rdev = rdev;
         Ok(n.attr)
     }
-    fn create(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<(Attr, MemHandle)> {
+    fn create(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<(Attr, MemHandle)> {
         self.writable()?;
         let mut st = self.lock();
         let ino = st.new_node(parent, name, libc::S_IFREG | (mode & 0o7777), uid, gid)?;
@@ -397,7 +428,14 @@ impl Engine for MemFs {
         st.maybe_free(ino);
         Ok(())
     }
-    fn rename(&self, parent: u64, name: &[u8], newparent: u64, newname: &[u8], flags: RenameFlags) -> Result<()> {
+    fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
         self.writable()?;
         let mut st = self.lock();
         let src = st.child(parent, name)?;
@@ -424,7 +462,11 @@ impl Engine for MemFs {
                 }
             }
             if src_dir != dst_dir && parent != newparent {
-                let (a, b) = if src_dir { (newparent, parent) } else { (parent, newparent) };
+                let (a, b) = if src_dir {
+                    (newparent, parent)
+                } else {
+                    (parent, newparent)
+                };
                 st.node_mut(a)?.attr.nlink += 1;
                 st.node_mut(b)?.attr.nlink -= 1;
             }
@@ -474,15 +516,37 @@ impl Engine for MemFs {
     fn readdir(&self, ino: u64, cookie: u64, f: &mut dyn FnMut(DirEntry) -> bool) -> Result<()> {
         let st = self.lock();
         let d = st.dir(ino)?;
-        if cookie < 1 && !f(DirEntry { ino, kind: FileKind::Dir, name: b".".to_vec(), cookie: 1 }) {
+        if cookie < 1
+            && !f(DirEntry {
+                ino,
+                kind: FileKind::Dir,
+                name: b".".to_vec(),
+                cookie: 1,
+            })
+        {
             return Ok(());
         }
-        if cookie < 2 && !f(DirEntry { ino: d.parent, kind: FileKind::Dir, name: b"..".to_vec(), cookie: 2 }) {
+        if cookie < 2
+            && !f(DirEntry {
+                ino: d.parent,
+                kind: FileKind::Dir,
+                name: b"..".to_vec(),
+                cookie: 2,
+            })
+        {
             return Ok(());
         }
         for (&c, (name, child)) in d.entries.range(cookie.max(2) + 1..) {
-            let kind = st.node(*child).map(|n| n.attr.kind).unwrap_or(FileKind::File);
-            if !f(DirEntry { ino: *child, kind, name: name.clone(), cookie: c }) {
+            let kind = st
+                .node(*child)
+                .map(|n| n.attr.kind)
+                .unwrap_or(FileKind::File);
+            if !f(DirEntry {
+                ino: *child,
+                kind,
+                name: name.clone(),
+                cookie: c,
+            }) {
                 break;
             }
         }
@@ -517,7 +581,9 @@ impl Engine for MemFs {
         self.writable()?;
         let mut st = self.lock();
         let n = st.node_mut(fh.ino)?;
-        let end = off.checked_add(data.len() as u64).ok_or(inkfs::Error::Errno(libc::EFBIG))?;
+        let end = off
+            .checked_add(data.len() as u64)
+            .ok_or(inkfs::Error::Errno(libc::EFBIG))?;
         if end > SIZE_MAX_BYTES {
             return errno(libc::EFBIG);
         }
@@ -545,7 +611,9 @@ impl Engine for MemFs {
         self.writable()?;
         let mut st = self.lock();
         let n = st.node_mut(fh.ino)?;
-        let end = off.checked_add(len).ok_or(inkfs::Error::Errno(libc::EFBIG))?;
+        let end = off
+            .checked_add(len)
+            .ok_or(inkfs::Error::Errno(libc::EFBIG))?;
         if end > SIZE_MAX_BYTES {
             return errno(libc::EFBIG);
         }
@@ -607,7 +675,11 @@ impl Engine for MemFs {
     }
     fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
         let st = self.lock();
-        st.node(ino)?.xattrs.get(name).cloned().ok_or(inkfs::Error::Errno(libc::ENODATA))
+        st.node(ino)?
+            .xattrs
+            .get(name)
+            .cloned()
+            .ok_or(inkfs::Error::Errno(libc::ENODATA))
     }
     fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
         Ok(self.lock().node(ino)?.xattrs.keys().cloned().collect())
@@ -616,7 +688,9 @@ impl Engine for MemFs {
         self.writable()?;
         let mut st = self.lock();
         let n = st.node_mut(ino)?;
-        n.xattrs.remove(name).ok_or(inkfs::Error::Errno(libc::ENODATA))?;
+        n.xattrs
+            .remove(name)
+            .ok_or(inkfs::Error::Errno(libc::ENODATA))?;
         Ok(())
     }
     fn statfs(&self) -> StatFs {

@@ -108,10 +108,13 @@ impl MountConfig {
                 ("async", None) => self.flags.push(MountOption::Async),
                 ("dirsync", None) => self.flags.push(MountOption::DirSync),
                 // mount(8) and fstab noise that means nothing to a FUSE server.
-                ("defaults" | "auto" | "noauto" | "nofail" | "_netdev" | "user" | "nouser"
-                | "users" | "owner" | "relatime" | "norelatime" | "strictatime"
-                | "nostrictatime" | "lazytime" | "nolazytime" | "diratime" | "nodiratime"
-                | "loud" | "silent" | "nosymfollow", None) => {}
+                (
+                    "defaults" | "auto" | "noauto" | "nofail" | "_netdev" | "user" | "nouser"
+                    | "users" | "owner" | "relatime" | "norelatime" | "strictatime"
+                    | "nostrictatime" | "lazytime" | "nolazytime" | "diratime" | "nodiratime"
+                    | "loud" | "silent" | "nosymfollow",
+                    None,
+                ) => {}
                 ("comment", Some(_)) => {}
                 (k, _) if k.starts_with("x-") => {}
                 _ => return Err(format!("unknown mount option: {opt}")),
@@ -158,7 +161,9 @@ impl MountConfig {
     pub fn fuser_config(&self) -> Config {
         let mut opts = vec![
             MountOption::FSName(
-                self.fsname.clone().unwrap_or_else(|| self.pool.display().to_string()),
+                self.fsname
+                    .clone()
+                    .unwrap_or_else(|| self.pool.display().to_string()),
             ),
             // fuser sends Subtype only through fusermount; as a kernel option
             // it works with the direct mount(2) too (/proc/mounts then says
@@ -168,11 +173,19 @@ impl MountConfig {
         if self.default_permissions {
             opts.push(MountOption::DefaultPermissions);
         }
-        opts.push(if self.read_only { MountOption::RO } else { MountOption::RW });
+        opts.push(if self.read_only {
+            MountOption::RO
+        } else {
+            MountOption::RW
+        });
         opts.extend(self.flags.iter().cloned());
         let mut c = Config::default();
         c.mount_options = opts;
-        c.acl = if self.allow_other { SessionACL::All } else { SessionACL::Owner };
+        c.acl = if self.allow_other {
+            SessionACL::All
+        } else {
+            SessionACL::Owner
+        };
         c.n_threads = Some(self.threads);
         c.clone_fd = self.threads > 1;
         c
@@ -232,7 +245,11 @@ impl PoolLock {
                 return Err(format!(
                     "{}: pool already mounted by pid {pid}{} (lock {})",
                     pool.display(),
-                    if mnt.is_empty() { String::new() } else { format!(" on {mnt}") },
+                    if mnt.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" on {mnt}")
+                    },
                     path.display()
                 ));
             }
@@ -361,7 +378,11 @@ pub fn daemonize(foreground: bool, serve: impl FnOnce(Notify) -> i32) -> i32 {
 
 /// After the parent was told "ok": let go of its terminal.
 fn detach_stdio() {
-    if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
         for fd in 0..3 {
             // SAFETY: dup2 onto the standard descriptors; null stays open
             // for the duration of the calls.
@@ -396,21 +417,25 @@ pub fn block_term_signals() {
 /// Unmount `mountpoint` when a termination signal arrives; the session then
 /// ends and the caller tears down cleanly.
 fn unmount_on_signal(mountpoint: PathBuf) {
-    let _ = std::thread::Builder::new().name("inkfs-signals".into()).spawn(move || {
-        let set = term_signals();
-        let mut sig = 0;
-        // SAFETY: set is initialised and sig is a valid int to fill.
-        while unsafe { libc::sigwait(&set, &mut sig) } != 0 {}
-        let Ok(c) = CString::new(mountpoint.as_os_str().as_bytes()) else { return };
-        // SAFETY: c is a valid NUL-terminated path for both calls.
-        unsafe {
-            if libc::umount2(c.as_ptr(), 0) != 0 {
-                // Busy (open files, a shell cd'd in): detach; the session
-                // ends when the last user lets go.
-                libc::umount2(c.as_ptr(), libc::MNT_DETACH);
+    let _ = std::thread::Builder::new()
+        .name("inkfs-signals".into())
+        .spawn(move || {
+            let set = term_signals();
+            let mut sig = 0;
+            // SAFETY: set is initialised and sig is a valid int to fill.
+            while unsafe { libc::sigwait(&set, &mut sig) } != 0 {}
+            let Ok(c) = CString::new(mountpoint.as_os_str().as_bytes()) else {
+                return;
+            };
+            // SAFETY: c is a valid NUL-terminated path for both calls.
+            unsafe {
+                if libc::umount2(c.as_ptr(), 0) != 0 {
+                    // Busy (open files, a shell cd'd in): detach; the session
+                    // ends when the last user lets go.
+                    libc::umount2(c.as_ptr(), libc::MNT_DETACH);
+                }
             }
-        }
-    });
+        });
 }
 
 /// Mount `fs` on `mountpoint` and serve it until it is unmounted. Reports
@@ -448,9 +473,14 @@ pub fn serve_session<F: Filesystem>(
 /// Prepare the mount point (clear a dead mount, canonicalise).
 pub fn prepare_mountpoint(mountpoint: &Path) -> Result<PathBuf, String> {
     if clear_dead_mount(mountpoint)? {
-        eprintln!("inkfs: {}: detached the mount of a dead server", mountpoint.display());
+        eprintln!(
+            "inkfs: {}: detached the mount of a dead server",
+            mountpoint.display()
+        );
     }
-    let mnt = mountpoint.canonicalize().map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    let mnt = mountpoint
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
     if !mnt.is_dir() {
         return Err(format!("{}: not a directory", mnt.display()));
     }
@@ -463,7 +493,10 @@ pub fn prepare_mountpoint(mountpoint: &Path) -> Result<PathBuf, String> {
             .map(str::trim)
             .unwrap_or("?")
             .to_string();
-        return Err(format!("{}: already an inkfs mount (server pid {pid})", mnt.display()));
+        return Err(format!(
+            "{}: already an inkfs mount (server pid {pid})",
+            mnt.display()
+        ));
     }
     Ok(mnt)
 }
@@ -509,12 +542,16 @@ pub fn run_engine<E: Engine>(
         })
     };
     let mut server = None;
-    let code = serve_session(adapter, mnt, &cfg.fuser_config(), notify, || {
-        match StatsServer::start(&run_dir(), mnt, reporter) {
+    let code = serve_session(
+        adapter,
+        mnt,
+        &cfg.fuser_config(),
+        notify,
+        || match StatsServer::start(&run_dir(), mnt, reporter) {
             Ok(s) => server = Some(s),
             Err(e) => eprintln!("inkfs: statistics socket: {e} (continuing without)"),
-        }
-    });
+        },
+    );
     drop(server);
     // The session and the stats server are gone: this is the last reference.
     let engine = match Arc::try_unwrap(engine) {

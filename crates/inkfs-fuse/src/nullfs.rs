@@ -14,10 +14,10 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    Request, SessionACL, TimeOrNow, WriteFlags,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
+    SessionACL, TimeOrNow, WriteFlags,
 };
 
 use crate::mount::{block_term_signals, daemonize, prepare_mountpoint, serve_session};
@@ -51,7 +51,10 @@ impl Default for NullFs {
         // SAFETY: getuid/getgid have no preconditions and cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         NullFs {
-            state: RwLock::new(NullState { next_ino: 2, ..NullState::default() }),
+            state: RwLock::new(NullState {
+                next_ino: 2,
+                ..NullState::default()
+            }),
             uid,
             gid,
             started: SystemTime::now(),
@@ -63,7 +66,12 @@ impl NullFs {
     fn attr(&self, ino: u64, f: Option<&NullFile>) -> FileAttr {
         let (kind, perm, size, nlink) = match f {
             None => (FileType::Directory, 0o777, 0, 2),
-            Some(f) => (FileType::RegularFile, f.mode as u16, f.size.load(Relaxed), 1),
+            Some(f) => (
+                FileType::RegularFile,
+                f.mode as u16,
+                f.size.load(Relaxed),
+                1,
+            ),
         };
         FileAttr {
             ino: INodeNo(ino),
@@ -96,7 +104,11 @@ impl NullFs {
 
 impl Filesystem for NullFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        for cap in [InitFlags::FUSE_BIG_WRITES, InitFlags::FUSE_MAX_PAGES, InitFlags::FUSE_ATOMIC_O_TRUNC] {
+        for cap in [
+            InitFlags::FUSE_BIG_WRITES,
+            InitFlags::FUSE_MAX_PAGES,
+            InitFlags::FUSE_ATOMIC_O_TRUNC,
+        ] {
             let _ = config.add_capabilities(cap);
         }
         let _ = config.set_max_write(crate::fs::MAX_WRITE_BYTES);
@@ -108,7 +120,11 @@ impl Filesystem for NullFs {
             return reply.error(Errno::ENOENT);
         }
         let st = self.read_state();
-        match st.names.get(name.as_bytes()).and_then(|ino| st.files.get(ino).map(|f| (*ino, f))) {
+        match st
+            .names
+            .get(name.as_bytes())
+            .and_then(|ino| st.files.get(ino).map(|f| (*ino, f)))
+        {
             Some((ino, f)) => reply.entry(&TTL, &self.attr(ino, Some(f)), Generation(0)),
             None => reply.error(Errno::ENOENT),
         }
@@ -198,14 +214,23 @@ impl Filesystem for NullFs {
             None => {
                 let ino = st.next_ino;
                 st.next_ino += 1;
-                let f = NullFile { size: AtomicU64::new(0), mode: mode & !umask & 0o7777 };
+                let f = NullFile {
+                    size: AtomicU64::new(0),
+                    mode: mode & !umask & 0o7777,
+                };
                 st.files.insert(ino, Arc::new(f));
                 st.names.insert(name.as_bytes().to_vec(), ino);
                 ino
             }
         };
         let attr = self.attr(ino, st.files.get(&ino).map(|f| &**f));
-        reply.created(&TTL, &attr, Generation(0), FileHandle(ino), FopenFlags::empty())
+        reply.created(
+            &TTL,
+            &attr,
+            Generation(0),
+            FileHandle(ino),
+            FopenFlags::empty(),
+        )
     }
 
     fn read(
@@ -220,7 +245,10 @@ impl Filesystem for NullFs {
         reply: ReplyData,
     ) {
         let file_size = self.file(ino.0).map(|f| f.size.load(Relaxed)).unwrap_or(0);
-        let n = file_size.saturating_sub(offset).min(size as u64).min(ZEROS.len() as u64);
+        let n = file_size
+            .saturating_sub(offset)
+            .min(size as u64)
+            .min(ZEROS.len() as u64);
         reply.data(&ZEROS[..n as usize])
     }
 
@@ -237,12 +265,20 @@ impl Filesystem for NullFs {
         reply: ReplyWrite,
     ) {
         if let Some(f) = self.file(ino.0) {
-            f.size.fetch_max(offset.saturating_add(data.len() as u64), Relaxed);
+            f.size
+                .fetch_max(offset.saturating_add(data.len() as u64), Relaxed);
         }
         reply.written(data.len() as u32)
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lo: LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lo: LockOwner,
+        reply: ReplyEmpty,
+    ) {
         reply.ok()
     }
 
@@ -262,11 +298,17 @@ impl Filesystem for NullFs {
             return reply.error(Errno::ENOTDIR);
         }
         let st = self.read_state();
-        let mut entries: Vec<(u64, FileType, &[u8])> =
-            vec![(ROOT, FileType::Directory, b"."), (ROOT, FileType::Directory, b"..")];
+        let mut entries: Vec<(u64, FileType, &[u8])> = vec![
+            (ROOT, FileType::Directory, b"."),
+            (ROOT, FileType::Directory, b".."),
+        ];
         let mut files: Vec<_> = st.names.iter().map(|(n, &i)| (i, n.as_slice())).collect();
         files.sort_unstable();
-        entries.extend(files.into_iter().map(|(i, n)| (i, FileType::RegularFile, n)));
+        entries.extend(
+            files
+                .into_iter()
+                .map(|(i, n)| (i, FileType::RegularFile, n)),
+        );
         for (i, (ino, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
             if reply.add(INodeNo(ino), i as u64 + 1, kind, OsStr::from_bytes(name)) {
                 break;
@@ -327,8 +369,10 @@ pub fn null_main(args: &[String]) -> i32 {
             }
         };
         let mut config = fuser::Config::default();
-        config.mount_options =
-            vec![MountOption::FSName("null".into()), MountOption::CUSTOM("subtype=inkfs-null".into())];
+        config.mount_options = vec![
+            MountOption::FSName("null".into()),
+            MountOption::CUSTOM("subtype=inkfs-null".into()),
+        ];
         // SAFETY: geteuid has no preconditions and cannot fail.
         if unsafe { libc::geteuid() } == 0 {
             config.acl = SessionACL::All;

@@ -31,10 +31,25 @@ impl<P: Pmem> Engine for Fs<P> {
     fn setattr(&self, ino: u64, set: &SetAttr) -> Result<Attr> {
         Fs::setattr(self, ino, set)
     }
-    fn mknod(&self, parent: u64, name: &[u8], mode: u32, rdev: u64, uid: u32, gid: u32) -> Result<Attr> {
+    fn mknod(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
         Fs::mknod(self, parent, name, mode, rdev, uid, gid)
     }
-    fn create(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<(Attr, FileHandle)> {
+    fn create(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<(Attr, FileHandle)> {
         Fs::create(self, parent, name, mode, uid, gid)
     }
     fn mkdir(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
@@ -55,7 +70,14 @@ impl<P: Pmem> Engine for Fs<P> {
     fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
         Fs::rmdir(self, parent, name)
     }
-    fn rename(&self, parent: u64, name: &[u8], newparent: u64, newname: &[u8], flags: RenameFlags) -> Result<()> {
+    fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
         Fs::rename(self, parent, name, newparent, newname, flags)
     }
     fn readdir(&self, ino: u64, cookie: u64, f: &mut dyn FnMut(DirEntry) -> bool) -> Result<()> {
@@ -112,9 +134,19 @@ pub fn serve_pool(cfg: &MountConfig, mnt: &Path, notify: &mut Notify) -> i32 {
             "engine".to_string(),
             "memfs (in-memory reference, not persistent)".to_string(),
         )];
-        return run_engine(MemFs::new(cfg.read_only), cfg, mnt, info, notify, |_| Ok(()));
+        return run_engine(
+            MemFs::new(cfg.read_only),
+            cfg,
+            mnt,
+            info,
+            notify,
+            |_| Ok(()),
+        );
     }
-    let opts = PoolOpenOptions { create_size_bytes: None, read_only: cfg.read_only };
+    let opts = PoolOpenOptions {
+        create_size_bytes: None,
+        read_only: cfg.read_only,
+    };
     let pm = match MappedPool::open(&cfg.pool, &opts) {
         Ok(p) => p,
         Err(e) => {
@@ -123,7 +155,13 @@ pub fn serve_pool(cfg: &MountConfig, mnt: &Path, notify: &mut Notify) -> i32 {
         }
     };
     let backend = pm.info();
-    let fs = match Fs::mount(pm, MountOptions { mode: cfg.mode, read_only: cfg.read_only }) {
+    let fs = match Fs::mount(
+        pm,
+        MountOptions {
+            mode: cfg.mode,
+            read_only: cfg.read_only,
+        },
+    ) {
         Ok(f) => f,
         Err(e) => {
             notify.fail(&format!("{}: {e}", cfg.pool.display()));
@@ -137,8 +175,14 @@ pub fn serve_pool(cfg: &MountConfig, mnt: &Path, notify: &mut Notify) -> i32 {
         ("flush".to_string(), backend.flush.name().to_string()),
         ("pool_bytes".to_string(), backend.size_bytes.to_string()),
         ("mounted_clean".to_string(), r.was_clean.to_string()),
-        ("journals_replayed".to_string(), r.journals_replayed.to_string()),
-        ("orphans_reclaimed".to_string(), r.orphans_reclaimed.to_string()),
+        (
+            "journals_replayed".to_string(),
+            r.journals_replayed.to_string(),
+        ),
+        (
+            "orphans_reclaimed".to_string(),
+            r.orphans_reclaimed.to_string(),
+        ),
     ];
     run_engine(fs, cfg, mnt, info, notify, |fs| {
         fs.unmount().map(|_pool| ()).map_err(|e| e.to_string())

@@ -42,9 +42,37 @@ macro_rules! ops {
 }
 
 ops!(
-    lookup, forget, getattr, setattr, readlink, mknod, mkdir, unlink, rmdir, symlink, rename,
-    link, open, read, write, flush, release, fsync, opendir, readdir, readdirplus, releasedir,
-    fsyncdir, statfs, setxattr, getxattr, listxattr, removexattr, access, create, fallocate,
+    lookup,
+    forget,
+    getattr,
+    setattr,
+    readlink,
+    mknod,
+    mkdir,
+    unlink,
+    rmdir,
+    symlink,
+    rename,
+    link,
+    open,
+    read,
+    write,
+    flush,
+    release,
+    fsync,
+    opendir,
+    readdir,
+    readdirplus,
+    releasedir,
+    fsyncdir,
+    statfs,
+    setxattr,
+    getxattr,
+    listxattr,
+    removexattr,
+    access,
+    create,
+    fallocate,
     lseek,
 );
 
@@ -159,8 +187,11 @@ impl Stats {
                     out.push(',');
                 }
                 first = false;
-                let buckets: Vec<String> =
-                    s.buckets.iter().map(|b| b.load(Relaxed).to_string()).collect();
+                let buckets: Vec<String> = s
+                    .buckets
+                    .iter()
+                    .map(|b| b.load(Relaxed).to_string())
+                    .collect();
                 out.push_str(&format!(
                     "\"{}\":{{\"count\":{count},\"errors\":{},\"total_ns\":{},\"max_ns\":{},\"p50_ns\":{},\"p99_ns\":{},\"log2_ns_buckets\":[{}]}}",
                     op.name(),
@@ -239,7 +270,10 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 /// in run directory `dir`.
 pub fn socket_path(dir: &Path, mountpoint: &Path) -> PathBuf {
     use std::os::unix::ffi::OsStrExt;
-    dir.join(format!("{:016x}.sock", fnv1a(mountpoint.as_os_str().as_bytes())))
+    dir.join(format!(
+        "{:016x}.sock",
+        fnv1a(mountpoint.as_os_str().as_bytes())
+    ))
 }
 
 /// Produces the report when a client asks (`json` or not).
@@ -255,7 +289,11 @@ pub struct StatsServer {
 }
 
 impl StatsServer {
-    pub fn start(dir: &Path, mountpoint: &Path, reporter: Reporter) -> std::io::Result<StatsServer> {
+    pub fn start(
+        dir: &Path,
+        mountpoint: &Path,
+        reporter: Reporter,
+    ) -> std::io::Result<StatsServer> {
         std::fs::create_dir_all(dir)?;
         let path = socket_path(dir, mountpoint);
         // A socket left by a killed server: nobody listens on it any more
@@ -270,21 +308,28 @@ impl StatsServer {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
-        let thread = std::thread::Builder::new().name("inkfs-stats".into()).spawn(move || {
-            for conn in listener.incoming() {
-                if stop2.load(Relaxed) {
-                    break;
+        let thread = std::thread::Builder::new()
+            .name("inkfs-stats".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if stop2.load(Relaxed) {
+                        break;
+                    }
+                    let Ok(mut conn) = conn else { continue };
+                    let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+                    let _ = conn.set_write_timeout(Some(Duration::from_secs(2)));
+                    let mut req = [0u8; 16];
+                    let n = conn.read(&mut req).unwrap_or(0);
+                    let json = req[..n].starts_with(b"json");
+                    let _ = conn.write_all(reporter(json).as_bytes());
                 }
-                let Ok(mut conn) = conn else { continue };
-                let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
-                let _ = conn.set_write_timeout(Some(Duration::from_secs(2)));
-                let mut req = [0u8; 16];
-                let n = conn.read(&mut req).unwrap_or(0);
-                let json = req[..n].starts_with(b"json");
-                let _ = conn.write_all(reporter(json).as_bytes());
-            }
-        })?;
-        Ok(StatsServer { path, ino, stop, thread: Some(thread) })
+            })?;
+        Ok(StatsServer {
+            path,
+            ino,
+            stop,
+            thread: Some(thread),
+        })
     }
 
     pub fn stop(&mut self) {
@@ -293,7 +338,7 @@ impl StatsServer {
         // accept loop; the thread is not joined: it holds nothing that
         // needs an orderly end, and a wake-up that goes astray must not
         // hang the unmount.
-        if std::fs::metadata(&self.path).map(|m| m.ino()) .ok() == Some(self.ino) {
+        if std::fs::metadata(&self.path).map(|m| m.ino()).ok() == Some(self.ino) {
             let _ = std::fs::remove_file(&self.path);
         }
         if let Some(t) = self.thread.take() {
@@ -312,7 +357,10 @@ impl Drop for StatsServer {
 /// Ask the server of `mountpoint` (absolute) for its report, looking in
 /// each of `dirs`. None: no server has a socket for that path.
 pub fn query(dirs: &[PathBuf], mountpoint: &Path, json: bool) -> Option<Result<String, String>> {
-    let path = dirs.iter().map(|d| socket_path(d, mountpoint)).find(|p| p.exists())?;
+    let path = dirs
+        .iter()
+        .map(|d| socket_path(d, mountpoint))
+        .find(|p| p.exists())?;
     let mut conn = match UnixStream::connect(&path) {
         Ok(c) => c,
         Err(e) => {
@@ -350,9 +398,21 @@ mod tests {
         assert_eq!(s.ops[Op::read as usize].errors.load(Relaxed), 1);
         let text = s.report(&[("mode".into(), "strict".into())], false);
         assert!(text.contains("read"), "{text}");
-        let json = s.report(&[("mode".into(), "strict".into()), ("free".into(), "12".into())], true);
-        assert!(json.starts_with("{\"mode\":\"strict\",\"free\":12,"), "{json}");
-        assert!(json.contains("\"read\":{\"count\":2,\"errors\":1"), "{json}");
+        let json = s.report(
+            &[
+                ("mode".into(), "strict".into()),
+                ("free".into(), "12".into()),
+            ],
+            true,
+        );
+        assert!(
+            json.starts_with("{\"mode\":\"strict\",\"free\":12,"),
+            "{json}"
+        );
+        assert!(
+            json.contains("\"read\":{\"count\":2,\"errors\":1"),
+            "{json}"
+        );
         assert!(s.ops[Op::read as usize].quantile_ns(0.99) > 0);
     }
 }

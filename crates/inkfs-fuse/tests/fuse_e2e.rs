@@ -45,7 +45,11 @@ fn posix_walk(m: &Mounted) {
     fs::write(m.p("f"), b"short").unwrap();
     assert_eq!(fs::read(m.p("f")).unwrap(), b"short");
     // O_EXCL on an existing file
-    let e = fs::OpenOptions::new().write(true).create_new(true).open(m.p("f")).unwrap_err();
+    let e = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(m.p("f"))
+        .unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
     // truncate up and down
     let f = fs::OpenOptions::new().write(true).open(m.p("f")).unwrap();
@@ -59,11 +63,26 @@ fn posix_walk(m: &Mounted) {
     fs::create_dir(m.p("d")).unwrap();
     fs::create_dir_all(m.p("d/e/f")).unwrap();
     assert_eq!(fs::metadata(m.p("d")).unwrap().nlink(), 3);
-    assert_eq!(fs::remove_dir(m.p("d/e")).unwrap_err().raw_os_error(), Some(libc::ENOTEMPTY));
-    assert_eq!(fs::create_dir(m.p("d")).unwrap_err().raw_os_error(), Some(libc::EEXIST));
-    assert_eq!(fs::read(m.p("nope")).unwrap_err().raw_os_error(), Some(libc::ENOENT));
-    assert_eq!(fs::read_dir(m.p("f")).unwrap_err().raw_os_error(), Some(libc::ENOTDIR));
-    assert_eq!(fs::remove_file(m.p("d")).unwrap_err().raw_os_error(), Some(libc::EISDIR));
+    assert_eq!(
+        fs::remove_dir(m.p("d/e")).unwrap_err().raw_os_error(),
+        Some(libc::ENOTEMPTY)
+    );
+    assert_eq!(
+        fs::create_dir(m.p("d")).unwrap_err().raw_os_error(),
+        Some(libc::EEXIST)
+    );
+    assert_eq!(
+        fs::read(m.p("nope")).unwrap_err().raw_os_error(),
+        Some(libc::ENOENT)
+    );
+    assert_eq!(
+        fs::read_dir(m.p("f")).unwrap_err().raw_os_error(),
+        Some(libc::ENOTDIR)
+    );
+    assert_eq!(
+        fs::remove_file(m.p("d")).unwrap_err().raw_os_error(),
+        Some(libc::EISDIR)
+    );
     // a directory with many entries (readdir resumption)
     for i in 0..600 {
         fs::write(m.p(&format!("d/many-{i:04}")), i.to_string()).unwrap();
@@ -86,35 +105,60 @@ fn posix_walk(m: &Mounted) {
     let (a, b) = (cpath(&m.p("r2")), cpath(&m.p("r3")));
     // SAFETY: valid NUL-terminated paths; AT_FDCWD with absolute paths.
     let rc = unsafe {
-        libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_NOREPLACE)
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
     };
     assert_eq!((rc, last_errno()), (-1, libc::EEXIST));
     // SAFETY: as above.
     let rc = unsafe {
-        libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_EXCHANGE)
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
     };
     assert_eq!(rc, 0, "RENAME_EXCHANGE: errno {}", last_errno());
     assert_eq!(fs::read(m.p("r2")).unwrap(), b"three");
     assert_eq!(fs::read(m.p("r3")).unwrap(), b"one");
     assert_eq!(
-        fs::rename(m.p("d"), m.p("d/e/inside")).unwrap_err().raw_os_error(),
+        fs::rename(m.p("d"), m.p("d/e/inside"))
+            .unwrap_err()
+            .raw_os_error(),
         Some(libc::EINVAL)
     );
 
     // hard links
     fs::hard_link(m.p("r3"), m.p("d/r3-link")).unwrap();
     assert_eq!(fs::metadata(m.p("r3")).unwrap().nlink(), 2);
-    assert_eq!(fs::metadata(m.p("r3")).unwrap().ino(), fs::metadata(m.p("d/r3-link")).unwrap().ino());
+    assert_eq!(
+        fs::metadata(m.p("r3")).unwrap().ino(),
+        fs::metadata(m.p("d/r3-link")).unwrap().ino()
+    );
     fs::remove_file(m.p("r3")).unwrap();
     assert_eq!(fs::metadata(m.p("d/r3-link")).unwrap().nlink(), 1);
     assert_eq!(fs::read(m.p("d/r3-link")).unwrap(), b"one");
-    assert_eq!(fs::hard_link(m.p("d"), m.p("dlink")).unwrap_err().raw_os_error(), Some(libc::EPERM));
+    assert_eq!(
+        fs::hard_link(m.p("d"), m.p("dlink"))
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::EPERM)
+    );
 
     // symlinks
     std::os::unix::fs::symlink("d/r3-link", m.p("sym")).unwrap();
     assert_eq!(fs::read_link(m.p("sym")).unwrap(), Path::new("d/r3-link"));
     assert_eq!(fs::read(m.p("sym")).unwrap(), b"one");
-    assert!(fs::symlink_metadata(m.p("sym")).unwrap().file_type().is_symlink());
+    assert!(fs::symlink_metadata(m.p("sym"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
 
     // unlinked but open file stays readable
     {
@@ -149,20 +193,41 @@ fn posix_walk(m: &Mounted) {
     assert_eq!((md.uid(), md.gid()), (1234, 5678));
     let fpath = cpath(&m.p("f"));
     let times = [
-        libc::timespec { tv_sec: 1_000_000_000, tv_nsec: 123 },
-        libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
+        libc::timespec {
+            tv_sec: 1_000_000_000,
+            tv_nsec: 123,
+        },
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
     ];
     // SAFETY: valid path and a two-element timespec array.
-    assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, fpath.as_ptr(), times.as_ptr(), 0) }, 0);
+    assert_eq!(
+        unsafe { libc::utimensat(libc::AT_FDCWD, fpath.as_ptr(), times.as_ptr(), 0) },
+        0
+    );
     let md2 = fs::metadata(m.p("f")).unwrap();
     assert_eq!((md2.atime(), md2.atime_nsec()), (1_000_000_000, 123));
-    assert_eq!((md2.mtime(), md2.mtime_nsec()), (md.mtime(), md.mtime_nsec()));
+    assert_eq!(
+        (md2.mtime(), md2.mtime_nsec()),
+        (md.mtime(), md.mtime_nsec())
+    );
     let times = [
-        libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
-        libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_NOW,
+        },
     ];
     // SAFETY: as above.
-    assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, fpath.as_ptr(), times.as_ptr(), 0) }, 0);
+    assert_eq!(
+        unsafe { libc::utimensat(libc::AT_FDCWD, fpath.as_ptr(), times.as_ptr(), 0) },
+        0
+    );
     let md3 = fs::metadata(m.p("f")).unwrap();
     assert_eq!(md3.atime(), 1_000_000_000);
     assert!(md3.mtime() >= md.mtime());
@@ -170,7 +235,8 @@ fn posix_walk(m: &Mounted) {
     // xattrs, with size probing and ERANGE
     let name = CString::new("user.color").unwrap();
     // SAFETY: valid path, name and value buffers for the given lengths.
-    let rc = unsafe { libc::setxattr(fpath.as_ptr(), name.as_ptr(), b"blue".as_ptr().cast(), 4, 0) };
+    let rc =
+        unsafe { libc::setxattr(fpath.as_ptr(), name.as_ptr(), b"blue".as_ptr().cast(), 4, 0) };
     assert_eq!(rc, 0, "setxattr: errno {}", last_errno());
     // SAFETY: a null buffer with size 0 asks for the size.
     let n = unsafe { libc::getxattr(fpath.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
@@ -188,20 +254,38 @@ fn posix_walk(m: &Mounted) {
     assert_eq!(&buf[..n as usize], b"user.color\0");
     // SAFETY: valid path and name; XATTR_CREATE on an existing name.
     let rc = unsafe {
-        libc::setxattr(fpath.as_ptr(), name.as_ptr(), b"red".as_ptr().cast(), 3, libc::XATTR_CREATE)
+        libc::setxattr(
+            fpath.as_ptr(),
+            name.as_ptr(),
+            b"red".as_ptr().cast(),
+            3,
+            libc::XATTR_CREATE,
+        )
     };
     assert_eq!((rc, last_errno()), (-1, libc::EEXIST));
     // SAFETY: valid path and name.
-    assert_eq!(unsafe { libc::removexattr(fpath.as_ptr(), name.as_ptr()) }, 0);
+    assert_eq!(
+        unsafe { libc::removexattr(fpath.as_ptr(), name.as_ptr()) },
+        0
+    );
     // SAFETY: as above.
     let n = unsafe { libc::getxattr(fpath.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 64) };
     assert_eq!((n, last_errno()), (-1, libc::ENODATA));
 
     // sparse files: fallocate, punch hole, SEEK_DATA / SEEK_HOLE
     {
-        let f = fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(m.p("sparse")).unwrap();
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(m.p("sparse"))
+            .unwrap();
         f.set_len(8 << 20).unwrap();
-        assert!(fs::metadata(m.p("sparse")).unwrap().blocks() < 64, "truncate-extended file is sparse");
+        assert!(
+            fs::metadata(m.p("sparse")).unwrap().blocks() < 64,
+            "truncate-extended file is sparse"
+        );
         use std::os::unix::fs::FileExt;
         f.write_all_at(&[7u8; 4096], 4 << 20).unwrap();
         use std::os::fd::AsRawFd;
@@ -213,7 +297,10 @@ fn posix_walk(m: &Mounted) {
         assert_eq!(hole, (4 << 20) + 4096);
         // SAFETY: valid descriptor.
         assert_eq!(unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, 1 << 20) }, 0);
-        assert!(fs::metadata(m.p("sparse")).unwrap().blocks() >= 2048, "fallocate allocates");
+        assert!(
+            fs::metadata(m.p("sparse")).unwrap().blocks() >= 2048,
+            "fallocate allocates"
+        );
         // SAFETY: valid descriptor.
         let rc = unsafe {
             libc::fallocate(
@@ -239,7 +326,13 @@ fn posix_walk(m: &Mounted) {
 
     // mmap, shared and writable
     {
-        let f = fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(m.p("mapped")).unwrap();
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(m.p("mapped"))
+            .unwrap();
         f.set_len(8192).unwrap();
         use std::os::fd::AsRawFd;
         // SAFETY: mapping 8 KiB of a file at least that long; unmapped below
@@ -253,7 +346,12 @@ fn posix_walk(m: &Mounted) {
                 f.as_raw_fd(),
                 0,
             );
-            assert_ne!(p, libc::MAP_FAILED, "shared writable mmap: errno {}", last_errno());
+            assert_ne!(
+                p,
+                libc::MAP_FAILED,
+                "shared writable mmap: errno {}",
+                last_errno()
+            );
             std::ptr::copy_nonoverlapping(b"mapped!".as_ptr(), p.cast::<u8>().add(4096), 7);
             assert_eq!(libc::msync(p, 8192, libc::MS_SYNC), 0);
             libc::munmap(p, 8192);
@@ -285,8 +383,13 @@ fn posix_walk_inkfs() {
     assert_eq!(fs::read_link(m.p("sym")).unwrap(), Path::new("d/r3-link"));
     assert_eq!(&fs::read(m.p("mapped")).unwrap()[4096..4103], b"mapped!");
     assert_eq!(fs::read_dir(m.p("d")).unwrap().count(), 602);
-    assert_eq!(fs::metadata(m.p("null-dev")).unwrap().rdev(), libc::makedev(1, 3));
-    let report = inkfs_fuse::stat_mountpoint(m.path(), false).unwrap().unwrap();
+    assert_eq!(
+        fs::metadata(m.p("null-dev")).unwrap().rdev(),
+        libc::makedev(1, 3)
+    );
+    let report = inkfs_fuse::stat_mountpoint(m.path(), false)
+        .unwrap()
+        .unwrap();
     assert!(report.contains("mounted_clean    true"), "{report}");
 }
 
@@ -304,16 +407,33 @@ fn cp_diff_tar() {
     let pool = Pool::new("cp", 512);
     let m = Mounted::new(&pool, "mode=posix");
     let src = repo_root().join("crates");
-    let out = Command::new("cp").arg("-a").arg(&src).arg(m.p("crates")).output().unwrap();
-    assert!(out.status.success(), "cp -a: {}", String::from_utf8_lossy(&out.stderr));
-    sh(&format!("diff -r {} {}", src.display(), m.p("crates").display()));
+    let out = Command::new("cp")
+        .arg("-a")
+        .arg(&src)
+        .arg(m.p("crates"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cp -a: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sh(&format!(
+        "diff -r {} {}",
+        src.display(),
+        m.p("crates").display()
+    ));
     sh(&format!(
         "cd {mnt} && tar cf t.tar crates && mkdir x && tar xf t.tar -C x && diff -r crates x/crates",
         mnt = m.path().display()
     ));
     let dir = m.unmount();
     let m = Mounted::at(&pool, dir, "mode=posix");
-    sh(&format!("diff -r {} {}", src.display(), m.p("x/crates").display()));
+    sh(&format!(
+        "diff -r {} {}",
+        src.display(),
+        m.p("x/crates").display()
+    ));
 }
 
 #[test]
@@ -339,7 +459,9 @@ fn sqlite_delete_and_wal() {
     let m = Mounted::new(&pool, "mode=strict");
     for mode in ["DELETE", "WAL"] {
         let db = m.p(&format!("{mode}.db"));
-        let mut script = format!("PRAGMA journal_mode={mode};\nCREATE TABLE t(k INTEGER PRIMARY KEY, v TEXT);\n");
+        let mut script = format!(
+            "PRAGMA journal_mode={mode};\nCREATE TABLE t(k INTEGER PRIMARY KEY, v TEXT);\n"
+        );
         for i in 0..300 {
             script.push_str(&format!(
                 "BEGIN; INSERT INTO t(v) VALUES (hex(randomblob({})));UPDATE t SET v = v || 'x' WHERE k % 7 = {}; COMMIT;\n",
@@ -355,16 +477,31 @@ fn sqlite_delete_and_wal() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(script.as_bytes())
+            .unwrap();
         let out = child.wait_with_output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "sqlite3 {mode}: {}", String::from_utf8_lossy(&out.stderr));
-        assert!(stdout.contains("ok\n200"), "sqlite3 {mode} output: {stdout}");
+        assert!(
+            out.status.success(),
+            "sqlite3 {mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains("ok\n200"),
+            "sqlite3 {mode} output: {stdout}"
+        );
     }
     let dir = m.unmount();
     let m = Mounted::at(&pool, dir, "");
     for mode in ["DELETE", "WAL"] {
-        let out = sh(&format!("sqlite3 {} 'PRAGMA integrity_check; SELECT count(*) FROM t;'", m.p(&format!("{mode}.db")).display()));
+        let out = sh(&format!(
+            "sqlite3 {} 'PRAGMA integrity_check; SELECT count(*) FROM t;'",
+            m.p(&format!("{mode}.db")).display()
+        ));
         assert_eq!(out, "ok\n200\n", "{mode} after remount");
     }
 }
@@ -376,10 +513,19 @@ fn xattr_tools() {
     let m = Mounted::new(&pool, "");
     fs::write(m.p("f"), b"x").unwrap();
     let f = m.p("f");
-    sh(&format!("setfattr -n user.a -v hello {f} && setfattr -n user.b -v 0x0001ff {f}", f = f.display()));
+    sh(&format!(
+        "setfattr -n user.a -v hello {f} && setfattr -n user.b -v 0x0001ff {f}",
+        f = f.display()
+    ));
     let out = sh(&format!("getfattr -d -e hex {}", f.display()));
-    assert!(out.contains("user.a=0x68656c6c6f") && out.contains("user.b=0x0001ff"), "{out}");
-    sh(&format!("setfattr -x user.a {f} && ! getfattr -n user.a {f} 2>/dev/null", f = f.display()));
+    assert!(
+        out.contains("user.a=0x68656c6c6f") && out.contains("user.b=0x0001ff"),
+        "{out}"
+    );
+    sh(&format!(
+        "setfattr -x user.a {f} && ! getfattr -n user.a {f} 2>/dev/null",
+        f = f.display()
+    ));
 }
 
 #[test]
@@ -389,7 +535,14 @@ fn permissions_as_nobody() {
     let m = Mounted::new(&pool, "");
     let as_nobody = |script: &str| {
         Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", script])
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "sh",
+                "-c",
+                script,
+            ])
             .output()
             .unwrap()
     };
@@ -414,10 +567,22 @@ fn permissions_as_nobody() {
         );
     };
     denied(format!("ls {}", p("private")), "list a 0700 directory");
-    denied(format!("cat {}", p("private/secret")), "read through a 0700 directory");
-    denied(format!("echo x > {}", p("readonly")), "write a 0644 root file");
-    denied(format!("touch {}", p("newfile")), "create in a 0755 root directory");
-    denied(format!("rm -f {}", p("tmp/roots")), "delete another user's file in a sticky dir");
+    denied(
+        format!("cat {}", p("private/secret")),
+        "read through a 0700 directory",
+    );
+    denied(
+        format!("echo x > {}", p("readonly")),
+        "write a 0644 root file",
+    );
+    denied(
+        format!("touch {}", p("newfile")),
+        "create in a 0755 root directory",
+    );
+    denied(
+        format!("rm -f {}", p("tmp/roots")),
+        "delete another user's file in a sticky dir",
+    );
     denied(format!("chmod 777 {}", p("readonly")), "chmod a root file");
     // allowed: reading, and creating/deleting one's own file in the sticky dir
     let out = as_nobody(&format!(
@@ -425,10 +590,17 @@ fn permissions_as_nobody() {
         r = p("readonly"),
         t = p("tmp")
     ));
-    assert!(out.status.success(), "nobody: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "nobody: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let md = fs::metadata(m.p("tmp/mine2")).unwrap();
     assert_eq!((md.uid(), md.gid()), (65534, 65534));
-    denied(format!("chown 0 {}", p("tmp/mine2")), "give a file away (chown)");
+    denied(
+        format!("chown 0 {}", p("tmp/mine2")),
+        "give a file away (chown)",
+    );
     // the kernel's check for access(2) too
     let out = as_nobody(&format!("test -w {}", p("readonly")));
     assert!(!out.status.success(), "access(W_OK) granted to nobody");
@@ -440,7 +612,8 @@ fn kill9_keeps_fsynced_data() {
     let m = Mounted::new(&pool, "mode=posix");
     let root = m.path().to_path_buf();
     let pid = m.pid;
-    let pattern = |i: usize, len: usize| -> Vec<u8> { (0..len).map(|j| (i * 31 + j * 7) as u8).collect() };
+    let pattern =
+        |i: usize, len: usize| -> Vec<u8> { (0..len).map(|j| (i * 31 + j * 7) as u8).collect() };
     // Kill the server while the writer is busy.
     let killer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(700));
@@ -466,18 +639,30 @@ fn kill9_keeps_fsynced_data() {
         }
     }
     killer.join().unwrap();
-    assert!(synced.len() > 10, "only {} files written before the kill", synced.len());
+    assert!(
+        synced.len() > 10,
+        "only {} files written before the kill",
+        synced.len()
+    );
     let dir = m.kill9();
     assert!(
-        fs::metadata(dir.path()).err().and_then(|e| e.raw_os_error()) == Some(libc::ENOTCONN),
+        fs::metadata(dir.path())
+            .err()
+            .and_then(|e| e.raw_os_error())
+            == Some(libc::ENOTCONN),
         "a dead mount answers ENOTCONN"
     );
     let m = Mounted::at(&pool, dir, "mode=posix");
     for &(i, len) in &synced {
         let got = fs::read(m.p(&format!("w{i}"))).unwrap_or_else(|e| panic!("w{i} lost: {e}"));
-        assert!(got == pattern(i, len), "w{i}: contents differ after the crash");
+        assert!(
+            got == pattern(i, len),
+            "w{i}: contents differ after the crash"
+        );
     }
-    let report = inkfs_fuse::stat_mountpoint(m.path(), false).unwrap().unwrap();
+    let report = inkfs_fuse::stat_mountpoint(m.path(), false)
+        .unwrap()
+        .unwrap();
     assert!(report.contains("mounted_clean    false"), "{report}");
 }
 
@@ -490,15 +675,24 @@ fn read_only_and_double_mount() {
     let other = tempfile::tempdir().unwrap();
     let out = mount_with(&pool.path, other.path(), "");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains(&format!("pid {}", m.pid)), "{err}");
+    assert!(
+        !out.status.success() && err.contains(&format!("pid {}", m.pid)),
+        "{err}"
+    );
     // ...and so is a second server on the same mount point
     let out = mount_with(&Pool::memfs().path, m.path(), "");
     assert!(!out.status.success(), "stacked a server on a live mount");
     let dir = m.unmount();
     let m = Mounted::at(&pool, dir, "ro");
     assert_eq!(fs::read(m.p("keep")).unwrap(), b"kept");
-    assert_eq!(fs::write(m.p("new"), b"x").unwrap_err().raw_os_error(), Some(libc::EROFS));
-    assert_eq!(fs::remove_file(m.p("keep")).unwrap_err().raw_os_error(), Some(libc::EROFS));
+    assert_eq!(
+        fs::write(m.p("new"), b"x").unwrap_err().raw_os_error(),
+        Some(libc::EROFS)
+    );
+    assert_eq!(
+        fs::remove_file(m.p("keep")).unwrap_err().raw_os_error(),
+        Some(libc::EROFS)
+    );
 }
 
 #[test]
@@ -517,9 +711,13 @@ fn signals_and_fusermount_unmount_cleanly() {
                 let m = std::mem::ManuallyDrop::new(m);
                 match how {
                     // SAFETY: kill has no memory preconditions.
-                    "SIGTERM" => unsafe { libc::kill(pid as i32, libc::SIGTERM); },
+                    "SIGTERM" => unsafe {
+                        libc::kill(pid as i32, libc::SIGTERM);
+                    },
                     // SAFETY: as above.
-                    "SIGINT" => unsafe { libc::kill(pid as i32, libc::SIGINT); },
+                    "SIGINT" => unsafe {
+                        libc::kill(pid as i32, libc::SIGINT);
+                    },
                     _ => {
                         run(Command::new("fusermount3").arg("-u").arg(&path));
                     }
@@ -531,8 +729,13 @@ fn signals_and_fusermount_unmount_cleanly() {
         };
         assert!(!is_mounted(&path), "{how}: still mounted");
         let m = Mounted::at(&pool, dir, "");
-        let report = inkfs_fuse::stat_mountpoint(m.path(), false).unwrap().unwrap();
-        assert!(report.contains("mounted_clean    true"), "after {how}: {report}");
+        let report = inkfs_fuse::stat_mountpoint(m.path(), false)
+            .unwrap()
+            .unwrap();
+        assert!(
+            report.contains("mounted_clean    true"),
+            "after {how}: {report}"
+        );
         assert_eq!(fs::read(m.p(how)).unwrap(), how.as_bytes());
         dir = m.unmount();
     }
@@ -567,8 +770,13 @@ fn stats_socket() {
     let m = Mounted::new(&pool, "");
     fs::write(m.p("f"), vec![1u8; 100_000]).unwrap();
     let _ = fs::read(m.p("f")).unwrap();
-    let json = inkfs_fuse::stat_mountpoint(m.path(), true).unwrap().unwrap();
-    assert!(json.starts_with('{') && json.trim_end().ends_with('}'), "{json}");
+    let json = inkfs_fuse::stat_mountpoint(m.path(), true)
+        .unwrap()
+        .unwrap();
+    assert!(
+        json.starts_with('{') && json.trim_end().ends_with('}'),
+        "{json}"
+    );
     assert!(json.contains("\"write\":{\"count\":"), "{json}");
     assert!(json.contains("\"bytes_written\":100000"), "{json}");
     assert!(json.contains("\"bytes_free\":"), "{json}");
@@ -593,11 +801,22 @@ fn null_fs_with_fio() {
         fs::remove_file(&f)?;
         assert!(fs::metadata(&f).is_err());
         let out = Command::new("fio")
-            .args(["--name=null", "--rw=randwrite", "--bs=4k", "--size=16m", "--runtime=2", "--time_based"])
+            .args([
+                "--name=null",
+                "--rw=randwrite",
+                "--bs=4k",
+                "--size=16m",
+                "--runtime=2",
+                "--time_based",
+            ])
             .arg(format!("--directory={}", dir.path().display()))
             .args(["--ioengine=psync", "--output-format=terse"])
             .output()?;
-        assert!(out.status.success(), "fio: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "fio: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         std::io::Result::Ok(())
     })();
     run(Command::new("umount").arg(dir.path()));

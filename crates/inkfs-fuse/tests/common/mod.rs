@@ -16,7 +16,11 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_inkfs-fuse");
 
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions and cannot fail.
-    assert_eq!(unsafe { libc::geteuid() }, 0, "the FUSE end-to-end tests must run as root");
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "the FUSE end-to-end tests must run as root"
+    );
 }
 
 /// Fail (not skip) if `tool` is missing, naming the Debian package.
@@ -31,7 +35,9 @@ pub fn require_tool(tool: &str, package: &str) {
 }
 
 pub fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
     assert!(
         out.status.success(),
         "{cmd:?} failed ({}):\nstdout: {}\nstderr: {}",
@@ -53,9 +59,15 @@ pub struct Pool {
 
 impl Pool {
     pub fn new(name: &str, size_mib: u64) -> Pool {
-        let path = PathBuf::from(format!("/dev/shm/inkfs-fuse-test-{name}-{}.pool", std::process::id()));
+        let path = PathBuf::from(format!(
+            "/dev/shm/inkfs-fuse-test-{name}-{}.pool",
+            std::process::id()
+        ));
         let _ = std::fs::remove_file(&path);
-        let opts = inkfs::pmem::PoolOpenOptions { create_size_bytes: Some(size_mib << 20), read_only: false };
+        let opts = inkfs::pmem::PoolOpenOptions {
+            create_size_bytes: Some(size_mib << 20),
+            read_only: false,
+        };
         let pm = inkfs::pmem::MappedPool::open(&path, &opts).expect("create pool");
         inkfs::Fs::format(&pm, &inkfs::types::FormatOptions::default()).expect("format pool");
         drop(pm);
@@ -63,7 +75,9 @@ impl Pool {
     }
     /// The pseudo-pool that mounts the in-memory reference engine.
     pub fn memfs() -> Pool {
-        Pool { path: PathBuf::from("memfs:") }
+        Pool {
+            path: PathBuf::from("memfs:"),
+        }
     }
     pub fn is_memfs(&self) -> bool {
         self.path.as_os_str() == "memfs:"
@@ -96,7 +110,10 @@ pub struct Mounted {
 impl Mounted {
     pub fn new(pool: &Pool, opts: &str) -> Mounted {
         require_root();
-        let dir = tempfile::Builder::new().prefix("inkfs-mnt-").tempdir().expect("tempdir");
+        let dir = tempfile::Builder::new()
+            .prefix("inkfs-mnt-")
+            .tempdir()
+            .expect("tempdir");
         Self::at(pool, dir, opts)
     }
 
@@ -146,7 +163,10 @@ impl Drop for Mounted {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(self.dir.path()).output();
         if !wait_exit_for(self.pid, Duration::from_secs(10)) {
-            let _ = Command::new("umount").arg("-l").arg(self.dir.path()).output();
+            let _ = Command::new("umount")
+                .arg("-l")
+                .arg(self.dir.path())
+                .output();
             // SAFETY: kill has no memory preconditions.
             unsafe { libc::kill(self.pid as i32, libc::SIGKILL) };
         }
@@ -155,13 +175,21 @@ impl Drop for Mounted {
 
 pub fn server_pid(mnt: &Path) -> Option<u32> {
     let report = inkfs_fuse::stat_mountpoint(mnt, false)?.ok()?;
-    report.lines().find_map(|l| l.strip_prefix("pid")).and_then(|v| v.trim().parse().ok())
+    report
+        .lines()
+        .find_map(|l| l.strip_prefix("pid"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 fn alive(pid: u32) -> bool {
     // A zombie (exited, not yet reaped by whoever adopted it) counts as gone.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'),
+        Ok(s) => !s
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
         Err(_) => false,
     }
 }
@@ -178,7 +206,10 @@ pub fn wait_exit_for(pid: u32, limit: Duration) -> bool {
 }
 
 pub fn wait_exit(pid: u32) {
-    assert!(wait_exit_for(pid, Duration::from_secs(30)), "server {pid} did not exit");
+    assert!(
+        wait_exit_for(pid, Duration::from_secs(30)),
+        "server {pid} did not exit"
+    );
 }
 
 pub fn is_mounted(mnt: &Path) -> bool {
@@ -188,5 +219,8 @@ pub fn is_mounted(mnt: &Path) -> bool {
 }
 
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("repo root")
 }
