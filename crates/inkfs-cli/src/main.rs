@@ -12,7 +12,15 @@ commands:
   mkfs POOL [--size SIZE] [--lanes N] [--force]
                       create an empty file system (SIZE like 4G, 512M; a DAX
                       device is used whole)
-  stat POOL [--json]  describe a pool: format, backend, space, state
+  stat POOL|MOUNTPOINT [--json]
+                      describe a pool (format, backend, space, state) or a
+                      running mount (live per-operation statistics)
+  mount POOL MOUNTPOINT [-f] [-o mode=strict|sync|posix,ro,threads=N,...]
+                      mount with FUSE; returns once the mount is live
+  null-fs MOUNTPOINT  a do-nothing FUSE file system (benchmark floor)
+  install-helper [DIR]
+                      install mount.fuse.inkfs (default /sbin) for
+                      `mount -t fuse.inkfs` and /etc/fstab
   help                this text
 ";
 
@@ -25,6 +33,9 @@ fn main() -> ExitCode {
     let rest = &args[1..];
     let result = match cmd.as_str() {
         "mkfs" => pool::mkfs(rest),
+        "mount" => return exit_code(inkfs_fuse::mount_main(rest)),
+        "null-fs" => return exit_code(inkfs_fuse::null_main(rest)),
+        "install-helper" => return exit_code(inkfs_fuse::install_helper_main(rest)),
         "stat" => pool::stat(rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
@@ -39,4 +50,8 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn exit_code(code: i32) -> ExitCode {
+    ExitCode::from(code.clamp(0, 255) as u8)
 }

@@ -24,8 +24,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         }
         _ => (s, 1),
     };
-    let n: u64 = num.parse().map_err(|_| format!("bad size '{s}' (use e.g. 4G, 512M, 65536)"))?;
-    n.checked_mul(mult).ok_or_else(|| format!("size '{s}' is too large"))
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("bad size '{s}' (use e.g. 4G, 512M, 65536)"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size '{s}' is too large"))
 }
 
 fn human(bytes: u64) -> String {
@@ -71,7 +74,12 @@ fn parse_mkfs(args: &[String]) -> Result<MkfsArgs, String> {
         }
     }
     let pool = pool.ok_or("which pool? usage: inkfs mkfs POOL [--size SIZE] [--force]")?;
-    Ok(MkfsArgs { pool, size, lanes, force })
+    Ok(MkfsArgs {
+        pool,
+        size,
+        lanes,
+        force,
+    })
 }
 
 /// What is at the path now, for the "refuse to overwrite" decision.
@@ -89,14 +97,23 @@ fn existing(path: &Path) -> Result<Existing, String> {
         Ok(m) if m.file_type().is_char_device() => Ok(Existing::DaxDevice),
         Ok(m) if m.is_file() && m.len() == 0 => Ok(Existing::EmptyFile),
         Ok(m) if m.is_file() => Ok(Existing::File { bytes: m.len() }),
-        Ok(_) => Err(format!("{} is neither a regular file nor a DAX device", path.display())),
+        Ok(_) => Err(format!(
+            "{} is neither a regular file nor a DAX device",
+            path.display()
+        )),
     }
 }
 
 /// Describe non-empty contents in one phrase, or None if all zero.
 fn describe_contents(path: &Path) -> Result<Option<String>, String> {
-    let pm = MappedPool::open(path, &PoolOpenOptions { create_size_bytes: None, read_only: true })
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let pm = MappedPool::open(
+        path,
+        &PoolOpenOptions {
+            create_size_bytes: None,
+            read_only: true,
+        },
+    )
+    .map_err(|e| format!("{}: {e}", path.display()))?;
     if superblock::looks_like_inkfs(&pm) {
         return Ok(Some(match superblock::read_superblock(&pm) {
             Ok((sb, _)) => format!(
@@ -104,7 +121,11 @@ fn describe_contents(path: &Path) -> Result<Option<String>, String> {
                 sb.version,
                 human(sb.size_bytes),
                 sb.lane_count,
-                if sb.state == STATE_CLEAN { "cleanly unmounted" } else { "not cleanly unmounted" }
+                if sb.state == STATE_CLEAN {
+                    "cleanly unmounted"
+                } else {
+                    "not cleanly unmounted"
+                }
             ),
             Err(e) => format!("a damaged inkfs pool ({e})"),
         }));
@@ -112,7 +133,10 @@ fn describe_contents(path: &Path) -> Result<Option<String>, String> {
     let mut buf = vec![0u8; 1 << 20];
     let n = (buf.len() as u64).min(pm.size_bytes()) as usize;
     pm.read(0, &mut buf[..n]);
-    Ok(buf[..n].iter().any(|&b| b != 0).then(|| "data that is not an inkfs pool (first MiB not zero)".to_string()))
+    Ok(buf[..n]
+        .iter()
+        .any(|&b| b != 0)
+        .then(|| "data that is not an inkfs pool (first MiB not zero)".to_string()))
 }
 
 pub fn mkfs(args: &[String]) -> Result<(), String> {
@@ -120,10 +144,15 @@ pub fn mkfs(args: &[String]) -> Result<(), String> {
     let path = &a.pool;
     let create_size = match (existing(path)?, a.size) {
         (Existing::Nothing, None) => {
-            return Err(format!("{} does not exist; give --size to create it", path.display()))
+            return Err(format!(
+                "{} does not exist; give --size to create it",
+                path.display()
+            ))
         }
         (Existing::Nothing | Existing::EmptyFile, Some(s)) => Some(s),
-        (Existing::EmptyFile, None) => return Err(format!("{} is empty; give --size", path.display())),
+        (Existing::EmptyFile, None) => {
+            return Err(format!("{} is empty; give --size", path.display()))
+        }
         (Existing::DaxDevice, size) => {
             if size.is_some() {
                 eprintln!("inkfs mkfs: note: a DAX device is used whole; --size ignored");
@@ -148,9 +177,18 @@ pub fn mkfs(args: &[String]) -> Result<(), String> {
             return Err(format!("size {s} is not a multiple of 4096"));
         }
     }
-    let pm = MappedPool::open(path, &PoolOpenOptions { create_size_bytes: create_size, read_only: false })
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    let opts = FormatOptions { lanes: a.lanes, ..Default::default() };
+    let pm = MappedPool::open(
+        path,
+        &PoolOpenOptions {
+            create_size_bytes: create_size,
+            read_only: false,
+        },
+    )
+    .map_err(|e| format!("{}: {e}", path.display()))?;
+    let opts = FormatOptions {
+        lanes: a.lanes,
+        ..Default::default()
+    };
     let sb = Fs::format(&pm, &opts).map_err(|e| e.to_string())?;
     let info = pm.info();
     println!(
@@ -163,7 +201,10 @@ pub fn mkfs(args: &[String]) -> Result<(), String> {
         info.flush.name()
     );
     if info.kind == inkfs::pmem::BackendKind::MsyncFile {
-        println!("inkfs: note: {} is on a disk file system: every persist is an msync (slow)", path.display());
+        println!(
+            "inkfs: note: {} is on a disk file system: every persist is an msync (slow)",
+            path.display()
+        );
     }
     Ok(())
 }
@@ -173,7 +214,10 @@ fn refuse_unless_forced(path: &Path, force: bool) -> Result<(), String> {
         return Ok(());
     }
     match describe_contents(path)? {
-        Some(what) => Err(format!("{} holds {what}; use --force to overwrite it", path.display())),
+        Some(what) => Err(format!(
+            "{} holds {what}; use --force to overwrite it",
+            path.display()
+        )),
         None => Ok(()),
     }
 }
@@ -190,12 +234,35 @@ pub fn stat(args: &[String]) -> Result<(), String> {
     }
     let path = path.ok_or("usage: inkfs stat POOL [--json]")?;
     if path.is_dir() {
-        return Err(format!("{} is a directory; stat of a mount point needs the FUSE server", path.display()));
+        return match inkfs_fuse::stat_mountpoint(&path, json) {
+            Some(Ok(report)) => {
+                print!("{report}");
+                if !report.ends_with('\n') {
+                    println!();
+                }
+                Ok(())
+            }
+            Some(Err(e)) => Err(e),
+            None => Err(format!("{} is not an inkfs mount point", path.display())),
+        };
     }
-    let pm = MappedPool::open(&path, &PoolOpenOptions { create_size_bytes: None, read_only: true })
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let pm = MappedPool::open(
+        &path,
+        &PoolOpenOptions {
+            create_size_bytes: None,
+            read_only: true,
+        },
+    )
+    .map_err(|e| format!("{}: {e}", path.display()))?;
     let info = pm.info();
-    let fs = Fs::mount(pm, MountOptions { read_only: true, ..Default::default() }).map_err(|e| e.to_string())?;
+    let fs = Fs::mount(
+        pm,
+        MountOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| e.to_string())?;
     let sb = fs.superblock();
     let st = fs.statfs();
     let rep = fs.mount_report();
@@ -228,13 +295,25 @@ pub fn stat(args: &[String]) -> Result<(), String> {
         println!("format version:  {}", sb.version);
         println!("backend:         {}", info.kind.describe());
         println!("flush method:    {}", info.flush.name());
-        println!("size:            {} ({} bytes)", human(sb.size_bytes), sb.size_bytes);
+        println!(
+            "size:            {} ({} bytes)",
+            human(sb.size_bytes),
+            sb.size_bytes
+        );
         println!("lanes:           {}", sb.lane_count);
         println!("state:           {state}");
-        println!("data blocks:     {} total, {} used, {} free ({} free)", st.blocks, used, st.blocks_free, human(st.blocks_free * st.block_size as u64));
+        println!(
+            "data blocks:     {} total, {} used, {} free ({} free)",
+            st.blocks,
+            used,
+            st.blocks_free,
+            human(st.blocks_free * st.block_size as u64)
+        );
         println!("inodes:          {inodes}");
         if rep.used_backup_superblock {
-            println!("warning:         the primary superblock is damaged; the backup copy was used");
+            println!(
+                "warning:         the primary superblock is damaged; the backup copy was used"
+            );
         }
     }
     Ok(())

@@ -4,13 +4,19 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn inkfs(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_inkfs")).args(args).output().expect("run inkfs")
+    Command::new(env!("CARGO_BIN_EXE_inkfs"))
+        .args(args)
+        .output()
+        .expect("run inkfs")
 }
 
 struct Pool(PathBuf);
 impl Pool {
     fn new(tag: &str) -> Pool {
-        let p = PathBuf::from(format!("/dev/shm/inkfs-cli-test-{}-{tag}.pool", std::process::id()));
+        let p = PathBuf::from(format!(
+            "/dev/shm/inkfs-cli-test-{}-{tag}.pool",
+            std::process::id()
+        ));
         let _ = std::fs::remove_file(&p);
         Pool(p)
     }
@@ -25,7 +31,11 @@ impl Drop for Pool {
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 #[test]
@@ -37,7 +47,10 @@ fn mkfs_then_stat() {
     assert!(o.status.success(), "{}", text(&o));
     let t = text(&o);
     assert!(t.contains("format version:  1"), "{t}");
-    assert!(t.contains("DRAM"), "a /dev/shm pool is the DRAM backend: {t}");
+    assert!(
+        t.contains("DRAM"),
+        "a /dev/shm pool is the DRAM backend: {t}"
+    );
     assert!(t.contains("state:           clean"), "{t}");
     assert!(t.contains("inodes:          1"), "{t}");
     let o = inkfs(&["stat", pool.s(), "--json"]);
@@ -54,9 +67,14 @@ fn mkfs_refuses_existing_pool_and_foreign_data() {
     let o = inkfs(&["mkfs", pool.s(), "--size", "16M"]);
     assert!(!o.status.success());
     let t = text(&o);
-    assert!(t.contains("holds an inkfs pool") && t.contains("--force"), "{t}");
+    assert!(
+        t.contains("holds an inkfs pool") && t.contains("--force"),
+        "{t}"
+    );
     assert_eq!(t.lines().count(), 1, "one clear line: {t}");
-    assert!(inkfs(&["mkfs", pool.s(), "--size", "32M", "--force"]).status.success());
+    assert!(inkfs(&["mkfs", pool.s(), "--size", "32M", "--force"])
+        .status
+        .success());
     let t = text(&inkfs(&["stat", pool.s()]));
     assert!(t.contains("32.0 MiB"), "{t}");
 

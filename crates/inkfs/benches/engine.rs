@@ -29,12 +29,26 @@ struct Cfg {
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let cfg = if quick {
-        Cfg { runs: 5, batch: 2_000, overwrite_file_pages: 4096 }
+        Cfg {
+            runs: 5,
+            batch: 2_000,
+            overwrite_file_pages: 4096,
+        }
     } else {
-        Cfg { runs: 11, batch: 20_000, overwrite_file_pages: 16384 }
+        Cfg {
+            runs: 11,
+            batch: 20_000,
+            overwrite_file_pages: 16384,
+        }
     };
-    let pool = PathBuf::from(format!("/dev/shm/inkfs-bench-engine-{}.pool", std::process::id()));
-    let tmp = PathBuf::from(format!("/dev/shm/inkfs-bench-engine-{}.tmpfs", std::process::id()));
+    let pool = PathBuf::from(format!(
+        "/dev/shm/inkfs-bench-engine-{}.pool",
+        std::process::id()
+    ));
+    let tmp = PathBuf::from(format!(
+        "/dev/shm/inkfs-bench-engine-{}.tmpfs",
+        std::process::id()
+    ));
     let r = run(&pool, &tmp, &cfg);
     let _ = std::fs::remove_file(&pool);
     let _ = std::fs::remove_dir_all(&tmp);
@@ -67,31 +81,55 @@ fn rand_page(i: u64, pages: u64) -> u64 {
 }
 
 fn run(pool: &std::path::Path, tmp: &std::path::Path, cfg: &Cfg) -> Result<(), String> {
-    let pm = MappedPool::open(pool, &PoolOpenOptions { create_size_bytes: Some(POOL_BYTES), read_only: false })
-        .map_err(|e| e.to_string())?;
+    let pm = MappedPool::open(
+        pool,
+        &PoolOpenOptions {
+            create_size_bytes: Some(POOL_BYTES),
+            read_only: false,
+        },
+    )
+    .map_err(|e| e.to_string())?;
     // Steady state: take tmpfs's first-touch page faults before measuring.
     inkfs::pmem::prefault(&pm);
     Fs::format(&pm, &FormatOptions::default()).map_err(|e| e.to_string())?;
     let info = pm.info();
-    println!("pool {} ({}, flush {}), {} runs x {} ops", pool.display(), info.kind.describe(), info.flush.name(), cfg.runs, cfg.batch);
+    println!(
+        "pool {} ({}, flush {}), {} runs x {} ops",
+        pool.display(),
+        info.kind.describe(),
+        info.flush.name(),
+        cfg.runs,
+        cfg.batch
+    );
     std::fs::create_dir_all(tmp).map_err(|e| e.to_string())?;
 
     let page = vec![0x5au8; PAGE];
     let mut rows: Vec<(&str, Vec<f64>)> = Vec::new();
-    let mut push = |name: &'static str, v: f64, rows: &mut Vec<(&'static str, Vec<f64>)>| {
-        match rows.iter_mut().find(|(n, _)| *n == name) {
-            Some((_, s)) => s.push(v),
-            None => rows.push((name, vec![v])),
-        }
+    let mut push = |name: &'static str, v: f64, rows: &mut Vec<(&'static str, Vec<f64>)>| match rows
+        .iter_mut()
+        .find(|(n, _)| *n == name)
+    {
+        Some((_, s)) => s.push(v),
+        None => rows.push((name, vec![v])),
     };
 
     let mut pm = Some(pm);
     for mode in [Mode::Strict, Mode::Sync, Mode::Posix] {
-        let fs = Fs::mount(pm.take().expect("pool"), MountOptions { mode, read_only: false }).map_err(|e| e.to_string())?;
+        let fs = Fs::mount(
+            pm.take().expect("pool"),
+            MountOptions {
+                mode,
+                read_only: false,
+            },
+        )
+        .map_err(|e| e.to_string())?;
         // A file for random overwrites, fully written first.
-        let (_, ow) = fs.create(1, format!("ow-{}", mode.name()).as_bytes(), 0o644, 0, 0).map_err(|e| e.to_string())?;
+        let (_, ow) = fs
+            .create(1, format!("ow-{}", mode.name()).as_bytes(), 0o644, 0, 0)
+            .map_err(|e| e.to_string())?;
         for p in 0..cfg.overwrite_file_pages {
-            fs.write(&ow, p * PAGE as u64, &page).map_err(|e| e.to_string())?;
+            fs.write(&ow, p * PAGE as u64, &page)
+                .map_err(|e| e.to_string())?;
         }
         let tmp_ow = std::fs::OpenOptions::new()
             .read(true)
@@ -101,7 +139,9 @@ fn run(pool: &std::path::Path, tmp: &std::path::Path, cfg: &Cfg) -> Result<(), S
             .open(tmp.join(format!("ow-{}", mode.name())))
             .map_err(|e| e.to_string())?;
         for p in 0..cfg.overwrite_file_pages {
-            tmp_ow.write_all_at(&page, p * PAGE as u64).map_err(|e| e.to_string())?;
+            tmp_ow
+                .write_all_at(&page, p * PAGE as u64)
+                .map_err(|e| e.to_string())?;
         }
         for _ in 0..cfg.runs {
             if mode == Mode::Strict {
@@ -117,7 +157,9 @@ fn run(pool: &std::path::Path, tmp: &std::path::Path, cfg: &Cfg) -> Result<(), S
                 });
                 push("floor: 4 KiB nt copy + fence + 64 B persist", v, &mut rows);
 
-                let (_, fh) = fs.create(1, b"append", 0o644, 0, 0).map_err(|e| e.to_string())?;
+                let (_, fh) = fs
+                    .create(1, b"append", 0o644, 0, 0)
+                    .map_err(|e| e.to_string())?;
                 let v = time_batch(cfg.batch, |_| {
                     fs.append(&fh, &page).expect("append");
                     fs.fsync(&fh, true).expect("fsync");
@@ -138,27 +180,39 @@ fn run(pool: &std::path::Path, tmp: &std::path::Path, cfg: &Cfg) -> Result<(), S
 
                 fs.mkdir(1, b"d", 0o755, 0, 0).map_err(|e| e.to_string())?;
                 let d = fs.lookup(1, b"d").map_err(|e| e.to_string())?.ino;
-                let names: Vec<Vec<u8>> = (0..cfg.batch).map(|i| format!("f{i}").into_bytes()).collect();
+                let names: Vec<Vec<u8>> = (0..cfg.batch)
+                    .map(|i| format!("f{i}").into_bytes())
+                    .collect();
                 let v = time_batch(cfg.batch, |i| {
-                    let (_, fh) = fs.create(d, &names[i as usize], 0o644, 0, 0).expect("create");
+                    let (_, fh) = fs
+                        .create(d, &names[i as usize], 0o644, 0, 0)
+                        .expect("create");
                     fs.release(fh);
                 });
                 push("inkfs strict: create", v, &mut rows);
-                let v = time_batch(cfg.batch, |i| fs.unlink(d, &names[i as usize]).expect("unlink"));
+                let v = time_batch(cfg.batch, |i| {
+                    fs.unlink(d, &names[i as usize]).expect("unlink")
+                });
                 push("inkfs strict: unlink", v, &mut rows);
                 fs.rmdir(1, b"d").map_err(|e| e.to_string())?;
 
                 let td = tmp.join("d");
                 std::fs::create_dir_all(&td).map_err(|e| e.to_string())?;
-                let paths: Vec<PathBuf> = (0..cfg.batch).map(|i| td.join(format!("f{i}"))).collect();
-                let v = time_batch(cfg.batch, |i| drop(File::create_new(&paths[i as usize]).expect("create")));
+                let paths: Vec<PathBuf> =
+                    (0..cfg.batch).map(|i| td.join(format!("f{i}"))).collect();
+                let v = time_batch(cfg.batch, |i| {
+                    drop(File::create_new(&paths[i as usize]).expect("create"))
+                });
                 push("tmpfs: create", v, &mut rows);
-                let v = time_batch(cfg.batch, |i| std::fs::remove_file(&paths[i as usize]).expect("unlink"));
+                let v = time_batch(cfg.batch, |i| {
+                    std::fs::remove_file(&paths[i as usize]).expect("unlink")
+                });
                 push("tmpfs: unlink", v, &mut rows);
             }
             let pages = cfg.overwrite_file_pages;
             let v = time_batch(cfg.batch, |i| {
-                fs.write(&ow, rand_page(i, pages) * PAGE as u64, &page).expect("overwrite");
+                fs.write(&ow, rand_page(i, pages) * PAGE as u64, &page)
+                    .expect("overwrite");
             });
             push(
                 match mode {
@@ -171,16 +225,25 @@ fn run(pool: &std::path::Path, tmp: &std::path::Path, cfg: &Cfg) -> Result<(), S
             );
             if mode == Mode::Strict {
                 let v = time_batch(cfg.batch, |i| {
-                    tmp_ow.write_all_at(&page, rand_page(i, pages) * PAGE as u64).expect("pwrite");
+                    tmp_ow
+                        .write_all_at(&page, rand_page(i, pages) * PAGE as u64)
+                        .expect("pwrite");
                 });
                 push("tmpfs: 4 KiB random overwrite", v, &mut rows);
                 let mut buf = vec![0u8; PAGE];
                 let v = time_batch(cfg.batch, |i| {
-                    black_box(fs.read(&ow, rand_page(i, pages) * PAGE as u64, &mut buf).expect("read"));
+                    black_box(
+                        fs.read(&ow, rand_page(i, pages) * PAGE as u64, &mut buf)
+                            .expect("read"),
+                    );
                 });
                 push("inkfs: 4 KiB random read", v, &mut rows);
                 let v = time_batch(cfg.batch, |i| {
-                    black_box(tmp_ow.read_at(&mut buf, rand_page(i, pages) * PAGE as u64).expect("read"));
+                    black_box(
+                        tmp_ow
+                            .read_at(&mut buf, rand_page(i, pages) * PAGE as u64)
+                            .expect("read"),
+                    );
                 });
                 push("tmpfs: 4 KiB random read", v, &mut rows);
             }
@@ -190,14 +253,31 @@ fn run(pool: &std::path::Path, tmp: &std::path::Path, cfg: &Cfg) -> Result<(), S
     }
 
     let med: Vec<(&str, f64)> = rows.iter_mut().map(|(n, v)| (*n, median(v))).collect();
-    let get = |name: &str| med.iter().find(|(n, _)| *n == name).map(|(_, v)| *v).unwrap_or(f64::NAN);
+    let get = |name: &str| {
+        med.iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| *v)
+            .unwrap_or(f64::NAN)
+    };
     println!("\n{:<48} {:>10}  {}", "operation", "ns (med)", "ratio");
     for (name, v) in &med {
         let ratio = if name.starts_with("inkfs strict: 4 KiB append") {
-            format!("{:.2}x floor", v / get("floor: 4 KiB nt copy + fence + 64 B persist"))
-        } else if let Some(op) = name.strip_prefix("inkfs strict: ").or_else(|| name.strip_prefix("inkfs sync: ")).or_else(|| name.strip_prefix("inkfs posix: ")).or_else(|| name.strip_prefix("inkfs: ")) {
+            format!(
+                "{:.2}x floor",
+                v / get("floor: 4 KiB nt copy + fence + 64 B persist")
+            )
+        } else if let Some(op) = name
+            .strip_prefix("inkfs strict: ")
+            .or_else(|| name.strip_prefix("inkfs sync: "))
+            .or_else(|| name.strip_prefix("inkfs posix: "))
+            .or_else(|| name.strip_prefix("inkfs: "))
+        {
             let base = get(&format!("tmpfs: {op}"));
-            if base.is_nan() { String::new() } else { format!("{:.2}x tmpfs", v / base) }
+            if base.is_nan() {
+                String::new()
+            } else {
+                format!("{:.2}x tmpfs", v / base)
+            }
         } else {
             String::new()
         };

@@ -3,9 +3,22 @@ use inkfs::pmem::{MappedPool, PoolOpenOptions};
 use inkfs::types::*;
 use inkfs::Fs;
 fn main() {
-    let n: u64 = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(200_000);
-    let path = std::path::PathBuf::from(format!("/dev/shm/inkfs-append-loop-{}.pool", std::process::id()));
-    let pm = MappedPool::open(&path, &PoolOpenOptions { create_size_bytes: Some(256 << 20), read_only: false }).unwrap();
+    let n: u64 = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200_000);
+    let path = std::path::PathBuf::from(format!(
+        "/dev/shm/inkfs-append-loop-{}.pool",
+        std::process::id()
+    ));
+    let pm = MappedPool::open(
+        &path,
+        &PoolOpenOptions {
+            create_size_bytes: Some(256 << 20),
+            read_only: false,
+        },
+    )
+    .unwrap();
     inkfs::pmem::prefault(&pm);
     Fs::format(&pm, &FormatOptions::default()).unwrap();
     let fs = Fs::mount(pm, MountOptions::default()).unwrap();
@@ -14,7 +27,14 @@ fn main() {
     let t = std::time::Instant::now();
     for i in 0..n {
         if i % 20_000 == 19_999 {
-            fs.setattr(fh.ino(), &SetAttr { size: Some(0), ..Default::default() }).unwrap();
+            fs.setattr(
+                fh.ino(),
+                &SetAttr {
+                    size: Some(0),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
         }
         fs.append(&fh, &page).unwrap();
         fs.fsync(&fh, true).unwrap();
