@@ -359,11 +359,25 @@ impl<P: Pmem> Fs<P> {
             return errno(libc::EINVAL);
         };
         let grows = size != st.attr.size;
+        // Bytes past the old end of file must stay zero until the new size
+        // commits (a crash before it would otherwise leave them behind, to
+        // reappear when the file grows): pages written past the old end
+        // are copied on write even in these modes.
+        let cow_from = if src.range().1 > st.attr.size {
+            st.attr.size / BLOCK_SIZE
+        } else {
+            u64::MAX
+        };
         let mut page = first;
         while page < end {
             match map.find(page) {
-                Some(e) => {
+                Some(e) if page >= cow_from => {
                     let run_end = e.end().min(end);
+                    self.cow_range(st, page, run_end, src, size, now, tx)?;
+                    page = run_end;
+                }
+                Some(e) => {
+                    let run_end = e.end().min(end).min(cow_from);
                     let block = e.block + (page - e.page);
                     let (a, b) = src.clip(page * BLOCK_SIZE, run_end * BLOCK_SIZE);
                     let at = block * BLOCK_SIZE + (a - page * BLOCK_SIZE);
@@ -459,11 +473,21 @@ impl<P: Pmem> Fs<P> {
         let old_size = st.attr.size;
         let mut tx = DataTx::new();
         if new_size < old_size && new_size % BLOCK_SIZE != 0 {
-            let page_end = (new_size / BLOCK_SIZE + 1) * BLOCK_SIZE;
-            if let Err(e) = self.zero_partial(st, new_size, page_end, old_size, a.ctime_ns, &mut tx)
-            {
-                self.abort_data(tx);
-                return Err(e);
+            // The kept page's tail is zeroed copy-on-write in every mode:
+            // zeroing in place before the smaller size commits would lose
+            // those bytes if a crash keeps the old size.
+            let page = new_size / BLOCK_SIZE;
+            if st.file().and_then(|m| m.find(page)).is_some() {
+                let src = Src::Zeros {
+                    off: new_size,
+                    len: (page + 1) * BLOCK_SIZE - new_size,
+                };
+                if let Err(e) =
+                    self.cow_range(st, page, page + 1, src, old_size, a.ctime_ns, &mut tx)
+                {
+                    self.abort_data(tx);
+                    return Err(e);
+                }
             }
         }
         a.size = new_size;
