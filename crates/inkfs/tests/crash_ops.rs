@@ -83,6 +83,9 @@ fn setup(mode: Mode, open_f1: bool) -> (Fs<SimPool>, Env) {
     fs.link(f2, b, b"hl").unwrap();
     fs.symlink(1, b"sym", b"a/f1", 0, 0).unwrap();
     fs.mknod(1, b"fifo", libc::S_IFIFO | 0o644, 0, 0, 0).unwrap();
+    if TORN.with(|t| t.get()) {
+        fs.pmem().set_torn_stores(true);
+    }
     fs.setxattr(f1, b"user.x", b"one", XattrFlags::Any).unwrap();
     fs.setxattr(a, b"user.d", b"dir-attr", XattrFlags::Any).unwrap();
     let env = Env {
@@ -581,5 +584,278 @@ fn regression_extending_write_leaves_zeros_past_eof() {
             fs.fsync(fh, false).unwrap();
         });
         assert!(r.is_empty(), "{} (preallocated): {r}", mode.name());
+    }
+}
+
+// ---------------------------------------------------------- log growth
+
+/// Entries that cross into a new log page (directory and file logs), and
+/// several handles on one file: the log-extension and "several open
+/// descriptors" cases of the checklist.
+#[test]
+fn log_growth_and_handles() {
+    let mut ops = Vec::new();
+    let mut steps: Vec<Step> = Vec::new();
+    for i in 0..6u8 {
+        steps.push(s(move |fs, e| {
+            let (_, fh) = fs.create(e.b, &[b'n', b'0' + i], 0o644, 0, 0).unwrap();
+            fs.release(fh);
+        }));
+    }
+    let mut dir_page = op("dir_log_next_page", steps);
+    dir_page.prep = Some(s(|fs, e| {
+        for i in 0..56 {
+            let (_, fh) = fs.create(e.b, format!("p{i}").as_bytes(), 0o644, 0, 0).unwrap();
+            fs.release(fh);
+        }
+    }));
+    ops.push(dir_page);
+    let mut steps: Vec<Step> = Vec::new();
+    for i in 0..5u8 {
+        steps.push(s(move |fs, e| {
+            fs.append(&e.fh_f2, &pattern(100, 40 + i)).unwrap();
+            fs.fsync(&e.fh_f2, false).unwrap();
+        }));
+    }
+    let mut file_page = op("file_log_next_page", steps);
+    file_page.prep = Some(s(|fs, e| {
+        for i in 0..58u8 {
+            fs.append(&e.fh_f2, &pattern(4096, i)).unwrap();
+        }
+        fs.fsync(&e.fh_f2, false).unwrap();
+    }));
+    ops.push(file_page);
+    // Two handles (one per step opens a second) on /big: every call is
+    // its own step, since each is a state a crash may show.
+    ops.push(data_op("two_handles_write_fallocate_truncate", vec![
+        s(|fs, e| {
+            let other = fs.open(e.big).unwrap();
+            fs.write(&other, 6000, &pattern(5000, 50)).unwrap();
+            fs.release(other);
+        }),
+        s(|fs, e| {
+            fs.fallocate(
+                &e.fh_big,
+                BIG_LEN as u64,
+                3 * 4096,
+                FallocFlags { keep_size: true, ..Default::default() },
+            )
+            .unwrap();
+        }),
+        s(|fs, e| {
+            let other = fs.open(e.big).unwrap();
+            fs.fsync(&other, false).unwrap();
+            fs.release(other);
+        }),
+        s(|fs, e| fs.setattr(e.big, &size(BIG_LEN as u64 - 100)).map(|_| ()).unwrap()),
+        s(|fs, e| {
+            fs.write(&e.fh_big, 7000, &pattern(50, 51)).unwrap();
+        }),
+        s(|fs, e| {
+            let other = fs.open(e.big).unwrap();
+            fs.fsync(&other, false).unwrap();
+            fs.release(other);
+        }),
+    ]));
+    run_group("log growth", ops);
+}
+
+/// Word-granular tearing of multi-word stores (SimPool::set_torn_stores)
+/// on a few ops that write multi-line metadata.
+#[test]
+fn torn_stores() {
+    TORN.with(|t| t.set(true));
+    run_group(
+        "torn stores",
+        vec![
+            op("create", vec![s(|fs, e| {
+                let (_, fh) = fs.create(e.a, b"new", 0o640, 7, 8).unwrap();
+                fs.release(fh);
+            })]),
+            op("rename_over_file", vec![s(|fs, e| {
+                fs.rename(e.a, b"f1", e.b, b"h", rf(false, false)).unwrap()
+            })]),
+            op("exchange_dir_file", vec![s(|fs, e| {
+                fs.rename(e.a, b"sub", e.b, b"h", rf(false, true)).unwrap()
+            })]),
+            f1_open(op("append", with_fsync(|e| e.f1h(), |fs, e| {
+                fs.append(e.f1h(), &pattern(3000, 11)).unwrap();
+            }))),
+            op("setxattr_new", vec![s(|fs, e| {
+                fs.setxattr(e.f2, b"user.new", &pattern(300, 20), XattrFlags::Create).unwrap()
+            })]),
+        ],
+    );
+}
+
+thread_local! {
+    static TORN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+// ------------------------------------------------------------- ENOSPC
+
+/// A large write that runs out of space fails without changing anything
+/// (live or after a crash anywhere in it), leaks nothing, and the file
+/// system is usable again once files are deleted.
+#[test]
+fn enospc_mid_write() {
+    for mode in [Mode::Strict, Mode::Sync, Mode::Posix] {
+        let fs = fresh(mode, 1 << 20);
+        let free0 = free_blocks(&fs);
+        let (_, keep) = fs.create(1, b"keep", 0o644, 0, 0).unwrap();
+        fs.write(&keep, 0, &pattern(20_000, 1)).unwrap();
+        fs.fsync(&keep, false).unwrap();
+        let (_, fh) = fs.create(1, b"fill", 0o644, 0, 0).unwrap();
+        fs.write(&fh, 0, &pattern(3000, 2)).unwrap();
+        fs.fsync(&fh, false).unwrap();
+        fs.pmem().sync_all().unwrap();
+        let before = snapshot(&fs).unwrap();
+        let free_before = free_blocks(&fs);
+        let too_big = pattern(((free_before + 8) * BLOCK) as usize, 3);
+        fs.pmem().start_trace();
+        let r = fs.write(&fh, 3000, &too_big);
+        let trace = fs.pmem().stop_trace();
+        assert!(
+            matches!(r, Err(inkfs::Error::Errno(libc::ENOSPC))),
+            "{}: write of {} bytes into {free_before} free blocks: {r:?}",
+            mode.name(),
+            too_big.len()
+        );
+        let after = snapshot(&fs).unwrap();
+        assert_eq!(before, after, "{}: a failed write changed the state", mode.name());
+        assert_eq!(free_blocks(&fs), free_before, "{}: failed write leaked blocks", mode.name());
+        let states = [before];
+        let free = [free_before];
+        let ctx = Ctx {
+            mode,
+            states: &states,
+            expect: Expect::Exact,
+            free: &free,
+            check_free_matches_state: true,
+            final_durable: true,
+        };
+        let sw = sweep(&trace, &ctx, 32, SEED);
+        assert!(
+            sw.failures.is_empty(),
+            "{}: {} crash images of the failed write fail, first at point {} image {}: {}",
+            mode.name(),
+            sw.failures.len(),
+            sw.failures[0].point,
+            sw.failures[0].index,
+            sw.failures[0].why
+        );
+        // Fill the pool to the last block with small writes, then try
+        // metadata operations that need log space.
+        let mut off = 3000u64;
+        loop {
+            match fs.write(&fh, off, &pattern(4096, 4)) {
+                Ok(_) => off += 4096,
+                Err(inkfs::Error::Errno(libc::ENOSPC)) => break,
+                Err(e) => panic!("{}: {e:?}", mode.name()),
+            }
+        }
+        for i in 0..200 {
+            let name = format!("m{i}");
+            match fs.mkdir(1, name.as_bytes(), 0o755, 0, 0) {
+                Ok(_) | Err(inkfs::Error::Errno(libc::ENOSPC)) => {}
+                Err(e) => panic!("{}: mkdir when full: {e:?}", mode.name()),
+            }
+        }
+        let _ = fs.setxattr(keep.ino(), b"user.big", &[7u8; 3000], XattrFlags::Any);
+        let full = snapshot(&fs).unwrap_or_else(|e| panic!("{}: inconsistent when full: {e}", mode.name()));
+        // A crash while full recovers the same state.
+        let rec = Fs::mount(SimPool::from_image(fs.pmem().current_image()), opts(mode)).unwrap();
+        assert_eq!(snapshot(&rec).unwrap(), full, "{}: crash while full", mode.name());
+        assert_eq!(free_blocks(&rec), free_blocks(&fs), "{}: free blocks when full", mode.name());
+        drop(rec);
+        // Delete everything: free space returns; the pool works again.
+        fs.release(fh);
+        fs.release(keep);
+        fs.unlink(1, b"fill").unwrap();
+        fs.unlink(1, b"keep").unwrap();
+        for i in 0..200 {
+            let _ = fs.rmdir(1, format!("m{i}").as_bytes());
+        }
+        let after_delete = free_blocks(&fs);
+        assert!(
+            after_delete + 2 >= free0,
+            "{}: {after_delete} free after deleting everything, {free0} at the start",
+            mode.name()
+        );
+        let snap = snapshot(&fs).unwrap();
+        usable(&fs, &snap).unwrap_or_else(|e| panic!("{}: {e}", mode.name()));
+        let snap = snapshot(&fs).unwrap();
+        let pm = fs.unmount().unwrap();
+        let fs = Fs::mount(pm, opts(mode)).unwrap();
+        assert_eq!(snapshot(&fs).unwrap(), snap);
+        let rec = Fs::mount(SimPool::from_image(fs.pmem().current_image()), opts(mode)).unwrap();
+        assert_eq!(free_blocks(&rec), free_blocks(&fs), "{}: clean vs scanned free", mode.name());
+    }
+}
+
+// ------------------------------------------------------------- orphans
+
+/// A file unlinked while open, then a crash: recovery reclaims it and the
+/// free space returns to what it was before the file was created.
+#[test]
+fn orphan_reclaimed_after_crash() {
+    for mode in [Mode::Strict, Mode::Sync, Mode::Posix] {
+        let fs = fresh(mode, 1 << 20);
+        let (_, d) = fs.create(1, b"other", 0o644, 0, 0).unwrap();
+        fs.write(&d, 0, &pattern(9000, 9)).unwrap();
+        fs.release(d);
+        let free0 = free_blocks(&fs);
+        let (_, fh) = fs.create(1, b"orphan", 0o644, 0, 0).unwrap();
+        fs.write(&fh, 0, &pattern(10 * 4096 + 5, 8)).unwrap();
+        fs.setxattr(fh.ino(), b"user.a", b"b", XattrFlags::Any).unwrap();
+        fs.fsync(&fh, false).unwrap();
+        let before_unlink = snapshot(&fs).unwrap();
+        fs.pmem().start_trace();
+        fs.unlink(1, b"orphan").unwrap();
+        // Still readable through the handle.
+        let mut buf = [0u8; 5];
+        assert_eq!(fs.read(&fh, 10 * 4096, &mut buf).unwrap(), 5);
+        let trace = fs.pmem().stop_trace();
+        assert!(free_blocks(&fs) < free0, "{}: blocks freed while open", mode.name());
+        let gone = snapshot(&fs).unwrap();
+        // Every crash during or after the unlink: either the file is still
+        // there (state before) or it is gone and its space is back.
+        let points = trace.fence_count();
+        let mut reclaimed = 0;
+        for point in 0..=points {
+            for img in trace.crash_images(point, 64, SEED) {
+                let rec = Fs::mount(SimPool::from_image(img.image), opts(mode)).unwrap();
+                let snap = snapshot(&rec).unwrap();
+                if snap == gone {
+                    assert_eq!(rec.mount_report().orphans_reclaimed, 1, "{}", mode.name());
+                    assert_eq!(
+                        free_blocks(&rec),
+                        free0,
+                        "{}: orphan's space not reclaimed (point {point} image {})",
+                        mode.name(),
+                        img.index
+                    );
+                    reclaimed += 1;
+                } else {
+                    assert_eq!(snap, before_unlink, "{}: point {point}", mode.name());
+                }
+                let pm = rec.unmount().unwrap();
+                let again = Fs::mount(pm, opts(mode)).unwrap();
+                assert_eq!(snapshot(&again).unwrap(), snap);
+                assert!(free_blocks(&again) == free0 || snap == before_unlink);
+            }
+        }
+        assert!(reclaimed > 0, "{}: no image after the unlink", mode.name());
+        // Clean close and clean unmount reclaim too.
+        fs.release(fh);
+        assert_eq!(free_blocks(&fs), free0, "{}: close did not free", mode.name());
+        let (_, fh) = fs.create(1, b"orphan2", 0o644, 0, 0).unwrap();
+        fs.write(&fh, 0, &pattern(3 * 4096, 8)).unwrap();
+        fs.unlink(1, b"orphan2").unwrap();
+        std::mem::forget(fh);
+        let pm = fs.unmount().unwrap();
+        let fs = Fs::mount(pm, opts(mode)).unwrap();
+        assert_eq!(free_blocks(&fs), free0, "{}: unmount kept the orphan", mode.name());
+        assert!(fs.lookup(1, b"orphan2").is_err());
     }
 }
