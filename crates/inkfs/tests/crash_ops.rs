@@ -32,7 +32,7 @@ fn max_images() -> usize {
     std::env::var("INKFS_CRASH_IMAGES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(64)
+        .unwrap_or(256)
 }
 
 /// What the setup made: inode numbers and open handles the ops use.
