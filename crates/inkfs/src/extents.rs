@@ -113,16 +113,25 @@ impl FileMap {
         self.mapped_pages += pages;
     }
 
-    fn insert_merging(&mut self, mut page: u64, mut block: u64, mut pages: u64) {
-        if let Some((&p, &(b, n))) = self.map.range(..page).next_back() {
-            if p + n == page && b + n == block {
-                self.map.remove(&p);
-                self.mapped_pages -= n;
-                page = p;
-                block = b;
-                pages += n;
+    fn insert_merging(&mut self, page: u64, block: u64, pages: u64) {
+        // Appends usually continue the previous extent: grow it in place.
+        if let Some((&p, &mut (b, ref mut n))) = self.map.range_mut(..page).next_back() {
+            if p + *n == page && b + *n == block {
+                *n += pages;
+                self.mapped_pages += pages;
+                let merged_end = p + *n;
+                if let Some(&(nb, nn)) = self.map.get(&merged_end) {
+                    if b + (merged_end - p) == nb {
+                        self.map.remove(&merged_end);
+                        if let Some(v) = self.map.get_mut(&p) {
+                            v.1 += nn;
+                        }
+                    }
+                }
+                return;
             }
         }
+        let mut pages = pages;
         if let Some(&(b, n)) = self.map.get(&(page + pages)) {
             if block + pages == b {
                 self.map.remove(&(page + pages));

@@ -327,7 +327,7 @@ impl InodeTables {
         let mut blocks = lock(&self.lanes[lane as usize]);
         let index = (slot / INODES_PER_TABLE_BLOCK) as usize;
         while blocks.len() <= index {
-            let (block, _) = alloc.alloc(lane, 1).ok_or(Error::Errno(libc::ENOSPC))?;
+            let block = alloc.alloc_meta(lane).ok_or(Error::Errno(libc::ENOSPC))?;
             pm.zero_nt(block * BLOCK_SIZE, BLOCK_SIZE);
             let trailer = TableTrailer {
                 magic: TABLE_MAGIC,

@@ -93,7 +93,7 @@ fn new_page<P: Pmem + ?Sized>(
     owner_ino: u64,
     new_pages: &mut NewPages,
 ) -> Result<u64> {
-    let (block, _) = alloc.alloc(lane, 1).ok_or(Error::Errno(libc::ENOSPC))?;
+    let block = alloc.alloc_meta(lane).ok_or(Error::Errno(libc::ENOSPC))?;
     new_pages.blocks.push(block);
     let footer = LogPageFooter {
         next_block: 0,
@@ -338,9 +338,15 @@ pub fn footer<P: Pmem + ?Sized>(pm: &P, page: u64) -> LogPageFooter {
     read_pod(pm, page * BLOCK_SIZE + LOG_FOOTER_OFFSET)
 }
 
-/// A stack buffer in which one entry is encoded and sealed.
+/// Entries up to this size (every kind but large xattrs) are encoded on the
+/// stack.
+const INLINE_ENTRY_BYTES: usize = 320;
+
+/// One entry, encoded and sealed: inline for the common sizes, on the heap
+/// only for large xattr values (not a hot path).
 pub struct EntryBuf {
-    bytes: [u8; LOG_PAGE_PAYLOAD as usize],
+    inline: [u8; INLINE_ENTRY_BYTES],
+    heap: Vec<u8>,
     len: usize,
 }
 
@@ -350,22 +356,38 @@ impl EntryBuf {
         let len = entry_bytes(head.len(), payload) as usize;
         debug_assert!(len as u64 <= LOG_PAGE_PAYLOAD);
         let mut b = EntryBuf {
-            bytes: [0; LOG_PAGE_PAYLOAD as usize],
+            inline: [0; INLINE_ENTRY_BYTES],
+            heap: Vec::new(),
             len,
         };
-        b.bytes[..head.len()].copy_from_slice(head);
+        if len > INLINE_ENTRY_BYTES {
+            b.heap = vec![0; len];
+        }
+        let bytes = b.bytes_mut();
+        bytes[..head.len()].copy_from_slice(head);
         let mut at = head.len();
         for t in tails {
-            b.bytes[at..at + t.len()].copy_from_slice(t);
+            bytes[at..at + t.len()].copy_from_slice(t);
             at += t.len();
         }
-        b.bytes[0] = kind;
-        b.bytes[1] = (len as u64 / ENTRY_UNIT) as u8;
-        seal_entry(&mut b.bytes[..len]);
+        bytes[0] = kind;
+        bytes[1] = (len as u64 / ENTRY_UNIT) as u8;
+        seal_entry(bytes);
         b
     }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        if self.len > INLINE_ENTRY_BYTES {
+            &mut self.heap[..]
+        } else {
+            &mut self.inline[..self.len]
+        }
+    }
     pub fn as_bytes(&self) -> &[u8] {
-        &self.bytes[..self.len]
+        if self.len > INLINE_ENTRY_BYTES {
+            &self.heap[..]
+        } else {
+            &self.inline[..self.len]
+        }
     }
 
     pub fn attr(link_change: bool, mut a: AttrEntry) -> EntryBuf {
