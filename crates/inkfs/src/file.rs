@@ -453,11 +453,11 @@ impl<P: Pmem> Fs<P> {
         if st.file().and_then(|m| m.find(page)).is_none() {
             return Ok(()); // a hole already reads as zeros
         }
+        // Copy-on-write in every mode: truncate and fallocate are atomic
+        // (docs/MODES.md), and zeroing in place before the commit would
+        // show a crash half-zeroed pages under the old size and mapping.
         let src = Src::Zeros { off: a, len: b - a };
-        match self.mode {
-            Mode::Strict => self.cow_range(st, page, page + 1, src, size, now, tx),
-            Mode::Sync | Mode::Posix => self.in_place_range(st, page, page + 1, src, size, now, tx),
-        }
+        self.cow_range(st, page, page + 1, src, size, now, tx)
     }
 
     /// Shrink or grow to `new_size` with attributes `a` (mtime/ctime set by
@@ -473,21 +473,11 @@ impl<P: Pmem> Fs<P> {
         let old_size = st.attr.size;
         let mut tx = DataTx::new();
         if new_size < old_size && new_size % BLOCK_SIZE != 0 {
-            // The kept page's tail is zeroed copy-on-write in every mode:
-            // zeroing in place before the smaller size commits would lose
-            // those bytes if a crash keeps the old size.
-            let page = new_size / BLOCK_SIZE;
-            if st.file().and_then(|m| m.find(page)).is_some() {
-                let src = Src::Zeros {
-                    off: new_size,
-                    len: (page + 1) * BLOCK_SIZE - new_size,
-                };
-                if let Err(e) =
-                    self.cow_range(st, page, page + 1, src, old_size, a.ctime_ns, &mut tx)
-                {
-                    self.abort_data(tx);
-                    return Err(e);
-                }
+            let page_end = (new_size / BLOCK_SIZE + 1) * BLOCK_SIZE;
+            if let Err(e) = self.zero_partial(st, new_size, page_end, old_size, a.ctime_ns, &mut tx)
+            {
+                self.abort_data(tx);
+                return Err(e);
             }
         }
         a.size = new_size;
