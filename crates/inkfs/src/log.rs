@@ -277,12 +277,21 @@ pub fn walk<P: Pmem + ?Sized>(
     let mut page = head;
     let mut buf = vec![0u8; BLOCK_SIZE as usize];
     loop {
-        if !seen.insert(page) {
+        // Short chains (nearly all) are checked against the page list; long
+        // ones through a set, so a cycle is found in linear time either way.
+        let revisit = if summary.pages.len() < 16 {
+            summary.pages.contains(&page)
+        } else {
+            if seen.is_empty() {
+                seen.extend(summary.pages.iter().copied());
+            }
+            !seen.insert(page)
+        };
+        if revisit {
             return Err(corrupt(format!("cycle in log chain at block {page}")));
         }
         summary.pages.push(page);
-        pm.read(page * BLOCK_SIZE, &mut buf);
-        let footer = LogPageFooter::from_bytes(&buf[LOG_FOOTER_OFFSET as usize..]);
+        let footer: LogPageFooter = read_pod(pm, page * BLOCK_SIZE + LOG_FOOTER_OFFSET);
         if footer.magic != LOG_MAGIC || footer.owner_ino != owner_ino {
             return Err(corrupt(format!(
                 "block {page} is not a log page of this inode"
@@ -294,6 +303,9 @@ pub fn walk<P: Pmem + ?Sized>(
         } else {
             LOG_PAGE_PAYLOAD
         };
+        // Only the committed part of the page is read: a short log costs a
+        // cache line, not a page (recovery reads every live inode's log).
+        pm.read(page * BLOCK_SIZE, &mut buf[..end as usize]);
         let mut pos = 0u64;
         while pos < end {
             let kind = buf[pos as usize];
