@@ -412,11 +412,25 @@ impl<P: Pmem> Fs<P> {
             return errno(libc::EINVAL);
         };
         let grows = size != st.attr.size;
+        // Bytes past the old end of file must stay zero until the new size
+        // commits (a crash before it would otherwise leave them behind, to
+        // reappear when the file grows): pages written past the old end
+        // are copied on write even in these modes.
+        let cow_from = if src.range().1 > st.attr.size {
+            st.attr.size / BLOCK_SIZE
+        } else {
+            u64::MAX
+        };
         let mut page = first;
         while page < end {
             match map.find(page) {
-                Some(e) => {
+                Some(e) if page >= cow_from => {
                     let run_end = e.end().min(end);
+                    self.cow_range(st, page, run_end, src, size, now, tx)?;
+                    page = run_end;
+                }
+                Some(e) => {
+                    let run_end = e.end().min(end).min(cow_from);
                     let block = e.block + (page - e.page);
                     let (a, b) = src.clip(page * BLOCK_SIZE, run_end * BLOCK_SIZE);
                     let at = block * BLOCK_SIZE + (a - page * BLOCK_SIZE);
@@ -492,11 +506,11 @@ impl<P: Pmem> Fs<P> {
         if st.file().and_then(|m| m.find(page)).is_none() {
             return Ok(()); // a hole already reads as zeros
         }
+        // Copy-on-write in every mode: truncate and fallocate are atomic
+        // (docs/MODES.md), and zeroing in place before the commit would
+        // show a crash half-zeroed pages under the old size and mapping.
         let src = Src::Zeros { off: a, len: b - a };
-        match self.mode {
-            Mode::Strict => self.cow_range(st, page, page + 1, src, size, now, tx),
-            Mode::Sync | Mode::Posix => self.in_place_range(st, page, page + 1, src, size, now, tx),
-        }
+        self.cow_range(st, page, page + 1, src, size, now, tx)
     }
 
     /// Shrink or grow to `new_size` with attributes `a` (mtime/ctime set by
