@@ -13,8 +13,10 @@
 //! - [`fs`]: mount/unmount, attributes, handles, commit helpers
 //! - [`namei`]: namespace operations; [`file`]: data operations; [`xattr`]
 //! - [`gc`]: log compaction; [`recovery`]: crash rebuild
+//! - [`crashtest`]: crash exploration (ACE-style workloads on the simulator)
 
 pub mod alloc;
+pub mod crashtest;
 pub mod dir;
 pub mod error;
 pub mod extents;

@@ -1,0 +1,514 @@
+//! Crash exploration: every workload of one and two operations (ACE style,
+//! [`workload`]) over a small fixed namespace, run in each consistency mode
+//! on the crash simulator ([`SimPool`]); at every fence of the workload,
+//! crash images are produced, recovered, checked (internal consistency,
+//! fsck, a clean remount, the mode's promise: [`expect`]) and counted.
+//!
+//! Used by the test `tests/crash_explore.rs` (a fixed CI budget) and by
+//! `inkfs crashtest` (any budget, one workload, one mode, reproduction).
+//!
+//! How the budget is spent: runs (workload × mode) go in a fixed order,
+//! all one-operation workloads first, then the two-operation ones in an
+//! order shuffled by the seed. Each run checks every crash point of its
+//! last operation (the crash points of the first operation of a
+//! two-operation workload are those of the one-operation workload, already
+//! checked) and the end of the trace, with `k` images per point: the budget
+//! left divided by the runs left and the run's points (at least one, at
+//! most `max_images_per_point`), or exactly `images` when it is set. Images
+//! are sampled from the seed when a point has more possible images than
+//! `k` (the first two being "nothing pending persisted" and "everything
+//! persisted"), all of them otherwise. Identical images of one run are
+//! checked once; the count of states is of distinct images checked. The
+//! exploration stops when the budget is spent.
+//!
+//! A violation names the workload, mode, crash point, image index and the
+//! images per point; `inkfs crashtest --workload W --mode M --seed S
+//! --images K` rebuilds exactly those images.
+
+pub mod expect;
+pub mod snapshot;
+pub mod workload;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use crate::pmem::{Pmem, SimPool, SimTrace};
+use crate::types::*;
+use crate::Fs;
+
+use expect::{OpRecord, Point};
+use snapshot::{image_hash, snapshot, Snap};
+use workload::{Workload, OPS};
+
+/// What to explore.
+#[derive(Clone, Debug)]
+pub struct CrashTestOptions {
+    /// Crash states (distinct recovered images) to check at most.
+    pub states_budget: u64,
+    pub seed: u64,
+    pub modes: Vec<Mode>,
+    /// Upper bound of images per crash point when the budget decides.
+    pub max_images_per_point: usize,
+    /// Exactly this many images per crash point (reproduction); the budget
+    /// then does not limit anything.
+    pub images: Option<usize>,
+    /// Only the workload of this name (`op` or `op1+op2`), or, if no
+    /// workload has that name, the workloads whose name contains it.
+    pub filter: Option<String>,
+    /// After each recovery also unmount, remount cleanly, compare, and run
+    /// a probe write (slower, finds allocator and save-area bugs).
+    pub deep: bool,
+}
+
+impl Default for CrashTestOptions {
+    fn default() -> Self {
+        CrashTestOptions {
+            states_budget: 20_000,
+            seed: 0xACE,
+            modes: vec![Mode::Strict, Mode::Sync, Mode::Posix],
+            max_images_per_point: 64,
+            images: None,
+            filter: None,
+            deep: true,
+        }
+    }
+}
+
+/// One failing crash image.
+#[derive(Clone, Debug)]
+pub struct Violation {
+    pub workload: String,
+    pub mode: Mode,
+    /// The crash point (just before this fence of the trace; the fence
+    /// count is the end of the trace).
+    pub fence: usize,
+    pub fences: usize,
+    /// The exploration's seed (what `--seed` takes).
+    pub seed: u64,
+    pub image_index: u64,
+    /// Images per crash point of the run (what `--images` takes).
+    pub images: usize,
+    /// How the operations ended and where the point lies.
+    pub context: String,
+    pub diff: String,
+}
+
+impl Violation {
+    /// The command that rebuilds this image and checks it again.
+    pub fn repro_command(&self) -> String {
+        format!(
+            "inkfs crashtest --workload {} --mode {} --seed {:#x} --images {}",
+            self.workload,
+            self.mode.name(),
+            self.seed,
+            self.images
+        )
+    }
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "VIOLATION workload {} mode {} fence {} of {} image {} (seed {:#x}, {} images per point)",
+            self.workload,
+            self.mode.name(),
+            self.fence,
+            self.fences,
+            self.image_index,
+            self.seed,
+            self.images
+        )?;
+        writeln!(f, "  {}", self.context)?;
+        write!(f, "{}", self.diff)?;
+        writeln!(f, "  reproduce: {}", self.repro_command())
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct CrashTestReport {
+    /// Distinct crash images recovered and checked.
+    pub states_checked: u64,
+    /// Per mode (strict, sync, posix).
+    pub states_per_mode: [u64; 3],
+    /// Images generated, duplicates included.
+    pub images_generated: u64,
+    pub crash_points: u64,
+    /// Distinct workloads run (in at least one mode).
+    pub workloads: u64,
+    /// Workloads the catalogue (after the filter) has.
+    pub workloads_total: u64,
+    /// Workload × mode runs done, and planned.
+    pub runs: u64,
+    pub runs_total: u64,
+    pub violations: Vec<Violation>,
+    pub elapsed: Duration,
+}
+
+impl CrashTestReport {
+    pub fn states_per_second(&self) -> f64 {
+        self.states_checked as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Progress after each run.
+#[derive(Clone, Debug)]
+pub struct Progress<'a> {
+    pub workload: &'a str,
+    pub mode: Mode,
+    pub runs_done: u64,
+    pub runs_total: u64,
+    pub states_checked: u64,
+    pub violations: usize,
+    pub elapsed: Duration,
+}
+
+fn mode_index(m: Mode) -> usize {
+    match m {
+        Mode::Strict => 0,
+        Mode::Sync => 1,
+        Mode::Posix => 2,
+    }
+}
+
+/// The workloads `filter` selects, in exploration order.
+pub fn select_workloads(filter: Option<&str>, seed: u64) -> Vec<Workload> {
+    let all = workload::all_workloads();
+    match filter {
+        Some(f) => {
+            if let Some(w) = Workload::parse(f) {
+                return vec![w];
+            }
+            all.into_iter().filter(|w| w.name().contains(f)).collect()
+        }
+        None => {
+            let (mut one, mut two): (Vec<_>, Vec<_>) =
+                all.into_iter().partition(|w| w.ops.len() == 1);
+            // Seeded Fisher-Yates over the two-operation workloads, so a
+            // small budget samples all kinds of pairs.
+            let mut rng = SplitMix(seed ^ 0x5EED_0F_ACE);
+            for i in (1..two.len()).rev() {
+                let j = (rng.next() % (i as u64 + 1)) as usize;
+                two.swap(i, j);
+            }
+            one.append(&mut two);
+            one
+        }
+    }
+}
+
+/// Run the exploration. `progress` is called after every run.
+pub fn run(opts: &CrashTestOptions, mut progress: impl FnMut(&Progress<'_>)) -> CrashTestReport {
+    let t0 = Instant::now();
+    let workloads = select_workloads(opts.filter.as_deref(), opts.seed);
+    let base = workload::base_image();
+    let mut report = CrashTestReport {
+        workloads_total: workloads.len() as u64,
+        runs_total: (workloads.len() * opts.modes.len()) as u64,
+        ..Default::default()
+    };
+    'outer: for w in &workloads {
+        let name = w.name();
+        let mut ran = false;
+        for &mode in &opts.modes {
+            if opts.images.is_none() && report.states_checked >= opts.states_budget {
+                break 'outer;
+            }
+            let runs_left = (report.runs_total - report.runs).max(1);
+            let budget_left = opts.states_budget.saturating_sub(report.states_checked);
+            let share = budget_left as f64 / runs_left as f64;
+            run_one(opts, &base, w, &name, mode, share, &mut report);
+            report.runs += 1;
+            ran = true;
+            report.elapsed = t0.elapsed();
+            progress(&Progress {
+                workload: &name,
+                mode,
+                runs_done: report.runs,
+                runs_total: report.runs_total,
+                states_checked: report.states_checked,
+                violations: report.violations.len(),
+                elapsed: report.elapsed,
+            });
+        }
+        if ran {
+            report.workloads += 1;
+        }
+    }
+    report.elapsed = t0.elapsed();
+    report
+}
+
+/// The seed of one run's image sampling.
+fn run_seed(seed: u64, workload: &str, mode: Mode) -> u64 {
+    let h = workload.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    });
+    SplitMix(seed ^ h ^ (mode_index(mode) as u64) << 56).next()
+}
+
+/// What a run recorded: the live states and where each operation's fences
+/// are.
+struct Recorded {
+    states: Vec<Snap>,
+    free: Vec<u64>,
+    records: Vec<OpRecord>,
+    results: Vec<String>,
+    trace: SimTrace,
+}
+
+fn record(base: &[u8], w: &Workload, mode: Mode) -> Result<Recorded, String> {
+    let fs = Fs::mount(
+        SimPool::from_image(base.to_vec()),
+        MountOptions {
+            mode,
+            read_only: false,
+        },
+    )
+    .map_err(|e| format!("mount the base image: {e:?}"))?;
+    fs.pmem().sync_all().map_err(|e| e.to_string())?;
+    let mut states = vec![snapshot(&fs).map_err(|e| format!("base state: {e}"))?];
+    let mut free = vec![fs.statfs().blocks_free];
+    let mut records = Vec::new();
+    let mut results = Vec::new();
+    let f0 = fs.pmem().fence_count();
+    fs.pmem().start_trace();
+    for &i in &w.ops {
+        let op = &OPS[i];
+        let target = workload::data_target(&fs, op)
+            .and_then(|ino| fs.getattr(ino).ok().map(|a| (ino, a.generation)));
+        let before = (fs.pmem().fence_count() - f0) as usize;
+        let r = workload::exec(&fs, op);
+        let after = (fs.pmem().fence_count() - f0) as usize;
+        results.push(format!("{} -> {}", op.name, workload::result_name(&r)));
+        records.push(OpRecord {
+            class: op.class(),
+            target,
+            ok: r.is_ok(),
+            fences: (before, after),
+        });
+        let s = snapshot(&fs)
+            .map_err(|e| format!("live state after {} inconsistent: {e}", op.name))?;
+        if r.is_err() && s.timeless() != states.last().unwrap().timeless() {
+            return Err(format!(
+                "{} failed ({}) but changed the state:\n{}",
+                op.name,
+                workload::result_name(&r),
+                snapshot::diff(&states.last().unwrap().timeless(), &s.timeless())
+            ));
+        }
+        states.push(s);
+        free.push(fs.statfs().blocks_free);
+    }
+    let trace = fs.pmem().stop_trace();
+    Ok(Recorded {
+        states,
+        free,
+        records,
+        results,
+        trace,
+    })
+}
+
+fn run_one(
+    opts: &CrashTestOptions,
+    base: &[u8],
+    w: &Workload,
+    name: &str,
+    mode: Mode,
+    share: f64,
+    report: &mut CrashTestReport,
+) {
+    let violation = |fence: usize, fences: usize, index: u64, images: usize, context: String, diff: String| Violation {
+        workload: name.to_string(),
+        mode,
+        fence,
+        fences,
+        seed: opts.seed,
+        image_index: index,
+        images,
+        context,
+        diff,
+    };
+    let rec = match record(base, w, mode) {
+        Ok(r) => r,
+        Err(e) => {
+            report
+                .violations
+                .push(violation(0, 0, 0, 0, "while running the workload".into(), format!("  {e}\n")));
+            return;
+        }
+    };
+    let fences = rec.trace.fence_count();
+    // Crash points of the last operation, and the end of the trace.
+    let first = rec.records.last().map_or(0, |r| r.fences.0);
+    let points: Vec<usize> = (first..=fences).collect();
+    let images = match opts.images {
+        Some(k) => k.max(1),
+        None => ((share / points.len() as f64).floor() as usize).clamp(1, opts.max_images_per_point.max(1)),
+    };
+    let seed = run_seed(opts.seed, name, mode);
+    let mut seen: HashSet<u128> = HashSet::new();
+    for &point in &points {
+        let at = expect::locate(&rec.records, point);
+        report.crash_points += 1;
+        for img in rec.trace.crash_images(point, images.max(2), seed).take(images) {
+            report.images_generated += 1;
+            if !seen.insert(image_hash(&img.image)) {
+                continue;
+            }
+            report.states_checked += 1;
+            report.states_per_mode[mode_index(mode)] += 1;
+            if let Err(why) = check_image(opts, mode, img.image, &rec, at) {
+                let context = format!(
+                    "{}; crash {} ({})",
+                    rec.results.join(", "),
+                    match at {
+                        Point::InFlight(i) => format!("during operation {i}"),
+                        Point::After(c) => format!("after {c} operations"),
+                    },
+                    img.description
+                );
+                report
+                    .violations
+                    .push(violation(point, fences, img.index, images, context, why));
+            }
+        }
+    }
+}
+
+/// Recover one crash image and check everything that must hold.
+fn check_image(
+    opts: &CrashTestOptions,
+    mode: Mode,
+    image: Vec<u8>,
+    rec: &Recorded,
+    at: Point,
+) -> Result<(), String> {
+    let mopts = MountOptions {
+        mode,
+        read_only: false,
+    };
+    let fs = Fs::mount(SimPool::from_image(image), mopts.clone())
+        .map_err(|e| format!("  mount failed: {e:?}\n"))?;
+    let snap = snapshot(&fs).map_err(|e| format!("  inconsistent after recovery: {e}\n"))?;
+    let m = expect::check(mode, &snap, &rec.states, &rec.records, at)
+        .map_err(|e| format!("  {}\n", e.trim_end()))?;
+    let free = fs.statfs().blocks_free;
+    let free_ok = match mode {
+        // Strict and sync: the free space of the state recovered (for a
+        // write in flight in sync mode, of either state).
+        Mode::Strict | Mode::Sync => match at {
+            Point::InFlight(i) if mode == Mode::Sync => rec.free[i - 1..=i].contains(&free),
+            _ => rec.free[m] == free,
+        },
+        // Posix: unsynced writes may be lost, so only bounds.
+        Mode::Posix => {
+            let hi = match at {
+                Point::InFlight(i) => i,
+                Point::After(c) => c,
+            };
+            let lo = *rec.free[..=hi].iter().min().unwrap();
+            let hi = *rec.free[..=hi].iter().max().unwrap();
+            lo <= free && free <= hi
+        }
+    };
+    if !free_ok {
+        return Err(format!(
+            "  recovered state {m} has {free} free blocks; the live file system had {:?}\n",
+            rec.free
+        ));
+    }
+    if !opts.deep {
+        return Ok(());
+    }
+    let pm = fs
+        .unmount()
+        .map_err(|e| format!("  unmount after recovery: {e:?}\n"))?;
+    fsck_clean(&pm)?;
+    let fs = Fs::mount(pm, mopts).map_err(|e| format!("  clean remount failed: {e:?}\n"))?;
+    if !fs.mount_report().allocator_restored {
+        return Err("  clean remount did not restore the allocator\n".into());
+    }
+    let again = snapshot(&fs).map_err(|e| format!("  inconsistent after remount: {e}\n"))?;
+    if again != snap {
+        return Err(format!(
+            "  a clean remount changed the state:\n{}",
+            snapshot::diff(&snap, &again)
+        ));
+    }
+    let free2 = fs.statfs().blocks_free;
+    if free2 != free {
+        return Err(format!(
+            "  free blocks: {free} after recovery, {free2} after a clean remount\n"
+        ));
+    }
+    probe(&fs, &snap).map_err(|e| format!("  {e}\n"))
+}
+
+/// FSCK HOOK. The `inkfs::fsck` module is being written on another branch;
+/// once it is on main, this becomes
+/// `crate::fsck::check(pm, &Default::default())` and requires
+/// `is_clean()`, on every recovered (then cleanly unmounted) image.
+fn fsck_clean<P: Pmem>(_pm: &P) -> Result<(), String> {
+    Ok(())
+}
+
+/// The recovered file system accepts new work, and no file hides stale
+/// bytes past its end (growing a file must show zeros).
+fn probe<P: Pmem>(fs: &Fs<P>, snap: &Snap) -> Result<(), String> {
+    for (p, n) in &snap.nodes {
+        if n.kind != FileKind::File || n.size % 4096 == 0 {
+            continue;
+        }
+        let grown = (n.size / 4096 + 1) * 4096;
+        fs.setattr(
+            n.ino,
+            &SetAttr {
+                size: Some(grown),
+                ..Default::default()
+            },
+        )
+        .map_err(|e| format!("grow {p}: {e:?}"))?;
+        let fh = fs.open(n.ino).map_err(|e| format!("open {p}: {e:?}"))?;
+        let mut buf = vec![0u8; (grown - n.size) as usize];
+        let r = fs.read(&fh, n.size, &mut buf);
+        fs.release(fh);
+        r.map_err(|e| format!("read {p}: {e:?}"))?;
+        if let Some(i) = buf.iter().position(|&b| b != 0) {
+            return Err(format!(
+                "{p}: byte {} past the old end of file ({}) reads {:#x} after growing, not zero",
+                n.size + i as u64,
+                n.size,
+                buf[i]
+            ));
+        }
+    }
+    let data = snapshot::pattern(6000, 99);
+    let (_, fh) = fs
+        .create(1, b"__probe", 0o600, 0, 0)
+        .map_err(|e| format!("create after recovery: {e:?}"))?;
+    let r = fs.write(&fh, 0, &data).map(|_| ());
+    let mut back = vec![0u8; data.len()];
+    let r = r.and_then(|_| fs.read(&fh, 0, &mut back).map(|_| ()));
+    fs.release(fh);
+    r.map_err(|e| format!("write/read after recovery: {e:?}"))?;
+    if back != data {
+        return Err("probe file reads back different data".into());
+    }
+    fs.unlink(1, b"__probe")
+        .map_err(|e| format!("unlink probe: {e:?}"))
+}
+
+/// splitmix64, for the workload order and per-run seeds.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}

@@ -1,0 +1,534 @@
+//! The workloads: a small fixed namespace and a catalogue of operations
+//! over it, in the style of ACE (CrashMonkey's workload generator). Every
+//! operation names its targets by path, so an operation that follows
+//! another may act on what that one created, moved or removed (or fail,
+//! which is a valid workload too: the state must then stay unchanged).
+
+use crate::error::{Error, Result};
+use crate::pmem::{Pmem, SimPool};
+use crate::types::*;
+use crate::Fs;
+
+use super::snapshot::pattern;
+
+/// Pool size of every workload (small: crash images are copied per state).
+pub const POOL_BYTES: u64 = 1 << 20;
+
+/// Sizes of the files of the fixed namespace.
+pub const FOO_LEN: usize = 5000;
+pub const BAR_LEN: usize = 2 * 4096 + 100;
+
+/// Where a write goes.
+#[derive(Clone, Copy, Debug)]
+pub enum At {
+    Off(u64),
+    /// O_APPEND: at the end of file.
+    End,
+}
+
+/// One operation of the catalogue. Paths are absolute ("/A/foo").
+#[derive(Clone, Copy, Debug)]
+pub enum OpKind {
+    Create(&'static str),
+    Mkdir(&'static str),
+    Symlink(&'static str, &'static str),
+    Write {
+        path: &'static str,
+        at: At,
+        len: usize,
+        salt: u8,
+    },
+    Truncate(&'static str, u64),
+    Fallocate {
+        path: &'static str,
+        off: u64,
+        len: u64,
+        keep_size: bool,
+        punch_hole: bool,
+        zero_range: bool,
+    },
+    Link(&'static str, &'static str),
+    Unlink(&'static str),
+    Rmdir(&'static str),
+    Rename {
+        from: &'static str,
+        to: &'static str,
+        noreplace: bool,
+        exchange: bool,
+    },
+    SetXattr {
+        path: &'static str,
+        name: &'static str,
+        len: usize,
+        salt: u8,
+    },
+    RemoveXattr(&'static str, &'static str),
+    Chmod(&'static str, u32),
+    Fsync {
+        path: &'static str,
+        datasync: bool,
+    },
+}
+
+/// What a mode promises about an operation (docs/MODES.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpClass {
+    /// Namespace, attribute and xattr changes: atomic and durable on return
+    /// in every mode.
+    Meta,
+    /// write/append: durable on return in strict and sync mode, at fsync in
+    /// posix mode; overwrites in place are not atomic in sync/posix mode.
+    Data,
+    /// truncate/fallocate: atomic and durable on return in every mode.
+    DurableData,
+    /// fsync/fdatasync of a file: makes its data durable (posix mode).
+    Sync,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Op {
+    pub name: &'static str,
+    pub kind: OpKind,
+}
+
+impl Op {
+    pub fn class(&self) -> OpClass {
+        match self.kind {
+            OpKind::Write { .. } => OpClass::Data,
+            OpKind::Truncate(..) | OpKind::Fallocate { .. } => OpClass::DurableData,
+            OpKind::Fsync { .. } => OpClass::Sync,
+            _ => OpClass::Meta,
+        }
+    }
+
+    /// The file whose data the operation changes or syncs, if any.
+    fn data_path(&self) -> Option<&'static str> {
+        match self.kind {
+            OpKind::Write { path, .. }
+            | OpKind::Truncate(path, _)
+            | OpKind::Fallocate { path, .. }
+            | OpKind::Fsync { path, .. } => Some(path),
+            _ => None,
+        }
+    }
+}
+
+const fn op(name: &'static str, kind: OpKind) -> Op {
+    Op { name, kind }
+}
+
+const fn write(name: &'static str, path: &'static str, at: At, len: usize, salt: u8) -> Op {
+    op(
+        name,
+        OpKind::Write {
+            path,
+            at,
+            len,
+            salt,
+        },
+    )
+}
+
+const fn falloc(
+    name: &'static str,
+    path: &'static str,
+    off: u64,
+    len: u64,
+    flags: (bool, bool, bool),
+) -> Op {
+    op(
+        name,
+        OpKind::Fallocate {
+            path,
+            off,
+            len,
+            keep_size: flags.0,
+            punch_hole: flags.1,
+            zero_range: flags.2,
+        },
+    )
+}
+
+const fn rename(name: &'static str, from: &'static str, to: &'static str, flags: (bool, bool)) -> Op {
+    op(
+        name,
+        OpKind::Rename {
+            from,
+            to,
+            noreplace: flags.0,
+            exchange: flags.1,
+        },
+    )
+}
+
+const PLAIN: (bool, bool) = (false, false);
+const NOREPLACE: (bool, bool) = (true, false);
+const EXCHANGE: (bool, bool) = (false, true);
+
+/// The fixed namespace every workload starts from (see [`setup`]):
+///
+/// ```text
+/// /A            dir
+/// /A/foo        file, 5000 bytes, xattr user.x = "one"
+/// /A/sub        empty dir
+/// /B            dir
+/// /B/hl         hard link to /A/foo
+/// /bar          file, 8292 bytes (two pages and a bit)
+/// /sym          symlink -> A/foo
+/// ```
+///
+/// New names the operations use: /A/new (file), /B/d (dir), /A/sl
+/// (symlink), /B/foo2, /A/bar2, /B/new2 (links), /A/foo2, /A/bar, /B/bar,
+/// /B/sub (rename targets).
+pub const NAMESPACE: &str = "/A/{foo,sub/} /B/{hl=A/foo} /bar /sym->A/foo";
+
+/// The operation catalogue. Names are stable: they form workload names
+/// (`op` or `op1+op2`) that reproduce a run.
+pub const OPS: &[Op] = &[
+    // Creating names.
+    op("create_A_new", OpKind::Create("/A/new")),
+    op("create_bar_exists", OpKind::Create("/bar")),
+    op("mkdir_B_d", OpKind::Mkdir("/B/d")),
+    op("mkdir_A_sub_exists", OpKind::Mkdir("/A/sub")),
+    op("symlink_A_sl", OpKind::Symlink("/A/sl", "../bar")),
+    // Writes: appends, overwrites aligned and not, extending, into a hole.
+    write("append_foo", "/A/foo", At::End, 3000, 11),
+    write("append_hl_4k", "/B/hl", At::End, 4096, 12),
+    write("write_foo_unaligned", "/A/foo", At::Off(1000), 2000, 13),
+    write("write_bar_aligned", "/bar", At::Off(4096), 4096, 14),
+    write("write_bar_extend", "/bar", At::Off(8000), 5000, 15),
+    write("write_foo_hole", "/A/foo", At::Off(20_000), 100, 16),
+    write("write_new", "/A/new", At::Off(0), 5000, 17),
+    write("append_new_4k", "/A/new", At::End, 4096, 18),
+    // Truncate and fallocate.
+    op("truncate_foo_1000", OpKind::Truncate("/A/foo", 1000)),
+    op("truncate_bar_4096", OpKind::Truncate("/bar", 4096)),
+    op("truncate_foo_0", OpKind::Truncate("/A/foo", 0)),
+    op("truncate_bar_grow", OpKind::Truncate("/bar", 20_000)),
+    falloc("falloc_foo_extend", "/A/foo", 8000, 8000, (false, false, false)),
+    falloc("falloc_bar_keep_size", "/bar", 0, 16_384, (true, false, false)),
+    falloc("punch_bar", "/bar", 1000, 5000, (true, true, false)),
+    falloc("zero_range_foo", "/A/foo", 100, 4400, (false, false, true)),
+    // Links.
+    op("link_foo_B_foo2", OpKind::Link("/A/foo", "/B/foo2")),
+    op("link_bar_A_bar2", OpKind::Link("/bar", "/A/bar2")),
+    op("link_new_B_new2", OpKind::Link("/A/new", "/B/new2")),
+    op("link_foo_bar_exists", OpKind::Link("/A/foo", "/bar")),
+    op("link_dir_A", OpKind::Link("/A", "/B/A2")),
+    // Unlinks.
+    op("unlink_hl", OpKind::Unlink("/B/hl")),
+    op("unlink_bar", OpKind::Unlink("/bar")),
+    op("unlink_foo", OpKind::Unlink("/A/foo")),
+    op("unlink_sym", OpKind::Unlink("/sym")),
+    op("unlink_new", OpKind::Unlink("/A/new")),
+    op("unlink_dir_A", OpKind::Unlink("/A")),
+    // Renames: move, same directory, over a file, over the same inode,
+    // directories, over an empty and a non-empty directory, noreplace,
+    // exchange.
+    rename("rename_bar_A_bar", "/bar", "/A/bar", PLAIN),
+    rename("rename_foo_foo2", "/A/foo", "/A/foo2", PLAIN),
+    rename("rename_bar_over_foo", "/bar", "/A/foo", PLAIN),
+    rename("rename_hl_over_foo", "/B/hl", "/A/foo", PLAIN),
+    rename("rename_new_over_bar", "/A/new", "/bar", PLAIN),
+    rename("rename_sub_B_sub", "/A/sub", "/B/sub", PLAIN),
+    rename("rename_B_over_sub", "/B", "/A/sub", PLAIN),
+    rename("rename_d_over_sub", "/B/d", "/A/sub", PLAIN),
+    rename("rename_sub_over_B", "/A/sub", "/B", PLAIN),
+    rename("rename_noreplace_bar_foo", "/bar", "/A/foo", NOREPLACE),
+    rename("rename_noreplace_bar_B_bar", "/bar", "/B/bar", NOREPLACE),
+    rename("exchange_bar_foo", "/bar", "/A/foo", EXCHANGE),
+    rename("exchange_A_B", "/A", "/B", EXCHANGE),
+    rename("exchange_sym_sub", "/sym", "/A/sub", EXCHANGE),
+    // Removing directories.
+    op("rmdir_sub", OpKind::Rmdir("/A/sub")),
+    op("rmdir_A_notempty", OpKind::Rmdir("/A")),
+    op("rmdir_d", OpKind::Rmdir("/B/d")),
+    // Attributes.
+    op(
+        "setxattr_foo_replace",
+        OpKind::SetXattr {
+            path: "/A/foo",
+            name: "user.x",
+            len: 3,
+            salt: 21,
+        },
+    ),
+    op(
+        "setxattr_bar_new",
+        OpKind::SetXattr {
+            path: "/bar",
+            name: "user.n",
+            len: 300,
+            salt: 22,
+        },
+    ),
+    op(
+        "setxattr_dir_A",
+        OpKind::SetXattr {
+            path: "/A",
+            name: "user.d",
+            len: 8,
+            salt: 23,
+        },
+    ),
+    op("removexattr_foo", OpKind::RemoveXattr("/A/foo", "user.x")),
+    op("chmod_bar", OpKind::Chmod("/bar", 0o600)),
+    // Syncs.
+    op(
+        "fsync_foo",
+        OpKind::Fsync {
+            path: "/A/foo",
+            datasync: false,
+        },
+    ),
+    op(
+        "fdatasync_bar",
+        OpKind::Fsync {
+            path: "/bar",
+            datasync: true,
+        },
+    ),
+    op(
+        "fsync_new",
+        OpKind::Fsync {
+            path: "/A/new",
+            datasync: false,
+        },
+    ),
+];
+
+/// A workload: one or two operations of [`OPS`] (indices).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Workload {
+    pub ops: Vec<usize>,
+}
+
+impl Workload {
+    /// `op` or `op1+op2`.
+    pub fn name(&self) -> String {
+        self.ops
+            .iter()
+            .map(|&i| OPS[i].name)
+            .collect::<Vec<_>>()
+            .join("+")
+    }
+
+    /// The workload a name denotes.
+    pub fn parse(name: &str) -> Option<Workload> {
+        let ops = name
+            .split('+')
+            .map(|n| OPS.iter().position(|o| o.name == n))
+            .collect::<Option<Vec<_>>>()?;
+        (!ops.is_empty()).then_some(Workload { ops })
+    }
+}
+
+/// Every workload of one and of two operations, one-operation workloads
+/// first, each group in catalogue order.
+pub fn all_workloads() -> Vec<Workload> {
+    let n = OPS.len();
+    let mut out: Vec<Workload> = (0..n).map(|i| Workload { ops: vec![i] }).collect();
+    for a in 0..n {
+        for b in 0..n {
+            out.push(Workload { ops: vec![a, b] });
+        }
+    }
+    out
+}
+
+/// A formatted, populated and cleanly unmounted pool holding the fixed
+/// namespace; every workload starts from a copy of it.
+pub fn base_image() -> Vec<u8> {
+    let pm = SimPool::new(POOL_BYTES);
+    Fs::format(
+        &pm,
+        &FormatOptions {
+            lanes: 2,
+            ..Default::default()
+        },
+    )
+    .expect("format the crash-test pool");
+    let fs = Fs::mount(pm, MountOptions::default()).expect("mount the fresh pool");
+    setup(&fs).expect("populate the fixed namespace");
+    let pm = fs.unmount().expect("unmount the populated pool");
+    pm.current_image()
+}
+
+fn setup<P: Pmem>(fs: &Fs<P>) -> Result<()> {
+    let a = fs.mkdir(1, b"A", 0o755, 0, 0)?.ino;
+    let b = fs.mkdir(1, b"B", 0o755, 0, 0)?.ino;
+    fs.mkdir(a, b"sub", 0o755, 0, 0)?;
+    let (foo, fh) = fs.create(a, b"foo", 0o644, 1000, 1000)?;
+    fs.write(&fh, 0, &pattern(FOO_LEN, 1))?;
+    fs.release(fh);
+    let (_, fh) = fs.create(1, b"bar", 0o644, 1000, 1000)?;
+    fs.write(&fh, 0, &pattern(BAR_LEN, 2))?;
+    fs.fsync(&fh, false)?;
+    fs.release(fh);
+    fs.link(foo.ino, b, b"hl")?;
+    fs.symlink(1, b"sym", b"A/foo", 0, 0)?;
+    fs.setxattr(foo.ino, b"user.x", b"one", XattrFlags::Any)?;
+    let fh = fs.open(foo.ino)?;
+    fs.fsync(&fh, false)?;
+    fs.release(fh);
+    Ok(())
+}
+
+/// The inode `path` names.
+pub fn resolve<P: Pmem>(fs: &Fs<P>, path: &str) -> Result<u64> {
+    let mut ino = 1;
+    for c in path.split('/').filter(|c| !c.is_empty()) {
+        ino = fs.lookup_ino(ino, c.as_bytes())?;
+    }
+    Ok(ino)
+}
+
+/// The directory holding `path`'s last component, and that component.
+fn parent<'a, P: Pmem>(fs: &Fs<P>, path: &'a str) -> Result<(u64, &'a [u8])> {
+    let (dir, name) = path.rsplit_once('/').expect("absolute path");
+    Ok((resolve(fs, dir)?, name.as_bytes()))
+}
+
+/// The file inode `op` changes or syncs, resolved before it runs.
+pub fn data_target<P: Pmem>(fs: &Fs<P>, op: &Op) -> Option<u64> {
+    op.data_path().and_then(|p| resolve(fs, p).ok())
+}
+
+/// Run one operation. Handles it opens are closed before it returns, so
+/// every fence it causes belongs to it.
+pub fn exec<P: Pmem>(fs: &Fs<P>, op: &Op) -> Result<()> {
+    match op.kind {
+        OpKind::Create(path) => {
+            let (dir, name) = parent(fs, path)?;
+            let (_, fh) = fs.create(dir, name, 0o644, 1000, 1000)?;
+            fs.release(fh);
+        }
+        OpKind::Mkdir(path) => {
+            let (dir, name) = parent(fs, path)?;
+            fs.mkdir(dir, name, 0o755, 0, 0)?;
+        }
+        OpKind::Symlink(path, target) => {
+            let (dir, name) = parent(fs, path)?;
+            fs.symlink(dir, name, target.as_bytes(), 0, 0)?;
+        }
+        OpKind::Write {
+            path,
+            at,
+            len,
+            salt,
+        } => with_handle(fs, path, |fh| {
+            let data = pattern(len, salt);
+            match at {
+                At::Off(off) => fs.write(fh, off, &data).map(|_| ()),
+                At::End => fs.append(fh, &data).map(|_| ()),
+            }
+        })?,
+        OpKind::Truncate(path, size) => {
+            let ino = resolve(fs, path)?;
+            fs.setattr(
+                ino,
+                &SetAttr {
+                    size: Some(size),
+                    ..Default::default()
+                },
+            )?;
+        }
+        OpKind::Fallocate {
+            path,
+            off,
+            len,
+            keep_size,
+            punch_hole,
+            zero_range,
+        } => with_handle(fs, path, |fh| {
+            fs.fallocate(
+                fh,
+                off,
+                len,
+                FallocFlags {
+                    keep_size,
+                    punch_hole,
+                    zero_range,
+                },
+            )
+        })?,
+        OpKind::Link(from, to) => {
+            let ino = resolve(fs, from)?;
+            let (dir, name) = parent(fs, to)?;
+            fs.link(ino, dir, name)?;
+        }
+        OpKind::Unlink(path) => {
+            let (dir, name) = parent(fs, path)?;
+            fs.unlink(dir, name)?;
+        }
+        OpKind::Rmdir(path) => {
+            let (dir, name) = parent(fs, path)?;
+            fs.rmdir(dir, name)?;
+        }
+        OpKind::Rename {
+            from,
+            to,
+            noreplace,
+            exchange,
+        } => {
+            let (sd, sn) = parent(fs, from)?;
+            let (dd, dn) = parent(fs, to)?;
+            fs.rename(
+                sd,
+                sn,
+                dd,
+                dn,
+                RenameFlags {
+                    noreplace,
+                    exchange,
+                },
+            )?;
+        }
+        OpKind::SetXattr {
+            path,
+            name,
+            len,
+            salt,
+        } => {
+            let ino = resolve(fs, path)?;
+            fs.setxattr(ino, name.as_bytes(), &pattern(len, salt), XattrFlags::Any)?;
+        }
+        OpKind::RemoveXattr(path, name) => {
+            let ino = resolve(fs, path)?;
+            fs.removexattr(ino, name.as_bytes())?;
+        }
+        OpKind::Chmod(path, mode) => {
+            let ino = resolve(fs, path)?;
+            fs.setattr(
+                ino,
+                &SetAttr {
+                    mode: Some(mode),
+                    ..Default::default()
+                },
+            )?;
+        }
+        OpKind::Fsync { path, datasync } => with_handle(fs, path, |fh| fs.fsync(fh, datasync))?,
+    }
+    Ok(())
+}
+
+fn with_handle<P: Pmem>(
+    fs: &Fs<P>,
+    path: &str,
+    f: impl FnOnce(&crate::FileHandle) -> Result<()>,
+) -> Result<()> {
+    let ino = resolve(fs, path)?;
+    let fh = fs.open(ino)?;
+    let r = f(&fh);
+    fs.release(fh);
+    r
+}
+
+/// A short form of an operation's result for reports.
+pub fn result_name(r: &std::result::Result<(), Error>) -> String {
+    match r {
+        Ok(()) => "ok".into(),
+        Err(Error::Errno(e)) => format!("errno {e}"),
+        Err(e) => format!("{e}"),
+    }
+}

@@ -1,0 +1,78 @@
+//! The crash-exploration suite at its CI budget: every one- and
+//! two-operation workload of `inkfs::crashtest::workload` over the fixed
+//! namespace, in every mode, crash images at every fence of the last
+//! operation, each recovered and checked against the mode's promise
+//! (`inkfs::crashtest::expect`). Requires 0 violations and prints the count
+//! of crash states and the rate.
+//!
+//! `INKFS_CRASHTEST_STATES` and `INKFS_CRASHTEST_SEED` override the budget
+//! and the seed; `inkfs crashtest` runs the same exploration outside the
+//! test suite and reproduces a single workload.
+
+use inkfs::crashtest::{self, CrashTestOptions};
+
+/// The CI budget: distinct crash states over the three modes.
+const CI_STATES: u64 = 24_000;
+
+fn env_u64(name: &str) -> Option<u64> {
+    let v = std::env::var(name).ok()?;
+    let v = v.trim();
+    match v.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => v.parse().ok(),
+    }
+}
+
+#[test]
+fn crash_exploration_ci_budget() {
+    let opts = CrashTestOptions {
+        states_budget: env_u64("INKFS_CRASHTEST_STATES").unwrap_or(CI_STATES),
+        seed: env_u64("INKFS_CRASHTEST_SEED").unwrap_or(CrashTestOptions::default().seed),
+        ..Default::default()
+    };
+    let mut last_print = std::time::Instant::now();
+    let report = crashtest::run(&opts, |p| {
+        if last_print.elapsed().as_secs() >= 15 {
+            last_print = std::time::Instant::now();
+            eprintln!(
+                "crash_explore: {}/{} runs, {} states, {} violations, {:.0}s",
+                p.runs_done,
+                p.runs_total,
+                p.states_checked,
+                p.violations,
+                p.elapsed.as_secs_f64()
+            );
+        }
+    });
+    for v in report.violations.iter().take(10) {
+        eprintln!("{v}");
+    }
+    eprintln!(
+        "crash_explore: {} crash states checked (strict {}, sync {}, posix {}; {} images generated at {} crash points) \
+         over {} of {} workloads ({} runs) in {:.1}s: {:.0} states/s; {} violations",
+        report.states_checked,
+        report.states_per_mode[0],
+        report.states_per_mode[1],
+        report.states_per_mode[2],
+        report.images_generated,
+        report.crash_points,
+        report.workloads,
+        report.workloads_total,
+        report.runs,
+        report.elapsed.as_secs_f64(),
+        report.states_per_second(),
+        report.violations.len()
+    );
+    assert!(
+        report.violations.is_empty(),
+        "{} violations (first shown above)",
+        report.violations.len()
+    );
+    if opts.states_budget >= CI_STATES {
+        assert!(
+            report.states_checked >= 20_000,
+            "only {} crash states checked",
+            report.states_checked
+        );
+    }
+}
