@@ -104,15 +104,17 @@ fn by_file(s: &Snap) -> HashMap<(u64, u64), &Node> {
         .collect()
 }
 
-/// Check `found` against the promise of `mode`. Returns the index of a
-/// state whose metadata it matches, or an explanation.
+/// Check `found` against the promise of `mode`. Returns the indices of the
+/// candidate states whose metadata it matches (several when an operation
+/// changed nothing visible, e.g. fallocate with KEEP_SIZE), or an
+/// explanation.
 pub fn check(
     mode: Mode,
     found: &Snap,
     states: &[Snap],
     records: &[OpRecord],
     at: Point,
-) -> Result<usize, String> {
+) -> Result<Vec<usize>, String> {
     let (cands, hi): (Vec<usize>, usize) = match at {
         Point::InFlight(i) => (vec![i - 1, i], i),
         Point::After(c) => (vec![c], c),
@@ -128,11 +130,12 @@ pub fn check(
         Mode::Posix => (true, true),
     };
     let f = strip(found, strip_content, strip_size);
-    let Some(m) = cands
+    let matched: Vec<usize> = cands
         .iter()
         .copied()
-        .find(|&c| strip(&states[c], strip_content, strip_size) == f)
-    else {
+        .filter(|&c| strip(&states[c], strip_content, strip_size) == f)
+        .collect();
+    if matched.is_empty() {
         let mut s = format!(
             "{} equals none of the expected states {cands:?}\n",
             if strip_content {
@@ -151,9 +154,9 @@ pub fn check(
             ));
         }
         return Err(s);
-    };
+    }
     if !strip_content {
-        return Ok(m);
+        return Ok(matched);
     }
     // Sizes and bytes, file by file.
     let maps: Vec<_> = states[..=hi].iter().map(by_file).collect();
@@ -226,7 +229,7 @@ pub fn check(
             }
         }
     }
-    Ok(m)
+    Ok(matched)
 }
 
 fn byte_of(n: Option<&&Node>, off: usize) -> Option<u8> {
