@@ -280,8 +280,14 @@ impl<P: Pmem> Fs<P> {
         self.commit_tail(inode.rec_off, &cur, durable);
         st.log = cur;
         st.prealloc = tx.prealloc;
+        // Blocks the entries displace (copy-on-write pages, a shrinking
+        // size) return to the allocator only once the commit is durable:
+        // a posix-mode commit has no final fence, and a block reused and
+        // overwritten before the tail is durable would show the next
+        // operation's bytes through the old mapping after a crash.
+        let mut displaced = Vec::new();
         for w in tx.pieces.iter() {
-            self.apply_committed(st, Entry::Write(*w));
+            self.apply_committed(st, Entry::Write(*w), &mut displaced);
         }
         if let Some(a) = attr {
             self.apply_committed(
@@ -290,7 +296,16 @@ impl<P: Pmem> Fs<P> {
                     link_change: false,
                     attr: a,
                 },
+                &mut displaced,
             );
+        }
+        if !displaced.is_empty() {
+            if !durable {
+                self.pm.fence();
+            }
+            for (b, n) in displaced {
+                self.free_blocks(b, n);
+            }
         }
         if durable {
             st.attr_dirty = false;
@@ -299,9 +314,10 @@ impl<P: Pmem> Fs<P> {
         Ok(())
     }
 
-    /// Apply a committed entry to DRAM and free the blocks it displaced
-    /// (never the blocks it maps itself: an in-place entry remaps them).
-    fn apply_committed(&self, st: &mut InodeState, e: Entry<'_>) {
+    /// Apply a committed entry to DRAM and collect the blocks it displaced
+    /// in `displaced` (never the blocks it maps itself: an in-place entry
+    /// remaps them), for the caller to free once the commit is durable.
+    fn apply_committed(&self, st: &mut InodeState, e: Entry<'_>, displaced: &mut Vec<(u64, u64)>) {
         let own = match &e {
             Entry::Write(w) => (w.block, w.block + w.pages as u64),
             _ => (0, 0),
@@ -309,7 +325,7 @@ impl<P: Pmem> Fs<P> {
         let geo = self.geo;
         let mut released = |b: u64, n: u64| {
             if !(b >= own.0 && b < own.1) {
-                self.free_blocks(b, n);
+                displaced.push((b, n));
             }
         };
         let r = inode::apply_entry(&self.pm, &geo, st, e, &mut released);
