@@ -1,6 +1,7 @@
 //! `inkfs`: the command-line tool. Every error is one line on stderr and a
 //! non-zero exit code; nothing here panics on user input.
 
+mod crashtest;
 mod pool;
 
 use std::process::ExitCode;
@@ -21,6 +22,9 @@ commands:
   install-helper [DIR]
                       install mount.fuse.inkfs (default /sbin) for
                       `mount -t fuse.inkfs` and /etc/fstab
+  crashtest [--states N] [--seed S] [--mode M] [--workload W] [--images K]
+                      crash exploration on the simulator: every one- and
+                      two-operation workload, every fence, each mode
   help                this text
 ";
 
@@ -37,6 +41,7 @@ fn main() -> ExitCode {
         "null-fs" => return exit_code(inkfs_fuse::null_main(rest)),
         "install-helper" => return exit_code(inkfs_fuse::install_helper_main(rest)),
         "stat" => pool::stat(rest),
+        "crashtest" => crashtest::main(rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(())

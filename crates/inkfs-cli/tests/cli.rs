@@ -105,3 +105,25 @@ fn errors_are_one_line_without_panics() {
         assert_eq!(t.lines().count(), 1, "{args:?}: {t}");
     }
 }
+
+#[test]
+fn crashtest_one_workload_and_errors() {
+    let o = inkfs(&[
+        "crashtest",
+        "--workload",
+        "append_foo+rename_bar_over_foo",
+        "--images",
+        "4",
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("crash states checked"), "{t}");
+    assert!(t.contains("1 of 1 workloads (3 runs)"), "{t}");
+    assert!(t.contains("0 violations"), "{t}");
+    let o = inkfs(&["crashtest", "--workload", "no_such_op+x"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("no workload matches"), "{}", text(&o));
+    let o = inkfs(&["crashtest", "--mode", "fast"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("unknown mode"), "{}", text(&o));
+}
