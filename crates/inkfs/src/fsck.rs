@@ -352,7 +352,7 @@ enum Fix {
     /// Drop the name `name` of directory `dir`.
     RemoveEntry { dir: u64, name: Vec<u8> },
     /// Rewrite the name `name` of `dir` with the child's real kind.
-    FixEntryKind {
+    RetargetEntry {
         dir: u64,
         name: Vec<u8>,
         ino: u64,
@@ -374,7 +374,7 @@ impl Fix {
     /// attributes computed assuming both.
     fn pass(&self) -> u32 {
         match self {
-            Fix::RemoveEntry { .. } | Fix::FixEntryKind { .. } => 0,
+            Fix::RemoveEntry { .. } | Fix::RetargetEntry { .. } => 0,
             Fix::Reconnect { .. } => 1,
             Fix::SetParent { .. } => 2,
             Fix::SetNlink { .. } => 3,
@@ -465,7 +465,7 @@ fn repair_mounted<P: Pmem>(pm: &P, fixes: &[(usize, Fix)]) -> Result<FixResults>
         for (i, fix) in fixes.iter().filter(|(_, f)| f.pass() == pass) {
             let r = match fix {
                 Fix::RemoveEntry { dir, name } => fs.fsck_put_entry(*dir, name, None),
-                Fix::FixEntryKind {
+                Fix::RetargetEntry {
                     dir,
                     name,
                     ino,
@@ -1591,7 +1591,7 @@ impl Namespace<'_> {
                             "entry \"{shown}\" says inode {cino} is a {ckind:?}, it is a {:?}",
                             child.kind
                         ),
-                        Some(Fix::FixEntryKind {
+                        Some(Fix::RetargetEntry {
                             dir: d,
                             name: name.clone(),
                             ino: cino,
