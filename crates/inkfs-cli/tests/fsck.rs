@@ -207,3 +207,44 @@ fn mounted_pool_repair_is_refused() {
     assert_eq!(code(&o), 0, "{}", text(&o));
     assert!(!text(&o).contains("warning"), "{}", text(&o));
 }
+
+/// Timing on a pool of 10,000 files (run with
+/// `cargo test --release -p inkfs-cli --test fsck -- --ignored --nocapture`).
+#[test]
+#[ignore]
+fn timing_10k_files() {
+    let pool = Pool::new("10k");
+    let o = inkfs(&["mkfs", pool.s(), "--size", "1G"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let pm = MappedPool::open(
+        &pool.0,
+        &PoolOpenOptions {
+            create_size_bytes: None,
+            read_only: false,
+        },
+    )
+    .unwrap();
+    let fs = Fs::mount(pm, MountOptions::default()).unwrap();
+    let data = vec![7u8; 6000];
+    for d in 0..100 {
+        let dir = fs
+            .mkdir(ROOT_INO, format!("d{d}").as_bytes(), 0o755, 0, 0)
+            .unwrap()
+            .ino;
+        for f in 0..100 {
+            let (_, fh) = fs
+                .create(dir, format!("f{f}").as_bytes(), 0o644, 0, 0)
+                .unwrap();
+            fs.write(&fh, 0, &data).unwrap();
+            fs.release(fh);
+        }
+    }
+    fs.unmount().unwrap();
+    for args in [vec!["fsck", pool.s()], vec!["fsck", pool.s(), "-y"]] {
+        let t = std::time::Instant::now();
+        let o = inkfs(&args);
+        let el = t.elapsed();
+        assert_eq!(code(&o), 0, "{}", text(&o));
+        println!("{args:?}: {el:?}\n{}", text(&o));
+    }
+}
