@@ -801,3 +801,61 @@ fn crash_images_are_clean_after_recovery() {
     }
     assert!(images > 10);
 }
+
+#[test]
+fn directory_with_two_names_is_fixed() {
+    let (pm, p) = populated_pool();
+    let fs = mount(pm);
+    let d2 = lookup_path(&fs, "d2");
+    let pm = fs.unmount().unwrap();
+    append_entry(
+        &pm,
+        ROOT_INO,
+        EntryBuf::dir(true, d2, 901, 1, FileKind::Dir, b"alias").as_bytes(),
+    );
+    let r = check(&pm);
+    assert!(
+        r.errors()
+            .any(|p| p.kind == ProblemKind::DirLinkedTwice && p.message.contains("alias")),
+        "{:#?}",
+        r.problems
+    );
+    let r = repair(&pm);
+    assert_eq!(r.exit_code(), 1, "{:#?}", r.problems);
+    assert_clean(&check(&pm));
+    let pm = verify_files(pm, &p);
+    let fs = mount(pm);
+    assert!(fs.lookup(ROOT_INO, b"alias").is_err());
+    assert!(fs.lookup(ROOT_INO, b"d2").is_ok());
+}
+
+#[test]
+fn broken_inode_table_chain_is_detected() {
+    let (pm, _) = populated_pool();
+    // A lane whose table has grown (a thread allocates from one lane).
+    let (first, t) = (0..2)
+        .map(|lane| {
+            let first = lane_first_block(lane) + LANE_INODE_TABLE_BLOCK;
+            let t: TableTrailer = read_pod(&pm, first * BLOCK_SIZE + TABLE_TRAILER_OFFSET);
+            (first, t)
+        })
+        .find(|(_, t)| t.next_block != 0)
+        .expect("a lane with a second table block");
+    // Second block's trailer links back to the first: a cycle.
+    pm.write_u64(t.next_block * BLOCK_SIZE + TABLE_TRAILER_OFFSET + 8, first);
+    let r = check(&pm);
+    assert!(has_error(&r, ProblemKind::InodeTable), "{:#?}", r.problems);
+    assert_eq!(r.exit_code(), 4);
+    // Out of range, and a bad magic.
+    pm.write_u64(
+        t.next_block * BLOCK_SIZE + TABLE_TRAILER_OFFSET + 8,
+        1 << 40,
+    );
+    assert!(has_error(&check(&pm), ProblemKind::InodeTable));
+    pm.write_u64(t.next_block * BLOCK_SIZE + TABLE_TRAILER_OFFSET, 0);
+    let r = check(&pm);
+    assert!(has_error(&r, ProblemKind::InodeTable));
+    // The inodes of the lost block are gone: their names dangle.
+    assert!(has_error(&r, ProblemKind::DanglingEntry));
+    assert_eq!(repair(&pm).exit_code(), 4);
+}
