@@ -69,11 +69,12 @@ probe() { echo "+ probe $*"; "$PROBE" "$@"; }
 sh_x() { echo "+ $*"; "$@"; }
 
 # ------------------------------------------------------ NVDIMM namespaces
-# One 2 GiB region, labelled, holding four namespaces (found by name later):
-#   ext4  fsdax  768M  ext4 -o dax (probe files, the inkfs pool file)
-#   xfs   fsdax  512M  xfs -o dax (probe files)
-#   probe devdax 256M  probe only
-#   pool  devdax rest  the inkfs pool on device DAX
+# One 2 GiB region, labelled, holding four namespaces (found by name later;
+# created in this order, so the device names below are the usual ones):
+#   pool  devdax 512M  /dev/dax0.0   the inkfs pool on device DAX
+#   ext4  fsdax  768M  /dev/pmem0.1  ext4 -o dax (probe files, inkfs pool file)
+#   xfs   fsdax  512M  /dev/pmem0.2  xfs -o dax (probe files)
+#   probe devdax rest  /dev/dax0.3   probe only
 ns_json() { ndctl list -N 2>/dev/null | jq -c 'if type == "array" then .[] else . end'; }
 ns_field() { ns_json | jq -r --arg n "$1" --arg f "$2" 'select(.name == $n) | .[$f] // empty'; }
 
@@ -81,10 +82,10 @@ setup_namespaces() {
 	sh_x ndctl disable-region all || return 1
 	sh_x ndctl init-labels -f all || return 1
 	sh_x ndctl enable-region all || return 1
+	sh_x ndctl create-namespace -r region0 -m devdax -s 512M -n pool || return 1
 	sh_x ndctl create-namespace -r region0 -m fsdax --map=mem -s 768M -n ext4 || return 1
 	sh_x ndctl create-namespace -r region0 -m fsdax --map=mem -s 512M -n xfs || return 1
-	sh_x ndctl create-namespace -r region0 -m devdax -s 256M -n probe || return 1
-	sh_x ndctl create-namespace -r region0 -m devdax -n pool || return 1
+	sh_x ndctl create-namespace -r region0 -m devdax -n probe || return 1
 	show_namespaces
 }
 
@@ -293,6 +294,13 @@ run_inkfs() { # run_inkfs BACKEND : set the backend variables, run the workload
 	esac
 	if [[ ! -x $INKFS ]]; then
 		skip_or_fail "inkfs.$BACKEND" "no inkfs binary given (tests/dax-vm/run --inkfs PATH or INKFS_BIN)"
+		return 0
+	fi
+	local out rc
+	out=$("$INKFS" --help 2>&1)
+	rc=$?
+	if [[ $rc == 126 || $rc == 127 ]]; then # the loader or exec failed: not a missing subcommand
+		result FAIL "inkfs.$BACKEND" "the inkfs binary cannot run in the guest (exit $rc: $(head -1 <<<"$out"))"
 		return 0
 	fi
 	echo "guest: === inkfs on $BACKEND: $POOL"
