@@ -177,6 +177,7 @@ inkfs_boot1() {
 		step fsck -- inkfs fsck "$POOL"
 		step selftest -- inkfs selftest "$POOL"
 		mount_workload write
+		mount_workload verify # clean unmount, mount again, contents checked
 		step fsck-after -- inkfs fsck "$POOL"
 		;;
 	nodax) # the fsdax pool file, its file system remounted without DAX
@@ -211,7 +212,8 @@ skip_or_fail() { # NAME WHY
 step() {
 	local name=inkfs.$BACKEND.$1 expects=() out rc re
 	shift
-	while [[ $1 != -- ]]; do expects+=("$2"); shift 2; done
+	while [[ $# -gt 1 && $1 == --expect ]]; do expects+=("$2"); shift 2; done
+	[[ ${1:-} == -- ]] || { result FAIL "$name" "bad step syntax in guest-test.sh (want: step NAME [--expect RE]... -- inkfs SUB ARGS)"; return 0; }
 	shift
 	[[ $1 == inkfs ]] && shift
 	if [[ -n $STEP_BLOCKED ]]; then
@@ -349,5 +351,10 @@ main() {
 	fi
 }
 
+if [[ $PHASE == shell ]]; then # tests/dax-vm/run --shell: interactive, for debugging
+	echo "guest: interactive shell (NVDIMM as left by the last boot; 'exit' powers off)"
+	setsid -c bash -i </dev/ttyS0 >/dev/ttyS0 2>&1
+	finish
+fi
 main
 finish
