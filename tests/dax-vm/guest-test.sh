@@ -313,6 +313,7 @@ run_inkfs() { # run_inkfs BACKEND : set the backend variables, run the workload
 main() {
 	echo "guest: cpu flags: $(grep -m1 -o -w -E 'clwb|clflushopt|clflush|avx512f|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 	echo "guest: $(ndctl --version 2>&1 | sed 's/^/ndctl /'), $(mkfs.xfs -V 2>&1 | head -1), $(mke2fs -V 2>&1 | head -1)"
+	echo "guest: /dev/fuse $([[ -c /dev/fuse ]] && echo present || echo MISSING), modules: $(cut -d' ' -f1 /proc/modules | grep -E '^(nfit|libnvdimm|nd_pmem|dax_pmem|device_dax|ext4|xfs|9p|fuse)$' | sort | tr '\n' ' ')"
 	[[ -e /sys/bus/nd/devices/region0 ]] || { result FAIL nvdimm "no NVDIMM region (nfit/libnvdimm not loaded or no NVDIMM device)"; return; }
 	if [[ $PHASE == boot1 ]]; then
 		check namespaces setup_namespaces || return
