@@ -566,7 +566,7 @@ impl<P: Pmem> Fs<P> {
     ) -> Result<()> {
         let old_size = st.attr.size;
         let mut tx = DataTx::new(st);
-        if new_size < old_size && new_size % BLOCK_SIZE != 0 {
+        if new_size < old_size && !new_size.is_multiple_of(BLOCK_SIZE) {
             let page_end = (new_size / BLOCK_SIZE + 1) * BLOCK_SIZE;
             if let Err(e) = self.zero_partial(st, new_size, page_end, old_size, a.ctime_ns, &mut tx)
             {
@@ -677,10 +677,10 @@ impl<P: Pmem> Fs<P> {
             // Inside a single page.
             return self.zero_partial(st, off, end, size, now, tx);
         }
-        if off % BLOCK_SIZE != 0 {
+        if !off.is_multiple_of(BLOCK_SIZE) {
             self.zero_partial(st, off, first_full * BLOCK_SIZE, size, now, tx)?;
         }
-        if end % BLOCK_SIZE != 0 {
+        if !end.is_multiple_of(BLOCK_SIZE) {
             self.zero_partial(st, end_full * BLOCK_SIZE, end, size, now, tx)?;
         }
         if first_full < end_full {
