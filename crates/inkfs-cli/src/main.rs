@@ -2,7 +2,9 @@
 //! non-zero exit code; nothing here panics on user input.
 
 mod crashtest;
+mod fsck;
 mod pool;
+mod selftest;
 
 use std::process::ExitCode;
 
@@ -18,6 +20,12 @@ commands:
                       running mount (live per-operation statistics)
   mount POOL MOUNTPOINT [-f] [-o mode=strict|sync|posix,ro,threads=N,...]
                       mount with FUSE; returns once the mount is live
+  fsck POOL [-y|--repair] [--json] [-q] [--progress]
+                      check a pool (read-only unless -y, which repairs what
+                      is safely repairable); exit 0 clean, 1 errors fixed,
+                      4 errors left, 8 operational error
+  selftest POOL       write a tree through the library, unmount, remount,
+                      verify every byte, fsck, clean up (for new hardware)
   null-fs MOUNTPOINT  a do-nothing FUSE file system (benchmark floor)
   install-helper [DIR]
                       install mount.fuse.inkfs (default /sbin) for
@@ -35,13 +43,29 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     let rest = &args[1..];
+    const COMMANDS: [&str; 8] = [
+        "mkfs",
+        "stat",
+        "mount",
+        "fsck",
+        "selftest",
+        "null-fs",
+        "install-helper",
+        "help",
+    ];
+    if COMMANDS.contains(&cmd.as_str()) && rest.iter().any(|a| a == "--help" || a == "-h") {
+        print!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     let result = match cmd.as_str() {
+        "selftest" => selftest::selftest(rest),
         "mkfs" => pool::mkfs(rest),
         "mount" => return exit_code(inkfs_fuse::mount_main(rest)),
         "null-fs" => return exit_code(inkfs_fuse::null_main(rest)),
         "install-helper" => return exit_code(inkfs_fuse::install_helper_main(rest)),
         "stat" => pool::stat(rest),
         "crashtest" => crashtest::main(rest),
+        "fsck" => return exit_code(fsck::fsck_main(rest)),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(())

@@ -13,6 +13,7 @@
 //! - [`fs`]: mount/unmount, attributes, handles, commit helpers
 //! - [`namei`]: namespace operations; [`file`]: data operations; [`xattr`]
 //! - [`gc`]: log compaction; [`recovery`]: crash rebuild
+//! - [`fsck`]: offline consistency check and repair
 //! - [`crashtest`]: crash exploration (ACE-style workloads on the simulator)
 
 pub mod alloc;
@@ -23,6 +24,7 @@ pub mod extents;
 pub mod file;
 pub mod format;
 pub mod fs;
+pub mod fsck;
 pub mod gc;
 pub mod inode;
 pub mod journal;

@@ -11,8 +11,12 @@
 
 use inkfs::crashtest::{self, CrashTestOptions};
 
-/// The CI budget: distinct crash states over the three modes.
-const CI_STATES: u64 = 24_000;
+/// The CI budget: distinct crash states over the three modes. At one image
+/// per crash point the catalogue has about 29,000 points; this budget
+/// covers every workload, about two images per point, in 1–2 minutes on a
+/// loaded 2-core machine (~800 states/s with fsck and a clean remount per
+/// state).
+const CI_STATES: u64 = 60_000;
 
 fn env_u64(name: &str) -> Option<u64> {
     let v = std::env::var(name).ok()?;
@@ -47,7 +51,9 @@ fn crash_exploration_ci_budget() {
     for v in report.violations.iter().take(10) {
         eprintln!("{v}");
     }
-    eprintln!(
+    // Written to the process's stderr directly (not through the test
+    // harness's capture) so that CI logs show the count and the rate.
+    let summary = format!(
         "crash_explore: {} crash states checked (strict {}, sync {}, posix {}; {} images generated at {} crash points) \
          over {} of {} workloads ({} runs) in {:.1}s: {:.0} states/s; {} violations",
         report.states_checked,
@@ -63,6 +69,7 @@ fn crash_exploration_ci_budget() {
         report.states_per_second(),
         report.violations.len()
     );
+    std::io::Write::write_all(&mut std::io::stderr(), format!("{summary}\n").as_bytes()).unwrap();
     assert!(
         report.violations.is_empty(),
         "{} violations (first shown above)",

@@ -2,7 +2,8 @@
 //! [`workload`]) over a small fixed namespace, run in each consistency mode
 //! on the crash simulator ([`SimPool`]); at every fence of the workload,
 //! crash images are produced, recovered, checked (internal consistency,
-//! fsck, a clean remount, the mode's promise: [`expect`]) and counted.
+//! [`crate::fsck`] of the crash image and of the recovered pool, a clean
+//! remount, the mode's promise: [`expect`]) and counted.
 //!
 //! Used by the test `tests/crash_explore.rs` (a fixed CI budget) and by
 //! `inkfs crashtest` (any budget, one workload, one mode, reproduction).
@@ -389,8 +390,11 @@ fn check_image(
         mode,
         read_only: false,
     };
-    let fs = Fs::mount(SimPool::from_image(image), mopts.clone())
-        .map_err(|e| format!("  mount failed: {e:?}\n"))?;
+    let pm = SimPool::from_image(image);
+    // fsck sees the crash image as the next mount will: pending journals
+    // and orphans are notes; any error is a violation.
+    fsck_clean(&pm, false)?;
+    let fs = Fs::mount(pm, mopts.clone()).map_err(|e| format!("  mount failed: {e:?}\n"))?;
     let snap = snapshot(&fs).map_err(|e| format!("  inconsistent after recovery: {e}\n"))?;
     let m = expect::check(mode, &snap, &rec.states, &rec.records, at)
         .map_err(|e| format!("  {}\n", e.trim_end()))?;
@@ -425,7 +429,8 @@ fn check_image(
     let pm = fs
         .unmount()
         .map_err(|e| format!("  unmount after recovery: {e:?}\n"))?;
-    fsck_clean(&pm)?;
+    // After recovery and a clean unmount: no problem of any kind.
+    fsck_clean(&pm, true)?;
     let fs = Fs::mount(pm, mopts).map_err(|e| format!("  clean remount failed: {e:?}\n"))?;
     if !fs.mount_report().allocator_restored {
         return Err("  clean remount did not restore the allocator\n".into());
@@ -446,12 +451,31 @@ fn check_image(
     probe(&fs, &snap).map_err(|e| format!("  {e}\n"))
 }
 
-/// FSCK HOOK. The `inkfs::fsck` module is being written on another branch;
-/// once it is on main, this becomes
-/// `crate::fsck::check(pm, &Default::default())` and requires
-/// `is_clean()`, on every recovered (then cleanly unmounted) image.
-fn fsck_clean<P: Pmem>(_pm: &P) -> Result<(), String> {
-    Ok(())
+/// fsck (`crate::fsck::check`, read-only) of a crash image (`no_notes`
+/// false: errors only) or of a recovered, cleanly unmounted one (`no_notes`
+/// true: nothing at all may be reported).
+fn fsck_clean<P: Pmem>(pm: &P, no_notes: bool) -> Result<(), String> {
+    let r = crate::fsck::check(pm, &crate::fsck::FsckOptions::default())
+        .map_err(|e| format!("  fsck could not check the pool: {e}\n"))?;
+    let bad: Vec<String> = r
+        .problems
+        .iter()
+        .filter(|p| no_notes || p.severity == crate::fsck::Severity::Error)
+        .map(|p| format!("    [{}] {p}\n", p.kind.name()))
+        .collect();
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "  fsck {}:\n{}",
+            if no_notes {
+                "after recovery and a clean unmount"
+            } else {
+                "of the crash image"
+            },
+            bad.concat()
+        ))
+    }
 }
 
 /// The recovered file system accepts new work, and no file hides stale
