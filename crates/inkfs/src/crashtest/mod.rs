@@ -13,9 +13,11 @@
 //! order shuffled by the seed. Each run checks every crash point of its
 //! last operation (the crash points of the first operation of a
 //! two-operation workload are those of the one-operation workload, already
-//! checked) and the end of the trace, with `k` images per point: the budget
-//! left divided by the runs left and the run's points (at least one, at
-//! most `max_images_per_point`), or exactly `images` when it is set. Images
+//! checked) and the end of the trace. The run's share is the budget left
+//! divided by the runs left; it is water-filled over the run's points
+//! (each gets at least one image and at most `max_images_per_point` or as
+//! many as it has; what a point cannot use goes to the others), or every
+//! point gets exactly `images` when that is set. Images
 //! are sampled from the seed when a point has more possible images than
 //! `k` (the first two being "nothing pending persisted" and "everything
 //! persisted"), all of them otherwise. Identical images of one run are
@@ -344,13 +346,26 @@ fn run_one(
     // Crash points of the last operation, and the end of the trace.
     let first = rec.records.last().map_or(0, |r| r.fences.0);
     let points: Vec<usize> = (first..=fences).collect();
-    let images = match opts.images {
-        Some(k) => k.max(1),
-        None => ((share / points.len() as f64).floor() as usize).clamp(1, opts.max_images_per_point.max(1)),
-    };
     let seed = run_seed(opts.seed, name, mode);
+    // Images per point: exactly `images` when asked; otherwise the run's
+    // share of the budget, water-filled over its points so that points
+    // with few possible images leave the rest to those with many.
+    let per_point: Vec<usize> = match opts.images {
+        Some(k) => vec![k.max(1); points.len()],
+        None => {
+            let cap = opts.max_images_per_point.max(1);
+            let possible: Vec<u64> = points
+                .iter()
+                .map(|&p| rec.trace.crash_images(p, cap, seed).total().min(cap as u64))
+                .collect();
+            water_fill(&possible, share.floor() as u64)
+                .into_iter()
+                .map(|n| n as usize)
+                .collect()
+        }
+    };
     let mut seen: HashSet<u128> = HashSet::new();
-    for &point in &points {
+    for (&point, &images) in points.iter().zip(&per_point) {
         let at = expect::locate(&rec.records, point);
         report.crash_points += 1;
         for img in rec.trace.crash_images(point, images.max(2), seed).take(images) {
@@ -376,6 +391,24 @@ fn run_one(
             }
         }
     }
+}
+
+/// Share `budget` over points that have `caps[i]` possible images each:
+/// every point gets at least one, none more than its cap, and what a small
+/// point cannot use goes to the others.
+fn water_fill(caps: &[u64], budget: u64) -> Vec<u64> {
+    let n = caps.len();
+    let mut out = vec![0; n];
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&i| caps[i]);
+    let mut left = budget.max(n as u64);
+    for (k, &i) in order.iter().enumerate() {
+        let fair = left / (n - k) as u64;
+        let give = caps[i].min(fair).max(1);
+        out[i] = give;
+        left = left.saturating_sub(give);
+    }
+    out
 }
 
 /// Recover one crash image and check everything that must hold.
