@@ -10,7 +10,7 @@ use inkfs::types::Mode;
 pub const USAGE: &str = "\
 usage: inkfs crashtest [--states N] [--seed S] [--mode strict|sync|posix]...
                        [--workload NAME] [--images K] [--max-images K]
-                       [--quick] [--list]
+                       [--quick] [--torn] [--list]
 
 Runs every one- and two-operation workload over a small fixed namespace on
 the crash simulator, in each mode; at every fence, crash images are
@@ -24,6 +24,7 @@ recovered and checked against the mode's promise (docs/MODES.md).
   --images K      exactly K images per crash point (reproduces a report)
   --max-images K  at most K images per crash point (default 64)
   --quick         skip the clean remount and probe after each recovery
+  --torn          also tear multi-word stores (8-byte words stay atomic)
   --list          print the operations and exit
 ";
 
@@ -58,6 +59,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
                 opts.filter = Some(it.next().ok_or("--workload needs a value")?.clone())
             }
             "--quick" => opts.deep = false,
+            "--torn" => opts.torn_stores = true,
             "--list" => {
                 for op in workload::OPS {
                     println!("{:<28} {:?}", op.name, op.kind);

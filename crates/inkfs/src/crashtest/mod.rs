@@ -58,6 +58,9 @@ pub struct CrashTestOptions {
     /// Only the workload of this name (`op` or `op1+op2`), or, if no
     /// workload has that name, the workloads whose name contains it.
     pub filter: Option<String>,
+    /// Record a version per 8-byte word instead of per store, so crash
+    /// images also hold torn multi-word stores (`SimPool::set_torn_stores`).
+    pub torn_stores: bool,
     /// After each recovery also unmount, remount cleanly, compare, and run
     /// a probe write (slower, finds allocator and save-area bugs).
     pub deep: bool,
@@ -72,6 +75,7 @@ impl Default for CrashTestOptions {
             max_images_per_point: 64,
             images: None,
             filter: None,
+            torn_stores: false,
             deep: true,
         }
     }
@@ -91,6 +95,8 @@ pub struct Violation {
     pub image_index: u64,
     /// Images per crash point of the run (what `--images` takes).
     pub images: usize,
+    /// Torn stores were simulated (`--torn`).
+    pub torn_stores: bool,
     /// How the operations ended and where the point lies.
     pub context: String,
     pub diff: String,
@@ -100,11 +106,12 @@ impl Violation {
     /// The command that rebuilds this image and checks it again.
     pub fn repro_command(&self) -> String {
         format!(
-            "inkfs crashtest --workload {} --mode {} --seed {:#x} --images {}",
+            "inkfs crashtest --workload {} --mode {} --seed {:#x} --images {}{}",
             self.workload,
             self.mode.name(),
             self.seed,
-            self.images
+            self.images,
+            if self.torn_stores { " --torn" } else { "" }
         )
     }
 }
@@ -260,7 +267,7 @@ struct Recorded {
     trace: SimTrace,
 }
 
-fn record(base: &[u8], w: &Workload, mode: Mode) -> Result<Recorded, String> {
+fn record(base: &[u8], w: &Workload, mode: Mode, torn: bool) -> Result<Recorded, String> {
     let fs = Fs::mount(
         SimPool::from_image(base.to_vec()),
         MountOptions {
@@ -275,6 +282,7 @@ fn record(base: &[u8], w: &Workload, mode: Mode) -> Result<Recorded, String> {
     let mut records = Vec::new();
     let mut results = Vec::new();
     let f0 = fs.pmem().fence_count();
+    fs.pmem().set_torn_stores(torn);
     fs.pmem().start_trace();
     for &i in &w.ops {
         let op = &OPS[i];
@@ -330,10 +338,11 @@ fn run_one(
         seed: opts.seed,
         image_index: index,
         images,
+        torn_stores: opts.torn_stores,
         context,
         diff,
     };
-    let rec = match record(base, w, mode) {
+    let rec = match record(base, w, mode, opts.torn_stores) {
         Ok(r) => r,
         Err(e) => {
             report
