@@ -50,9 +50,10 @@ pub fn main(args: &[String]) -> Result<(), String> {
             "--mode" => {
                 let v = it.next().ok_or("--mode needs a value")?;
                 for m in v.split(',') {
-                    modes.push(Mode::parse(m).ok_or_else(|| {
-                        format!("unknown mode '{m}' (strict, sync or posix)")
-                    })?);
+                    modes
+                        .push(Mode::parse(m).ok_or_else(|| {
+                            format!("unknown mode '{m}' (strict, sync or posix)")
+                        })?);
                 }
             }
             "--workload" => {
@@ -88,7 +89,11 @@ pub fn main(args: &[String]) -> Result<(), String> {
     println!(
         "crashtest: seed {:#x}, modes {}, {}",
         opts.seed,
-        opts.modes.iter().map(|m| m.name()).collect::<Vec<_>>().join(","),
+        opts.modes
+            .iter()
+            .map(|m| m.name())
+            .collect::<Vec<_>>()
+            .join(","),
         match opts.images {
             Some(k) => format!("{k} images per crash point"),
             None => format!("budget {} crash states", opts.states_budget),

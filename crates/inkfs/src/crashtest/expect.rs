@@ -33,6 +33,7 @@
 //!     fsync/fdatasync of the file, or a later truncate/fallocate that
 //!     changed that byte (a punched or zeroed range is durable at once; an
 //!     unsynced overwrite elsewhere in the file may still be old or new).
+//!
 //!   Files are matched across states by inode number and generation (a
 //!   reused number is another file). Unsynced writes may thus be lost, or
 //!   (overwrites) partly present, but never show bytes no state had.
@@ -138,19 +139,12 @@ pub fn check(
     if matched.is_empty() {
         let mut s = format!(
             "{} equals none of the expected states {cands:?}\n",
-            if strip_content {
-                "metadata"
-            } else {
-                "state"
-            }
+            if strip_content { "metadata" } else { "state" }
         );
         for &c in &cands {
             s.push_str(&format!(
                 " diff from state {c} to recovered:\n{}",
-                diff(
-                    &strip(&states[c], strip_content, strip_size),
-                    &f
-                )
+                diff(&strip(&states[c], strip_content, strip_size), &f)
             ));
         }
         return Err(s);
@@ -192,7 +186,10 @@ pub fn check(
                     Box::new(move |off: usize| {
                         let mut lo = lo_sync;
                         for &j in &durable {
-                            if j > lo && byte_of(maps[j - 1].get(&key), off) != byte_of(maps[j].get(&key), off) {
+                            if j > lo
+                                && byte_of(maps[j - 1].get(&key), off)
+                                    != byte_of(maps[j].get(&key), off)
+                            {
                                 lo = j;
                             }
                         }

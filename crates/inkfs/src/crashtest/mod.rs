@@ -196,7 +196,7 @@ pub fn select_workloads(filter: Option<&str>, seed: u64) -> Vec<Workload> {
                 all.into_iter().partition(|w| w.ops.len() == 1);
             // Seeded Fisher-Yates over the two-operation workloads, so a
             // small budget samples all kinds of pairs.
-            let mut rng = SplitMix(seed ^ 0x5EED_0F_ACE);
+            let mut rng = SplitMix(seed ^ 0x0005_EED0_FACE);
             for i in (1..two.len()).rev() {
                 let j = (rng.next() % (i as u64 + 1)) as usize;
                 two.swap(i, j);
@@ -298,8 +298,8 @@ fn record(base: &[u8], w: &Workload, mode: Mode, torn: bool) -> Result<Recorded,
             ok: r.is_ok(),
             fences: (before, after),
         });
-        let s = snapshot(&fs)
-            .map_err(|e| format!("live state after {} inconsistent: {e}", op.name))?;
+        let s =
+            snapshot(&fs).map_err(|e| format!("live state after {} inconsistent: {e}", op.name))?;
         if r.is_err() && s.timeless() != states.last().unwrap().timeless() {
             return Err(format!(
                 "{} failed ({}) but changed the state:\n{}",
@@ -330,24 +330,32 @@ fn run_one(
     share: f64,
     report: &mut CrashTestReport,
 ) {
-    let violation = |fence: usize, fences: usize, index: u64, images: usize, context: String, diff: String| Violation {
-        workload: name.to_string(),
-        mode,
-        fence,
-        fences,
-        seed: opts.seed,
-        image_index: index,
-        images,
-        torn_stores: opts.torn_stores,
-        context,
-        diff,
-    };
+    let violation =
+        |fence: usize, fences: usize, index: u64, images: usize, context: String, diff: String| {
+            Violation {
+                workload: name.to_string(),
+                mode,
+                fence,
+                fences,
+                seed: opts.seed,
+                image_index: index,
+                images,
+                torn_stores: opts.torn_stores,
+                context,
+                diff,
+            }
+        };
     let rec = match record(base, w, mode, opts.torn_stores) {
         Ok(r) => r,
         Err(e) => {
-            report
-                .violations
-                .push(violation(0, 0, 0, 0, "while running the workload".into(), format!("  {e}\n")));
+            report.violations.push(violation(
+                0,
+                0,
+                0,
+                0,
+                "while running the workload".into(),
+                format!("  {e}\n"),
+            ));
             return;
         }
     };
@@ -377,7 +385,11 @@ fn run_one(
     for (&point, &images) in points.iter().zip(&per_point) {
         let at = expect::locate(&rec.records, point);
         report.crash_points += 1;
-        for img in rec.trace.crash_images(point, images.max(2), seed).take(images) {
+        for img in rec
+            .trace
+            .crash_images(point, images.max(2), seed)
+            .take(images)
+        {
             report.images_generated += 1;
             if !seen.insert(image_hash(&img.image)) {
                 continue;

@@ -324,4 +324,3 @@ pub fn diff(a: &Snap, b: &Snap) -> String {
     }
     out
 }
-

@@ -149,7 +149,12 @@ const fn falloc(
     )
 }
 
-const fn rename(name: &'static str, from: &'static str, to: &'static str, flags: (bool, bool)) -> Op {
+const fn rename(
+    name: &'static str,
+    from: &'static str,
+    to: &'static str,
+    flags: (bool, bool),
+) -> Op {
     op(
         name,
         OpKind::Rename {
@@ -205,8 +210,20 @@ pub const OPS: &[Op] = &[
     op("truncate_bar_4096", OpKind::Truncate("/bar", 4096)),
     op("truncate_foo_0", OpKind::Truncate("/A/foo", 0)),
     op("truncate_bar_grow", OpKind::Truncate("/bar", 20_000)),
-    falloc("falloc_foo_extend", "/A/foo", 8000, 8000, (false, false, false)),
-    falloc("falloc_bar_keep_size", "/bar", 0, 16_384, (true, false, false)),
+    falloc(
+        "falloc_foo_extend",
+        "/A/foo",
+        8000,
+        8000,
+        (false, false, false),
+    ),
+    falloc(
+        "falloc_bar_keep_size",
+        "/bar",
+        0,
+        16_384,
+        (true, false, false),
+    ),
     falloc("punch_bar", "/bar", 1000, 5000, (true, true, false)),
     falloc("zero_range_foo", "/A/foo", 100, 4400, (false, false, true)),
     // Links.
@@ -358,17 +375,17 @@ fn setup<P: Pmem>(fs: &Fs<P>) -> Result<()> {
     let a = fs.mkdir(1, b"A", 0o755, 0, 0)?.ino;
     let b = fs.mkdir(1, b"B", 0o755, 0, 0)?.ino;
     fs.mkdir(a, b"sub", 0o755, 0, 0)?;
-    let (foo, fh) = fs.create(a, b"foo", 0o644, 1000, 1000)?;
+    let (foo_attr, fh) = fs.create(a, b"foo", 0o644, 1000, 1000)?;
     fs.write(&fh, 0, &pattern(FOO_LEN, 1))?;
     fs.release(fh);
     let (_, fh) = fs.create(1, b"bar", 0o644, 1000, 1000)?;
     fs.write(&fh, 0, &pattern(BAR_LEN, 2))?;
     fs.fsync(&fh, false)?;
     fs.release(fh);
-    fs.link(foo.ino, b, b"hl")?;
+    fs.link(foo_attr.ino, b, b"hl")?;
     fs.symlink(1, b"sym", b"A/foo", 0, 0)?;
-    fs.setxattr(foo.ino, b"user.x", b"one", XattrFlags::Any)?;
-    let fh = fs.open(foo.ino)?;
+    fs.setxattr(foo_attr.ino, b"user.x", b"one", XattrFlags::Any)?;
+    let fh = fs.open(foo_attr.ino)?;
     fs.fsync(&fh, false)?;
     fs.release(fh);
     Ok(())
