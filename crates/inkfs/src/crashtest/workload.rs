@@ -12,7 +12,7 @@ use crate::Fs;
 use super::snapshot::pattern;
 
 /// Pool size of every workload (small: crash images are copied per state).
-pub const POOL_BYTES: u64 = 1 << 20;
+pub const POOL_BYTES: u64 = 512 << 10;
 
 /// Sizes of the files of the fixed namespace.
 pub const FOO_LEN: usize = 5000;
@@ -99,6 +99,18 @@ impl Op {
             OpKind::Fsync { .. } => OpClass::Sync,
             _ => OpClass::Meta,
         }
+    }
+
+    /// Whether the operation goes through a handle held on /A/foo or /bar
+    /// in a `held` workload.
+    pub fn uses_held_handle(&self) -> bool {
+        self.data_path()
+            .is_some_and(|p| matches!(p, "/A/foo" | "/B/hl" | "/bar"))
+    }
+
+    /// Whether the operation may remove a name (and so a last link).
+    pub fn removes_name(&self) -> bool {
+        matches!(self.kind, OpKind::Unlink(_) | OpKind::Rename { .. })
     }
 
     /// The file whose data the operation changes or syncs, if any.
@@ -314,43 +326,108 @@ pub const OPS: &[Op] = &[
     ),
 ];
 
-/// A workload: one or two operations of [`OPS`] (indices).
+/// A workload: one or two operations of [`OPS`] (indices), optionally with
+/// handles held open on /A/foo and /bar from before the first operation to
+/// after the last (`held`): data operations on those files then go
+/// through the held handle (appends continue the handle's block
+/// reservation), truncate and fallocate act on a file open elsewhere, and
+/// unlinking the last name of a held file leaves an orphan that recovery
+/// must free.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Workload {
     pub ops: Vec<usize>,
+    pub held: bool,
 }
 
+/// Prefix of the name of a workload run with held handles.
+pub const HELD_PREFIX: &str = "held:";
+
 impl Workload {
-    /// `op` or `op1+op2`.
+    /// `op`, `op1+op2`, with `held:` in front when handles are held.
     pub fn name(&self) -> String {
-        self.ops
+        let ops = self
+            .ops
             .iter()
             .map(|&i| OPS[i].name)
             .collect::<Vec<_>>()
-            .join("+")
+            .join("+");
+        if self.held {
+            format!("{HELD_PREFIX}{ops}")
+        } else {
+            ops
+        }
     }
 
     /// The workload a name denotes.
     pub fn parse(name: &str) -> Option<Workload> {
-        let ops = name
+        let (held, rest) = match name.strip_prefix(HELD_PREFIX) {
+            Some(rest) => (true, rest),
+            None => (false, name),
+        };
+        let ops = rest
             .split('+')
             .map(|n| OPS.iter().position(|o| o.name == n))
             .collect::<Option<Vec<_>>>()?;
-        (!ops.is_empty()).then_some(Workload { ops })
+        (!ops.is_empty() && ops.len() <= 2).then_some(Workload { ops, held })
     }
 }
 
-/// Every workload of one and of two operations, one-operation workloads
-/// first, each group in catalogue order.
+/// Every workload of one and of two operations, in catalogue order: the
+/// single operations, the single operations with handles held, the pairs,
+/// and the pairs with handles held where holding matters: one of the two
+/// goes through a held handle (a write, truncate, fallocate or sync of
+/// /A/foo, /B/hl or /bar), or both remove names (a held file may become an
+/// orphan).
 pub fn all_workloads() -> Vec<Workload> {
     let n = OPS.len();
-    let mut out: Vec<Workload> = (0..n).map(|i| Workload { ops: vec![i] }).collect();
+    let w = |ops: Vec<usize>, held: bool| Workload { ops, held };
+    let mut out: Vec<Workload> = (0..n).map(|i| w(vec![i], false)).collect();
+    out.extend((0..n).map(|i| w(vec![i], true)));
     for a in 0..n {
         for b in 0..n {
-            out.push(Workload { ops: vec![a, b] });
+            out.push(w(vec![a, b], false));
+        }
+    }
+    for a in 0..n {
+        for b in 0..n {
+            let uses_held = OPS[a].uses_held_handle() || OPS[b].uses_held_handle();
+            let removes = OPS[a].removes_name() && OPS[b].removes_name();
+            if uses_held || removes {
+                out.push(w(vec![a, b], true));
+            }
         }
     }
     out
+}
+
+/// Paths a `held` workload keeps open.
+pub const HELD_PATHS: [&str; 2] = ["/A/foo", "/bar"];
+
+/// Handles held through a workload, by inode.
+#[derive(Default)]
+pub struct Held {
+    handles: Vec<(u64, crate::FileHandle)>,
+}
+
+impl Held {
+    pub fn open<P: Pmem>(fs: &Fs<P>) -> Result<Held> {
+        let mut handles = Vec::new();
+        for p in HELD_PATHS {
+            let ino = resolve(fs, p)?;
+            handles.push((ino, fs.open(ino)?));
+        }
+        Ok(Held { handles })
+    }
+
+    pub fn release<P: Pmem>(self, fs: &Fs<P>) {
+        for (_, fh) in self.handles {
+            fs.release(fh);
+        }
+    }
+
+    fn get(&self, ino: u64) -> Option<&crate::FileHandle> {
+        self.handles.iter().find(|(i, _)| *i == ino).map(|(_, h)| h)
+    }
 }
 
 /// A formatted, populated and cleanly unmounted pool holding the fixed
@@ -412,8 +489,9 @@ pub fn data_target<P: Pmem>(fs: &Fs<P>, op: &Op) -> Option<u64> {
 }
 
 /// Run one operation. Handles it opens are closed before it returns, so
-/// every fence it causes belongs to it.
-pub fn exec<P: Pmem>(fs: &Fs<P>, op: &Op) -> Result<()> {
+/// every fence it causes belongs to it; a file with a handle in `held` is
+/// written, fallocated and synced through that handle.
+pub fn exec<P: Pmem>(fs: &Fs<P>, op: &Op, held: &Held) -> Result<()> {
     match op.kind {
         OpKind::Create(path) => {
             let (dir, name) = parent(fs, path)?;
@@ -433,7 +511,7 @@ pub fn exec<P: Pmem>(fs: &Fs<P>, op: &Op) -> Result<()> {
             at,
             len,
             salt,
-        } => with_handle(fs, path, |fh| {
+        } => with_handle(fs, held, path, |fh| {
             let data = pattern(len, salt);
             match at {
                 At::Off(off) => fs.write(fh, off, &data).map(|_| ()),
@@ -457,7 +535,7 @@ pub fn exec<P: Pmem>(fs: &Fs<P>, op: &Op) -> Result<()> {
             keep_size,
             punch_hole,
             zero_range,
-        } => with_handle(fs, path, |fh| {
+        } => with_handle(fs, held, path, |fh| {
             fs.fallocate(
                 fh,
                 off,
@@ -524,17 +602,23 @@ pub fn exec<P: Pmem>(fs: &Fs<P>, op: &Op) -> Result<()> {
                 },
             )?;
         }
-        OpKind::Fsync { path, datasync } => with_handle(fs, path, |fh| fs.fsync(fh, datasync))?,
+        OpKind::Fsync { path, datasync } => {
+            with_handle(fs, held, path, |fh| fs.fsync(fh, datasync))?
+        }
     }
     Ok(())
 }
 
 fn with_handle<P: Pmem>(
     fs: &Fs<P>,
+    held: &Held,
     path: &str,
     f: impl FnOnce(&crate::FileHandle) -> Result<()>,
 ) -> Result<()> {
     let ino = resolve(fs, path)?;
+    if let Some(fh) = held.get(ino) {
+        return f(fh);
+    }
     let fh = fs.open(ino)?;
     let r = f(&fh);
     fs.release(fh);
