@@ -494,3 +494,61 @@ fn crash_during_setattr_log_compaction() {
         },
     );
 }
+
+/// Renames and link/unlink pairs append to directory and file logs too
+/// (DIR_REMOVE + DIR_ADD, LINK_CHANGE): those logs must stay bounded as
+/// well, also in a directory where nothing is ever created.
+#[test]
+fn rename_and_link_churn_keeps_logs_bounded() {
+    let (pool, pm) = ShmPool::new("gc-rename", 32 << 20);
+    Fs::format(
+        &pm,
+        &FormatOptions {
+            lanes: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let fs = Fs::mount(pm, strict()).unwrap();
+    let d = fs.mkdir(1, b"d", 0o755, 0, 0).unwrap().ino;
+    let e = fs.mkdir(1, b"e", 0o755, 0, 0).unwrap().ino;
+    let (a, fh) = fs.create(d, b"a", 0o644, 0, 0).unwrap();
+    fs.write(&fh, 0, b"payload").unwrap();
+    fs.release(fh);
+    let sub = fs.mkdir(d, b"sub", 0o755, 0, 0).unwrap().ino;
+    let mut max = [0u64; 4];
+    for i in 0..5000u32 {
+        // Same-directory rename back and forth.
+        let (from, to): (&[u8], &[u8]) = if i % 2 == 0 {
+            (b"a", b"b")
+        } else {
+            (b"b", b"a")
+        };
+        fs.rename(d, from, d, to, RenameFlags::default()).unwrap();
+        // A hard link made and removed: LINK_CHANGE entries in the file's log.
+        fs.link(a.ino, e, b"l").unwrap();
+        fs.unlink(e, b"l").unwrap();
+        // A directory moved between parents: its parent pointer changes.
+        let (p, q) = if i % 2 == 0 { (d, e) } else { (e, d) };
+        fs.rename(p, b"sub", q, b"sub", RenameFlags::default())
+            .unwrap();
+        if i % 50 == 0 {
+            for (m, ino) in max.iter_mut().zip([d, e, a.ino, sub]) {
+                *m = (*m).max(fs.log_pages(ino).unwrap());
+            }
+        }
+    }
+    eprintln!(
+        "max log pages after rename/link churn: d {}, e {}, file {}, moved dir {}",
+        max[0], max[1], max[2], max[3]
+    );
+    for (what, m) in ["dir d", "dir e", "file", "moved dir"].iter().zip(max) {
+        assert!(m <= 4, "{what}: log grew to {m} pages");
+    }
+    drop(fs);
+    let fs = Fs::mount(pool.open(), strict()).unwrap();
+    assert_eq!(fs.lookup(d, b"a").unwrap().nlink, 1);
+    assert_eq!(read_all(&fs, a.ino), b"payload");
+    assert_eq!(fs.lookup(d, b"sub").unwrap().ino, sub);
+    fs.unmount().unwrap();
+}
