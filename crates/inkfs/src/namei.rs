@@ -449,7 +449,9 @@ impl<P: Pmem> Fs<P> {
                 },
             );
         }
+        self.maybe_compact(&dir, locked.get(dir.ino));
         let st = locked.get(ino);
+        self.maybe_compact(&inode, st);
         Ok(self.attr_of(&inode, st))
     }
 
@@ -547,6 +549,8 @@ impl<P: Pmem> Fs<P> {
             x.remove(name);
         }
         self.finish_drop_link(child, locked.get(child.ino), outcome);
+        self.maybe_compact(dir, locked.get(dir.ino));
+        self.maybe_compact(child, locked.get(child.ino));
         Ok(())
     }
 
@@ -773,6 +777,9 @@ impl<P: Pmem> Fs<P> {
         self.rename_apply_dram(sp, name, dp, newname, m, v, flags, now, locked);
         if let (Some(v), Some(o)) = (v, outcome) {
             self.finish_drop_link(v, locked.get(v.ino), o);
+        }
+        for inode in [sp, dp, m].into_iter().chain(v) {
+            self.maybe_compact(inode, locked.get(inode.ino));
         }
         Ok(())
     }
