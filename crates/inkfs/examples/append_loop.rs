@@ -14,7 +14,7 @@ fn main() {
     let pm = MappedPool::open(
         &path,
         &PoolOpenOptions {
-            create_size_bytes: Some(256 << 20),
+            create_size_bytes: Some(64 << 20),
             read_only: false,
         },
     )
@@ -26,7 +26,7 @@ fn main() {
     let (_, fh) = fs.create(1, b"f", 0o644, 0, 0).unwrap();
     let t = std::time::Instant::now();
     for i in 0..n {
-        if i % 20_000 == 19_999 {
+        if i % 5_000 == 4_999 {
             fs.setattr(
                 fh.ino(),
                 &SetAttr {

@@ -483,8 +483,15 @@ impl BlockAllocator {
     /// Up to `want` blocks starting exactly at `goal` when that block is free
     /// (a file growing contiguously keeps one extent, as ext4's goal
     /// allocation); otherwise the same as [`alloc`](Self::alloc).
+    ///
+    /// When the goal is taken, the file is growing: it moves to the start of
+    /// the home lane's largest free range, where it can keep growing in one
+    /// extent, rather than into the best-fitting hole.
     pub fn alloc_near(&self, lane: u32, goal: u64, want: u64) -> Option<(u64, u64)> {
-        if want >= 1 && goal >= self.first_block && goal < self.total_blocks {
+        if want == 0 || goal < self.first_block || goal >= self.total_blocks {
+            return self.alloc(lane, want);
+        }
+        {
             let l = &self.lanes[self.lane_of(goal)];
             let mut set = lock(&l.free);
             if let Some((s, len)) = set.at_or_before(goal) {
@@ -494,6 +501,12 @@ impl BlockAllocator {
                 }
             }
         }
+        let l = &self.lanes[lane as usize % self.lanes.len()];
+        let mut set = lock(&l.free);
+        if let Some((s, len)) = set.largest() {
+            return Some(self.take(l, &mut set, s, len.min(want)));
+        }
+        drop(set);
         self.alloc(lane, want)
     }
 

@@ -67,7 +67,14 @@ impl FileMap {
     pub fn map(&mut self, page: u64, pages: u64, block: u64, released: &mut impl FnMut(u64, u64)) {
         debug_assert!(pages > 0);
         let end = page + pages;
-        self.unmap_range(page, end, released);
+        // Appending past every extent (the common case) displaces nothing.
+        let past_all = self
+            .map
+            .last_key_value()
+            .is_none_or(|(&p, &(_, n))| p + n <= page);
+        if !past_all {
+            self.unmap_range(page, end, released);
+        }
         if block != 0 {
             self.insert_merging(page, block, pages);
         }

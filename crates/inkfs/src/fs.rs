@@ -151,6 +151,7 @@ impl<P: Pmem> Fs<P> {
         }
         for inode in self.cache.all() {
             let mut st = write(&inode.state);
+            self.drop_prealloc(&mut st);
             if st.orphan && !st.gone {
                 self.free_inode_now(&inode, &mut st);
             }
@@ -377,8 +378,19 @@ impl<P: Pmem> Fs<P> {
         let mut st = write(&fh.inode.state);
         debug_assert!(st.open_count > 0);
         st.open_count = st.open_count.saturating_sub(1);
-        if st.open_count == 0 && st.orphan && !st.gone && !self.read_only {
-            self.free_inode_now(&fh.inode, &mut st);
+        if st.open_count == 0 {
+            self.drop_prealloc(&mut st);
+            if st.orphan && !st.gone && !self.read_only {
+                self.free_inode_now(&fh.inode, &mut st);
+            }
+        }
+    }
+
+    /// Give an inode's DRAM block reservation back to the allocator.
+    pub(crate) fn drop_prealloc(&self, st: &mut InodeState) {
+        let (start, len) = std::mem::take(&mut st.prealloc);
+        if len > 0 {
+            self.free_blocks(start, len);
         }
     }
 
@@ -397,6 +409,7 @@ impl<P: Pmem> Fs<P> {
     /// Return an inode's log pages and data blocks to the allocator and mark
     /// it gone (its record is already FREE on media).
     pub(crate) fn release_inode_blocks(&self, inode: &Inode, st: &mut InodeState) {
+        self.drop_prealloc(st);
         st.gone = true;
         st.orphan = false;
         if let Ok(summary) = log::walk(

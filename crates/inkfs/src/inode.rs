@@ -45,6 +45,9 @@ pub struct InodeState {
     pub gone: bool,
     /// Posix mode: attributes (mtime) changed in DRAM only, persisted at fsync.
     pub attr_dirty: bool,
+    /// Data blocks reserved in DRAM past the end of the file (start, count),
+    /// see `file::PREALLOC_BLOCKS`. Never on media.
+    pub prealloc: (u64, u64),
 }
 
 impl InodeState {
@@ -127,6 +130,7 @@ pub fn load_with_pages<P: Pmem + ?Sized>(
         orphan: rec.state == INODE_ORPHAN,
         gone: false,
         attr_dirty: false,
+        prealloc: (0, 0),
     };
     let mut seen_attr = false;
     let summary = log::walk(pm, geo, ino, rec.log_head, rec.log_tail, |_, e| {

@@ -345,6 +345,31 @@ pub fn walk<P: Pmem + ?Sized>(
     }
 }
 
+/// The pages of a committed log, found by following footers only (no entry
+/// is read): `pages` is the chain length the DRAM cursor recorded. Used to
+/// free a log whose entries were already replayed.
+pub fn chain_pages<P: Pmem + ?Sized>(
+    pm: &P,
+    geo: &Geometry,
+    head: u64,
+    pages: u64,
+) -> Result<Vec<u64>> {
+    let mut out = Vec::with_capacity(pages as usize);
+    let mut page = head;
+    for i in 0..pages {
+        if !geo.is_data_range(page, 1) || out.contains(&page) && out.len() < 64 {
+            return Err(Error::Corrupt(format!(
+                "log chain from block {head}: bad link to block {page}"
+            )));
+        }
+        out.push(page);
+        if i + 1 < pages {
+            page = footer(pm, page).next_block;
+        }
+    }
+    Ok(out)
+}
+
 /// Read the footer of a log page.
 pub fn footer<P: Pmem + ?Sized>(pm: &P, page: u64) -> LogPageFooter {
     read_pod(pm, page * BLOCK_SIZE + LOG_FOOTER_OFFSET)
