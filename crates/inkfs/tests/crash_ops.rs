@@ -82,12 +82,14 @@ fn setup(mode: Mode, open_f1: bool) -> (Fs<SimPool>, Env) {
     let big = mk(1, b"big", BIG_LEN, 5);
     fs.link(f2, b, b"hl").unwrap();
     fs.symlink(1, b"sym", b"a/f1", 0, 0).unwrap();
-    fs.mknod(1, b"fifo", libc::S_IFIFO | 0o644, 0, 0, 0).unwrap();
+    fs.mknod(1, b"fifo", libc::S_IFIFO | 0o644, 0, 0, 0)
+        .unwrap();
     if TORN.with(|t| t.get()) {
         fs.pmem().set_torn_stores(true);
     }
     fs.setxattr(f1, b"user.x", b"one", XattrFlags::Any).unwrap();
-    fs.setxattr(a, b"user.d", b"dir-attr", XattrFlags::Any).unwrap();
+    fs.setxattr(a, b"user.d", b"dir-attr", XattrFlags::Any)
+        .unwrap();
     let env = Env {
         a,
         b,
@@ -151,15 +153,18 @@ fn s(f: impl Fn(&Fs<SimPool>, &Env) + 'static) -> Step {
 }
 
 /// A data step followed by fsync of the same handle.
-fn with_fsync(which: fn(&Env) -> &FileHandle, f: impl Fn(&Fs<SimPool>, &Env) + 'static) -> Vec<Step> {
-    vec![
-        s(f),
-        s(move |fs, e| fs.fsync(which(e), false).unwrap()),
-    ]
+fn with_fsync(
+    which: fn(&Env) -> &FileHandle,
+    f: impl Fn(&Fs<SimPool>, &Env) + 'static,
+) -> Vec<Step> {
+    vec![s(f), s(move |fs, e| fs.fsync(which(e), false).unwrap())]
 }
 
 fn rf(noreplace: bool, exchange: bool) -> RenameFlags {
-    RenameFlags { noreplace, exchange }
+    RenameFlags {
+        noreplace,
+        exchange,
+    }
 }
 
 /// Run one operation in one mode over every crash point; panics with a
@@ -176,14 +181,23 @@ fn run(op: &Op, mode: Mode) -> (u64, u64, usize) {
     for step in &op.steps {
         step(&fs, &env);
         states.push(snapshot(&fs).unwrap_or_else(|e| {
-            panic!("{} [{}]: live state inconsistent: {e}", op.name, mode.name())
+            panic!(
+                "{} [{}]: live state inconsistent: {e}",
+                op.name,
+                mode.name()
+            )
         }));
         free.push(free_blocks(&fs));
     }
     let trace = fs.pmem().stop_trace();
     // Handles close only now (the orphan op keeps f1 open through the
     // trace); a recovered orphan's space is reclaimed, as after the close.
-    let Env { fh_f1, fh_f2, fh_big, .. } = env;
+    let Env {
+        fh_f1,
+        fh_f2,
+        fh_big,
+        ..
+    } = env;
     if let Some(fh) = fh_f1 {
         fs.release(fh);
     }
@@ -284,22 +298,38 @@ fn create_kinds() {
     run_group(
         "create",
         vec![
-            op("create", vec![s(|fs, e| {
-                let (_, fh) = fs.create(e.a, b"new", 0o640, 7, 8).unwrap();
-                fs.release(fh);
-            })]),
-            op("mkdir", vec![s(|fs, e| {
-                fs.mkdir(e.b, b"newdir", 0o711, 0, 0).unwrap();
-            })]),
-            op("mknod_fifo", vec![s(|fs, e| {
-                fs.mknod(e.a, b"pipe", libc::S_IFIFO | 0o600, 0, 3, 4).unwrap();
-            })]),
-            op("symlink", vec![s(|fs, e| {
-                fs.symlink(e.b, b"ln", b"../a/f1", 0, 0).unwrap();
-            })]),
-            op("link", vec![s(|fs, e| {
-                fs.link(e.f1, e.b, b"f1link").unwrap();
-            })]),
+            op(
+                "create",
+                vec![s(|fs, e| {
+                    let (_, fh) = fs.create(e.a, b"new", 0o640, 7, 8).unwrap();
+                    fs.release(fh);
+                })],
+            ),
+            op(
+                "mkdir",
+                vec![s(|fs, e| {
+                    fs.mkdir(e.b, b"newdir", 0o711, 0, 0).unwrap();
+                })],
+            ),
+            op(
+                "mknod_fifo",
+                vec![s(|fs, e| {
+                    fs.mknod(e.a, b"pipe", libc::S_IFIFO | 0o600, 0, 3, 4)
+                        .unwrap();
+                })],
+            ),
+            op(
+                "symlink",
+                vec![s(|fs, e| {
+                    fs.symlink(e.b, b"ln", b"../a/f1", 0, 0).unwrap();
+                })],
+            ),
+            op(
+                "link",
+                vec![s(|fs, e| {
+                    fs.link(e.f1, e.b, b"f1link").unwrap();
+                })],
+            ),
         ],
     );
 }
@@ -309,15 +339,27 @@ fn remove_kinds() {
     run_group(
         "remove",
         vec![
-            op("unlink_last_link", vec![s(|fs, e| fs.unlink(e.a, b"f1").unwrap())]),
-            op("unlink_not_last", vec![s(|fs, e| fs.unlink(e.b, b"hl").unwrap())]),
-            op("unlink_symlink", vec![s(|fs, _| fs.unlink(1, b"sym").unwrap())]),
+            op(
+                "unlink_last_link",
+                vec![s(|fs, e| fs.unlink(e.a, b"f1").unwrap())],
+            ),
+            op(
+                "unlink_not_last",
+                vec![s(|fs, e| fs.unlink(e.b, b"hl").unwrap())],
+            ),
+            op(
+                "unlink_symlink",
+                vec![s(|fs, _| fs.unlink(1, b"sym").unwrap())],
+            ),
             op("rmdir", vec![s(|fs, e| fs.rmdir(e.b, b"empty").unwrap())]),
             // f1 stays open (env handle): it becomes an orphan.
-            f1_open(op("unlink_open_orphan", vec![s(|fs, e| {
-                fs.unlink(e.a, b"f1").unwrap();
-                assert_eq!(fs.fgetattr(e.f1h()).unwrap().nlink, 0);
-            })])),
+            f1_open(op(
+                "unlink_open_orphan",
+                vec![s(|fs, e| {
+                    fs.unlink(e.a, b"f1").unwrap();
+                    assert_eq!(fs.fgetattr(e.f1h()).unwrap().nlink, 0);
+                })],
+            )),
         ],
     );
 }
@@ -327,34 +369,66 @@ fn rename_plain() {
     run_group(
         "rename",
         vec![
-            op("rename_same_dir", vec![s(|fs, e| {
-                fs.rename(e.a, b"f1", e.a, b"f1r", rf(false, false)).unwrap()
-            })]),
-            op("rename_across_dirs", vec![s(|fs, e| {
-                fs.rename(e.a, b"f1", e.b, b"f1", rf(false, false)).unwrap()
-            })]),
-            op("rename_over_file", vec![s(|fs, e| {
-                fs.rename(e.a, b"f1", e.b, b"h", rf(false, false)).unwrap()
-            })]),
-            op("rename_over_linked", vec![s(|fs, e| {
-                // The victim keeps another name.
-                fs.rename(e.a, b"f1", e.b, b"hl", rf(false, false)).unwrap()
-            })]),
-            op("rename_dir_over_empty", vec![s(|fs, e| {
-                fs.rename(e.a, b"sub", e.b, b"empty", rf(false, false)).unwrap()
-            })]),
-            op("rename_noreplace", vec![s(|fs, e| {
-                fs.rename(e.a, b"f2", e.b, b"f2new", rf(true, false)).unwrap()
-            })]),
-            op("rename_noreplace_eexist", vec![s(|fs, e| {
-                assert!(fs.rename(e.a, b"f2", e.b, b"h", rf(true, false)).is_err())
-            })]),
-            op("rename_dir_across", vec![s(|fs, e| {
-                fs.rename(e.a, b"sub", e.b, b"sub2", rf(false, false)).unwrap()
-            })]),
-            op("rename_dir_same_dir", vec![s(|fs, e| {
-                fs.rename(e.a, b"sub", e.a, b"sub3", rf(false, false)).unwrap()
-            })]),
+            op(
+                "rename_same_dir",
+                vec![s(|fs, e| {
+                    fs.rename(e.a, b"f1", e.a, b"f1r", rf(false, false))
+                        .unwrap()
+                })],
+            ),
+            op(
+                "rename_across_dirs",
+                vec![s(|fs, e| {
+                    fs.rename(e.a, b"f1", e.b, b"f1", rf(false, false)).unwrap()
+                })],
+            ),
+            op(
+                "rename_over_file",
+                vec![s(|fs, e| {
+                    fs.rename(e.a, b"f1", e.b, b"h", rf(false, false)).unwrap()
+                })],
+            ),
+            op(
+                "rename_over_linked",
+                vec![s(|fs, e| {
+                    // The victim keeps another name.
+                    fs.rename(e.a, b"f1", e.b, b"hl", rf(false, false)).unwrap()
+                })],
+            ),
+            op(
+                "rename_dir_over_empty",
+                vec![s(|fs, e| {
+                    fs.rename(e.a, b"sub", e.b, b"empty", rf(false, false))
+                        .unwrap()
+                })],
+            ),
+            op(
+                "rename_noreplace",
+                vec![s(|fs, e| {
+                    fs.rename(e.a, b"f2", e.b, b"f2new", rf(true, false))
+                        .unwrap()
+                })],
+            ),
+            op(
+                "rename_noreplace_eexist",
+                vec![s(|fs, e| {
+                    assert!(fs.rename(e.a, b"f2", e.b, b"h", rf(true, false)).is_err())
+                })],
+            ),
+            op(
+                "rename_dir_across",
+                vec![s(|fs, e| {
+                    fs.rename(e.a, b"sub", e.b, b"sub2", rf(false, false))
+                        .unwrap()
+                })],
+            ),
+            op(
+                "rename_dir_same_dir",
+                vec![s(|fs, e| {
+                    fs.rename(e.a, b"sub", e.a, b"sub3", rf(false, false))
+                        .unwrap()
+                })],
+            ),
         ],
     );
 }
@@ -364,18 +438,31 @@ fn rename_exchange() {
     run_group(
         "exchange",
         vec![
-            op("exchange_file_file", vec![s(|fs, e| {
-                fs.rename(e.a, b"f1", e.b, b"h", rf(false, true)).unwrap()
-            })]),
-            op("exchange_same_dir", vec![s(|fs, e| {
-                fs.rename(e.a, b"f1", e.a, b"f2", rf(false, true)).unwrap()
-            })]),
-            op("exchange_dir_file", vec![s(|fs, e| {
-                fs.rename(e.a, b"sub", e.b, b"h", rf(false, true)).unwrap()
-            })]),
-            op("exchange_dir_dir", vec![s(|fs, e| {
-                fs.rename(e.a, b"sub", e.b, b"empty", rf(false, true)).unwrap()
-            })]),
+            op(
+                "exchange_file_file",
+                vec![s(|fs, e| {
+                    fs.rename(e.a, b"f1", e.b, b"h", rf(false, true)).unwrap()
+                })],
+            ),
+            op(
+                "exchange_same_dir",
+                vec![s(|fs, e| {
+                    fs.rename(e.a, b"f1", e.a, b"f2", rf(false, true)).unwrap()
+                })],
+            ),
+            op(
+                "exchange_dir_file",
+                vec![s(|fs, e| {
+                    fs.rename(e.a, b"sub", e.b, b"h", rf(false, true)).unwrap()
+                })],
+            ),
+            op(
+                "exchange_dir_dir",
+                vec![s(|fs, e| {
+                    fs.rename(e.a, b"sub", e.b, b"empty", rf(false, true))
+                        .unwrap()
+                })],
+            ),
         ],
     );
 }
@@ -385,33 +472,83 @@ fn writes() {
     run_group(
         "write",
         vec![
-            f1_open(op("append", with_fsync(|e| e.f1h(), |fs, e| {
-                fs.append(e.f1h(), &pattern(3000, 11)).unwrap();
-            }))),
-            op("append_aligned", with_fsync(|e| &e.fh_big, |fs, e| {
-                fs.append(&e.fh_big, &pattern(8192, 12)).unwrap();
-            })),
-            data_op("overwrite_aligned", with_fsync(|e| &e.fh_big, |fs, e| {
-                fs.write(&e.fh_big, 4096, &pattern(8192, 13)).unwrap();
-            })),
-            data_op("overwrite_unaligned", with_fsync(|e| &e.fh_big, |fs, e| {
-                fs.write(&e.fh_big, 3000, &pattern(6000, 14)).unwrap();
-            })),
-            f1_open(data_op("overwrite_small", with_fsync(|e| e.f1h(), |fs, e| {
-                fs.write(e.f1h(), 10, &pattern(100, 15)).unwrap();
-            }))),
-            data_op("write_large_extend", with_fsync(|e| &e.fh_f2, |fs, e| {
-                // Overwrites the tail of f2 and extends it by ~40 pages.
-                fs.write(&e.fh_f2, 1000, &pattern(40 * 4096 + 777, 16)).unwrap();
-            })),
-            f1_open(op("write_past_eof_hole", with_fsync(|e| e.f1h(), |fs, e| {
-                fs.write(e.f1h(), 30_000, &pattern(500, 17)).unwrap();
-            }))),
-            data_op("two_writes", vec![
-                s(|fs, e| { fs.write(&e.fh_big, 100, &pattern(200, 18)).unwrap(); }),
-                s(|fs, e| { fs.append(&e.fh_big, &pattern(5000, 19)).unwrap(); }),
-                s(|fs, e| fs.fsync(&e.fh_big, false).unwrap()),
-            ]),
+            f1_open(op(
+                "append",
+                with_fsync(
+                    |e| e.f1h(),
+                    |fs, e| {
+                        fs.append(e.f1h(), &pattern(3000, 11)).unwrap();
+                    },
+                ),
+            )),
+            op(
+                "append_aligned",
+                with_fsync(
+                    |e| &e.fh_big,
+                    |fs, e| {
+                        fs.append(&e.fh_big, &pattern(8192, 12)).unwrap();
+                    },
+                ),
+            ),
+            data_op(
+                "overwrite_aligned",
+                with_fsync(
+                    |e| &e.fh_big,
+                    |fs, e| {
+                        fs.write(&e.fh_big, 4096, &pattern(8192, 13)).unwrap();
+                    },
+                ),
+            ),
+            data_op(
+                "overwrite_unaligned",
+                with_fsync(
+                    |e| &e.fh_big,
+                    |fs, e| {
+                        fs.write(&e.fh_big, 3000, &pattern(6000, 14)).unwrap();
+                    },
+                ),
+            ),
+            f1_open(data_op(
+                "overwrite_small",
+                with_fsync(
+                    |e| e.f1h(),
+                    |fs, e| {
+                        fs.write(e.f1h(), 10, &pattern(100, 15)).unwrap();
+                    },
+                ),
+            )),
+            data_op(
+                "write_large_extend",
+                with_fsync(
+                    |e| &e.fh_f2,
+                    |fs, e| {
+                        // Overwrites the tail of f2 and extends it by ~40 pages.
+                        fs.write(&e.fh_f2, 1000, &pattern(40 * 4096 + 777, 16))
+                            .unwrap();
+                    },
+                ),
+            ),
+            f1_open(op(
+                "write_past_eof_hole",
+                with_fsync(
+                    |e| e.f1h(),
+                    |fs, e| {
+                        fs.write(e.f1h(), 30_000, &pattern(500, 17)).unwrap();
+                    },
+                ),
+            )),
+            data_op(
+                "two_writes",
+                vec![
+                    s(|fs, e| {
+                        fs.write(&e.fh_big, 100, &pattern(200, 18)).unwrap();
+                    }),
+                    s(|fs, e| {
+                        fs.append(&e.fh_big, &pattern(5000, 19)).unwrap();
+                    }),
+                    s(|fs, e| fs.fsync(&e.fh_big, false).unwrap()),
+                ],
+            ),
         ],
     );
 }
@@ -433,30 +570,58 @@ fn truncate_fallocate() {
     run_group(
         "truncate/fallocate",
         vec![
-            op("truncate_shrink_unaligned", vec![s(|fs, e| {
-                fs.setattr(e.big, &size(10 * 4096 + 123)).unwrap();
-            })]),
-            op("truncate_shrink_aligned", vec![s(|fs, e| {
-                fs.setattr(e.big, &size(4 * 4096)).unwrap();
-            })]),
-            op("truncate_to_zero", vec![s(|fs, e| {
-                fs.setattr(e.f2, &size(0)).unwrap();
-            })]),
-            op("truncate_grow", vec![s(|fs, e| {
-                fs.setattr(e.f1, &size(20_000)).unwrap();
-            })]),
-            f1_open(op("fallocate_default", vec![s(move |fs, e| {
-                fs.fallocate(e.f1h(), 8000, 20_000, ff(false, false, false)).unwrap();
-            })])),
-            f1_open(op("fallocate_keep_size", vec![s(move |fs, e| {
-                fs.fallocate(e.f1h(), 0, 40_000, ff(true, false, false)).unwrap();
-            })])),
-            op("fallocate_punch_hole", vec![s(move |fs, e| {
-                fs.fallocate(&e.fh_big, 5000, 3 * 4096, ff(true, true, false)).unwrap();
-            })]),
-            op("fallocate_zero_range", vec![s(move |fs, e| {
-                fs.fallocate(&e.fh_big, 5000, 3 * 4096, ff(false, false, true)).unwrap();
-            })]),
+            op(
+                "truncate_shrink_unaligned",
+                vec![s(|fs, e| {
+                    fs.setattr(e.big, &size(10 * 4096 + 123)).unwrap();
+                })],
+            ),
+            op(
+                "truncate_shrink_aligned",
+                vec![s(|fs, e| {
+                    fs.setattr(e.big, &size(4 * 4096)).unwrap();
+                })],
+            ),
+            op(
+                "truncate_to_zero",
+                vec![s(|fs, e| {
+                    fs.setattr(e.f2, &size(0)).unwrap();
+                })],
+            ),
+            op(
+                "truncate_grow",
+                vec![s(|fs, e| {
+                    fs.setattr(e.f1, &size(20_000)).unwrap();
+                })],
+            ),
+            f1_open(op(
+                "fallocate_default",
+                vec![s(move |fs, e| {
+                    fs.fallocate(e.f1h(), 8000, 20_000, ff(false, false, false))
+                        .unwrap();
+                })],
+            )),
+            f1_open(op(
+                "fallocate_keep_size",
+                vec![s(move |fs, e| {
+                    fs.fallocate(e.f1h(), 0, 40_000, ff(true, false, false))
+                        .unwrap();
+                })],
+            )),
+            op(
+                "fallocate_punch_hole",
+                vec![s(move |fs, e| {
+                    fs.fallocate(&e.fh_big, 5000, 3 * 4096, ff(true, true, false))
+                        .unwrap();
+                })],
+            ),
+            op(
+                "fallocate_zero_range",
+                vec![s(move |fs, e| {
+                    fs.fallocate(&e.fh_big, 5000, 3 * 4096, ff(false, false, true))
+                        .unwrap();
+                })],
+            ),
         ],
     );
 }
@@ -464,40 +629,67 @@ fn truncate_fallocate() {
 #[test]
 fn attributes() {
     let mut ops = vec![
-        op("setxattr_new", vec![s(|fs, e| {
-            fs.setxattr(e.f2, b"user.new", &pattern(300, 20), XattrFlags::Create).unwrap()
-        })]),
-        op("setxattr_replace", vec![s(|fs, e| {
-            fs.setxattr(e.f1, b"user.x", b"two!", XattrFlags::Replace).unwrap()
-        })]),
-        op("removexattr", vec![s(|fs, e| fs.removexattr(e.a, b"user.d").unwrap())]),
-        op("chmod_chown", vec![s(|fs, e| {
+        op(
+            "setxattr_new",
+            vec![s(|fs, e| {
+                fs.setxattr(e.f2, b"user.new", &pattern(300, 20), XattrFlags::Create)
+                    .unwrap()
+            })],
+        ),
+        op(
+            "setxattr_replace",
+            vec![s(|fs, e| {
+                fs.setxattr(e.f1, b"user.x", b"two!", XattrFlags::Replace)
+                    .unwrap()
+            })],
+        ),
+        op(
+            "removexattr",
+            vec![s(|fs, e| fs.removexattr(e.a, b"user.d").unwrap())],
+        ),
+        op(
+            "chmod_chown",
+            vec![s(|fs, e| {
+                fs.setattr(
+                    e.h,
+                    &SetAttr {
+                        mode: Some(0o600),
+                        uid: Some(42),
+                        gid: Some(43),
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
+            })],
+        ),
+        op(
+            "chmod_dir",
+            vec![s(|fs, e| {
+                fs.setattr(
+                    e.sub,
+                    &SetAttr {
+                        mode: Some(0o555),
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
+            })],
+        ),
+    ];
+    let mut utimens = op(
+        "utimens",
+        vec![s(|fs, e| {
             fs.setattr(
-                e.h,
+                e.f2,
                 &SetAttr {
-                    mode: Some(0o600),
-                    uid: Some(42),
-                    gid: Some(43),
+                    atime: Some(TimeSet::At(1_000_000_007)),
+                    mtime: Some(TimeSet::At(2_000_000_011)),
                     ..Default::default()
                 },
             )
             .unwrap();
-        })]),
-        op("chmod_dir", vec![s(|fs, e| {
-            fs.setattr(e.sub, &SetAttr { mode: Some(0o555), ..Default::default() }).unwrap();
-        })]),
-    ];
-    let mut utimens = op("utimens", vec![s(|fs, e| {
-        fs.setattr(
-            e.f2,
-            &SetAttr {
-                atime: Some(TimeSet::At(1_000_000_007)),
-                mtime: Some(TimeSet::At(2_000_000_011)),
-                ..Default::default()
-            },
-        )
-        .unwrap();
-    })]);
+        })],
+    );
     utimens.check_times = true;
     ops.push(utimens);
     // Enough attribute changes that the log compacts (GC) inside the
@@ -505,13 +697,27 @@ fn attributes() {
     let mut steps: Vec<Step> = Vec::new();
     for i in 0..6u32 {
         steps.push(s(move |fs, e| {
-            fs.setattr(e.h, &SetAttr { mode: Some(0o640 | i), ..Default::default() }).unwrap();
+            fs.setattr(
+                e.h,
+                &SetAttr {
+                    mode: Some(0o640 | i),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
         }));
     }
     let mut gc = op("log_compaction", steps);
     gc.prep = Some(s(|fs, e| {
         for i in 0..124u32 {
-            fs.setattr(e.h, &SetAttr { mode: Some(0o600 | (i & 7)), ..Default::default() }).unwrap();
+            fs.setattr(
+                e.h,
+                &SetAttr {
+                    mode: Some(0o600 | (i & 7)),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
         }
     }));
     ops.push(gc);
@@ -580,7 +786,10 @@ fn regression_extending_write_leaves_zeros_past_eof() {
         assert!(r.is_empty(), "{}: {r}", mode.name());
         // Into blocks preallocated past the end of file.
         let r = small_case(mode, 5000, |fs, fh| {
-            let keep = FallocFlags { keep_size: true, ..Default::default() };
+            let keep = FallocFlags {
+                keep_size: true,
+                ..Default::default()
+            };
             fs.fallocate(fh, 0, 4 * 4096, keep).unwrap();
             fs.pmem().sync_all().unwrap();
             fs.write(fh, 9000, &[0xee; 100]).unwrap();
@@ -608,7 +817,9 @@ fn log_growth_and_handles() {
     let mut dir_page = op("dir_log_next_page", steps);
     dir_page.prep = Some(s(|fs, e| {
         for i in 0..56 {
-            let (_, fh) = fs.create(e.b, format!("p{i}").as_bytes(), 0o644, 0, 0).unwrap();
+            let (_, fh) = fs
+                .create(e.b, format!("p{i}").as_bytes(), 0o644, 0, 0)
+                .unwrap();
             fs.release(fh);
         }
     }));
@@ -630,36 +841,46 @@ fn log_growth_and_handles() {
     ops.push(file_page);
     // Two handles (one per step opens a second) on /big: every call is
     // its own step, since each is a state a crash may show.
-    ops.push(data_op("two_handles_write_fallocate_truncate", vec![
-        s(|fs, e| {
-            let other = fs.open(e.big).unwrap();
-            fs.write(&other, 6000, &pattern(5000, 50)).unwrap();
-            fs.release(other);
-        }),
-        s(|fs, e| {
-            fs.fallocate(
-                &e.fh_big,
-                BIG_LEN as u64,
-                3 * 4096,
-                FallocFlags { keep_size: true, ..Default::default() },
-            )
-            .unwrap();
-        }),
-        s(|fs, e| {
-            let other = fs.open(e.big).unwrap();
-            fs.fsync(&other, false).unwrap();
-            fs.release(other);
-        }),
-        s(|fs, e| fs.setattr(e.big, &size(BIG_LEN as u64 - 100)).map(|_| ()).unwrap()),
-        s(|fs, e| {
-            fs.write(&e.fh_big, 7000, &pattern(50, 51)).unwrap();
-        }),
-        s(|fs, e| {
-            let other = fs.open(e.big).unwrap();
-            fs.fsync(&other, false).unwrap();
-            fs.release(other);
-        }),
-    ]));
+    ops.push(data_op(
+        "two_handles_write_fallocate_truncate",
+        vec![
+            s(|fs, e| {
+                let other = fs.open(e.big).unwrap();
+                fs.write(&other, 6000, &pattern(5000, 50)).unwrap();
+                fs.release(other);
+            }),
+            s(|fs, e| {
+                fs.fallocate(
+                    &e.fh_big,
+                    BIG_LEN as u64,
+                    3 * 4096,
+                    FallocFlags {
+                        keep_size: true,
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
+            }),
+            s(|fs, e| {
+                let other = fs.open(e.big).unwrap();
+                fs.fsync(&other, false).unwrap();
+                fs.release(other);
+            }),
+            s(|fs, e| {
+                fs.setattr(e.big, &size(BIG_LEN as u64 - 100))
+                    .map(|_| ())
+                    .unwrap()
+            }),
+            s(|fs, e| {
+                fs.write(&e.fh_big, 7000, &pattern(50, 51)).unwrap();
+            }),
+            s(|fs, e| {
+                let other = fs.open(e.big).unwrap();
+                fs.fsync(&other, false).unwrap();
+                fs.release(other);
+            }),
+        ],
+    ));
     run_group("log growth", ops);
 }
 
@@ -671,22 +892,41 @@ fn torn_stores() {
     run_group(
         "torn stores",
         vec![
-            op("create", vec![s(|fs, e| {
-                let (_, fh) = fs.create(e.a, b"new", 0o640, 7, 8).unwrap();
-                fs.release(fh);
-            })]),
-            op("rename_over_file", vec![s(|fs, e| {
-                fs.rename(e.a, b"f1", e.b, b"h", rf(false, false)).unwrap()
-            })]),
-            op("exchange_dir_file", vec![s(|fs, e| {
-                fs.rename(e.a, b"sub", e.b, b"h", rf(false, true)).unwrap()
-            })]),
-            f1_open(op("append", with_fsync(|e| e.f1h(), |fs, e| {
-                fs.append(e.f1h(), &pattern(3000, 11)).unwrap();
-            }))),
-            op("setxattr_new", vec![s(|fs, e| {
-                fs.setxattr(e.f2, b"user.new", &pattern(300, 20), XattrFlags::Create).unwrap()
-            })]),
+            op(
+                "create",
+                vec![s(|fs, e| {
+                    let (_, fh) = fs.create(e.a, b"new", 0o640, 7, 8).unwrap();
+                    fs.release(fh);
+                })],
+            ),
+            op(
+                "rename_over_file",
+                vec![s(|fs, e| {
+                    fs.rename(e.a, b"f1", e.b, b"h", rf(false, false)).unwrap()
+                })],
+            ),
+            op(
+                "exchange_dir_file",
+                vec![s(|fs, e| {
+                    fs.rename(e.a, b"sub", e.b, b"h", rf(false, true)).unwrap()
+                })],
+            ),
+            f1_open(op(
+                "append",
+                with_fsync(
+                    |e| e.f1h(),
+                    |fs, e| {
+                        fs.append(e.f1h(), &pattern(3000, 11)).unwrap();
+                    },
+                ),
+            )),
+            op(
+                "setxattr_new",
+                vec![s(|fs, e| {
+                    fs.setxattr(e.f2, b"user.new", &pattern(300, 20), XattrFlags::Create)
+                        .unwrap()
+                })],
+            ),
         ],
     );
 }
@@ -725,8 +965,18 @@ fn enospc_mid_write() {
             too_big.len()
         );
         let after = snapshot(&fs).unwrap();
-        assert_eq!(before, after, "{}: a failed write changed the state", mode.name());
-        assert_eq!(free_blocks(&fs), free_before, "{}: failed write leaked blocks", mode.name());
+        assert_eq!(
+            before,
+            after,
+            "{}: a failed write changed the state",
+            mode.name()
+        );
+        assert_eq!(
+            free_blocks(&fs),
+            free_before,
+            "{}: failed write leaked blocks",
+            mode.name()
+        );
         let states = [before];
         let free = [free_before];
         let ctx = Ctx {
@@ -765,11 +1015,22 @@ fn enospc_mid_write() {
             }
         }
         let _ = fs.setxattr(keep.ino(), b"user.big", &[7u8; 3000], XattrFlags::Any);
-        let full = snapshot(&fs).unwrap_or_else(|e| panic!("{}: inconsistent when full: {e}", mode.name()));
+        let full = snapshot(&fs)
+            .unwrap_or_else(|e| panic!("{}: inconsistent when full: {e}", mode.name()));
         // A crash while full recovers the same state.
         let rec = Fs::mount(SimPool::from_image(fs.pmem().current_image()), opts(mode)).unwrap();
-        assert_eq!(snapshot(&rec).unwrap(), full, "{}: crash while full", mode.name());
-        assert_eq!(free_blocks(&rec), free_blocks(&fs), "{}: free blocks when full", mode.name());
+        assert_eq!(
+            snapshot(&rec).unwrap(),
+            full,
+            "{}: crash while full",
+            mode.name()
+        );
+        assert_eq!(
+            free_blocks(&rec),
+            free_blocks(&fs),
+            "{}: free blocks when full",
+            mode.name()
+        );
         drop(rec);
         // Delete everything: free space returns; the pool works again.
         fs.release(fh);
@@ -792,7 +1053,12 @@ fn enospc_mid_write() {
         let fs = Fs::mount(pm, opts(mode)).unwrap();
         assert_eq!(snapshot(&fs).unwrap(), snap);
         let rec = Fs::mount(SimPool::from_image(fs.pmem().current_image()), opts(mode)).unwrap();
-        assert_eq!(free_blocks(&rec), free_blocks(&fs), "{}: clean vs scanned free", mode.name());
+        assert_eq!(
+            free_blocks(&rec),
+            free_blocks(&fs),
+            "{}: clean vs scanned free",
+            mode.name()
+        );
     }
 }
 
@@ -810,7 +1076,8 @@ fn orphan_reclaimed_after_crash() {
         let free0 = free_blocks(&fs);
         let (_, fh) = fs.create(1, b"orphan", 0o644, 0, 0).unwrap();
         fs.write(&fh, 0, &pattern(10 * 4096 + 5, 8)).unwrap();
-        fs.setxattr(fh.ino(), b"user.a", b"b", XattrFlags::Any).unwrap();
+        fs.setxattr(fh.ino(), b"user.a", b"b", XattrFlags::Any)
+            .unwrap();
         fs.fsync(&fh, false).unwrap();
         let before_unlink = snapshot(&fs).unwrap();
         fs.pmem().start_trace();
@@ -819,7 +1086,11 @@ fn orphan_reclaimed_after_crash() {
         let mut buf = [0u8; 5];
         assert_eq!(fs.read(&fh, 10 * 4096, &mut buf).unwrap(), 5);
         let trace = fs.pmem().stop_trace();
-        assert!(free_blocks(&fs) < free0, "{}: blocks freed while open", mode.name());
+        assert!(
+            free_blocks(&fs) < free0,
+            "{}: blocks freed while open",
+            mode.name()
+        );
         let gone = snapshot(&fs).unwrap();
         // Every crash during or after the unlink: either the file is still
         // there (state before) or it is gone and its space is back.
@@ -851,14 +1122,24 @@ fn orphan_reclaimed_after_crash() {
         assert!(reclaimed > 0, "{}: no image after the unlink", mode.name());
         // Clean close and clean unmount reclaim too.
         fs.release(fh);
-        assert_eq!(free_blocks(&fs), free0, "{}: close did not free", mode.name());
+        assert_eq!(
+            free_blocks(&fs),
+            free0,
+            "{}: close did not free",
+            mode.name()
+        );
         let (_, fh) = fs.create(1, b"orphan2", 0o644, 0, 0).unwrap();
         fs.write(&fh, 0, &pattern(3 * 4096, 8)).unwrap();
         fs.unlink(1, b"orphan2").unwrap();
         std::mem::forget(fh);
         let pm = fs.unmount().unwrap();
         let fs = Fs::mount(pm, opts(mode)).unwrap();
-        assert_eq!(free_blocks(&fs), free0, "{}: unmount kept the orphan", mode.name());
+        assert_eq!(
+            free_blocks(&fs),
+            free0,
+            "{}: unmount kept the orphan",
+            mode.name()
+        );
         assert!(fs.lookup(1, b"orphan2").is_err());
     }
 }
@@ -871,8 +1152,21 @@ fn orphan_reclaimed_after_crash() {
 fn regression_punch_hole_and_zero_range_are_atomic() {
     for mode in [Mode::Strict, Mode::Sync, Mode::Posix] {
         for (name, flags) in [
-            ("punch", FallocFlags { keep_size: true, punch_hole: true, ..Default::default() }),
-            ("zero", FallocFlags { zero_range: true, ..Default::default() }),
+            (
+                "punch",
+                FallocFlags {
+                    keep_size: true,
+                    punch_hole: true,
+                    ..Default::default()
+                },
+            ),
+            (
+                "zero",
+                FallocFlags {
+                    zero_range: true,
+                    ..Default::default()
+                },
+            ),
         ] {
             let r = small_case(mode, 3 * 4096, |fs, fh| {
                 fs.fallocate(fh, 1000, 2 * 4096, flags).unwrap();
@@ -891,13 +1185,29 @@ fn regression_punch_hole_and_zero_range_are_atomic() {
 #[test]
 fn recovery_is_restartable() {
     let ops: Vec<(&str, bool, Step)> = vec![
-        ("rename_over_file", false, s(|fs, e| fs.rename(e.a, b"f1", e.b, b"h", rf(false, false)).unwrap())),
-        ("exchange_dir_file", false, s(|fs, e| fs.rename(e.a, b"sub", e.b, b"h", rf(false, true)).unwrap())),
-        ("unlink_open_orphan", true, s(|fs, e| fs.unlink(e.a, b"f1").unwrap())),
-        ("create", false, s(|fs, e| {
-            let (_, fh) = fs.create(e.a, b"new", 0o640, 7, 8).unwrap();
-            fs.release(fh);
-        })),
+        (
+            "rename_over_file",
+            false,
+            s(|fs, e| fs.rename(e.a, b"f1", e.b, b"h", rf(false, false)).unwrap()),
+        ),
+        (
+            "exchange_dir_file",
+            false,
+            s(|fs, e| fs.rename(e.a, b"sub", e.b, b"h", rf(false, true)).unwrap()),
+        ),
+        (
+            "unlink_open_orphan",
+            true,
+            s(|fs, e| fs.unlink(e.a, b"f1").unwrap()),
+        ),
+        (
+            "create",
+            false,
+            s(|fs, e| {
+                let (_, fh) = fs.create(e.a, b"new", 0o640, 7, 8).unwrap();
+                fs.release(fh);
+            }),
+        ),
     ];
     let mut checked = 0u64;
     for mode in [Mode::Strict, Mode::Posix] {
@@ -941,7 +1251,12 @@ fn recovery_is_restartable() {
                     }
                 }
             }
-            let Env { fh_f1, fh_f2, fh_big, .. } = env;
+            let Env {
+                fh_f1,
+                fh_f2,
+                fh_big,
+                ..
+            } = env;
             if let Some(fh) = fh_f1 {
                 fs.release(fh);
             }
@@ -949,5 +1264,7 @@ fn recovery_is_restartable() {
             fs.release(fh_big);
         }
     }
-    eprintln!("crash_ops recovery_is_restartable: {checked} images of interrupted recoveries checked");
+    eprintln!(
+        "crash_ops recovery_is_restartable: {checked} images of interrupted recoveries checked"
+    );
 }

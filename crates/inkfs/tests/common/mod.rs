@@ -36,7 +36,12 @@ pub fn fresh(mode: Mode, bytes: u64) -> Fs<SimPool> {
 /// Deterministic file contents: `len` bytes of a pattern picked by `salt`.
 pub fn pattern(len: usize, salt: u8) -> Vec<u8> {
     (0..len)
-        .map(|i| (i as u32).wrapping_mul(31).wrapping_add(salt as u32 * 7 + (i as u32 >> 12)) as u8 | 1)
+        .map(|i| {
+            (i as u32)
+                .wrapping_mul(31)
+                .wrapping_add(salt as u32 * 7 + (i as u32 >> 12)) as u8
+                | 1
+        })
         .collect()
 }
 
@@ -77,7 +82,9 @@ pub fn snapshot(fs: &Fs<SimPool>) -> Result<Snap, String> {
     let mut snap = Snap::default();
     let mut stack = vec![(1u64, String::new(), 1u64)];
     let mut dirs_seen = HashSet::new();
-    let root = fs.getattr(1).map_err(|e| format!("getattr root: {}", e2s(e)))?;
+    let root = fs
+        .getattr(1)
+        .map_err(|e| format!("getattr root: {}", e2s(e)))?;
     snap.nodes.insert("/".into(), node_of(fs, &root, "/")?);
     while let Some((dir, path, parent)) = stack.pop() {
         if !dirs_seen.insert(dir) {
@@ -119,7 +126,10 @@ pub fn snapshot(fs: &Fs<SimPool>) -> Result<Snap, String> {
                 .getattr(ino)
                 .map_err(|er| format!("getattr {child} (ino {ino}): {}", e2s(er)))?;
             if a.kind != e.kind {
-                return Err(format!("{child}: readdir kind {:?} inode {:?}", e.kind, a.kind));
+                return Err(format!(
+                    "{child}: readdir kind {:?} inode {:?}",
+                    e.kind, a.kind
+                ));
             }
             if a.kind == FileKind::Dir {
                 subdirs += 1;
@@ -127,7 +137,11 @@ pub fn snapshot(fs: &Fs<SimPool>) -> Result<Snap, String> {
             }
             snap.nodes.insert(child.clone(), node_of(fs, &a, &child)?);
         }
-        let key = if path.is_empty() { "/".to_string() } else { path.clone() };
+        let key = if path.is_empty() {
+            "/".to_string()
+        } else {
+            path.clone()
+        };
         let me = &snap.nodes[&key];
         if me.nlink != 2 + subdirs {
             return Err(format!(
@@ -140,13 +154,17 @@ pub fn snapshot(fs: &Fs<SimPool>) -> Result<Snap, String> {
     let mut names_per_ino: BTreeMap<u64, (u32, u32, String)> = BTreeMap::new();
     for (p, n) in &snap.nodes {
         if n.kind != FileKind::Dir {
-            let e = names_per_ino.entry(n.ino).or_insert((0, n.nlink, p.clone()));
+            let e = names_per_ino
+                .entry(n.ino)
+                .or_insert((0, n.nlink, p.clone()));
             e.0 += 1;
         }
     }
     for (ino, (names, nlink, p)) in names_per_ino {
         if names != nlink {
-            return Err(format!("inode {ino} ({p}): nlink {nlink} but {names} names"));
+            return Err(format!(
+                "inode {ino} ({p}): nlink {nlink} but {names} names"
+            ));
         }
     }
     Ok(snap)
@@ -157,7 +175,9 @@ fn node_of(fs: &Fs<SimPool>, a: &Attr, path: &str) -> Result<Node, String> {
     let mut target = Vec::new();
     match a.kind {
         FileKind::File => {
-            let fh = fs.open(a.ino).map_err(|e| format!("open {path}: {}", e2s(e)))?;
+            let fh = fs
+                .open(a.ino)
+                .map_err(|e| format!("open {path}: {}", e2s(e)))?;
             content = vec![0u8; a.size as usize];
             let n = fs.read(&fh, 0, &mut content);
             fs.release(fh);
@@ -167,15 +187,24 @@ fn node_of(fs: &Fs<SimPool>, a: &Attr, path: &str) -> Result<Node, String> {
             }
         }
         FileKind::Symlink => {
-            target = fs.readlink(a.ino).map_err(|e| format!("readlink {path}: {}", e2s(e)))?;
+            target = fs
+                .readlink(a.ino)
+                .map_err(|e| format!("readlink {path}: {}", e2s(e)))?;
             if target.len() as u64 != a.size {
-                return Err(format!("{path}: symlink size {} target {}", a.size, target.len()));
+                return Err(format!(
+                    "{path}: symlink size {} target {}",
+                    a.size,
+                    target.len()
+                ));
             }
         }
         _ => {}
     }
     let mut xattrs = BTreeMap::new();
-    for name in fs.listxattr(a.ino).map_err(|e| format!("listxattr {path}: {}", e2s(e)))? {
+    for name in fs
+        .listxattr(a.ino)
+        .map_err(|e| format!("listxattr {path}: {}", e2s(e)))?
+    {
         let v = fs
             .getxattr(a.ino, &name)
             .map_err(|e| format!("getxattr {path}: {}", e2s(e)))?;
@@ -268,7 +297,11 @@ pub fn diff(a: &Snap, b: &Snap) -> String {
                     ));
                 }
                 if n.target != m.target {
-                    parts.push(format!("target {} -> {}", short(&n.target), short(&m.target)));
+                    parts.push(format!(
+                        "target {} -> {}",
+                        short(&n.target),
+                        short(&m.target)
+                    ));
                 }
                 if n.xattrs != m.xattrs {
                     parts.push(format!("xattrs {:?} -> {:?}", n.xattrs, m.xattrs));
@@ -280,7 +313,12 @@ pub fn diff(a: &Snap, b: &Snap) -> String {
     }
     for (p, n) in &b.nodes {
         if !a.nodes.contains_key(p) {
-            writeln!(out, "  + {p} extra ({:?} ino {} size {})", n.kind, n.ino, n.size).unwrap();
+            writeln!(
+                out,
+                "  + {p} extra ({:?} ino {} size {})",
+                n.kind, n.ino, n.size
+            )
+            .unwrap();
         }
     }
     if out.is_empty() {
@@ -308,9 +346,17 @@ pub enum Expect {
 pub fn matches(found: &Snap, states: &[Snap], expect: Expect) -> Result<usize, String> {
     match expect {
         Expect::Exact | Expect::ExactWithTimes => {
-            let f = if expect == Expect::Exact { found.timeless() } else { found.clone() };
+            let f = if expect == Expect::Exact {
+                found.timeless()
+            } else {
+                found.clone()
+            };
             for (i, s) in states.iter().enumerate() {
-                let s = if expect == Expect::Exact { s.timeless() } else { s.clone() };
+                let s = if expect == Expect::Exact {
+                    s.timeless()
+                } else {
+                    s.clone()
+                };
                 if s == f {
                     return Ok(i);
                 }
@@ -333,9 +379,7 @@ pub fn matches(found: &Snap, states: &[Snap], expect: Expect) -> Result<usize, S
                             .map_or(b == 0, |m| m.content.get(off).copied().unwrap_or(0) == b)
                     });
                     if !ok {
-                        return Err(format!(
-                            "{p}: byte {off} = {b:#x} is in no expected state"
-                        ));
+                        return Err(format!("{p}: byte {off} = {b:#x} is in no expected state"));
                     }
                 }
             }
@@ -414,14 +458,19 @@ pub fn check_image(ctx: &Ctx<'_>, image: Vec<u8>) -> Result<usize, String> {
         ));
     }
     // Clean unmount and remount: same state, same free space.
-    let pm = fs.unmount().map_err(|e| format!("unmount after recovery: {e:?}"))?;
+    let pm = fs
+        .unmount()
+        .map_err(|e| format!("unmount after recovery: {e:?}"))?;
     let fs = Fs::mount(pm, opts(ctx.mode)).map_err(|e| format!("clean remount failed: {e:?}"))?;
     if !fs.mount_report().allocator_restored {
         return Err("clean remount did not restore the allocator".into());
     }
     let again = snapshot(&fs).map_err(|e| format!("inconsistent after remount: {e}"))?;
     if again != snap {
-        return Err(format!("remount changed the state:\n{}", diff(&snap, &again)));
+        return Err(format!(
+            "remount changed the state:\n{}",
+            diff(&snap, &again)
+        ));
     }
     let free2 = fs.statfs().blocks_free;
     if free2 != free {
@@ -478,7 +527,8 @@ pub fn usable(fs: &Fs<SimPool>, snap: &Snap) -> Result<(), String> {
             ));
         }
     }
-    fs.unlink(1, b"__probe").map_err(|e| format!("unlink probe: {e:?}"))?;
+    fs.unlink(1, b"__probe")
+        .map_err(|e| format!("unlink probe: {e:?}"))?;
     Ok(())
 }
 
@@ -498,12 +548,7 @@ pub struct Sweep {
     pub distinct: u64,
 }
 
-pub fn sweep(
-    trace: &inkfs::pmem::SimTrace,
-    ctx: &Ctx<'_>,
-    max_images: usize,
-    seed: u64,
-) -> Sweep {
+pub fn sweep(trace: &inkfs::pmem::SimTrace, ctx: &Ctx<'_>, max_images: usize, seed: u64) -> Sweep {
     let mut seen: HashSet<u128> = HashSet::new();
     let mut out = Sweep {
         failures: Vec::new(),
@@ -526,7 +571,11 @@ pub fn sweep(
         final_durable: true,
     };
     for point in 0..=points {
-        let c = if point == points && ctx.final_durable { &final_ctx } else { ctx };
+        let c = if point == points && ctx.final_durable {
+            &final_ctx
+        } else {
+            ctx
+        };
         if point == points {
             seen.clear();
         }
