@@ -1,6 +1,7 @@
 //! `inkfs`: the command-line tool. Every error is one line on stderr and a
 //! non-zero exit code; nothing here panics on user input.
 
+mod fsck;
 mod pool;
 
 use std::process::ExitCode;
@@ -17,6 +18,10 @@ commands:
                       running mount (live per-operation statistics)
   mount POOL MOUNTPOINT [-f] [-o mode=strict|sync|posix,ro,threads=N,...]
                       mount with FUSE; returns once the mount is live
+  fsck POOL [-y|--repair] [--json] [-q] [--progress]
+                      check a pool (read-only unless -y, which repairs what
+                      is safely repairable); exit 0 clean, 1 errors fixed,
+                      4 errors left, 8 operational error
   null-fs MOUNTPOINT  a do-nothing FUSE file system (benchmark floor)
   install-helper [DIR]
                       install mount.fuse.inkfs (default /sbin) for
@@ -37,6 +42,7 @@ fn main() -> ExitCode {
         "null-fs" => return exit_code(inkfs_fuse::null_main(rest)),
         "install-helper" => return exit_code(inkfs_fuse::install_helper_main(rest)),
         "stat" => pool::stat(rest),
+        "fsck" => return exit_code(fsck::fsck_main(rest)),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(())

@@ -742,8 +742,8 @@ impl BlockAllocator {
         Self::try_restore(pm, lane_count, first_block, total_blocks, epoch).ok()
     }
 
-    /// `restore`, saying why it refused (tests check the reason).
-    fn try_restore<P: Pmem + ?Sized>(
+    /// `restore`, saying why it refused (tests and fsck check the reason).
+    pub(crate) fn try_restore<P: Pmem + ?Sized>(
         pm: &P,
         lane_count: u32,
         first_block: u64,
@@ -844,7 +844,7 @@ impl BlockAllocator {
 
 /// Why `restore` refused the save areas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Refusal {
+pub(crate) enum Refusal {
     Geometry,
     Magic { lane: u32 },
     Epoch { lane: u32 },

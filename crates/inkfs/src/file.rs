@@ -5,6 +5,8 @@
 //! blocks with non-temporal stores, the FILE_WRITE entries that map them are
 //! flushed, one fence covers both, and only then does the tail move.
 
+use std::sync::atomic::Ordering;
+
 use crate::error::{errno, Error, Result};
 use crate::format::*;
 use crate::fs::{live, FileHandle, Fs};
@@ -335,6 +337,7 @@ impl<P: Pmem> Fs<P> {
         if len > 0 && goal == start {
             let k = want.min(len);
             tx.prealloc = (start + k, len - k);
+            self.reserved_blocks.fetch_sub(k, Ordering::Relaxed);
             return Ok((start, k));
         }
         let ask = if appending && goal != 0 && want < PREALLOC_BLOCKS {
@@ -350,9 +353,12 @@ impl<P: Pmem> Fs<P> {
             return Ok((block, got));
         }
         if len > 0 {
+            self.reserved_blocks.fetch_sub(len, Ordering::Relaxed);
             self.free_blocks(start, len);
         }
         tx.prealloc = (block + want, got - want);
+        self.reserved_blocks
+            .fetch_add(got - want, Ordering::Relaxed);
         Ok((block, want))
     }
 

@@ -461,6 +461,12 @@ pub fn check_image(ctx: &Ctx<'_>, image: Vec<u8>) -> Result<usize, String> {
     let pm = fs
         .unmount()
         .map_err(|e| format!("unmount after recovery: {e:?}"))?;
+    // fsck of the recovered, cleanly unmounted pool: no problem of any kind.
+    let r = inkfs::fsck::check(&pm, &inkfs::fsck::FsckOptions::default())
+        .map_err(|e| format!("fsck: {e}"))?;
+    if !r.problems.is_empty() {
+        return Err(format!("fsck after recovery: {:#?}", r.problems));
+    }
     let fs = Fs::mount(pm, opts(ctx.mode)).map_err(|e| format!("clean remount failed: {e:?}"))?;
     if !fs.mount_report().allocator_restored {
         return Err("clean remount did not restore the allocator".into());
