@@ -303,7 +303,26 @@ fn overwrite_churn_keeps_logs_bounded_and_space_returns() {
     drop(fs);
     let fs = Fs::mount(pool.open(), strict()).unwrap();
     assert_eq!(fs.statfs().blocks_free, free_end);
-    fs.unmount().unwrap();
+    let pm = fs.unmount().unwrap();
+    fsck_clean(&pm, "after the churn run");
+}
+
+/// `inkfs::fsck` finds no problem (`notes`: notes allowed, as on a
+/// crashed pool).
+fn fsck_clean<P: Pmem>(pm: &P, what: &str) {
+    fsck_check(pm, what, false)
+}
+
+fn fsck_check<P: Pmem>(pm: &P, what: &str, notes: bool) {
+    let r = inkfs::fsck::check(pm, &inkfs::fsck::FsckOptions::default())
+        .unwrap_or_else(|e| panic!("{what}: fsck failed: {e}"));
+    let bad: Vec<String> = r
+        .problems
+        .iter()
+        .filter(|p| !notes || p.severity == inkfs::fsck::Severity::Error)
+        .map(|p| p.to_string())
+        .collect();
+    assert!(bad.is_empty(), "{what}: fsck found {bad:#?}");
 }
 
 // ---------------------------------------------------------------------------
@@ -389,7 +408,13 @@ fn crash_during_compaction(
         for img in trace.crash_images(point, 64, seed ^ point as u64) {
             images += 1;
             let desc = img.description.clone();
-            let fs = Fs::mount(SimPool::from_image(img.image), strict()).unwrap_or_else(|e| {
+            let pm = SimPool::from_image(img.image);
+            fsck_check(
+                &pm,
+                &format!("{what}: crash image {desc} (seed {seed})"),
+                true,
+            );
+            let fs = Fs::mount(pm, strict()).unwrap_or_else(|e| {
                 panic!("{what}: mount failed at {desc} (op {i}, seed {seed}): {e:?}")
             });
             let got = view(&fs);

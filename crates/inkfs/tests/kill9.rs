@@ -545,6 +545,37 @@ fn mount(path: &Path, mode: Mode) -> Fs<MappedPool> {
     .unwrap_or_else(|e| panic!("mount {} failed: {e:?}", path.display()))
 }
 
+/// `inkfs::fsck` on the pool at `path`, read-only: no error; after a
+/// clean unmount (`clean`) no problem of any kind, not even a note.
+fn fsck(path: &Path, clean: bool, ctx: &str) {
+    let pm = MappedPool::open(
+        path,
+        &PoolOpenOptions {
+            create_size_bytes: None,
+            read_only: true,
+        },
+    )
+    .expect("open pool read-only");
+    let r = inkfs::fsck::check(&pm, &inkfs::fsck::FsckOptions::default())
+        .unwrap_or_else(|e| panic!("{ctx}: fsck failed: {e}"));
+    let bad: Vec<String> = r
+        .problems
+        .iter()
+        .filter(|p| clean || p.severity == inkfs::fsck::Severity::Error)
+        .map(|p| p.to_string())
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "{ctx}: fsck {} found {bad:#?}; pool kept at {}",
+        if clean {
+            "after a clean unmount"
+        } else {
+            "of the crashed pool"
+        },
+        path.display()
+    );
+}
+
 struct Outcome {
     done: Option<u64>,
     orphans: u64,
@@ -635,6 +666,8 @@ fn round(round: u32, seed: u64, mode: Mode) -> Outcome {
     let mut after = before.clone();
     after.apply(&next, mode, false);
 
+    // fsck of the crashed pool (read-only): notes allowed, no error.
+    fsck(&path, false, &ctx);
     // Recover.
     let fs = mount(&path, mode);
     let rep = fs.mount_report().clone();
@@ -658,6 +691,7 @@ fn round(round: u32, seed: u64, mode: Mode) -> Outcome {
 
     // Clean unmount + remount: identical, allocator restored.
     fs.unmount().unwrap();
+    fsck(&path, true, &ctx);
     let fs = mount(&path, mode);
     assert!(fs.mount_report().was_clean, "{ctx}");
     assert!(fs.mount_report().allocator_restored, "{ctx}");
