@@ -206,7 +206,7 @@ fn run(base: &std::path::Path, cfg: &Cfg) -> Result<(), String> {
             cfg.hot_files,
             cfg.ops_per_slice
         );
-        let mut rng = Rng(0x6763_6265_6e63_68);
+        let mut rng = Rng(0x0067_6362_656e_6368);
         slice(&a, cfg, &mut rng)?; // warm-up, not counted
         let mut first = Vec::new();
         for n in 1..=cfg.fresh_slices {
