@@ -52,7 +52,7 @@ fn main() {
         Cfg {
             pool_bytes: 128 << 20,
             hot_files: 8,
-            ops_per_slice: 40_000,
+            ops_per_slice: 25_000,
             fresh_slices: 3,
             full_slices: 6,
         }
