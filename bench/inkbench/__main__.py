@@ -29,6 +29,8 @@ def parse_args(argv):
                    help="scaled-down run, < 10 minutes on 2 cores (default)")
     m.add_argument("--full", dest="mode", action="store_const", const="full",
                    help="published sizes, < 1 hour on 2 cores")
+    m.add_argument("--selftest", dest="mode", action="store_const", const="selftest",
+                   help="run the harness's own tests (bench/tests)")
     m.add_argument("--cleanup", dest="mode", action="store_const", const="cleanup",
                    help="remove what a killed run left behind (mounts, loop devices, servers, files)")
     ap.add_argument("--only", help="comma-separated workloads (micro,fio,filebench,sqlite,rocksdb,redis,meta)")
@@ -112,8 +114,22 @@ def rotate(xs, k):
     return xs[k:] + xs[:k]
 
 
+def selftest() -> int:
+    """The harness's own tests (bench/tests), with this interpreter."""
+    import unittest
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    suite = unittest.defaultTestLoader.discover(os.path.join(here, "tests"), top_level_dir=here)
+    r = unittest.TextTestRunner(verbosity=1).run(suite)
+    print(f"{r.testsRun - len(r.failures) - len(r.errors) - len(r.skipped)} passed, "
+          f"{len(r.failures) + len(r.errors)} failed, {len(r.skipped)} skipped")
+    return 0 if r.wasSuccessful() else 1
+
+
 def main(argv=None) -> int:
-    a = parse_args(argv if argv is not None else sys.argv[1:])
+    argv = argv if argv is not None else sys.argv[1:]
+    if argv[:1] == ["--selftest"]:
+        return selftest()
+    a = parse_args(argv)
     set_quiet(a.quiet)
     if os.geteuid() != 0:
         print("bench/run: needs root (mounts, loop devices, FUSE allow_other)", file=sys.stderr)
@@ -135,7 +151,7 @@ def main(argv=None) -> int:
     os.makedirs(os.path.join(work, "mnt"))
     t_start = time.monotonic()
     res = {"meta": {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-                    "mode": a.mode, "command": "bench/run " + " ".join(argv if argv is not None else sys.argv[1:]),
+                    "mode": a.mode, "command": "bench/run " + " ".join(argv),
                     "machine": machine(), "profile": profile, "contenders": {}, "notes": []},
            "workloads": {}}
     status = 0

@@ -134,7 +134,8 @@ def cleanup_leftovers(verbose: bool = True) -> int:
             continue
         for pidfile in glob.glob(os.path.join(work, "**", "*.pid"), recursive=True):
             try:
-                pid = int(open(pidfile).read().split()[0])
+                with open(pidfile) as f:
+                    pid = int(f.read().split()[0])
                 os.kill(pid, signal.SIGKILL)
                 if verbose:
                     log(f"--cleanup: killed {pid} ({pidfile})")

@@ -229,7 +229,11 @@ impl Backend for Lib {
         1
     }
     fn mkdir(&self, parent: &u64, name: &str) -> io::Result<u64> {
-        Ok(self.fs().mkdir(*parent, name.as_bytes(), 0o755, 0, 0).map_err(e)?.ino)
+        Ok(self
+            .fs()
+            .mkdir(*parent, name.as_bytes(), 0o755, 0, 0)
+            .map_err(e)?
+            .ino)
     }
     fn create(&self, dir: &u64, name: &str) -> io::Result<LibFile> {
         match self.fs().create(*dir, name.as_bytes(), 0o644, 0, 0) {

@@ -292,12 +292,18 @@ pub fn run<B: Backend>(b: &B, cfg: &FbCfg) -> io::Result<FbResult> {
                     let mut log = None;
                     while !stop.load(Ordering::Relaxed) {
                         let r = match cfg.personality {
-                            Personality::Fileserver => fileserver(b, fs, cfg, &mut rng, &mut buf, &mut st),
-                            Personality::Varmail => varmail(b, fs, cfg, &mut rng, &mut buf, &mut st),
+                            Personality::Fileserver => {
+                                fileserver(b, fs, cfg, &mut rng, &mut buf, &mut st)
+                            }
+                            Personality::Varmail => {
+                                varmail(b, fs, cfg, &mut rng, &mut buf, &mut st)
+                            }
                             Personality::Webserver => {
                                 webserver(b, fs, cfg, &mut rng, &mut buf, &mut st, &mut log)
                             }
-                            Personality::Webproxy => webproxy(b, fs, cfg, &mut rng, &mut buf, &mut st),
+                            Personality::Webproxy => {
+                                webproxy(b, fs, cfg, &mut rng, &mut buf, &mut st)
+                            }
                         };
                         if let Err(e) = r {
                             failed.lock().unwrap().get_or_insert(e);
@@ -340,7 +346,14 @@ pub fn run<B: Backend>(b: &B, cfg: &FbCfg) -> io::Result<FbResult> {
     })
 }
 
-fn append_rand<B: Backend>(b: &B, f: &mut B::File, cfg: &FbCfg, rng: &mut Rng, buf: &[u8], st: &mut Thread) -> io::Result<()> {
+fn append_rand<B: Backend>(
+    b: &B,
+    f: &mut B::File,
+    cfg: &FbCfg,
+    rng: &mut Rng,
+    buf: &[u8],
+    st: &mut Thread,
+) -> io::Result<()> {
     let n = (1 + rng.below(cfg.appendsize.max(1))).min(buf.len() as u64) as usize;
     b.append(f, &buf[..n])?;
     st.wb += n as u64;
@@ -349,7 +362,13 @@ fn append_rand<B: Backend>(b: &B, f: &mut B::File, cfg: &FbCfg, rng: &mut Rng, b
 }
 
 /// openfile; readwholefile; closefile on an existing file.
-fn open_read_close<B: Backend>(b: &B, fs: &Fileset<B>, rng: &mut Rng, buf: &mut [u8], st: &mut Thread) -> io::Result<()> {
+fn open_read_close<B: Backend>(
+    b: &B,
+    fs: &Fileset<B>,
+    rng: &mut Rng,
+    buf: &mut [u8],
+    st: &mut Thread,
+) -> io::Result<()> {
     let Some((i, _g)) = fs.pick(rng, true) else {
         return Ok(());
     };
@@ -362,7 +381,12 @@ fn open_read_close<B: Backend>(b: &B, fs: &Fileset<B>, rng: &mut Rng, buf: &mut 
     Ok(())
 }
 
-fn delete_one<B: Backend>(b: &B, fs: &Fileset<B>, rng: &mut Rng, st: &mut Thread) -> io::Result<()> {
+fn delete_one<B: Backend>(
+    b: &B,
+    fs: &Fileset<B>,
+    rng: &mut Rng,
+    st: &mut Thread,
+) -> io::Result<()> {
     if let Some((i, mut g)) = fs.pick(rng, true) {
         b.unlink(&fs.dirs[fs.slots[i].dir], &name(i))?;
         *g = false;
@@ -371,7 +395,14 @@ fn delete_one<B: Backend>(b: &B, fs: &Fileset<B>, rng: &mut Rng, st: &mut Thread
     Ok(())
 }
 
-fn fileserver<B: Backend>(b: &B, fs: &Fileset<B>, cfg: &FbCfg, rng: &mut Rng, buf: &mut [u8], st: &mut Thread) -> io::Result<()> {
+fn fileserver<B: Backend>(
+    b: &B,
+    fs: &Fileset<B>,
+    cfg: &FbCfg,
+    rng: &mut Rng,
+    buf: &mut [u8],
+    st: &mut Thread,
+) -> io::Result<()> {
     // createfile; writewholefile; closefile
     if let Some((i, mut g)) = fs.pick(rng, false) {
         let mut f = b.create(&fs.dirs[fs.slots[i].dir], &name(i))?;
@@ -402,7 +433,14 @@ fn fileserver<B: Backend>(b: &B, fs: &Fileset<B>, cfg: &FbCfg, rng: &mut Rng, bu
     Ok(())
 }
 
-fn varmail<B: Backend>(b: &B, fs: &Fileset<B>, cfg: &FbCfg, rng: &mut Rng, buf: &mut [u8], st: &mut Thread) -> io::Result<()> {
+fn varmail<B: Backend>(
+    b: &B,
+    fs: &Fileset<B>,
+    cfg: &FbCfg,
+    rng: &mut Rng,
+    buf: &mut [u8],
+    st: &mut Thread,
+) -> io::Result<()> {
     // deletefile
     delete_one(b, fs, rng, st)?;
     // createfile; appendfilerand; fsync; closefile
@@ -452,7 +490,14 @@ fn webserver<B: Backend>(
     append_rand(b, log.as_mut().unwrap(), cfg, rng, buf, st)
 }
 
-fn webproxy<B: Backend>(b: &B, fs: &Fileset<B>, cfg: &FbCfg, rng: &mut Rng, buf: &mut [u8], st: &mut Thread) -> io::Result<()> {
+fn webproxy<B: Backend>(
+    b: &B,
+    fs: &Fileset<B>,
+    cfg: &FbCfg,
+    rng: &mut Rng,
+    buf: &mut [u8],
+    st: &mut Thread,
+) -> io::Result<()> {
     // deletefile
     delete_one(b, fs, rng, st)?;
     // createfile; appendfilerand; closefile

@@ -73,8 +73,12 @@ fn run_on<B: Backend>(b: &B, a: &Args) -> Result<String, String> {
             Ok(format!("\"ops\":{{{}}}", ops.join(",")))
         }
         "filebench" => {
-            let p = a.opts.get("personality").ok_or("--personality is required")?;
-            let p = filebench::Personality::parse(p).ok_or_else(|| format!("unknown personality {p}"))?;
+            let p = a
+                .opts
+                .get("personality")
+                .ok_or("--personality is required")?;
+            let p = filebench::Personality::parse(p)
+                .ok_or_else(|| format!("unknown personality {p}"))?;
             let d = filebench::FbCfg::published(p);
             let cfg = filebench::FbCfg {
                 personality: p,
@@ -106,7 +110,8 @@ fn main() {
             let mode_s = a.opts.get("mode").map(String::as_str).unwrap_or("strict");
             let mode = Mode::parse(mode_s).ok_or_else(|| format!("unknown mode {mode_s}"))?;
             let size: u64 = a.get("pool-size", 2u64 << 30)?;
-            let b = Lib::create(&PathBuf::from(pool), size, mode).map_err(|e| format!("{pool}: {e}"))?;
+            let b = Lib::create(&PathBuf::from(pool), size, mode)
+                .map_err(|e| format!("{pool}: {e}"))?;
             let backend = b.describe();
             let body = run_on(&b, &a);
             let fin = b.finish().map_err(|e| format!("unmount: {e}"));

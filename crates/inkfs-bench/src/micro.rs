@@ -47,7 +47,9 @@ pub fn run<B: Backend>(b: &B, cfg: &MicroCfg) -> io::Result<Vec<(&'static str, L
         let got = b.readdir(&root)?;
         lat.push(t);
         if got < n {
-            return Err(io::Error::other(format!("readdir saw {got} of {n} entries")));
+            return Err(io::Error::other(format!(
+                "readdir saw {got} of {n} entries"
+            )));
         }
     }
     out.push(("readdir", lat));
