@@ -42,6 +42,8 @@ def parse_args(argv):
     ap.add_argument("--no-build", action="store_true", help="use binaries from the target dir as they are")
     ap.add_argument("--engine-bench", action="store_true",
                     help="also run `cargo bench -p inkfs --bench engine -- --quick` and include its table")
+    ap.add_argument("--publish", action="store_true",
+                    help="also copy the report, JSON and charts to bench/results/latest/ (for RESULTS.md)")
     ap.add_argument("--quiet", action="store_true", help="no progress display")
     a = ap.parse_args(argv)
     a.mode = a.mode or "quick"
@@ -205,6 +207,12 @@ def main(argv=None) -> int:
     if res["workloads"]:
         report.write(res, outdir)
         log(f"results: {outdir}/results.md, results.json" + (" (partial)" if status else ""))
+        if a.publish:
+            import shutil
+            latest = os.path.join(REPO, "bench", "results", "latest")
+            shutil.rmtree(latest, ignore_errors=True)
+            shutil.copytree(outdir, latest)
+            log(f"published to {latest}")
         for extra in (report.issue5_md(res), report.goals_md(res)):
             if extra:
                 print(extra)

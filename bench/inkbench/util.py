@@ -95,7 +95,9 @@ def install_signal_handlers() -> None:
     blocks that tear the contenders down."""
     def handler(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")
-    for s in (signal.SIGTERM, signal.SIGHUP):
+    # SIGINT too: a shell that starts the harness in the background sets
+    # SIGINT to "ignore", and Python then installs no KeyboardInterrupt.
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, handler)
 
 

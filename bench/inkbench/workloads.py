@@ -29,9 +29,9 @@ PROFILES = {
                   rocks_num={"sync1": 200, "sync0": 2000},
                   redis_requests=500, tree_files=300),
     "quick": dict(reps=3, fs_size=2 << 30, micro_ops=1000,
-                  fio_size="64m", fio_runtime="1s", fio_cases=None,
-                  fb_files_div=5, fb_threads_div=1, fb_seconds=1.5,
-                  sqlite_inserts=1000, sqlite_seconds=8,
+                  fio_size="32m", fio_runtime="1s", fio_cases=None,
+                  fb_files_div=5, fb_threads_div=1, fb_seconds=1.0,
+                  sqlite_inserts=600, sqlite_seconds=5,
                   rocks_num={"sync1": 2000, "sync0": 50000},
                   redis_requests=5000, tree_files=2000),
     "full": dict(reps=5, fs_size=4 << 30, micro_ops=5000,
@@ -164,6 +164,13 @@ class Fio(Workload):
     ALL = [f"{rw}{s}-{j}j" for rw in ("randwrite", "seqwrite") for s in ("-fsync", "") for j in (1, 2)] + \
           ["randread-1j", "randread-2j"]
 
+    def __init__(self, ctx: Ctx) -> None:
+        super().__init__(ctx)
+        self.dirs: Dict[str, str] = {}
+
+    def prepare(self) -> None:
+        self.dirs = {}
+
     def unavailable(self) -> Optional[str]:
         return None if which("fio") else "fio is not installed (apt-get install fio)"
 
@@ -187,18 +194,20 @@ class Fio(Workload):
         return {"ioengine": "psync", "bs": "4k", "size_per_job": self.ctx.p["fio_size"],
                 "runtime": self.ctx.p["fio_runtime"], "time_based": True, "fallocate": "none",
                 "randwrite": "--overwrite=1 (file laid out first)", "invalidate": "fio default (1)",
+                "files": "f.0, f.1 per contender, laid out once, reused by every job",
                 "cases": self.steps()}
 
     def run(self, c: Contender, step: str, rep: int) -> Dict[str, dict]:
-        d = self.ctx.scratch(c, "fio")
+        # One directory per contender for the whole workload: the job files
+        # (f.0, f.1) are laid out once and reused by every job and repetition.
+        d = self.dirs.get(c.name)
+        if d is None:
+            d = self.dirs[c.name] = self.ctx.scratch(c, "fio")
         cmd = ["fio", "--name=job", f"--directory={d}", "--ioengine=psync", "--bs=4k",
                f"--size={self.ctx.p['fio_size']}", f"--runtime={self.ctx.p['fio_runtime']}", "--time_based",
                "--group_reporting", "--output-format=json", "--fallocate=none", "--randrepeat=1",
                "--filename_format=f.$jobnum", *self.job_args(step)]
-        try:
-            p = run(cmd, timeout=300)
-        finally:
-            self.ctx.clear(c, d)
+        p = run(cmd, timeout=300)
         r = parsers.fio_json(p.stdout)
         if r["errors"]:
             raise CmdError(f"fio reported errors: {r['errors']}")
