@@ -212,7 +212,11 @@ def main(argv=None) -> int:
             latest = os.path.join(REPO, "bench", "results", "latest")
             shutil.rmtree(latest, ignore_errors=True)
             shutil.copytree(outdir, latest)
-            log(f"published to {latest}")
+            page = os.path.join(REPO, "bench", "RESULTS.md")
+            old = open(page).read() if os.path.exists(page) else ""
+            with open(page, "w") as f:
+                f.write(report.results_page(res, old))
+            log(f"published to {latest} and {page}")
         for extra in (report.issue5_md(res), report.goals_md(res)):
             if extra:
                 print(extra)

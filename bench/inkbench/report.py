@@ -150,7 +150,8 @@ def machine_md(meta: dict) -> str:
     m = meta["machine"]
     lines = [f"- Date: {meta['date']}; mode: `--{meta['mode']}`; harness: `{meta['command']}`",
              f"- CPU: {m['cpu']} — {m['cores']} cores; memory {m['mem_gib']} GiB; kernel {m['kernel']}",
-             f"- Load average at start / end: {m['loadavg_start']} / {meta.get('loadavg_end', '?')}"
+             f"- Load average (1, 5, 15 min) at start / end: {' '.join(m['loadavg_start'])} / "
+             f"{' '.join(meta.get('loadavg_end', ['?']))}"
              + (" — **shared, noisy machine**" if meta.get("noisy") else ""),
              f"- Pool backend: {meta.get('pool_backend', '?')}",
              f"- Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items() if v)]
@@ -243,3 +244,26 @@ def write(res: dict, outdir: str) -> None:
         json.dump(res, f, indent=1, default=str)
     with open(os.path.join(outdir, "results.md"), "w") as f:
         f.write(markdown(res))
+
+
+READING_START = "<!-- reading: kept by bench/run --publish -->"
+READING_END = "<!-- /reading -->"
+
+
+def results_page(res: dict, old_page: str, charts_dir: str = "results/latest") -> str:
+    """bench/RESULTS.md: the run's tables and charts, around the hand-written
+    reading kept from the previous page."""
+    reading = "_(no reading written yet)_"
+    if READING_START in old_page and READING_END in old_page:
+        reading = old_page.split(READING_START, 1)[1].split(READING_END, 1)[0].strip()
+    md = markdown(res)
+    for w in res["workloads"].values():
+        for chart in w.get("charts", []):
+            md = md.replace(f"]({chart})", f"]({charts_dir}/{chart})")
+    meta = res["meta"]
+    head = [f"# inkfs benchmark results — `--{meta['mode']}` run of {meta['date']}", "",
+            f"Produced by `{meta['command']}` (elapsed {meta.get('elapsed_s', '?')} s); raw figures in "
+            f"[{charts_dir}/results.json]({charts_dir}/results.json). Re-run with "
+            "`bench/run --quick --publish` (or `--full`); the reading below is kept and must be revised.", "",
+            "## Reading", "", READING_START, "", reading, "", READING_END, "", "## Tables and charts", "", ""]
+    return "\n".join(head) + md.split("\n", 1)[1].lstrip("\n")

@@ -56,7 +56,7 @@ def fake_results():
     for w in (w_fio, w_meta, w_rocks):
         report.summarize(w)
     return {"meta": {"date": "2026-01-01", "mode": "quick", "command": "bench/run --quick",
-                     "machine": {"cpu": "cpu", "cores": 2, "kernel": "k", "mem_gib": 1, "loadavg_start": [0]},
+                     "machine": {"cpu": "cpu", "cores": 2, "kernel": "k", "mem_gib": 1, "loadavg_start": ["0.5"]},
                      "versions": {"fio": "3.33"}, "contenders": {}},
             "workloads": {"fio": w_fio, "meta": w_meta, "rocksdb": w_rocks}}
 
@@ -98,3 +98,16 @@ class ReportTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ResultsPageTest(unittest.TestCase):
+    def test_reading_is_kept_and_charts_relinked(self):
+        res = fake_results()
+        res["workloads"]["fio"]["charts"] = ["fio-vs-ext4.png"]
+        page = report.results_page(res, "")
+        self.assertIn("_(no reading written yet)_", page)
+        self.assertIn("](results/latest/fio-vs-ext4.png)", page)
+        edited = page.replace("_(no reading written yet)_", "inkfs wins here, loses there")
+        again = report.results_page(res, edited)
+        self.assertIn("inkfs wins here, loses there", again)
+        self.assertNotIn("no reading written yet", again)
