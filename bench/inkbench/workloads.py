@@ -35,10 +35,10 @@ PROFILES = {
                   rocks_num={"sync1": 2000, "sync0": 50000},
                   redis_requests=5000, tree_files=2000),
     "full": dict(reps=5, fs_size=4 << 30, micro_ops=5000,
-                 fio_size="256m", fio_runtime="5s", fio_cases=None,
-                 fb_files_div=1, fb_threads_div=1, fb_seconds=10,
-                 sqlite_inserts=5000, sqlite_seconds=30,
-                 rocks_num={"sync1": 20000, "sync0": 500000},
+                 fio_size="256m", fio_runtime="3s", fio_cases=None,
+                 fb_files_div=1, fb_threads_div=1, fb_seconds=6,
+                 sqlite_inserts=5000, sqlite_seconds=20,
+                 rocks_num={"sync1": 20000, "sync0": 200000},
                  redis_requests=50000, tree_files=8000),
 }
 

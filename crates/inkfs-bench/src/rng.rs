@@ -17,7 +17,7 @@ impl Rng {
     }
     /// Uniform in 0..n (n > 0).
     pub fn below(&mut self, n: u64) -> u64 {
-        ((self.next_u64() >> 11) as u128 * n as u128 >> 53) as u64
+        (((self.next_u64() >> 11) as u128 * n as u128) >> 53) as u64
     }
     /// Uniform in (0, 1).
     pub fn unit(&mut self) -> f64 {
