@@ -721,11 +721,13 @@ impl<P: Pmem> Fs<P> {
             return errno(libc::EBUSY);
         }
         if let Some(v) = v {
-            if v.ino == m.ino {
-                return Ok(()); // two names of one inode: POSIX says do nothing
-            }
+            // NOREPLACE fails on any existing target, even another name of
+            // the same inode (as Linux: checked before the same-inode case).
             if flags.noreplace {
                 return errno(libc::EEXIST);
+            }
+            if v.ino == m.ino {
+                return Ok(()); // two names of one inode: POSIX says do nothing
             }
             if !flags.exchange {
                 match (m.kind == FileKind::Dir, v.kind == FileKind::Dir) {
