@@ -379,9 +379,6 @@ impl<P: Pmem> Fs<P> {
         self.check_writable()?;
         check_name(newname)?;
         let inode = self.iget(ino)?;
-        if inode.kind == FileKind::Dir {
-            return errno(libc::EPERM);
-        }
         let dir = self.dir_inode(newparent)?;
         let mut locked = Locked::new(&[&inode, &dir]);
         {
@@ -393,6 +390,10 @@ impl<P: Pmem> Fs<P> {
             if is_dot_or_dotdot(newname) || d.dir().is_some_and(|x| x.get(newname).is_some()) {
                 return errno(libc::EEXIST);
             }
+        }
+        // After EEXIST, as Linux (vfs_link refuses directories last).
+        if inode.kind == FileKind::Dir {
+            return errno(libc::EPERM);
         }
         let now = now_ns();
         let mut pages = NewPages::default();
@@ -624,6 +625,14 @@ impl<P: Pmem> Fs<P> {
                 Err(Error::Errno(libc::ENOENT)) => None,
                 Err(e) => return Err(e),
             };
+            // As Linux: the flags are checked against the target before the
+            // ancestry checks (EINVAL) below.
+            if flags.noreplace && v_ino.is_some() {
+                return errno(libc::EEXIST);
+            }
+            if flags.exchange && v_ino.is_none() {
+                return errno(libc::ENOENT);
+            }
             let m = self.iget(m_ino)?;
             let v = v_ino.map(|i| self.iget(i)).transpose()?;
             let moves_dir_across = (m.kind == FileKind::Dir

@@ -44,7 +44,7 @@ use inkfs::{FileHandle, Fs};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
-const POOL_BYTES: u64 = 48 << 20;
+const POOL_BYTES: u64 = 16 << 20;
 const MAX_HANDLES: usize = 4;
 
 // ---------------------------------------------------------------------------
@@ -142,13 +142,28 @@ fn name_s() -> impl Strategy<Value = Name> {
     prop_oneof![20 => 0u8..5, 1 => Just(5u8), 1 => Just(6u8)]
 }
 
+/// A parent directory: literal (often missing or not a directory), or
+/// `[SEL + s]`: the s-th directory that exists when the step runs.
 fn dir_s() -> impl Strategy<Value = DirPath> {
     prop_oneof![
-        3 => Just(vec![]),
-        3 => prop::collection::vec(0u8..5, 1..=1),
-        2 => prop::collection::vec(0u8..5, 2..=2),
+        2 => Just(vec![]),
+        2 => prop::collection::vec(0u8..5, 1..=1),
+        1 => prop::collection::vec(0u8..5, 2..=2),
+        6 => (SEL..=255).prop_map(|s| vec![s]),
     ]
 }
+
+/// An existing entry to act on: literal, or (`[]`, SEL + s): the s-th
+/// entry that exists when the step runs.
+fn node_s() -> impl Strategy<Value = (DirPath, Name)> {
+    prop_oneof![
+        1 => (dir_s(), name_s()),
+        2 => (SEL..=255).prop_map(|s| (vec![], s)),
+    ]
+}
+
+/// Selector values (see `dir_s`, `node_s`).
+const SEL: u8 = 128;
 
 fn offset_s() -> impl Strategy<Value = u64> {
     prop_oneof![
@@ -182,23 +197,23 @@ fn op_s() -> impl Strategy<Value = Op> {
         6 => (dir_s(), name_s(), perm_s()).prop_map(|(d, n, m)| Op::Mkdir(d, n, m)),
         1 => (dir_s(), name_s(), 0u8..3).prop_map(|(d, n, k)| Op::Mknod(d, n, k)),
         2 => (dir_s(), name_s(), any::<u8>()).prop_map(|(d, n, t)| Op::Symlink(d, n, t)),
-        3 => (dir_s(), name_s(), dir_s(), name_s()).prop_map(|(a, b, c, d)| Op::Link(a, b, c, d)),
-        4 => (dir_s(), name_s()).prop_map(|(d, n)| Op::Unlink(d, n)),
-        3 => (dir_s(), name_s()).prop_map(|(d, n)| Op::Rmdir(d, n)),
-        6 => (dir_s(), name_s(), dir_s(), name_s(), prop_oneof![2 => Just(0u32), 1 => Just(1), 1 => Just(2)])
-            .prop_map(|(a, b, c, d, f)| Op::Rename(a, b, c, d, f)),
-        5 => (dir_s(), name_s()).prop_map(|(d, n)| Op::Open(d, n)),
-        2 => (dir_s(), name_s()).prop_map(|(d, n)| Op::Stat(d, n)),
-        1 => (dir_s(), name_s()).prop_map(|(d, n)| Op::Readlink(d, n)),
-        2 => (dir_s(), name_s(), perm_s()).prop_map(|(d, n, m)| Op::Chmod(d, n, m)),
-        1 => (dir_s(), name_s(), 0u32..3, 0u32..3).prop_map(|(d, n, u, g)| Op::Chown(d, n, u, g)),
-        1 => (dir_s(), name_s(), 0i64..2_000_000_000_000_000_000)
-            .prop_map(|(d, n, t)| Op::Utimens(d, n, t)),
-        3 => (dir_s(), name_s(), size_s()).prop_map(|(d, n, s)| Op::Truncate(d, n, s)),
-        3 => (dir_s(), name_s(), 0u8..4, prop_oneof![Just(0u16), 1u16..100, Just(3000u16)], any::<u8>(), 0u8..3)
-            .prop_map(|(d, n, x, l, s, f)| Op::SetXattr(d, n, x, l, s, f)),
-        1 => (dir_s(), name_s(), 0u8..4).prop_map(|(d, n, x)| Op::GetXattr(d, n, x)),
-        2 => (dir_s(), name_s(), 0u8..4).prop_map(|(d, n, x)| Op::RemoveXattr(d, n, x)),
+        3 => (node_s(), dir_s(), name_s()).prop_map(|((a, b), c, d)| Op::Link(a, b, c, d)),
+        4 => node_s().prop_map(|(d, n)| Op::Unlink(d, n)),
+        3 => node_s().prop_map(|(d, n)| Op::Rmdir(d, n)),
+        6 => (node_s(), dir_s(), name_s(), prop_oneof![2 => Just(0u32), 1 => Just(1), 1 => Just(2)])
+            .prop_map(|((a, b), c, d, f)| Op::Rename(a, b, c, d, f)),
+        5 => node_s().prop_map(|(d, n)| Op::Open(d, n)),
+        2 => node_s().prop_map(|(d, n)| Op::Stat(d, n)),
+        1 => node_s().prop_map(|(d, n)| Op::Readlink(d, n)),
+        2 => (node_s(), perm_s()).prop_map(|((d, n), m)| Op::Chmod(d, n, m)),
+        1 => (node_s(), 0u32..3, 0u32..3).prop_map(|((d, n), u, g)| Op::Chown(d, n, u, g)),
+        1 => (node_s(), 0i64..2_000_000_000_000_000_000)
+            .prop_map(|((d, n), t)| Op::Utimens(d, n, t)),
+        3 => (node_s(), size_s()).prop_map(|((d, n), s)| Op::Truncate(d, n, s)),
+        3 => (node_s(), 0u8..4, prop_oneof![Just(0u16), 1u16..100, Just(3000u16)], any::<u8>(), 0u8..3)
+            .prop_map(|((d, n), x, l, s, f)| Op::SetXattr(d, n, x, l, s, f)),
+        1 => (node_s(), 0u8..4).prop_map(|((d, n), x)| Op::GetXattr(d, n, x)),
+        2 => (node_s(), 0u8..4).prop_map(|((d, n), x)| Op::RemoveXattr(d, n, x)),
         12 => (h.clone(), offset_s(), len_s(), any::<u8>()).prop_map(|(h, o, l, s)| Op::Write(h, o, l, s)),
         6 => (h.clone(), len_s(), any::<u8>()).prop_map(|(h, l, s)| Op::Append(h, l, s)),
         5 => (h.clone(), offset_s(), len_s()).prop_map(|(h, o, l)| Op::Read(h, o, l)),
@@ -334,6 +349,8 @@ struct Harness {
     inexact_seek: HashSet<u64>,
 }
 
+static STATS: std::sync::Mutex<BTreeMap<(String, String), u64>> =
+    std::sync::Mutex::new(BTreeMap::new());
 static CASE: AtomicU64 = AtomicU64::new(0);
 
 impl Harness {
@@ -438,7 +455,88 @@ impl Harness {
 
     // --- one step --------------------------------------------------------
 
+    /// Every existing (parent path, name) of the reference, in walk order.
+    fn existing(&self) -> Vec<(DirPath, Name, bool)> {
+        fn walk(dir: &Path, path: &DirPath, out: &mut Vec<(DirPath, Name, bool)>) {
+            let mut names: Vec<_> = std::fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().as_bytes().to_vec())
+                .collect();
+            names.sort();
+            for n in names {
+                let Some(idx) = (0..6u8).find(|&i| name_bytes(i) == n) else { continue };
+                let p = dir.join(std::ffi::OsStr::from_bytes(&n));
+                let is_dir = std::fs::symlink_metadata(&p).unwrap().is_dir();
+                out.push((path.clone(), idx, is_dir));
+                if is_dir {
+                    let mut sub = path.clone();
+                    sub.push(idx);
+                    walk(&p, &sub, out);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(&self.base, &vec![], &mut out);
+        out
+    }
+
+    /// Replace selectors (`SEL + s`) by paths that exist now.
+    fn concretize(&self, op: &Op) -> Op {
+        let ex = self.existing();
+        let dirs: Vec<DirPath> = std::iter::once(vec![])
+            .chain(ex.iter().filter(|(p, _, d)| *d && p.len() < 2).map(|(p, n, _)| {
+                let mut v = p.clone();
+                v.push(*n);
+                v
+            }))
+            .collect();
+        let dir = |d: &DirPath| -> DirPath {
+            match d.as_slice() {
+                [s] if *s >= SEL => dirs[(*s - SEL) as usize % dirs.len()].clone(),
+                _ => d.clone(),
+            }
+        };
+        let node = |d: &DirPath, n: Name| -> (DirPath, Name) {
+            if n >= SEL {
+                if ex.is_empty() {
+                    return (vec![], 0);
+                }
+                let (p, n, _) = &ex[(n - SEL) as usize % ex.len()];
+                (p.clone(), *n)
+            } else {
+                (dir(d), n)
+            }
+        };
+        let mut op = op.clone();
+        match &mut op {
+            Op::Create(d, ..) | Op::Mkdir(d, ..) | Op::Mknod(d, ..) | Op::Symlink(d, ..) => *d = dir(d),
+            Op::Link(d1, n1, d2, _) => {
+                (*d1, *n1) = node(d1, *n1);
+                *d2 = dir(d2);
+            }
+            Op::Rename(d1, n1, d2, _, _) => {
+                (*d1, *n1) = node(d1, *n1);
+                *d2 = dir(d2);
+            }
+            Op::Unlink(d, n)
+            | Op::Rmdir(d, n)
+            | Op::Open(d, n)
+            | Op::Stat(d, n)
+            | Op::Readlink(d, n)
+            | Op::Chmod(d, n, _)
+            | Op::Chown(d, n, ..)
+            | Op::Utimens(d, n, _)
+            | Op::Truncate(d, n, _)
+            | Op::SetXattr(d, n, ..)
+            | Op::GetXattr(d, n, _)
+            | Op::RemoveXattr(d, n, _) => (*d, *n) = node(d, *n),
+            _ => {}
+        }
+        op
+    }
+
     fn step(&mut self, op: &Op) -> Result<(), TestCaseError> {
+        let op = &self.concretize(op);
         let (real, engine) = match op {
             Op::CleanRemount => {
                 self.clean_remount()?;
@@ -469,6 +567,16 @@ impl Harness {
                 real.as_ref().err().map_or("-".into(), |e| errname(*e)),
                 engine.as_ref().err().map_or("-".into(), |e| errname(*e)),
             )));
+        }
+        if std::env::var_os("INKFS_MODEL_STATS").is_some() {
+            let kind = format!("{op:?}");
+            let kind = kind.split('(').next().unwrap().to_string();
+            let res = match &real {
+                Ok(Out::Skip) => "skip".to_string(),
+                Ok(_) => "ok".to_string(),
+                Err(e) => format!("E{e}"),
+            };
+            *STATS.lock().unwrap().entry((kind, res)).or_default() += 1;
         }
         self.after_create(op, &real, &engine)?;
         self.compare_all()
@@ -1287,6 +1395,11 @@ fn run_mode(mode: Mode) {
         h.step(&Op::CleanRemount)?;
         Ok(())
     });
+    if std::env::var_os("INKFS_MODEL_STATS").is_some() {
+        for ((k, r), n) in STATS.lock().unwrap().iter() {
+            eprintln!("{k:>12} {r:>6} {n}");
+        }
+    }
     if let Err(e) = result {
         panic!("{} mode: {e}", mode.name());
     }
