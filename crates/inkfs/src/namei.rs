@@ -113,10 +113,11 @@ impl<P: Pmem> Fs<P> {
         uid: u32,
         gid: u32,
     ) -> Result<(Attr, FileHandle)> {
-        let inode = self.make_node(parent, name, FileKind::File, mode, 0, uid, gid, None)?;
+        // Opened inside make_node, before any other thread can see the
+        // name (an unlink in between would free the inode under the handle).
+        let inode = self.make_node(parent, name, FileKind::File, mode, 0, uid, gid, None, true)?;
         let fh = FileHandle { inode };
-        let mut st = write(&fh.inode.state);
-        st.open_count += 1;
+        let st = write(&fh.inode.state);
         let attr = self.attr_of(&fh.inode, &st);
         drop(st);
         Ok((attr, fh))
@@ -137,13 +138,13 @@ impl<P: Pmem> Fs<P> {
             libc::S_IFLNK => return errno(libc::EINVAL),
             t => FileKind::from_mode(t).ok_or(Error::Errno(libc::EINVAL))?,
         };
-        let inode = self.make_node(parent, name, kind, mode, rdev, uid, gid, None)?;
+        let inode = self.make_node(parent, name, kind, mode, rdev, uid, gid, None, false)?;
         let st = read(&inode.state);
         Ok(self.attr_of(&inode, &st))
     }
 
     pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
-        let inode = self.make_node(parent, name, FileKind::Dir, mode, 0, uid, gid, None)?;
+        let inode = self.make_node(parent, name, FileKind::Dir, mode, 0, uid, gid, None, false)?;
         let st = read(&inode.state);
         Ok(self.attr_of(&inode, &st))
     }
@@ -171,6 +172,7 @@ impl<P: Pmem> Fs<P> {
             uid,
             gid,
             Some(target),
+            false,
         )?;
         let st = read(&inode.state);
         Ok(self.attr_of(&inode, &st))
@@ -198,6 +200,7 @@ impl<P: Pmem> Fs<P> {
         uid: u32,
         gid: u32,
         target: Option<&[u8]>,
+        open: bool,
     ) -> Result<Arc<Inode>> {
         self.check_writable()?;
         check_name(name)?;
@@ -256,19 +259,6 @@ impl<P: Pmem> Fs<P> {
             let _ = self.slots.free(lane, slot);
             return Err(e);
         }
-        // Commit: the child's record (written, state still FREE) turns LIVE
-        // together with the parent's new tail.
-        self.commit_journal(&[
-            rec(rec_off, INODE_STATE_FIELD, INODE_LIVE),
-            rec(dir.rec_off, INODE_TAIL_FIELD, dir_cur.tail),
-        ]);
-        dst.log = dir_cur;
-        dst.log_entries += 1;
-        dst.attr.mtime_ns = now;
-        dst.attr.ctime_ns = now;
-        if let Some(d) = dst.dir_mut() {
-            d.add(name, Child { ino, kind, seq });
-        }
         let body = match kind {
             FileKind::File => Body::File(Default::default()),
             FileKind::Dir => Body::Dir(Default::default()),
@@ -285,7 +275,7 @@ impl<P: Pmem> Fs<P> {
             body,
             xattrs: Default::default(),
             log_entries: if target.is_some() { 2 } else { 1 },
-            open_count: 0,
+            open_count: open as u32,
             orphan: false,
             gone: false,
             attr_dirty: false,
@@ -296,7 +286,23 @@ impl<P: Pmem> Fs<P> {
             rec_off,
             state: std::sync::RwLock::new(st),
         });
+        // Cached before the record turns LIVE: a thread holding this inode
+        // number from before (a stale lookup of the slot's previous inode)
+        // must find this object, not load a second copy from media.
         self.cache.insert(inode.clone());
+        // Commit: the child's record (written, state still FREE) turns LIVE
+        // together with the parent's new tail.
+        self.commit_journal(&[
+            rec(rec_off, INODE_STATE_FIELD, INODE_LIVE),
+            rec(dir.rec_off, INODE_TAIL_FIELD, dir_cur.tail),
+        ]);
+        dst.log = dir_cur;
+        dst.log_entries += 1;
+        dst.attr.mtime_ns = now;
+        dst.attr.ctime_ns = now;
+        if let Some(d) = dst.dir_mut() {
+            d.add(name, Child { ino, kind, seq });
+        }
         drop(dst);
         let mut dst = write(&dir.state);
         self.maybe_compact(&dir, &mut dst);
@@ -664,11 +670,17 @@ impl<P: Pmem> Fs<P> {
                 if m.kind == FileKind::Dir && self.is_ancestor(m_ino, newparent)? {
                     return errno(libc::EINVAL);
                 }
-                if flags.exchange
-                    && v.as_ref().is_some_and(|v| v.kind == FileKind::Dir)
+                // The target is an ancestor of the source: Linux answers
+                // before looking at kinds (so a file onto its own
+                // grandparent is ENOTEMPTY, not EISDIR).
+                if v.as_ref().is_some_and(|v| v.kind == FileKind::Dir)
                     && self.is_ancestor(v.as_ref().map_or(0, |v| v.ino), parent)?
                 {
-                    return errno(libc::EINVAL);
+                    return errno(if flags.exchange {
+                        libc::EINVAL
+                    } else {
+                        libc::ENOTEMPTY
+                    });
                 }
                 locked = Locked::new(&all);
                 let still_m = locked

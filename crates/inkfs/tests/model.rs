@@ -27,7 +27,7 @@
 //! - A few error-priority cases where the VFS decides before the file system
 //!   is called are normalised in `equivalent` (each is listed there).
 //!
-//! PROPTEST_CASES raises the number of cases per mode (default 24).
+//! PROPTEST_CASES raises the number of cases per mode (default 160).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::CString;
@@ -1376,7 +1376,7 @@ fn cases() -> u32 {
     std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(24)
+        .unwrap_or(160)
 }
 
 fn run_mode(mode: Mode) {
