@@ -1,4 +1,63 @@
-fn main() {
-    eprintln!("inkfs: not yet");
-    std::process::exit(1)
+//! `inkfs`: the command-line tool. Every error is one line on stderr and a
+//! non-zero exit code; nothing here panics on user input.
+
+mod fsck;
+mod pool;
+
+use std::process::ExitCode;
+
+const USAGE: &str = "\
+usage: inkfs <command> [args]
+
+commands:
+  mkfs POOL [--size SIZE] [--lanes N] [--force]
+                      create an empty file system (SIZE like 4G, 512M; a DAX
+                      device is used whole)
+  stat POOL|MOUNTPOINT [--json]
+                      describe a pool (format, backend, space, state) or a
+                      running mount (live per-operation statistics)
+  mount POOL MOUNTPOINT [-f] [-o mode=strict|sync|posix,ro,threads=N,...]
+                      mount with FUSE; returns once the mount is live
+  fsck POOL [-y|--repair] [--json] [-q] [--progress]
+                      check a pool (read-only unless -y, which repairs what
+                      is safely repairable); exit 0 clean, 1 errors fixed,
+                      4 errors left, 8 operational error
+  null-fs MOUNTPOINT  a do-nothing FUSE file system (benchmark floor)
+  install-helper [DIR]
+                      install mount.fuse.inkfs (default /sbin) for
+                      `mount -t fuse.inkfs` and /etc/fstab
+  help                this text
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(cmd) = args.first() else {
+        eprint!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let rest = &args[1..];
+    let result = match cmd.as_str() {
+        "mkfs" => pool::mkfs(rest),
+        "mount" => return exit_code(inkfs_fuse::mount_main(rest)),
+        "null-fs" => return exit_code(inkfs_fuse::null_main(rest)),
+        "install-helper" => return exit_code(inkfs_fuse::install_helper_main(rest)),
+        "stat" => pool::stat(rest),
+        "fsck" => return exit_code(fsck::fsck_main(rest)),
+        "help" | "--help" | "-h" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        other => Err(format!("unknown command '{other}' (try 'inkfs help')")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("inkfs {cmd}: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn exit_code(code: i32) -> ExitCode {
+    ExitCode::from(code.clamp(0, 255) as u8)
 }

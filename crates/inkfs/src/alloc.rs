@@ -480,6 +480,52 @@ impl BlockAllocator {
         None
     }
 
+    /// Up to `want` blocks starting exactly at `goal` when that block is free
+    /// (a file growing contiguously keeps one extent, as ext4's goal
+    /// allocation); otherwise the same as [`alloc`](Self::alloc).
+    ///
+    /// When the goal is taken, the file is growing: it moves to the start of
+    /// the home lane's largest free range, where it can keep growing in one
+    /// extent, rather than into the best-fitting hole.
+    pub fn alloc_near(&self, lane: u32, goal: u64, want: u64) -> Option<(u64, u64)> {
+        if want == 0 || goal < self.first_block || goal >= self.total_blocks {
+            return self.alloc(lane, want);
+        }
+        {
+            let l = &self.lanes[self.lane_of(goal)];
+            let mut set = lock(&l.free);
+            if let Some((s, len)) = set.at_or_before(goal) {
+                if s + len > goal {
+                    let n = want.min(s + len - goal);
+                    return Some(self.take(l, &mut set, goal, n));
+                }
+            }
+        }
+        let l = &self.lanes[lane as usize % self.lanes.len()];
+        let mut set = lock(&l.free);
+        if let Some((s, len)) = set.largest() {
+            return Some(self.take(l, &mut set, s, len.min(want)));
+        }
+        drop(set);
+        self.alloc(lane, want)
+    }
+
+    /// One block for metadata (log pages, table blocks), taken from the high
+    /// end of a lane's highest free range, so metadata does not interleave
+    /// with the data blocks files grow into from the low end.
+    pub fn alloc_meta(&self, lane: u32) -> Option<u64> {
+        let n = self.lanes.len();
+        let home = lane as usize % n;
+        for i in 0..n {
+            let l = &self.lanes[(home + i) % n];
+            let mut set = lock(&l.free);
+            if let Some((s, len)) = set.by_start.last_key_value().map(|(&s, &l)| (s, l)) {
+                return Some(self.take(l, &mut set, s + len - 1, 1).0);
+            }
+        }
+        None
+    }
+
     /// Apply `change` to each lane piece of `[start, start + len)` in block
     /// order, one lane lock at a time, stopping at the first piece that fails.
     /// Err((first offending block, end of the prefix already applied)).
@@ -696,8 +742,8 @@ impl BlockAllocator {
         Self::try_restore(pm, lane_count, first_block, total_blocks, epoch).ok()
     }
 
-    /// `restore`, saying why it refused (tests check the reason).
-    fn try_restore<P: Pmem + ?Sized>(
+    /// `restore`, saying why it refused (tests and fsck check the reason).
+    pub(crate) fn try_restore<P: Pmem + ?Sized>(
         pm: &P,
         lane_count: u32,
         first_block: u64,
@@ -798,7 +844,7 @@ impl BlockAllocator {
 
 /// Why `restore` refused the save areas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Refusal {
+pub(crate) enum Refusal {
     Geometry,
     Magic { lane: u32 },
     Epoch { lane: u32 },

@@ -67,7 +67,14 @@ impl FileMap {
     pub fn map(&mut self, page: u64, pages: u64, block: u64, released: &mut impl FnMut(u64, u64)) {
         debug_assert!(pages > 0);
         let end = page + pages;
-        self.unmap_range(page, end, released);
+        // Appending past every extent (the common case) displaces nothing.
+        let past_all = self
+            .map
+            .last_key_value()
+            .is_none_or(|(&p, &(_, n))| p + n <= page);
+        if !past_all {
+            self.unmap_range(page, end, released);
+        }
         if block != 0 {
             self.insert_merging(page, block, pages);
         }
@@ -113,16 +120,25 @@ impl FileMap {
         self.mapped_pages += pages;
     }
 
-    fn insert_merging(&mut self, mut page: u64, mut block: u64, mut pages: u64) {
-        if let Some((&p, &(b, n))) = self.map.range(..page).next_back() {
-            if p + n == page && b + n == block {
-                self.map.remove(&p);
-                self.mapped_pages -= n;
-                page = p;
-                block = b;
-                pages += n;
+    fn insert_merging(&mut self, page: u64, block: u64, pages: u64) {
+        // Appends usually continue the previous extent: grow it in place.
+        if let Some((&p, &mut (b, ref mut n))) = self.map.range_mut(..page).next_back() {
+            if p + *n == page && b + *n == block {
+                *n += pages;
+                self.mapped_pages += pages;
+                let merged_end = p + *n;
+                if let Some(&(nb, nn)) = self.map.get(&merged_end) {
+                    if b + (merged_end - p) == nb {
+                        self.map.remove(&merged_end);
+                        if let Some(v) = self.map.get_mut(&p) {
+                            v.1 += nn;
+                        }
+                    }
+                }
+                return;
             }
         }
+        let mut pages = pages;
         if let Some(&(b, n)) = self.map.get(&(page + pages)) {
             if block + pages == b {
                 self.map.remove(&(page + pages));

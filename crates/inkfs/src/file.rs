@@ -5,6 +5,8 @@
 //! blocks with non-temporal stores, the FILE_WRITE entries that map them are
 //! flushed, one fence covers both, and only then does the tail move.
 
+use std::sync::atomic::Ordering;
+
 use crate::error::{errno, Error, Result};
 use crate::format::*;
 use crate::fs::{live, FileHandle, Fs};
@@ -75,17 +77,27 @@ struct DataTx {
     /// Pieces that map fresh blocks (freed if the operation fails).
     fresh: Pieces,
     pages: NewPages,
+    /// The inode's block reservation as this operation leaves it.
+    prealloc: (u64, u64),
 }
 
 impl DataTx {
-    fn new() -> DataTx {
+    fn new(st: &InodeState) -> DataTx {
         DataTx {
             pieces: Pieces::new(),
             fresh: Pieces::new(),
             pages: NewPages::default(),
+            prealloc: st.prealloc,
         }
     }
 }
+
+/// Blocks reserved (in DRAM only) past the end of a file that is being
+/// appended to, so the next appends take blocks without touching the
+/// allocator and stay in one extent (as ext4's per-inode preallocation).
+/// Returned at the last close, truncate-free paths keep it; a crash simply
+/// leaves the blocks unreferenced, hence free.
+const PREALLOC_BLOCKS: u64 = 16;
 
 fn write_entry(file_page: u64, block: u64, pages: u64, size: u64, mtime_ns: i64) -> WriteEntry {
     WriteEntry {
@@ -193,7 +205,7 @@ impl<P: Pmem> Fs<P> {
         let now = now_ns();
         let new_size = st.attr.size.max(end);
         let src = Src::Data { off, data };
-        let mut tx = DataTx::new();
+        let mut tx = DataTx::new(st);
         let r = match self.mode {
             Mode::Strict => self.cow_range(
                 st,
@@ -215,7 +227,7 @@ impl<P: Pmem> Fs<P> {
             ),
         };
         if let Err(e) = r {
-            self.abort_data(tx);
+            self.abort_data(st, tx);
             return Err(e);
         }
         if tx.pieces.is_empty() {
@@ -262,11 +274,12 @@ impl<P: Pmem> Fs<P> {
                 .map(|_| ());
         }
         if let Err(e) = appended {
-            self.abort_data(tx);
+            self.abort_data(st, tx);
             return Err(e);
         }
         self.commit_tail(inode.rec_off, &cur, durable);
         st.log = cur;
+        st.prealloc = tx.prealloc;
         for w in tx.pieces.iter() {
             self.apply_committed(st, Entry::Write(*w));
         }
@@ -303,11 +316,50 @@ impl<P: Pmem> Fs<P> {
         debug_assert!(r.is_ok(), "a committed entry must apply: {r:?}");
     }
 
-    fn abort_data(&self, tx: DataTx) {
+    fn abort_data(&self, st: &mut InodeState, tx: DataTx) {
         for w in tx.fresh.iter() {
             self.free_blocks(w.block, w.pages as u64);
         }
+        st.prealloc = tx.prealloc;
         tx.pages.release(&self.blocks);
+    }
+
+    /// Blocks for file data: from the inode's reservation when it continues
+    /// the file, else near `goal`; an append reserves a few more.
+    fn alloc_data(
+        &self,
+        tx: &mut DataTx,
+        goal: u64,
+        want: u64,
+        appending: bool,
+    ) -> Result<(u64, u64)> {
+        let (start, len) = tx.prealloc;
+        if len > 0 && goal == start {
+            let k = want.min(len);
+            tx.prealloc = (start + k, len - k);
+            self.reserved_blocks.fetch_sub(k, Ordering::Relaxed);
+            return Ok((start, k));
+        }
+        let ask = if appending && goal != 0 && want < PREALLOC_BLOCKS {
+            want + PREALLOC_BLOCKS - 1
+        } else {
+            want
+        };
+        let (block, got) = self
+            .blocks
+            .alloc_near(self.lane(), goal, ask)
+            .ok_or(Error::Errno(libc::ENOSPC))?;
+        if got <= want {
+            return Ok((block, got));
+        }
+        if len > 0 {
+            self.reserved_blocks.fetch_sub(len, Ordering::Relaxed);
+            self.free_blocks(start, len);
+        }
+        tx.prealloc = (block + want, got - want);
+        self.reserved_blocks
+            .fetch_add(got - want, Ordering::Relaxed);
+        Ok((block, want))
     }
 
     /// Copy-on-write pages `[first, end)`: fresh blocks hold the old
@@ -324,12 +376,19 @@ impl<P: Pmem> Fs<P> {
         tx: &mut DataTx,
     ) -> Result<()> {
         let mut page = first;
+        let appending = first * BLOCK_SIZE >= st.attr.size;
+        // Grow contiguously after the previous page's block when possible.
+        let mut goal = match page
+            .checked_sub(1)
+            .and_then(|p| st.file().and_then(|m| m.find(p)))
+        {
+            Some(e) => e.block + (page - e.page),
+            None => 0,
+        };
         while page < end {
             let want = (end - page).min(MAX_PAGES_PER_ENTRY);
-            let (block, got) = self
-                .blocks
-                .alloc(self.lane(), want)
-                .ok_or(Error::Errno(libc::ENOSPC))?;
+            let (block, got) = self.alloc_data(tx, goal, want, appending)?;
+            goal = block + got;
             let w = write_entry(page, block, got, size, now);
             tx.fresh.push(w);
             tx.pieces.push(w);
@@ -359,11 +418,25 @@ impl<P: Pmem> Fs<P> {
             return errno(libc::EINVAL);
         };
         let grows = size != st.attr.size;
+        // Bytes past the old end of file must stay zero until the new size
+        // commits (a crash before it would otherwise leave them behind, to
+        // reappear when the file grows): pages written past the old end
+        // are copied on write even in these modes.
+        let cow_from = if src.range().1 > st.attr.size {
+            st.attr.size / BLOCK_SIZE
+        } else {
+            u64::MAX
+        };
         let mut page = first;
         while page < end {
             match map.find(page) {
-                Some(e) => {
+                Some(e) if page >= cow_from => {
                     let run_end = e.end().min(end);
+                    self.cow_range(st, page, run_end, src, size, now, tx)?;
+                    page = run_end;
+                }
+                Some(e) => {
+                    let run_end = e.end().min(end).min(cow_from);
                     let block = e.block + (page - e.page);
                     let (a, b) = src.clip(page * BLOCK_SIZE, run_end * BLOCK_SIZE);
                     let at = block * BLOCK_SIZE + (a - page * BLOCK_SIZE);
@@ -439,11 +512,11 @@ impl<P: Pmem> Fs<P> {
         if st.file().and_then(|m| m.find(page)).is_none() {
             return Ok(()); // a hole already reads as zeros
         }
+        // Copy-on-write in every mode: truncate and fallocate are atomic
+        // (docs/MODES.md), and zeroing in place before the commit would
+        // show a crash half-zeroed pages under the old size and mapping.
         let src = Src::Zeros { off: a, len: b - a };
-        match self.mode {
-            Mode::Strict => self.cow_range(st, page, page + 1, src, size, now, tx),
-            Mode::Sync | Mode::Posix => self.in_place_range(st, page, page + 1, src, size, now, tx),
-        }
+        self.cow_range(st, page, page + 1, src, size, now, tx)
     }
 
     /// Shrink or grow to `new_size` with attributes `a` (mtime/ctime set by
@@ -457,12 +530,12 @@ impl<P: Pmem> Fs<P> {
         new_size: u64,
     ) -> Result<()> {
         let old_size = st.attr.size;
-        let mut tx = DataTx::new();
+        let mut tx = DataTx::new(st);
         if new_size < old_size && new_size % BLOCK_SIZE != 0 {
             let page_end = (new_size / BLOCK_SIZE + 1) * BLOCK_SIZE;
             if let Err(e) = self.zero_partial(st, new_size, page_end, old_size, a.ctime_ns, &mut tx)
             {
-                self.abort_data(tx);
+                self.abort_data(st, tx);
                 return Err(e);
             }
         }
@@ -491,14 +564,14 @@ impl<P: Pmem> Fs<P> {
         } else {
             old_size.max(end)
         };
-        let mut tx = DataTx::new();
+        let mut tx = DataTx::new(&st);
         let r = if flags.punch_hole || flags.zero_range {
             self.clear_range(&st, off, end, size, now, flags.zero_range, &mut tx)
         } else {
             self.preallocate(&st, off, end, size, now, &mut tx)
         };
         if let Err(e) = r {
-            self.abort_data(tx);
+            self.abort_data(&mut st, tx);
             return Err(e);
         }
         let mut a = st.attr;
@@ -667,5 +740,38 @@ impl<P: Pmem> Fs<P> {
     /// A handle's inode state, for front ends that need the size under lock.
     pub fn handle_size(&self, fh: &FileHandle) -> u64 {
         inode::read(&fh.inode.state).attr.size
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::pmem::SimPool;
+    use crate::types::*;
+    use crate::Fs;
+
+    #[test]
+    fn appends_stay_in_one_extent() {
+        let pm = SimPool::new(32 << 20);
+        Fs::format(
+            &pm,
+            &FormatOptions {
+                lanes: 2,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let fs = Fs::mount(pm, MountOptions::default()).unwrap();
+        let (_, fh) = fs.create(1, b"f", 0o644, 0, 0).unwrap();
+        for _ in 0..500 {
+            fs.append(&fh, &[1u8; 4096]).unwrap();
+        }
+        let st = crate::inode::read(&fh.inode.state);
+        let extents = st.file().unwrap().extent_count();
+        assert!(extents <= 2, "500 appends made {extents} extents");
+        assert!(
+            st.log.pages <= 4,
+            "log of {} pages after compaction",
+            st.log.pages
+        );
     }
 }

@@ -464,21 +464,88 @@ pub const fn entry_bytes(head: usize, payload: usize) -> u64 {
     ((head + payload) as u64).div_ceil(ENTRY_UNIT) * ENTRY_UNIT
 }
 
+/// crc32c of an entry with its checksum field (bytes 4..8) read as zero.
+/// Entries are whole cache lines, so this runs over 8-byte words with the
+/// SSE4.2 crc32 instruction: a 64-byte entry costs a few nanoseconds, on
+/// every append and every entry a walk reads.
+pub fn entry_crc(bytes: &[u8]) -> u32 {
+    debug_assert!(bytes.len() >= 8 && bytes.len() % 8 == 0);
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if std::arch::is_x86_feature_detected!("sse4.2") {
+        // SAFETY: the CPU supports SSE4.2 (checked just above).
+        return unsafe { entry_crc_sse42(bytes) };
+    }
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[..4]), &[0; 4]);
+    crc32c::crc32c_append(crc, &bytes[8..])
+}
+
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[target_feature(enable = "sse4.2")]
+unsafe fn entry_crc_sse42(bytes: &[u8]) -> u32 {
+    use std::arch::x86_64::_mm_crc32_u64;
+    let mut crc = !0u32 as u64;
+    for (i, chunk) in bytes.chunks_exact(8).enumerate() {
+        let mut word = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+        if i == 0 {
+            word &= 0x0000_0000_ffff_ffff; // the checksum field counts as zero
+        }
+        crc = _mm_crc32_u64(crc, word);
+    }
+    !(crc as u32)
+}
+
 /// Compute and store an entry's checksum (over `bytes`, the whole entry).
 pub fn seal_entry(bytes: &mut [u8]) {
-    bytes[4..8].fill(0);
-    let crc = crc32c::crc32c(bytes);
+    let crc = entry_crc(bytes);
     bytes[4..8].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// Check an entry read back from media.
 pub fn entry_checksum_ok(bytes: &[u8]) -> bool {
-    if bytes.len() < 8 {
+    if bytes.len() < 8 || bytes.len() % 8 != 0 {
         return false;
     }
     let stored = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[..4]), &[0; 4]);
-    crc32c::crc32c_append(crc, &bytes[8..]) == stored
+    entry_crc(bytes) == stored
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_crc_matches_crc32c_with_zeroed_field() {
+        let mut x = 0x1234_5678_9abc_def0u64;
+        for len in [8usize, 64, 128, 320, 4032] {
+            let mut bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            let mut zeroed = bytes.clone();
+            zeroed[4..8].fill(0);
+            assert_eq!(entry_crc(&bytes), crc32c::crc32c(&zeroed), "len {len}");
+            seal_entry(&mut bytes);
+            assert!(entry_checksum_ok(&bytes));
+            bytes[len - 1] ^= 1;
+            assert!(!entry_checksum_ok(&bytes));
+        }
+    }
+
+    #[test]
+    fn superblock_round_trip() {
+        let mut sb = Superblock::zeroed();
+        sb.magic = MAGIC;
+        sb.version = FORMAT_VERSION;
+        sb.size_bytes = 1 << 30;
+        sb.seal();
+        let back = Superblock::from_bytes(sb.as_bytes());
+        assert_eq!(back, sb);
+        assert_eq!(back.checksum, back.compute_checksum());
+    }
 }
 
 const _: () =

@@ -2,7 +2,7 @@
 //! attributes, handles, and the commit helpers every operation uses.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::alloc::{BlockAllocator, InodeSlots};
@@ -58,6 +58,9 @@ pub struct Fs<P: Pmem> {
     /// "not into its own descendant" check cannot race (as Linux's
     /// s_vfs_rename_mutex).
     pub(crate) rename_lock: Mutex<()>,
+    /// Blocks held in inodes' DRAM reservations (free for statfs: they
+    /// return to the allocator at the last close, and are free after a crash).
+    pub(crate) reserved_blocks: AtomicU64,
     report: MountReport,
 }
 
@@ -134,6 +137,7 @@ impl<P: Pmem> Fs<P> {
             cache: InodeCache::default(),
             journals,
             rename_lock: Mutex::new(()),
+            reserved_blocks: AtomicU64::new(0),
             report,
         };
         let root = fs.iget(ROOT_INO)?;
@@ -151,6 +155,7 @@ impl<P: Pmem> Fs<P> {
         }
         for inode in self.cache.all() {
             let mut st = write(&inode.state);
+            self.drop_prealloc(&mut st);
             if st.orphan && !st.gone {
                 self.free_inode_now(&inode, &mut st);
             }
@@ -368,8 +373,20 @@ impl<P: Pmem> Fs<P> {
         let mut st = write(&fh.inode.state);
         debug_assert!(st.open_count > 0);
         st.open_count = st.open_count.saturating_sub(1);
-        if st.open_count == 0 && st.orphan && !st.gone && !self.read_only {
-            self.free_inode_now(&fh.inode, &mut st);
+        if st.open_count == 0 {
+            self.drop_prealloc(&mut st);
+            if st.orphan && !st.gone && !self.read_only {
+                self.free_inode_now(&fh.inode, &mut st);
+            }
+        }
+    }
+
+    /// Give an inode's DRAM block reservation back to the allocator.
+    pub(crate) fn drop_prealloc(&self, st: &mut InodeState) {
+        let (start, len) = std::mem::take(&mut st.prealloc);
+        if len > 0 {
+            self.reserved_blocks.fetch_sub(len, Ordering::Relaxed);
+            self.free_blocks(start, len);
         }
     }
 
@@ -388,6 +405,7 @@ impl<P: Pmem> Fs<P> {
     /// Return an inode's log pages and data blocks to the allocator and mark
     /// it gone (its record is already FREE on media).
     pub(crate) fn release_inode_blocks(&self, inode: &Inode, st: &mut InodeState) {
+        self.drop_prealloc(st);
         st.gone = true;
         st.orphan = false;
         if let Ok(summary) = log::walk(
@@ -431,7 +449,7 @@ impl<P: Pmem> Fs<P> {
 
     pub fn statfs(&self) -> StatFs {
         let data_blocks = self.geo.total_blocks - self.geo.first_data_block;
-        let free = self.blocks.free_blocks();
+        let free = self.blocks.free_blocks() + self.reserved_blocks.load(Ordering::Relaxed);
         let used_inodes = self.slots.used_count();
         // Each inode needs at least one log page.
         StatFs {

@@ -43,29 +43,22 @@ pub fn maybe_compact<P: Pmem>(fs: &Fs<P>, inode: &Inode, st: &mut InodeState) {
 
 /// Rewrite the inode's log from its DRAM state.
 pub fn compact<P: Pmem>(fs: &Fs<P>, inode: &Inode, st: &mut InodeState) -> crate::Result<()> {
+    // The old chain, by its footers (its entries are already in DRAM).
+    let old = log::chain_pages(&fs.pm, &fs.geo, st.log.head, st.log.pages)?;
     let mut cur = LogCursor::default();
     let mut pages = NewPages::default();
-    let r = write_compact(fs, inode, st, &mut cur, &mut pages);
-    let entries = match r {
+    let entries = match write_compact(fs, inode, st, &mut cur, &mut pages) {
         Ok(n) => n,
         Err(e) => {
             pages.release(&fs.blocks);
             return Err(e);
         }
     };
-    let old = log::walk(
-        &fs.pm,
-        &fs.geo,
-        inode.ino,
-        st.log.head,
-        st.log.tail,
-        |_, _| Ok(()),
-    )?;
     fs.commit_journal(&[
         rec(inode.rec_off, INODE_HEAD_FIELD, cur.head),
         rec(inode.rec_off, INODE_TAIL_FIELD, cur.tail),
     ]);
-    for p in old.pages {
+    for p in old {
         fs.free_blocks(p, 1);
     }
     st.log = cur;

@@ -45,6 +45,9 @@ pub struct InodeState {
     pub gone: bool,
     /// Posix mode: attributes (mtime) changed in DRAM only, persisted at fsync.
     pub attr_dirty: bool,
+    /// Data blocks reserved in DRAM past the end of the file (start, count),
+    /// see `file::PREALLOC_BLOCKS`. Never on media.
+    pub prealloc: (u64, u64),
 }
 
 impl InodeState {
@@ -127,6 +130,7 @@ pub fn load_with_pages<P: Pmem + ?Sized>(
         orphan: rec.state == INODE_ORPHAN,
         gone: false,
         attr_dirty: false,
+        prealloc: (0, 0),
     };
     let mut seen_attr = false;
     let summary = log::walk(pm, geo, ino, rec.log_head, rec.log_tail, |_, e| {
@@ -327,7 +331,7 @@ impl InodeTables {
         let mut blocks = lock(&self.lanes[lane as usize]);
         let index = (slot / INODES_PER_TABLE_BLOCK) as usize;
         while blocks.len() <= index {
-            let (block, _) = alloc.alloc(lane, 1).ok_or(Error::Errno(libc::ENOSPC))?;
+            let block = alloc.alloc_meta(lane).ok_or(Error::Errno(libc::ENOSPC))?;
             pm.zero_nt(block * BLOCK_SIZE, BLOCK_SIZE);
             let trailer = TableTrailer {
                 magic: TABLE_MAGIC,

@@ -13,6 +13,7 @@
 //! - [`fs`]: mount/unmount, attributes, handles, commit helpers
 //! - [`namei`]: namespace operations; [`file`]: data operations; [`xattr`]
 //! - [`gc`]: log compaction; [`recovery`]: crash rebuild
+//! - [`fsck`]: offline consistency check and repair
 
 pub mod alloc;
 pub mod dir;
@@ -21,6 +22,7 @@ pub mod extents;
 pub mod file;
 pub mod format;
 pub mod fs;
+pub mod fsck;
 pub mod gc;
 pub mod inode;
 pub mod journal;

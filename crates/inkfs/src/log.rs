@@ -93,7 +93,7 @@ fn new_page<P: Pmem + ?Sized>(
     owner_ino: u64,
     new_pages: &mut NewPages,
 ) -> Result<u64> {
-    let (block, _) = alloc.alloc(lane, 1).ok_or(Error::Errno(libc::ENOSPC))?;
+    let block = alloc.alloc_meta(lane).ok_or(Error::Errno(libc::ENOSPC))?;
     new_pages.blocks.push(block);
     let footer = LogPageFooter {
         next_block: 0,
@@ -277,12 +277,21 @@ pub fn walk<P: Pmem + ?Sized>(
     let mut page = head;
     let mut buf = vec![0u8; BLOCK_SIZE as usize];
     loop {
-        if !seen.insert(page) {
+        // Short chains (nearly all) are checked against the page list; long
+        // ones through a set, so a cycle is found in linear time either way.
+        let revisit = if summary.pages.len() < 16 {
+            summary.pages.contains(&page)
+        } else {
+            if seen.is_empty() {
+                seen.extend(summary.pages.iter().copied());
+            }
+            !seen.insert(page)
+        };
+        if revisit {
             return Err(corrupt(format!("cycle in log chain at block {page}")));
         }
         summary.pages.push(page);
-        pm.read(page * BLOCK_SIZE, &mut buf);
-        let footer = LogPageFooter::from_bytes(&buf[LOG_FOOTER_OFFSET as usize..]);
+        let footer: LogPageFooter = read_pod(pm, page * BLOCK_SIZE + LOG_FOOTER_OFFSET);
         if footer.magic != LOG_MAGIC || footer.owner_ino != owner_ino {
             return Err(corrupt(format!(
                 "block {page} is not a log page of this inode"
@@ -294,6 +303,9 @@ pub fn walk<P: Pmem + ?Sized>(
         } else {
             LOG_PAGE_PAYLOAD
         };
+        // Only the committed part of the page is read: a short log costs a
+        // cache line, not a page (recovery reads every live inode's log).
+        pm.read(page * BLOCK_SIZE, &mut buf[..end as usize]);
         let mut pos = 0u64;
         while pos < end {
             let kind = buf[pos as usize];
@@ -333,14 +345,45 @@ pub fn walk<P: Pmem + ?Sized>(
     }
 }
 
+/// The pages of a committed log, found by following footers only (no entry
+/// is read): `pages` is the chain length the DRAM cursor recorded. Used to
+/// free a log whose entries were already replayed.
+pub fn chain_pages<P: Pmem + ?Sized>(
+    pm: &P,
+    geo: &Geometry,
+    head: u64,
+    pages: u64,
+) -> Result<Vec<u64>> {
+    let mut out = Vec::with_capacity(pages as usize);
+    let mut page = head;
+    for i in 0..pages {
+        if !geo.is_data_range(page, 1) || out.contains(&page) && out.len() < 64 {
+            return Err(Error::Corrupt(format!(
+                "log chain from block {head}: bad link to block {page}"
+            )));
+        }
+        out.push(page);
+        if i + 1 < pages {
+            page = footer(pm, page).next_block;
+        }
+    }
+    Ok(out)
+}
+
 /// Read the footer of a log page.
 pub fn footer<P: Pmem + ?Sized>(pm: &P, page: u64) -> LogPageFooter {
     read_pod(pm, page * BLOCK_SIZE + LOG_FOOTER_OFFSET)
 }
 
-/// A stack buffer in which one entry is encoded and sealed.
+/// Entries up to this size (every kind but large xattrs) are encoded on the
+/// stack.
+const INLINE_ENTRY_BYTES: usize = 320;
+
+/// One entry, encoded and sealed: inline for the common sizes, on the heap
+/// only for large xattr values (not a hot path).
 pub struct EntryBuf {
-    bytes: [u8; LOG_PAGE_PAYLOAD as usize],
+    inline: [u8; INLINE_ENTRY_BYTES],
+    heap: Vec<u8>,
     len: usize,
 }
 
@@ -350,22 +393,38 @@ impl EntryBuf {
         let len = entry_bytes(head.len(), payload) as usize;
         debug_assert!(len as u64 <= LOG_PAGE_PAYLOAD);
         let mut b = EntryBuf {
-            bytes: [0; LOG_PAGE_PAYLOAD as usize],
+            inline: [0; INLINE_ENTRY_BYTES],
+            heap: Vec::new(),
             len,
         };
-        b.bytes[..head.len()].copy_from_slice(head);
+        if len > INLINE_ENTRY_BYTES {
+            b.heap = vec![0; len];
+        }
+        let bytes = b.bytes_mut();
+        bytes[..head.len()].copy_from_slice(head);
         let mut at = head.len();
         for t in tails {
-            b.bytes[at..at + t.len()].copy_from_slice(t);
+            bytes[at..at + t.len()].copy_from_slice(t);
             at += t.len();
         }
-        b.bytes[0] = kind;
-        b.bytes[1] = (len as u64 / ENTRY_UNIT) as u8;
-        seal_entry(&mut b.bytes[..len]);
+        bytes[0] = kind;
+        bytes[1] = (len as u64 / ENTRY_UNIT) as u8;
+        seal_entry(bytes);
         b
     }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        if self.len > INLINE_ENTRY_BYTES {
+            &mut self.heap[..]
+        } else {
+            &mut self.inline[..self.len]
+        }
+    }
     pub fn as_bytes(&self) -> &[u8] {
-        &self.bytes[..self.len]
+        if self.len > INLINE_ENTRY_BYTES {
+            &self.heap[..]
+        } else {
+            &self.inline[..self.len]
+        }
     }
 
     pub fn attr(link_change: bool, mut a: AttrEntry) -> EntryBuf {

@@ -279,6 +279,7 @@ impl<P: Pmem> Fs<P> {
             orphan: false,
             gone: false,
             attr_dirty: false,
+            prealloc: (0, 0),
         };
         let inode = Arc::new(Inode {
             ino,

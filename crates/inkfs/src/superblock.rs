@@ -209,8 +209,8 @@ pub fn write_superblocks<P: Pmem + ?Sized>(pm: &P, sb: &Superblock) {
     }
 }
 
-/// Why one superblock copy was refused.
-fn check_one(sb: &Superblock, pool_bytes: u64) -> std::result::Result<(), String> {
+/// Why one superblock copy was refused (mount, fsck).
+pub fn check_one(sb: &Superblock, pool_bytes: u64) -> std::result::Result<(), String> {
     if sb.magic != MAGIC {
         if sb.magic == [0; 8] {
             return Err("no inkfs superblock (the area is blank)".into());

@@ -1,0 +1,107 @@
+//! The command-line tool end to end: mkfs then stat on pools in /dev/shm.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn inkfs(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_inkfs"))
+        .args(args)
+        .output()
+        .expect("run inkfs")
+}
+
+struct Pool(PathBuf);
+impl Pool {
+    fn new(tag: &str) -> Pool {
+        let p = PathBuf::from(format!(
+            "/dev/shm/inkfs-cli-test-{}-{tag}.pool",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&p);
+        Pool(p)
+    }
+    fn s(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn mkfs_then_stat() {
+    let pool = Pool::new("stat");
+    let o = inkfs(&["mkfs", pool.s(), "--size", "64M"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = inkfs(&["stat", pool.s()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    assert!(t.contains("format version:  1"), "{t}");
+    assert!(
+        t.contains("DRAM"),
+        "a /dev/shm pool is the DRAM backend: {t}"
+    );
+    assert!(t.contains("state:           clean"), "{t}");
+    assert!(t.contains("inodes:          1"), "{t}");
+    let o = inkfs(&["stat", pool.s(), "--json"]);
+    let t = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(t.starts_with('{') && t.trim_end().ends_with('}'), "{t}");
+    assert!(t.contains("\"size_bytes\":67108864"), "{t}");
+    assert!(t.contains("\"state\":\"clean\""), "{t}");
+}
+
+#[test]
+fn mkfs_refuses_existing_pool_and_foreign_data() {
+    let pool = Pool::new("refuse");
+    assert!(inkfs(&["mkfs", pool.s(), "--size", "16M"]).status.success());
+    let o = inkfs(&["mkfs", pool.s(), "--size", "16M"]);
+    assert!(!o.status.success());
+    let t = text(&o);
+    assert!(
+        t.contains("holds an inkfs pool") && t.contains("--force"),
+        "{t}"
+    );
+    assert_eq!(t.lines().count(), 1, "one clear line: {t}");
+    assert!(inkfs(&["mkfs", pool.s(), "--size", "32M", "--force"])
+        .status
+        .success());
+    let t = text(&inkfs(&["stat", pool.s()]));
+    assert!(t.contains("32.0 MiB"), "{t}");
+
+    let junk = Pool::new("junk");
+    std::fs::write(&junk.0, vec![0xa5u8; 1 << 20]).unwrap();
+    let o = inkfs(&["mkfs", junk.s()]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("not an inkfs pool"), "{}", text(&o));
+    let o = inkfs(&["stat", junk.s()]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("bad magic"), "{}", text(&o));
+}
+
+#[test]
+fn errors_are_one_line_without_panics() {
+    let missing = Pool::new("missing");
+    for args in [
+        vec!["mkfs", missing.s()],
+        vec!["mkfs", missing.s(), "--size", "12X"],
+        vec!["stat", missing.s()],
+        vec!["frobnicate"],
+        vec!["mkfs", missing.s(), "--size", "4k"],
+    ] {
+        let o = inkfs(&args);
+        assert!(!o.status.success(), "{args:?}");
+        let t = text(&o);
+        assert!(!t.contains("panicked"), "{args:?}: {t}");
+        assert_eq!(t.lines().count(), 1, "{args:?}: {t}");
+    }
+}

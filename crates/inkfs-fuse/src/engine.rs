@@ -1,0 +1,67 @@
+//! The engine seen from the FUSE front end.
+//!
+//! The front end is generic over this trait so that it can be driven by the
+//! real engine ([`inkfs::Fs`], see `real.rs`) or by the small in-memory
+//! reference engine ([`crate::memfs::MemFs`]) that the tests use to tell a
+//! front-end bug from an engine bug. The methods mirror `inkfs::Fs` one for
+//! one; generics keep the real path monomorphised (no dynamic dispatch).
+
+use inkfs::types::{Attr, DirEntry, FallocFlags, RenameFlags, SetAttr, StatFs, Whence, XattrFlags};
+use inkfs::Result;
+
+pub trait Engine: Send + Sync + 'static {
+    /// An open file or directory; keeps an unlinked inode alive.
+    type Handle: Send + Sync + 'static;
+
+    fn handle_ino(&self, fh: &Self::Handle) -> u64;
+
+    fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr>;
+    fn getattr(&self, ino: u64) -> Result<Attr>;
+    fn setattr(&self, ino: u64, set: &SetAttr) -> Result<Attr>;
+    fn mknod(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr>;
+    fn create(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<(Attr, Self::Handle)>;
+    fn mkdir(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr>;
+    fn symlink(&self, parent: u64, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr>;
+    fn readlink(&self, ino: u64) -> Result<Vec<u8>>;
+    fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr>;
+    fn unlink(&self, parent: u64, name: &[u8]) -> Result<()>;
+    fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()>;
+    fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()>;
+    fn readdir(&self, ino: u64, cookie: u64, f: &mut dyn FnMut(DirEntry) -> bool) -> Result<()>;
+    fn open(&self, ino: u64) -> Result<Self::Handle>;
+    fn release(&self, fh: Self::Handle);
+    fn read(&self, fh: &Self::Handle, off: u64, buf: &mut [u8]) -> Result<usize>;
+    fn write(&self, fh: &Self::Handle, off: u64, data: &[u8]) -> Result<usize>;
+    fn append(&self, fh: &Self::Handle, data: &[u8]) -> Result<(u64, usize)>;
+    fn fsync(&self, fh: &Self::Handle, datasync: bool) -> Result<()>;
+    fn fallocate(&self, fh: &Self::Handle, off: u64, len: u64, flags: FallocFlags) -> Result<()>;
+    fn seek(&self, fh: &Self::Handle, off: u64, whence: Whence) -> Result<u64>;
+    fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: XattrFlags) -> Result<()>;
+    fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>>;
+    fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>>;
+    fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()>;
+    fn statfs(&self) -> StatFs;
+    fn sync(&self) -> Result<()>;
+}

@@ -1,0 +1,613 @@
+//! `inkfs mount`: options, the pool lock, dead mounts, daemonising, signals,
+//! and running a FUSE session until it is unmounted.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{Read, Seek, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use fuser::{Config, Filesystem, MountOption, Session, SessionACL};
+use inkfs::types::Mode;
+
+use crate::engine::Engine;
+use crate::fs::InkFuse;
+use crate::stats::{Reporter, Stats, StatsServer};
+
+pub const USAGE: &str = "usage: inkfs mount POOL MOUNTPOINT [-f] [-o OPTIONS]
+options (comma separated, mount(8) style):
+  mode=strict|sync|posix   consistency mode (default strict)
+  ro / rw                  read-only or read-write (default rw)
+  allow_other / noallow_other            (default: allow_other when root)
+  default_permissions / nodefault_permissions  kernel permission checks (default on)
+  threads=N                FUSE worker threads (default 1: more hurt on 2 cores)
+  fsname=NAME, subtype=NAME  shown in /proc/mounts (default POOL, inkfs)
+  dev, nodev, suid, nosuid, exec, noexec, atime, noatime, sync, async, dirsync
+  ignored: defaults, auto, noauto, nofail, _netdev, user, nouser, users,
+           relatime, strictatime, nodiratime, x-*, comment=*
+-f: stay in the foreground (otherwise returns once the mount is live)";
+
+/// Everything `inkfs mount` was asked to do.
+#[derive(Clone, Debug)]
+pub struct MountConfig {
+    pub pool: PathBuf,
+    pub mountpoint: PathBuf,
+    pub foreground: bool,
+    pub mode: Mode,
+    pub read_only: bool,
+    pub allow_other: bool,
+    pub default_permissions: bool,
+    pub threads: usize,
+    pub fsname: Option<String>,
+    pub subtype: String,
+    /// Kernel flags passed through (dev, suid, exec, noatime, ...).
+    pub flags: Vec<MountOption>,
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+impl MountConfig {
+    fn new(pool: PathBuf, mountpoint: PathBuf) -> MountConfig {
+        MountConfig {
+            pool,
+            mountpoint,
+            foreground: false,
+            mode: Mode::default(),
+            read_only: false,
+            allow_other: is_root(),
+            default_permissions: true,
+            threads: 1,
+            fsname: None,
+            subtype: "inkfs".into(),
+            flags: Vec::new(),
+        }
+    }
+
+    /// Apply one comma-separated `-o` list.
+    pub fn apply_options(&mut self, list: &str) -> Result<(), String> {
+        for opt in list.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+            let (key, value) = match opt.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (opt, None),
+            };
+            match (key, value) {
+                ("mode", Some(v)) => {
+                    self.mode = Mode::parse(v)
+                        .ok_or_else(|| format!("mode={v}: expected strict, sync or posix"))?
+                }
+                ("ro", None) => self.read_only = true,
+                ("rw", None) => self.read_only = false,
+                ("allow_other", None) => self.allow_other = true,
+                ("noallow_other", None) => self.allow_other = false,
+                ("default_permissions", None) => self.default_permissions = true,
+                ("nodefault_permissions", None) => self.default_permissions = false,
+                ("threads", Some(v)) => {
+                    self.threads = v
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=64).contains(n))
+                        .ok_or_else(|| format!("threads={v}: expected 1 to 64"))?
+                }
+                ("fsname", Some(v)) => self.fsname = Some(v.to_string()),
+                ("subtype", Some(v)) => self.subtype = v.to_string(),
+                ("dev", None) => self.flags.push(MountOption::Dev),
+                ("nodev", None) => self.flags.push(MountOption::NoDev),
+                ("suid", None) => self.flags.push(MountOption::Suid),
+                ("nosuid", None) => self.flags.push(MountOption::NoSuid),
+                ("exec", None) => self.flags.push(MountOption::Exec),
+                ("noexec", None) => self.flags.push(MountOption::NoExec),
+                ("atime", None) => self.flags.push(MountOption::Atime),
+                ("noatime", None) => self.flags.push(MountOption::NoAtime),
+                ("sync", None) => self.flags.push(MountOption::Sync),
+                ("async", None) => self.flags.push(MountOption::Async),
+                ("dirsync", None) => self.flags.push(MountOption::DirSync),
+                // mount(8) and fstab noise that means nothing to a FUSE server.
+                (
+                    "defaults" | "auto" | "noauto" | "nofail" | "_netdev" | "user" | "nouser"
+                    | "users" | "owner" | "relatime" | "norelatime" | "strictatime"
+                    | "nostrictatime" | "lazytime" | "nolazytime" | "diratime" | "nodiratime"
+                    | "loud" | "silent" | "nosymfollow",
+                    None,
+                ) => {}
+                ("comment", Some(_)) => {}
+                (k, _) if k.starts_with("x-") => {}
+                _ => return Err(format!("unknown mount option: {opt}")),
+            }
+        }
+        Ok(())
+    }
+
+    /// `POOL MOUNTPOINT [-f] [-o OPTIONS]...`, also as mount(8) calls a
+    /// helper (`-n`, `-s`, `-v` accepted and ignored).
+    pub fn parse(args: &[String]) -> Result<MountConfig, String> {
+        let mut positional = Vec::new();
+        let mut options = Vec::new();
+        let mut foreground = false;
+        let mut i = 0;
+        while i < args.len() {
+            let a = &args[i];
+            match a.as_str() {
+                "-f" | "--foreground" => foreground = true,
+                "-o" => {
+                    i += 1;
+                    options.push(args.get(i).ok_or("-o needs an option list")?.clone());
+                }
+                "-n" | "-s" | "-v" | "--" => {}
+                "-h" | "--help" => return Err(String::new()),
+                s if s.starts_with("-o") => options.push(s[2..].to_string()),
+                s if s.starts_with('-') && s.len() > 1 => return Err(format!("unknown flag {s}")),
+                _ => positional.push(a.clone()),
+            }
+            i += 1;
+        }
+        let [pool, mountpoint] = positional.as_slice() else {
+            return Err("expected POOL and MOUNTPOINT".into());
+        };
+        let mut cfg = MountConfig::new(PathBuf::from(pool), PathBuf::from(mountpoint));
+        cfg.foreground = foreground;
+        for o in &options {
+            cfg.apply_options(o)?;
+        }
+        Ok(cfg)
+    }
+
+    /// The fuser session configuration for this mount.
+    pub fn fuser_config(&self) -> Config {
+        let mut opts = vec![
+            MountOption::FSName(
+                self.fsname
+                    .clone()
+                    .unwrap_or_else(|| self.pool.display().to_string()),
+            ),
+            // fuser sends Subtype only through fusermount; as a kernel option
+            // it works with the direct mount(2) too (/proc/mounts then says
+            // fuse.inkfs, which is what `mount -t fuse.inkfs` and umount match).
+            MountOption::CUSTOM(format!("subtype={}", self.subtype)),
+        ];
+        if self.default_permissions {
+            opts.push(MountOption::DefaultPermissions);
+        }
+        opts.push(if self.read_only {
+            MountOption::RO
+        } else {
+            MountOption::RW
+        });
+        opts.extend(self.flags.iter().cloned());
+        let mut c = Config::default();
+        c.mount_options = opts;
+        c.acl = if self.allow_other {
+            SessionACL::All
+        } else {
+            SessionACL::Owner
+        };
+        c.n_threads = Some(self.threads);
+        c.clone_fd = self.threads > 1;
+        c
+    }
+}
+
+/// Where pid files and sockets live: /run/inkfs for root, a per-user
+/// directory under /tmp otherwise.
+pub fn run_dir() -> PathBuf {
+    if is_root() {
+        PathBuf::from(crate::stats::RUN_DIR)
+    } else {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        PathBuf::from(format!("/tmp/inkfs-{}", unsafe { libc::geteuid() }))
+    }
+}
+
+/// The exclusive claim on a pool: a flock'd file in [`run_dir`] named
+/// after the pool's identity (device and inode of a file, or the device
+/// number of /dev/daxX.Y), holding "PID MOUNTPOINT". Not a lock on the pool
+/// itself, so the engine remains free to open the pool however it likes.
+/// The kernel drops the lock when the holder dies, even by SIGKILL.
+pub struct PoolLock {
+    file: File,
+    pub path: PathBuf,
+}
+
+impl PoolLock {
+    pub fn acquire(pool: &Path) -> Result<PoolLock, String> {
+        let meta = std::fs::metadata(pool).map_err(|e| format!("{}: {e}", pool.display()))?;
+        let ft = meta.mode() & libc::S_IFMT;
+        let key = if ft == libc::S_IFCHR || ft == libc::S_IFBLK {
+            format!("rdev-{:x}", meta.rdev())
+        } else {
+            format!("{:x}-{:x}", meta.dev(), meta.ino())
+        };
+        let dir = run_dir();
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let path = dir.join(format!("pool-{key}.lock"));
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        // SAFETY: flock on a descriptor we own; no memory is involved.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                let mut holder = String::new();
+                let _ = file.read_to_string(&mut holder);
+                let mut words = holder.split_whitespace();
+                let pid = words.next().unwrap_or("?");
+                let mnt = words.collect::<Vec<_>>().join(" ");
+                return Err(format!(
+                    "{}: pool already mounted by pid {pid}{} (lock {})",
+                    pool.display(),
+                    if mnt.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" on {mnt}")
+                    },
+                    path.display()
+                ));
+            }
+            return Err(format!("locking {}: {e}", path.display()));
+        }
+        Ok(PoolLock { file, path })
+    }
+
+    /// Record who holds the pool (call in the process that serves it).
+    pub fn record(&mut self, mountpoint: &Path) {
+        let _ = self.file.set_len(0);
+        let _ = self.file.rewind();
+        let _ = writeln!(self.file, "{} {}", std::process::id(), mountpoint.display());
+    }
+}
+
+impl Drop for PoolLock {
+    fn drop(&mut self) {
+        // Emptied, not removed: removing would race with a new server that
+        // has opened the same path but not yet locked it.
+        let _ = self.file.set_len(0);
+    }
+}
+
+/// If a previous server died, its mount point answers ENOTCONN: detach it
+/// so the new mount can take its place. Returns whether one was cleared.
+pub fn clear_dead_mount(mountpoint: &Path) -> Result<bool, String> {
+    match std::fs::metadata(mountpoint) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            let c = CString::new(mountpoint.as_os_str().as_bytes())
+                .map_err(|_| format!("{}: path contains NUL", mountpoint.display()))?;
+            // SAFETY: c is a valid NUL-terminated path for the whole call.
+            let rc = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+            if rc != 0 {
+                return Err(format!(
+                    "{}: dead mount (server gone) and detaching it failed: {}; try `fusermount3 -uz {}`",
+                    mountpoint.display(),
+                    std::io::Error::last_os_error(),
+                    mountpoint.display()
+                ));
+            }
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
+
+/// The channel by which a daemonised server tells the waiting parent that
+/// the mount is live (`ok`) or why it failed.
+pub struct Notify(Option<OwnedFd>);
+
+impl Notify {
+    pub fn none() -> Notify {
+        Notify(None)
+    }
+    fn send(&mut self, msg: &str) {
+        if let Some(fd) = self.0.take() {
+            let mut f = File::from(fd);
+            let _ = f.write_all(msg.as_bytes());
+        }
+    }
+    pub fn ready(&mut self) {
+        self.send("ok");
+    }
+    pub fn fail(&mut self, msg: &str) {
+        if self.0.is_some() {
+            self.send(msg);
+        } else {
+            eprintln!("inkfs: {msg}");
+        }
+    }
+    fn daemonised(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
+/// Run `serve` in the foreground, or in a daemon child while this process
+/// waits for the child's verdict. Must be called while the process is
+/// single-threaded (fork).
+pub fn daemonize(foreground: bool, serve: impl FnOnce(Notify) -> i32) -> i32 {
+    if foreground {
+        return serve(Notify::none());
+    }
+    let mut fds = [0i32; 2];
+    // SAFETY: fds is a valid array of two ints for pipe2 to fill.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        eprintln!("inkfs: pipe: {}", std::io::Error::last_os_error());
+        return 1;
+    }
+    // SAFETY: both descriptors were just created by pipe2 and are owned
+    // by nothing else.
+    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: the caller guarantees that no other thread exists, so the
+    // child inherits no lock held by a thread that does not exist there.
+    match unsafe { libc::fork() } {
+        -1 => {
+            eprintln!("inkfs: fork: {}", std::io::Error::last_os_error());
+            1
+        }
+        0 => {
+            drop(rd);
+            // SAFETY: setsid has no memory preconditions; failure (already a
+            // group leader) is harmless.
+            unsafe { libc::setsid() };
+            let code = serve(Notify(Some(wr)));
+            std::process::exit(code);
+        }
+        child => {
+            drop(wr);
+            let mut msg = String::new();
+            let _ = File::from(rd).read_to_string(&mut msg);
+            if msg == "ok" {
+                return 0;
+            }
+            let mut status = 0;
+            // SAFETY: waiting for our own child; status is a valid int.
+            unsafe { libc::waitpid(child, &mut status, 0) };
+            if msg.is_empty() {
+                msg = format!("server exited before the mount was ready (status {status})");
+            }
+            eprintln!("inkfs: {msg}");
+            1
+        }
+    }
+}
+
+/// After the parent was told "ok": let go of its terminal.
+fn detach_stdio() {
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        for fd in 0..3 {
+            // SAFETY: dup2 onto the standard descriptors; null stays open
+            // for the duration of the calls.
+            unsafe { libc::dup2(null.as_raw_fd(), fd) };
+        }
+    }
+    let _ = std::env::set_current_dir("/");
+}
+
+/// The termination signals, to be blocked in every thread and taken with
+/// sigwait by one.
+fn term_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGHUP);
+        set
+    }
+}
+
+/// Block SIGTERM/SIGINT/SIGHUP in this thread and every thread it creates
+/// from now on (call before creating any).
+pub fn block_term_signals() {
+    let set = term_signals();
+    // SAFETY: set is initialised; the old mask is not wanted.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+}
+
+/// Unmount `mountpoint` when a termination signal arrives; the session then
+/// ends and the caller tears down cleanly.
+fn unmount_on_signal(mountpoint: PathBuf) {
+    let _ = std::thread::Builder::new()
+        .name("inkfs-signals".into())
+        .spawn(move || {
+            let set = term_signals();
+            let mut sig = 0;
+            // SAFETY: set is initialised and sig is a valid int to fill.
+            while unsafe { libc::sigwait(&set, &mut sig) } != 0 {}
+            let Ok(c) = CString::new(mountpoint.as_os_str().as_bytes()) else {
+                return;
+            };
+            // SAFETY: c is a valid NUL-terminated path for both calls.
+            unsafe {
+                if libc::umount2(c.as_ptr(), 0) != 0 {
+                    // Busy (open files, a shell cd'd in): detach; the session
+                    // ends when the last user lets go.
+                    libc::umount2(c.as_ptr(), libc::MNT_DETACH);
+                }
+            }
+        });
+}
+
+/// Mount `fs` on `mountpoint` and serve it until it is unmounted. Reports
+/// readiness through `notify`. Returns an exit code.
+pub fn serve_session<F: Filesystem>(
+    fs: F,
+    mountpoint: &Path,
+    config: &Config,
+    notify: &mut Notify,
+    on_ready: impl FnOnce(),
+) -> i32 {
+    let session = match Session::new(fs, mountpoint, config) {
+        Ok(s) => s,
+        Err(e) => {
+            notify.fail(&format!("mounting on {}: {e}", mountpoint.display()));
+            return 1;
+        }
+    };
+    unmount_on_signal(mountpoint.to_path_buf());
+    on_ready();
+    let daemon = notify.daemonised();
+    notify.ready();
+    if daemon {
+        detach_stdio();
+    }
+    match session.run() {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("inkfs: session ended: {e}");
+            1
+        }
+    }
+}
+
+/// Prepare the mount point (clear a dead mount, canonicalise).
+pub fn prepare_mountpoint(mountpoint: &Path) -> Result<PathBuf, String> {
+    if clear_dead_mount(mountpoint)? {
+        eprintln!(
+            "inkfs: {}: detached the mount of a dead server",
+            mountpoint.display()
+        );
+    }
+    let mnt = mountpoint
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    if !mnt.is_dir() {
+        return Err(format!("{}: not a directory", mnt.display()));
+    }
+    // Stacking a second server on a live one would hide it and take over
+    // its statistics socket.
+    if let Some(Ok(report)) = crate::stat_mountpoint(&mnt, false) {
+        let pid = report
+            .lines()
+            .find_map(|l| l.strip_prefix("pid"))
+            .map(str::trim)
+            .unwrap_or("?")
+            .to_string();
+        return Err(format!(
+            "{}: already an inkfs mount (server pid {pid})",
+            mnt.display()
+        ));
+    }
+    Ok(mnt)
+}
+
+/// Serve `engine` per `cfg` (already locked, mount point prepared), then
+/// hand the engine to `finish` for its clean unmount. `info` lines go into
+/// the statistics report.
+pub fn run_engine<E: Engine>(
+    engine: E,
+    cfg: &MountConfig,
+    mnt: &Path,
+    info: Vec<(String, String)>,
+    notify: &mut Notify,
+    finish: impl FnOnce(E) -> Result<(), String>,
+) -> i32 {
+    let engine = Arc::new(engine);
+    let stats = Arc::new(Stats::default());
+    let adapter = InkFuse::new(engine.clone(), stats.clone(), cfg.read_only);
+    let reporter: Reporter = {
+        // Weak: the stats thread is never joined, and must not keep the
+        // engine from its clean unmount.
+        let engine = Arc::downgrade(&engine);
+        let stats = stats.clone();
+        let mut info = info;
+        info.insert(0, ("mountpoint".into(), mnt.display().to_string()));
+        info.insert(1, ("pool".into(), cfg.pool.display().to_string()));
+        info.insert(2, ("pid".into(), std::process::id().to_string()));
+        info.insert(3, ("mode".into(), cfg.mode.name().to_string()));
+        info.insert(4, ("read_only".into(), cfg.read_only.to_string()));
+        info.insert(5, ("threads".into(), cfg.threads.to_string()));
+        Arc::new(move |json| {
+            let mut lines = info.clone();
+            if let Some(engine) = engine.upgrade() {
+                let s = engine.statfs();
+                let bs = s.block_size as u64;
+                lines.push(("block_size".into(), bs.to_string()));
+                lines.push(("bytes_total".into(), (s.blocks * bs).to_string()));
+                lines.push(("bytes_free".into(), (s.blocks_free * bs).to_string()));
+                lines.push(("inodes_total".into(), s.files.to_string()));
+                lines.push(("inodes_free".into(), s.files_free.to_string()));
+            }
+            stats.report(&lines, json)
+        })
+    };
+    let mut server = None;
+    let code = serve_session(
+        adapter,
+        mnt,
+        &cfg.fuser_config(),
+        notify,
+        || match StatsServer::start(&run_dir(), mnt, reporter) {
+            Ok(s) => server = Some(s),
+            Err(e) => eprintln!("inkfs: statistics socket: {e} (continuing without)"),
+        },
+    );
+    drop(server);
+    // The session and the stats server are gone: this is the last reference.
+    let engine = match Arc::try_unwrap(engine) {
+        Ok(e) => e,
+        Err(_) => {
+            eprintln!("inkfs: engine still referenced at unmount; not unmounted cleanly");
+            return 1;
+        }
+    };
+    match finish(engine) {
+        Ok(()) => code,
+        Err(e) => {
+            eprintln!("inkfs: unmount: {e}");
+            1
+        }
+    }
+}
+
+/// `inkfs mount ...`
+pub fn mount_main(args: &[String]) -> i32 {
+    let cfg = match MountConfig::parse(args) {
+        Ok(c) => c,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("inkfs mount: {e}");
+            }
+            eprintln!("{USAGE}");
+            return 2;
+        }
+    };
+    let foreground = cfg.foreground;
+    daemonize(foreground, move |mut notify| {
+        block_term_signals();
+        let mut lock = if cfg.pool.as_os_str() == crate::real::MEMFS_POOL {
+            None
+        } else {
+            match PoolLock::acquire(&cfg.pool) {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    notify.fail(&e);
+                    return 1;
+                }
+            }
+        };
+        let mnt = match prepare_mountpoint(&cfg.mountpoint) {
+            Ok(m) => m,
+            Err(e) => {
+                notify.fail(&e);
+                return 1;
+            }
+        };
+        if let Some(l) = lock.as_mut() {
+            l.record(&mnt);
+        }
+        let code = crate::real::serve_pool(&cfg, &mnt, &mut notify);
+        drop(lock);
+        code
+    })
+}

@@ -1,0 +1,824 @@
+//! End-to-end tests of the FUSE front end over the real engine (and, for
+//! the POSIX walk, over the in-memory reference engine too, so a failure
+//! can be pinned on the front end or on the engine). Root required; see
+//! tests/common/mod.rs for the tools they need.
+
+mod common;
+
+use std::ffi::CString;
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn cpath(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).expect("no NUL in test paths")
+}
+
+fn last_errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// A walk through the POSIX operations, with errno checks.
+fn posix_walk(m: &Mounted) {
+    // create / write / read / overwrite / append
+    fs::write(m.p("f"), b"hello world").unwrap();
+    assert_eq!(fs::read(m.p("f")).unwrap(), b"hello world");
+    {
+        let mut f = fs::OpenOptions::new().write(true).open(m.p("f")).unwrap();
+        f.seek(SeekFrom::Start(6)).unwrap();
+        f.write_all(b"WORLD").unwrap();
+        f.sync_all().unwrap();
+    }
+    assert_eq!(fs::read(m.p("f")).unwrap(), b"hello WORLD");
+    {
+        let mut f = fs::OpenOptions::new().append(true).open(m.p("f")).unwrap();
+        f.write_all(b"!!").unwrap();
+    }
+    assert_eq!(fs::read(m.p("f")).unwrap(), b"hello WORLD!!");
+    // O_TRUNC on open
+    fs::write(m.p("f"), b"short").unwrap();
+    assert_eq!(fs::read(m.p("f")).unwrap(), b"short");
+    // O_EXCL on an existing file
+    let e = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(m.p("f"))
+        .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
+    // truncate up and down
+    let f = fs::OpenOptions::new().write(true).open(m.p("f")).unwrap();
+    f.set_len(100_000).unwrap();
+    assert_eq!(fs::metadata(m.p("f")).unwrap().len(), 100_000);
+    f.set_len(3).unwrap();
+    drop(f);
+    assert_eq!(fs::read(m.p("f")).unwrap(), b"sho");
+
+    // directories
+    fs::create_dir(m.p("d")).unwrap();
+    fs::create_dir_all(m.p("d/e/f")).unwrap();
+    assert_eq!(fs::metadata(m.p("d")).unwrap().nlink(), 3);
+    assert_eq!(
+        fs::remove_dir(m.p("d/e")).unwrap_err().raw_os_error(),
+        Some(libc::ENOTEMPTY)
+    );
+    assert_eq!(
+        fs::create_dir(m.p("d")).unwrap_err().raw_os_error(),
+        Some(libc::EEXIST)
+    );
+    assert_eq!(
+        fs::read(m.p("nope")).unwrap_err().raw_os_error(),
+        Some(libc::ENOENT)
+    );
+    assert_eq!(
+        fs::read_dir(m.p("f")).unwrap_err().raw_os_error(),
+        Some(libc::ENOTDIR)
+    );
+    assert_eq!(
+        fs::remove_file(m.p("d")).unwrap_err().raw_os_error(),
+        Some(libc::EISDIR)
+    );
+    // a directory with many entries (readdir resumption)
+    for i in 0..600 {
+        fs::write(m.p(&format!("d/many-{i:04}")), i.to_string()).unwrap();
+    }
+    let mut names: Vec<String> = fs::read_dir(m.p("d"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 601);
+    assert_eq!(names[0], "e");
+
+    // rename: plain, over an existing file, noreplace, exchange
+    fs::write(m.p("r1"), b"one").unwrap();
+    fs::write(m.p("r2"), b"two").unwrap();
+    fs::rename(m.p("r1"), m.p("d/r1")).unwrap();
+    fs::rename(m.p("d/r1"), m.p("r2")).unwrap();
+    assert_eq!(fs::read(m.p("r2")).unwrap(), b"one");
+    fs::write(m.p("r3"), b"three").unwrap();
+    let (a, b) = (cpath(&m.p("r2")), cpath(&m.p("r3")));
+    // SAFETY: valid NUL-terminated paths; AT_FDCWD with absolute paths.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    assert_eq!((rc, last_errno()), (-1, libc::EEXIST));
+    // SAFETY: as above.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    assert_eq!(rc, 0, "RENAME_EXCHANGE: errno {}", last_errno());
+    assert_eq!(fs::read(m.p("r2")).unwrap(), b"three");
+    assert_eq!(fs::read(m.p("r3")).unwrap(), b"one");
+    assert_eq!(
+        fs::rename(m.p("d"), m.p("d/e/inside"))
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::EINVAL)
+    );
+
+    // hard links
+    fs::hard_link(m.p("r3"), m.p("d/r3-link")).unwrap();
+    assert_eq!(fs::metadata(m.p("r3")).unwrap().nlink(), 2);
+    assert_eq!(
+        fs::metadata(m.p("r3")).unwrap().ino(),
+        fs::metadata(m.p("d/r3-link")).unwrap().ino()
+    );
+    fs::remove_file(m.p("r3")).unwrap();
+    assert_eq!(fs::metadata(m.p("d/r3-link")).unwrap().nlink(), 1);
+    assert_eq!(fs::read(m.p("d/r3-link")).unwrap(), b"one");
+    assert_eq!(
+        fs::hard_link(m.p("d"), m.p("dlink"))
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::EPERM)
+    );
+
+    // symlinks
+    std::os::unix::fs::symlink("d/r3-link", m.p("sym")).unwrap();
+    assert_eq!(fs::read_link(m.p("sym")).unwrap(), Path::new("d/r3-link"));
+    assert_eq!(fs::read(m.p("sym")).unwrap(), b"one");
+    assert!(fs::symlink_metadata(m.p("sym"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+
+    // unlinked but open file stays readable
+    {
+        let mut f = fs::File::open(m.p("r2")).unwrap();
+        fs::remove_file(m.p("r2")).unwrap();
+        let mut s = String::new();
+        f.read_to_string(&mut s).unwrap();
+        assert_eq!(s, "three");
+    }
+
+    // special files
+    let fifo = cpath(&m.p("fifo"));
+    // SAFETY: valid path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    assert!(fs::metadata(m.p("fifo")).unwrap().file_type().is_fifo());
+    let dev = cpath(&m.p("null-dev"));
+    // SAFETY: valid path; creating (not opening) a device node.
+    let rc = unsafe { libc::mknod(dev.as_ptr(), libc::S_IFCHR | 0o600, libc::makedev(1, 3)) };
+    assert_eq!(rc, 0, "mknod chr: errno {}", last_errno());
+    let md = fs::metadata(m.p("null-dev")).unwrap();
+    assert!(md.file_type().is_char_device());
+    assert_eq!(md.rdev(), libc::makedev(1, 3));
+    let sock = std::os::unix::net::UnixListener::bind(m.p("sock"));
+    assert!(sock.is_ok(), "bind a unix socket: {sock:?}");
+    assert!(fs::metadata(m.p("sock")).unwrap().file_type().is_socket());
+
+    // attributes: chmod, chown, utimens with UTIME_OMIT / UTIME_NOW
+    fs::set_permissions(m.p("f"), fs::Permissions::from_mode(0o640)).unwrap();
+    assert_eq!(fs::metadata(m.p("f")).unwrap().mode() & 0o7777, 0o640);
+    std::os::unix::fs::chown(m.p("f"), Some(1234), Some(5678)).unwrap();
+    let md = fs::metadata(m.p("f")).unwrap();
+    assert_eq!((md.uid(), md.gid()), (1234, 5678));
+    let fpath = cpath(&m.p("f"));
+    let times = [
+        libc::timespec {
+            tv_sec: 1_000_000_000,
+            tv_nsec: 123,
+        },
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+    ];
+    // SAFETY: valid path and a two-element timespec array.
+    assert_eq!(
+        unsafe { libc::utimensat(libc::AT_FDCWD, fpath.as_ptr(), times.as_ptr(), 0) },
+        0
+    );
+    let md2 = fs::metadata(m.p("f")).unwrap();
+    assert_eq!((md2.atime(), md2.atime_nsec()), (1_000_000_000, 123));
+    assert_eq!(
+        (md2.mtime(), md2.mtime_nsec()),
+        (md.mtime(), md.mtime_nsec())
+    );
+    let times = [
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_NOW,
+        },
+    ];
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { libc::utimensat(libc::AT_FDCWD, fpath.as_ptr(), times.as_ptr(), 0) },
+        0
+    );
+    let md3 = fs::metadata(m.p("f")).unwrap();
+    assert_eq!(md3.atime(), 1_000_000_000);
+    assert!(md3.mtime() >= md.mtime());
+
+    // xattrs, with size probing and ERANGE
+    let name = CString::new("user.color").unwrap();
+    // SAFETY: valid path, name and value buffers for the given lengths.
+    let rc =
+        unsafe { libc::setxattr(fpath.as_ptr(), name.as_ptr(), b"blue".as_ptr().cast(), 4, 0) };
+    assert_eq!(rc, 0, "setxattr: errno {}", last_errno());
+    // SAFETY: a null buffer with size 0 asks for the size.
+    let n = unsafe { libc::getxattr(fpath.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+    assert_eq!(n, 4);
+    let mut small = [0u8; 2];
+    // SAFETY: buffer of 2 bytes, size 2.
+    let n = unsafe { libc::getxattr(fpath.as_ptr(), name.as_ptr(), small.as_mut_ptr().cast(), 2) };
+    assert_eq!((n, last_errno()), (-1, libc::ERANGE));
+    let mut buf = [0u8; 64];
+    // SAFETY: buffer of 64 bytes, size 64.
+    let n = unsafe { libc::getxattr(fpath.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 64) };
+    assert_eq!(&buf[..n as usize], b"blue");
+    // SAFETY: as above.
+    let n = unsafe { libc::listxattr(fpath.as_ptr(), buf.as_mut_ptr().cast(), 64) };
+    assert_eq!(&buf[..n as usize], b"user.color\0");
+    // SAFETY: valid path and name; XATTR_CREATE on an existing name.
+    let rc = unsafe {
+        libc::setxattr(
+            fpath.as_ptr(),
+            name.as_ptr(),
+            b"red".as_ptr().cast(),
+            3,
+            libc::XATTR_CREATE,
+        )
+    };
+    assert_eq!((rc, last_errno()), (-1, libc::EEXIST));
+    // SAFETY: valid path and name.
+    assert_eq!(
+        unsafe { libc::removexattr(fpath.as_ptr(), name.as_ptr()) },
+        0
+    );
+    // SAFETY: as above.
+    let n = unsafe { libc::getxattr(fpath.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 64) };
+    assert_eq!((n, last_errno()), (-1, libc::ENODATA));
+
+    // sparse files: fallocate, punch hole, SEEK_DATA / SEEK_HOLE
+    {
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(m.p("sparse"))
+            .unwrap();
+        f.set_len(8 << 20).unwrap();
+        assert!(
+            fs::metadata(m.p("sparse")).unwrap().blocks() < 64,
+            "truncate-extended file is sparse"
+        );
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(&[7u8; 4096], 4 << 20).unwrap();
+        use std::os::fd::AsRawFd;
+        // SAFETY: valid descriptor.
+        let data = unsafe { libc::lseek(f.as_raw_fd(), 0, libc::SEEK_DATA) };
+        assert_eq!(data, 4 << 20);
+        // SAFETY: valid descriptor.
+        let hole = unsafe { libc::lseek(f.as_raw_fd(), 4 << 20, libc::SEEK_HOLE) };
+        assert_eq!(hole, (4 << 20) + 4096);
+        // SAFETY: valid descriptor.
+        assert_eq!(unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, 1 << 20) }, 0);
+        assert!(
+            fs::metadata(m.p("sparse")).unwrap().blocks() >= 2048,
+            "fallocate allocates"
+        );
+        // SAFETY: valid descriptor.
+        let rc = unsafe {
+            libc::fallocate(
+                f.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                4 << 20,
+                4096,
+            )
+        };
+        assert_eq!(rc, 0, "punch hole: errno {}", last_errno());
+        let mut b = [1u8; 16];
+        f.read_exact_at(&mut b, 4 << 20).unwrap();
+        assert_eq!(b, [0u8; 16]);
+        assert_eq!(f.metadata().unwrap().len(), 8 << 20);
+    }
+    let du = sh(&format!("du -k {}", m.p("sparse").display()));
+    let kib: u64 = du.split_whitespace().next().unwrap().parse().unwrap();
+    assert!((1024..2048).contains(&kib), "du of the sparse file: {du}");
+
+    // statfs
+    let st = nix_statfs(m.path());
+    assert!(st.0 > 0 && st.1 > 0 && st.1 <= st.0, "statfs blocks {st:?}");
+
+    // mmap, shared and writable
+    {
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(m.p("mapped"))
+            .unwrap();
+        f.set_len(8192).unwrap();
+        use std::os::fd::AsRawFd;
+        // SAFETY: mapping 8 KiB of a file at least that long; unmapped below
+        // and not used after.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            );
+            assert_ne!(
+                p,
+                libc::MAP_FAILED,
+                "shared writable mmap: errno {}",
+                last_errno()
+            );
+            std::ptr::copy_nonoverlapping(b"mapped!".as_ptr(), p.cast::<u8>().add(4096), 7);
+            assert_eq!(libc::msync(p, 8192, libc::MS_SYNC), 0);
+            libc::munmap(p, 8192);
+        }
+    }
+    let data = fs::read(m.p("mapped")).unwrap();
+    assert_eq!(&data[4096..4103], b"mapped!");
+}
+
+fn nix_statfs(p: &Path) -> (u64, u64) {
+    let c = cpath(p);
+    // SAFETY: statvfs is plain data filled by the call.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid path and out-pointer.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    (st.f_blocks, st.f_bfree)
+}
+
+#[test]
+fn posix_walk_inkfs() {
+    let pool = Pool::new("posix", 256);
+    let m = Mounted::new(&pool, "mode=strict");
+    posix_walk(&m);
+    // everything survives a clean unmount and remount
+    let dir = m.unmount();
+    let m = Mounted::at(&pool, dir, "");
+    assert_eq!(fs::read(m.p("f")).unwrap(), b"sho");
+    assert_eq!(fs::read(m.p("d/r3-link")).unwrap(), b"one");
+    assert_eq!(fs::read_link(m.p("sym")).unwrap(), Path::new("d/r3-link"));
+    assert_eq!(&fs::read(m.p("mapped")).unwrap()[4096..4103], b"mapped!");
+    assert_eq!(fs::read_dir(m.p("d")).unwrap().count(), 602);
+    assert_eq!(
+        fs::metadata(m.p("null-dev")).unwrap().rdev(),
+        libc::makedev(1, 3)
+    );
+    let report = inkfs_fuse::stat_mountpoint(m.path(), false)
+        .unwrap()
+        .unwrap();
+    assert!(report.contains("mounted_clean    true"), "{report}");
+}
+
+/// The same walk over the in-memory reference engine: if this passes and
+/// the inkfs one fails, the bug is in the engine.
+#[test]
+fn posix_walk_memfs() {
+    let pool = Pool::memfs();
+    let m = Mounted::new(&pool, "");
+    posix_walk(&m);
+}
+
+#[test]
+fn cp_diff_tar() {
+    let pool = Pool::new("cp", 512);
+    let m = Mounted::new(&pool, "mode=posix");
+    let src = repo_root().join("crates");
+    let out = Command::new("cp")
+        .arg("-a")
+        .arg(&src)
+        .arg(m.p("crates"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cp -a: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sh(&format!(
+        "diff -r {} {}",
+        src.display(),
+        m.p("crates").display()
+    ));
+    sh(&format!(
+        "cd {mnt} && tar cf t.tar crates && mkdir x && tar xf t.tar -C x && diff -r crates x/crates",
+        mnt = m.path().display()
+    ));
+    let dir = m.unmount();
+    let m = Mounted::at(&pool, dir, "mode=posix");
+    sh(&format!(
+        "diff -r {} {}",
+        src.display(),
+        m.p("x/crates").display()
+    ));
+}
+
+#[test]
+fn git_repository() {
+    require_tool("git", "git");
+    let pool = Pool::new("git", 256);
+    let m = Mounted::new(&pool, "");
+    sh(&format!(
+        "cd {mnt} && git init -q repo && cd repo && git config user.email t@t && git config user.name t \
+         && cp -a {src}/crates . && git add -A && git commit -qm one \
+         && echo change >> crates/inkfs-fuse/Cargo.toml && git commit -qam two \
+         && git gc -q && git fsck --strict && test $(git rev-list --count HEAD) = 2 \
+         && git status --porcelain | wc -l | grep -qx 0",
+        mnt = m.path().display(),
+        src = repo_root().display()
+    ));
+}
+
+#[test]
+fn sqlite_delete_and_wal() {
+    require_tool("sqlite3", "sqlite3");
+    let pool = Pool::new("sqlite", 256);
+    let m = Mounted::new(&pool, "mode=strict");
+    for mode in ["DELETE", "WAL"] {
+        let db = m.p(&format!("{mode}.db"));
+        let mut script = format!(
+            "PRAGMA journal_mode={mode};\nCREATE TABLE t(k INTEGER PRIMARY KEY, v TEXT);\n"
+        );
+        for i in 0..300 {
+            script.push_str(&format!(
+                "BEGIN; INSERT INTO t(v) VALUES (hex(randomblob({})));UPDATE t SET v = v || 'x' WHERE k % 7 = {}; COMMIT;\n",
+                100 + i * 3,
+                i % 7
+            ));
+        }
+        script.push_str("DELETE FROM t WHERE k % 3 = 0; VACUUM;\nPRAGMA integrity_check;\nSELECT count(*) FROM t;\n");
+        let mut child = Command::new("sqlite3")
+            .arg(&db)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(script.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "sqlite3 {mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains("ok\n200"),
+            "sqlite3 {mode} output: {stdout}"
+        );
+    }
+    let dir = m.unmount();
+    let m = Mounted::at(&pool, dir, "");
+    for mode in ["DELETE", "WAL"] {
+        let out = sh(&format!(
+            "sqlite3 {} 'PRAGMA integrity_check; SELECT count(*) FROM t;'",
+            m.p(&format!("{mode}.db")).display()
+        ));
+        assert_eq!(out, "ok\n200\n", "{mode} after remount");
+    }
+}
+
+#[test]
+fn xattr_tools() {
+    require_tool("setfattr", "attr");
+    let pool = Pool::new("xattr", 64);
+    let m = Mounted::new(&pool, "");
+    fs::write(m.p("f"), b"x").unwrap();
+    let f = m.p("f");
+    sh(&format!(
+        "setfattr -n user.a -v hello {f} && setfattr -n user.b -v 0x0001ff {f}",
+        f = f.display()
+    ));
+    let out = sh(&format!("getfattr -d -e hex {}", f.display()));
+    assert!(
+        out.contains("user.a=0x68656c6c6f") && out.contains("user.b=0x0001ff"),
+        "{out}"
+    );
+    sh(&format!(
+        "setfattr -x user.a {f} && ! getfattr -n user.a {f} 2>/dev/null",
+        f = f.display()
+    ));
+}
+
+#[test]
+fn permissions_as_nobody() {
+    require_tool("setpriv", "util-linux");
+    let pool = Pool::new("perm", 64);
+    let m = Mounted::new(&pool, "");
+    let as_nobody = |script: &str| {
+        Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "sh",
+                "-c",
+                script,
+            ])
+            .output()
+            .unwrap()
+    };
+    fs::set_permissions(m.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::create_dir(m.p("private")).unwrap();
+    fs::set_permissions(m.p("private"), fs::Permissions::from_mode(0o700)).unwrap();
+    fs::write(m.p("private/secret"), b"s").unwrap();
+    fs::write(m.p("readonly"), b"r").unwrap();
+    fs::set_permissions(m.p("readonly"), fs::Permissions::from_mode(0o644)).unwrap();
+    fs::create_dir(m.p("tmp")).unwrap();
+    fs::set_permissions(m.p("tmp"), fs::Permissions::from_mode(0o1777)).unwrap();
+    fs::write(m.p("tmp/roots"), b"r").unwrap();
+    let p = |r: &str| m.p(r).display().to_string();
+
+    let denied = |script: String, what: &str| {
+        let out = as_nobody(&script);
+        assert!(!out.status.success(), "nobody could {what}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("Permission denied") || err.contains("Operation not permitted"),
+            "{what}: {err}"
+        );
+    };
+    denied(format!("ls {}", p("private")), "list a 0700 directory");
+    denied(
+        format!("cat {}", p("private/secret")),
+        "read through a 0700 directory",
+    );
+    denied(
+        format!("echo x > {}", p("readonly")),
+        "write a 0644 root file",
+    );
+    denied(
+        format!("touch {}", p("newfile")),
+        "create in a 0755 root directory",
+    );
+    denied(
+        format!("rm -f {}", p("tmp/roots")),
+        "delete another user's file in a sticky dir",
+    );
+    denied(format!("chmod 777 {}", p("readonly")), "chmod a root file");
+    // allowed: reading, and creating/deleting one's own file in the sticky dir
+    let out = as_nobody(&format!(
+        "cat {r} && echo mine > {t}/mine && rm {t}/mine && echo mine2 > {t}/mine2",
+        r = p("readonly"),
+        t = p("tmp")
+    ));
+    assert!(
+        out.status.success(),
+        "nobody: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let md = fs::metadata(m.p("tmp/mine2")).unwrap();
+    assert_eq!((md.uid(), md.gid()), (65534, 65534));
+    denied(
+        format!("chown 0 {}", p("tmp/mine2")),
+        "give a file away (chown)",
+    );
+    // the kernel's check for access(2) too
+    let out = as_nobody(&format!("test -w {}", p("readonly")));
+    assert!(!out.status.success(), "access(W_OK) granted to nobody");
+}
+
+#[test]
+fn kill9_keeps_fsynced_data() {
+    let pool = Pool::new("kill9", 256);
+    let m = Mounted::new(&pool, "mode=posix");
+    let root = m.path().to_path_buf();
+    let pid = m.pid;
+    let pattern =
+        |i: usize, len: usize| -> Vec<u8> { (0..len).map(|j| (i * 31 + j * 7) as u8).collect() };
+    // Kill the server while the writer is busy.
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(700));
+        // SAFETY: kill has no memory preconditions.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    });
+    let mut synced = Vec::new();
+    let t = Instant::now();
+    for i in 0.. {
+        if t.elapsed() > Duration::from_secs(20) {
+            break;
+        }
+        let len = 1000 + (i * 4099) % 70_000;
+        let r = (|| -> std::io::Result<()> {
+            let mut f = fs::File::create(root.join(format!("w{i}")))?;
+            f.write_all(&pattern(i, len))?;
+            f.sync_all()?;
+            Ok(())
+        })();
+        match r {
+            Ok(()) => synced.push((i, len)),
+            Err(_) => break,
+        }
+    }
+    killer.join().unwrap();
+    assert!(
+        synced.len() > 10,
+        "only {} files written before the kill",
+        synced.len()
+    );
+    let dir = m.kill9();
+    assert!(
+        fs::metadata(dir.path())
+            .err()
+            .and_then(|e| e.raw_os_error())
+            == Some(libc::ENOTCONN),
+        "a dead mount answers ENOTCONN"
+    );
+    let m = Mounted::at(&pool, dir, "mode=posix");
+    for &(i, len) in &synced {
+        let got = fs::read(m.p(&format!("w{i}"))).unwrap_or_else(|e| panic!("w{i} lost: {e}"));
+        assert!(
+            got == pattern(i, len),
+            "w{i}: contents differ after the crash"
+        );
+    }
+    let report = inkfs_fuse::stat_mountpoint(m.path(), false)
+        .unwrap()
+        .unwrap();
+    assert!(report.contains("mounted_clean    false"), "{report}");
+}
+
+#[test]
+fn read_only_and_double_mount() {
+    let pool = Pool::new("ro", 64);
+    let m = Mounted::new(&pool, "");
+    fs::write(m.p("keep"), b"kept").unwrap();
+    // a second server for the same pool is refused, naming the holder
+    let other = tempfile::tempdir().unwrap();
+    let out = mount_with(&pool.path, other.path(), "");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains(&format!("pid {}", m.pid)),
+        "{err}"
+    );
+    // ...and so is a second server on the same mount point
+    let out = mount_with(&Pool::memfs().path, m.path(), "");
+    assert!(!out.status.success(), "stacked a server on a live mount");
+    let dir = m.unmount();
+    let m = Mounted::at(&pool, dir, "ro");
+    assert_eq!(fs::read(m.p("keep")).unwrap(), b"kept");
+    assert_eq!(
+        fs::write(m.p("new"), b"x").unwrap_err().raw_os_error(),
+        Some(libc::EROFS)
+    );
+    assert_eq!(
+        fs::remove_file(m.p("keep")).unwrap_err().raw_os_error(),
+        Some(libc::EROFS)
+    );
+}
+
+#[test]
+fn signals_and_fusermount_unmount_cleanly() {
+    require_tool("fusermount3", "fuse3");
+    let pool = Pool::new("sig", 64);
+    let mut dir = tempfile::tempdir().unwrap();
+    for how in ["SIGTERM", "SIGINT", "fusermount3", "umount"] {
+        let m = Mounted::at(&pool, dir, "");
+        fs::write(m.p(how), how).unwrap();
+        let pid = m.pid;
+        let path = m.path().to_path_buf();
+        dir = match how {
+            "umount" => m.unmount(),
+            _ => {
+                let m = std::mem::ManuallyDrop::new(m);
+                match how {
+                    // SAFETY: kill has no memory preconditions.
+                    "SIGTERM" => unsafe {
+                        libc::kill(pid as i32, libc::SIGTERM);
+                    },
+                    // SAFETY: as above.
+                    "SIGINT" => unsafe {
+                        libc::kill(pid as i32, libc::SIGINT);
+                    },
+                    _ => {
+                        run(Command::new("fusermount3").arg("-u").arg(&path));
+                    }
+                }
+                wait_exit(pid);
+                // SAFETY: `m` is never used again and never dropped.
+                unsafe { std::ptr::read(&m.dir) }
+            }
+        };
+        assert!(!is_mounted(&path), "{how}: still mounted");
+        let m = Mounted::at(&pool, dir, "");
+        let report = inkfs_fuse::stat_mountpoint(m.path(), false)
+            .unwrap()
+            .unwrap();
+        assert!(
+            report.contains("mounted_clean    true"),
+            "after {how}: {report}"
+        );
+        assert_eq!(fs::read(m.p(how)).unwrap(), how.as_bytes());
+        dir = m.unmount();
+    }
+}
+
+#[test]
+fn mount_t_fuse_inkfs() {
+    require_tool("mount", "mount");
+    let pool = Pool::new("helper", 64);
+    run(Command::new(BIN).args(["install-helper", "/sbin"]));
+    let dir = tempfile::tempdir().unwrap();
+    run(Command::new("mount")
+        .args(["-t", "fuse.inkfs"])
+        .arg(&pool.path)
+        .arg(dir.path())
+        .args(["-o", "mode=sync,nofail,_netdev,noatime"]));
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
+    let line = mounts
+        .lines()
+        .find(|l| l.split(' ').nth(1) == Some(&*dir.path().to_string_lossy()))
+        .unwrap_or_else(|| panic!("not mounted: {mounts}"));
+    assert!(line.contains(" fuse.inkfs "), "{line}");
+    fs::write(dir.path().join("x"), b"via mount(8)").unwrap();
+    let pid = server_pid(dir.path()).unwrap();
+    run(Command::new("umount").arg(dir.path()));
+    wait_exit(pid);
+}
+
+#[test]
+fn stats_socket() {
+    let pool = Pool::new("stats", 64);
+    let m = Mounted::new(&pool, "");
+    fs::write(m.p("f"), vec![1u8; 100_000]).unwrap();
+    let _ = fs::read(m.p("f")).unwrap();
+    let json = inkfs_fuse::stat_mountpoint(m.path(), true)
+        .unwrap()
+        .unwrap();
+    assert!(
+        json.starts_with('{') && json.trim_end().ends_with('}'),
+        "{json}"
+    );
+    assert!(json.contains("\"write\":{\"count\":"), "{json}");
+    assert!(json.contains("\"bytes_written\":100000"), "{json}");
+    assert!(json.contains("\"bytes_free\":"), "{json}");
+    let text = run(Command::new(BIN).arg("stat").arg(m.path())).stdout;
+    assert!(String::from_utf8_lossy(&text).contains("create"));
+    let plain = tempfile::tempdir().unwrap();
+    assert!(inkfs_fuse::stat_mountpoint(plain.path(), false).is_none());
+}
+
+#[test]
+fn null_fs_with_fio() {
+    require_root();
+    require_tool("fio", "fio");
+    let dir = tempfile::tempdir().unwrap();
+    run(Command::new(BIN).arg("null-fs").arg(dir.path()));
+    let f = dir.path().join("f");
+    let r = (|| {
+        fs::write(&f, vec![9u8; 1 << 20])?;
+        assert_eq!(fs::metadata(&f)?.len(), 1 << 20);
+        assert!(fs::read(&f)?.iter().all(|&b| b == 0));
+        fs::OpenOptions::new().write(true).open(&f)?.sync_all()?;
+        fs::remove_file(&f)?;
+        assert!(fs::metadata(&f).is_err());
+        let out = Command::new("fio")
+            .args([
+                "--name=null",
+                "--rw=randwrite",
+                "--bs=4k",
+                "--size=16m",
+                "--runtime=2",
+                "--time_based",
+            ])
+            .arg(format!("--directory={}", dir.path().display()))
+            .args(["--ioengine=psync", "--output-format=terse"])
+            .output()?;
+        assert!(
+            out.status.success(),
+            "fio: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::io::Result::Ok(())
+    })();
+    run(Command::new("umount").arg(dir.path()));
+    r.unwrap();
+}
