@@ -457,7 +457,9 @@ impl<P: Pmem> Fs<P> {
                 },
             );
         }
+        self.maybe_compact(&dir, locked.get(dir.ino));
         let st = locked.get(ino);
+        self.maybe_compact(&inode, st);
         Ok(self.attr_of(&inode, st))
     }
 
@@ -501,6 +503,10 @@ impl<P: Pmem> Fs<P> {
                 .and_then(|d| d.get(name))
                 .map(|c| c.ino)
                 != Some(child_ino)
+                // A stale object of a freed inode whose number the name now
+                // reuses: look up again (else the new inode's record would be
+                // freed through the old object's state).
+                || locked.get(child_ino).gone
             {
                 continue;
             }
@@ -555,6 +561,8 @@ impl<P: Pmem> Fs<P> {
             x.remove(name);
         }
         self.finish_drop_link(child, locked.get(child.ino), outcome);
+        self.maybe_compact(dir, locked.get(dir.ino));
+        self.maybe_compact(child, locked.get(child.ino));
         Ok(())
     }
 
@@ -650,6 +658,8 @@ impl<P: Pmem> Fs<P> {
             if let Some(v) = &v {
                 all.push(v);
             }
+            // Objects of freed inodes whose numbers were reused: retry.
+            let stale = |l: &mut Locked<'_>| l.get(m_ino).gone || v_ino.is_some_and(|v| l.get(v).gone);
             let mut locked = Locked::new(&all);
             let still_m = locked
                 .get(parent)
@@ -661,7 +671,7 @@ impl<P: Pmem> Fs<P> {
                 .dir()
                 .and_then(|d| d.get(newname))
                 .map(|c| c.ino);
-            if still_m != Some(m_ino) || still_v != v_ino {
+            if still_m != Some(m_ino) || still_v != v_ino || stale(&mut locked) {
                 continue;
             }
             if moves_dir_across {
@@ -694,7 +704,7 @@ impl<P: Pmem> Fs<P> {
                     .dir()
                     .and_then(|d| d.get(newname))
                     .map(|c| c.ino);
-                if still_m != Some(m_ino) || still_v != v_ino {
+                if still_m != Some(m_ino) || still_v != v_ino || stale(&mut locked) {
                     continue;
                 }
             }
@@ -797,6 +807,10 @@ impl<P: Pmem> Fs<P> {
         self.rename_apply_dram(sp, name, dp, newname, m, v, flags, now, locked);
         if let (Some(v), Some(o)) = (v, outcome) {
             self.finish_drop_link(v, locked.get(v.ino), o);
+        }
+        // Every log this rename grew (else renames alone fill the pool).
+        for inode in [sp, dp, m].into_iter().chain(v) {
+            self.maybe_compact(inode, locked.get(inode.ino));
         }
         Ok(())
     }

@@ -163,6 +163,8 @@ fn check_and_remount(fs: F, mode: Mode) -> F {
     let before = check(&fs, 0);
     let free = fs.statfs().blocks_free;
     let pm = fs.unmount().unwrap();
+    let report = inkfs::fsck::check(&pm, &inkfs::fsck::FsckOptions { repair: false }).unwrap();
+    assert!(report.is_clean(), "fsck after unmount: {:#?}", report.problems);
     let fs = Fs::mount(pm, MountOptions { mode, read_only: false }).unwrap();
     assert!(fs.mount_report().allocator_restored);
     assert_eq!(check(&fs, 0), before, "shape changed across a clean remount");
@@ -733,4 +735,6 @@ fn create_unlink_race() {
         check_and_remount(fs, Mode::Strict);
     });
 }
+
+
 

@@ -1062,6 +1062,9 @@ impl Harness {
         let fs = self.fs.take().unwrap();
         let free_before = fs.statfs().blocks_free;
         let pm = fs.unmount().map_err(|e| TestCaseError::fail(format!("unmount: {e}")))?;
+        let report = inkfs::fsck::check(&pm, &inkfs::fsck::FsckOptions { repair: false })
+            .map_err(|e| TestCaseError::fail(format!("fsck: {e}")))?;
+        prop_assert!(report.is_clean(), "fsck after unmount: {:#?}", report.problems);
         let fs = Fs::mount(pm, MountOptions { mode: self.mode, read_only: false })
             .map_err(|e| TestCaseError::fail(format!("clean remount: {e}")))?;
         prop_assert!(fs.mount_report().was_clean);
