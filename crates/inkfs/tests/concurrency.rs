@@ -666,7 +666,11 @@ fn unlink_while_open() {
                         match rng.below(3) {
                             0 => {
                                 if let Ok((_, fh)) = fs.create(ROOT_INO, &n, 0o644, 0, 0) {
-                                    fs.write(&fh, 0, &[1u8; 5000]).unwrap();
+                                    // The same bytes the openers write: an opener
+                                    // may have this new file open already (it
+                                    // looked the name up), so any other value
+                                    // could legitimately show in its read-back.
+                                    fs.write(&fh, 0, &[2u8; 5000]).unwrap();
                                     fs.release(fh);
                                 }
                             }
