@@ -3,6 +3,7 @@
 
 mod fsck;
 mod pool;
+mod selftest;
 
 use std::process::ExitCode;
 
@@ -22,6 +23,8 @@ commands:
                       check a pool (read-only unless -y, which repairs what
                       is safely repairable); exit 0 clean, 1 errors fixed,
                       4 errors left, 8 operational error
+  selftest POOL       write a tree through the library, unmount, remount,
+                      verify every byte, fsck, clean up (for new hardware)
   null-fs MOUNTPOINT  a do-nothing FUSE file system (benchmark floor)
   install-helper [DIR]
                       install mount.fuse.inkfs (default /sbin) for
@@ -36,7 +39,22 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     let rest = &args[1..];
+    const COMMANDS: [&str; 8] = [
+        "mkfs",
+        "stat",
+        "mount",
+        "fsck",
+        "selftest",
+        "null-fs",
+        "install-helper",
+        "help",
+    ];
+    if COMMANDS.contains(&cmd.as_str()) && rest.iter().any(|a| a == "--help" || a == "-h") {
+        print!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     let result = match cmd.as_str() {
+        "selftest" => selftest::selftest(rest),
         "mkfs" => pool::mkfs(rest),
         "mount" => return exit_code(inkfs_fuse::mount_main(rest)),
         "null-fs" => return exit_code(inkfs_fuse::null_main(rest)),

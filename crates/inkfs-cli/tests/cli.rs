@@ -105,3 +105,35 @@ fn errors_are_one_line_without_panics() {
         assert_eq!(t.lines().count(), 1, "{args:?}: {t}");
     }
 }
+
+#[test]
+fn selftest_passes_and_leaves_the_pool_clean() {
+    let pool = Pool::new("selftest");
+    assert!(inkfs(&["mkfs", pool.s(), "--size", "64M"]).status.success());
+    let o = inkfs(&["selftest", pool.s()]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("selftest: passed"), "{}", text(&o));
+    let o = inkfs(&["fsck", pool.s()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let t = text(&inkfs(&["stat", pool.s()]));
+    assert!(
+        t.contains("inodes:          1"),
+        "the selftest tree was removed: {t}"
+    );
+}
+
+#[test]
+fn every_command_answers_help() {
+    for cmd in [
+        "mkfs",
+        "stat",
+        "mount",
+        "fsck",
+        "selftest",
+        "null-fs",
+        "install-helper",
+    ] {
+        let o = inkfs(&[cmd, "--help"]);
+        assert!(o.status.success(), "{cmd} --help: {}", text(&o));
+    }
+}

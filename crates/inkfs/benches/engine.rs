@@ -105,7 +105,7 @@ fn run(pool: &std::path::Path, tmp: &std::path::Path, cfg: &Cfg) -> Result<(), S
 
     let page = vec![0x5au8; PAGE];
     let mut rows: Vec<(&str, Vec<f64>)> = Vec::new();
-    let mut push = |name: &'static str, v: f64, rows: &mut Vec<(&'static str, Vec<f64>)>| match rows
+    let push = |name: &'static str, v: f64, rows: &mut Vec<(&'static str, Vec<f64>)>| match rows
         .iter_mut()
         .find(|(n, _)| *n == name)
     {
@@ -259,7 +259,7 @@ fn run(pool: &std::path::Path, tmp: &std::path::Path, cfg: &Cfg) -> Result<(), S
             .map(|(_, v)| *v)
             .unwrap_or(f64::NAN)
     };
-    println!("\n{:<48} {:>10}  {}", "operation", "ns (med)", "ratio");
+    println!("\n{:<48} {:>10}  ratio", "operation", "ns (med)");
     for (name, v) in &med {
         let ratio = if name.starts_with("inkfs strict: 4 KiB append") {
             format!(

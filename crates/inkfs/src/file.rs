@@ -427,39 +427,74 @@ impl<P: Pmem> Fs<P> {
         } else {
             u64::MAX
         };
-        let mut page = first;
-        while page < end {
-            match map.find(page) {
-                Some(e) if page >= cow_from => {
-                    let run_end = e.end().min(end);
-                    self.cow_range(st, page, run_end, src, size, now, tx)?;
-                    page = run_end;
-                }
-                Some(e) => {
-                    let run_end = e.end().min(end).min(cow_from);
-                    let block = e.block + (page - e.page);
-                    let (a, b) = src.clip(page * BLOCK_SIZE, run_end * BLOCK_SIZE);
-                    let at = block * BLOCK_SIZE + (a - page * BLOCK_SIZE);
-                    match src {
-                        Src::Data { off, data } => self
-                            .pm
-                            .copy_nt(at, &data[(a - off) as usize..(b - off) as usize]),
-                        Src::Zeros { .. } => self.pm.zero_nt(at, b - a),
+        // Two passes: every page that needs a fresh block first, so that an
+        // ENOSPC leaves nothing overwritten in place; then the overwrites.
+        for in_place_pass in [false, true] {
+            let mut page = first;
+            while page < end {
+                match map.find(page) {
+                    Some(e) if page >= cow_from => {
+                        let run_end = e.end().min(end);
+                        if !in_place_pass {
+                            self.cow_range(st, page, run_end, src, size, now, tx)?;
+                        }
+                        page = run_end;
                     }
-                    if self.mode == Mode::Sync || grows {
-                        tx.pieces
-                            .push(write_entry(page, block, run_end - page, size, now));
+                    Some(e) => {
+                        let run_end = e.end().min(end).min(cow_from);
+                        if in_place_pass {
+                            self.overwrite_run(
+                                page,
+                                run_end,
+                                e.block + (page - e.page),
+                                src,
+                                size,
+                                grows,
+                                now,
+                                tx,
+                            );
+                        }
+                        page = run_end;
                     }
-                    page = run_end;
-                }
-                None => {
-                    let hole_end = map.next_from(page).map_or(end, |e| e.page.min(end));
-                    self.cow_range(st, page, hole_end, src, size, now, tx)?;
-                    page = hole_end;
+                    None => {
+                        let hole_end = map.next_from(page).map_or(end, |e| e.page.min(end));
+                        if !in_place_pass {
+                            self.cow_range(st, page, hole_end, src, size, now, tx)?;
+                        }
+                        page = hole_end;
+                    }
                 }
             }
         }
         Ok(())
+    }
+
+    /// Overwrite pages `[page, run_end)`, mapped to blocks from `block`, in
+    /// place; sync mode (or a size change) logs them.
+    #[allow(clippy::too_many_arguments)]
+    fn overwrite_run(
+        &self,
+        page: u64,
+        run_end: u64,
+        block: u64,
+        src: Src<'_>,
+        size: u64,
+        grows: bool,
+        now: i64,
+        tx: &mut DataTx,
+    ) {
+        let (a, b) = src.clip(page * BLOCK_SIZE, run_end * BLOCK_SIZE);
+        let at = block * BLOCK_SIZE + (a - page * BLOCK_SIZE);
+        match src {
+            Src::Data { off, data } => self
+                .pm
+                .copy_nt(at, &data[(a - off) as usize..(b - off) as usize]),
+            Src::Zeros { .. } => self.pm.zero_nt(at, b - a),
+        }
+        if self.mode == Mode::Sync || grows {
+            tx.pieces
+                .push(write_entry(page, block, run_end - page, size, now));
+        }
     }
 
     /// Fill fresh block `block` with file page `page`: old contents (zeros
@@ -531,7 +566,7 @@ impl<P: Pmem> Fs<P> {
     ) -> Result<()> {
         let old_size = st.attr.size;
         let mut tx = DataTx::new(st);
-        if new_size < old_size && new_size % BLOCK_SIZE != 0 {
+        if new_size < old_size && !new_size.is_multiple_of(BLOCK_SIZE) {
             let page_end = (new_size / BLOCK_SIZE + 1) * BLOCK_SIZE;
             if let Err(e) = self.zero_partial(st, new_size, page_end, old_size, a.ctime_ns, &mut tx)
             {
@@ -642,10 +677,10 @@ impl<P: Pmem> Fs<P> {
             // Inside a single page.
             return self.zero_partial(st, off, end, size, now, tx);
         }
-        if off % BLOCK_SIZE != 0 {
+        if !off.is_multiple_of(BLOCK_SIZE) {
             self.zero_partial(st, off, first_full * BLOCK_SIZE, size, now, tx)?;
         }
-        if end % BLOCK_SIZE != 0 {
+        if !end.is_multiple_of(BLOCK_SIZE) {
             self.zero_partial(st, end_full * BLOCK_SIZE, end, size, now, tx)?;
         }
         if first_full < end_full {

@@ -469,7 +469,7 @@ pub const fn entry_bytes(head: usize, payload: usize) -> u64 {
 /// SSE4.2 crc32 instruction: a 64-byte entry costs a few nanoseconds, on
 /// every append and every entry a walk reads.
 pub fn entry_crc(bytes: &[u8]) -> u32 {
-    debug_assert!(bytes.len() >= 8 && bytes.len() % 8 == 0);
+    debug_assert!(bytes.len() >= 8 && bytes.len().is_multiple_of(8));
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     if std::arch::is_x86_feature_detected!("sse4.2") {
         // SAFETY: the CPU supports SSE4.2 (checked just above).
@@ -502,12 +502,19 @@ pub fn seal_entry(bytes: &mut [u8]) {
 
 /// Check an entry read back from media.
 pub fn entry_checksum_ok(bytes: &[u8]) -> bool {
-    if bytes.len() < 8 || bytes.len() % 8 != 0 {
+    if bytes.len() < 8 || !bytes.len().is_multiple_of(8) {
         return false;
     }
     let stored = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
     entry_crc(bytes) == stored
 }
+
+const _: () =
+    assert!(size_of::<JournalHeader>() as u64 + (JOURNAL_MAX_RECORDS * 16) as u64 <= BLOCK_SIZE);
+const _: () = assert!(TABLE_TRAILER_OFFSET + size_of::<TableTrailer>() as u64 == BLOCK_SIZE);
+const _: () = assert!(LOG_FOOTER_OFFSET + size_of::<LogPageFooter>() as u64 == BLOCK_SIZE);
+const _: () = assert!(entry_bytes(size_of::<DirEntryHead>(), NAME_MAX) <= LOG_PAGE_PAYLOAD);
+const _: () = assert!(XATTR_VALUE_MAX >= 3072);
 
 #[cfg(test)]
 mod tests {
@@ -547,10 +554,3 @@ mod tests {
         assert_eq!(back.checksum, back.compute_checksum());
     }
 }
-
-const _: () =
-    assert!(size_of::<JournalHeader>() as u64 + (JOURNAL_MAX_RECORDS * 16) as u64 <= BLOCK_SIZE);
-const _: () = assert!(TABLE_TRAILER_OFFSET + size_of::<TableTrailer>() as u64 == BLOCK_SIZE);
-const _: () = assert!(LOG_FOOTER_OFFSET + size_of::<LogPageFooter>() as u64 == BLOCK_SIZE);
-const _: () = assert!(entry_bytes(size_of::<DirEntryHead>(), NAME_MAX) <= LOG_PAGE_PAYLOAD);
-const _: () = assert!(XATTR_VALUE_MAX >= 3072);

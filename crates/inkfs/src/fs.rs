@@ -285,6 +285,15 @@ impl<P: Pmem> Fs<P> {
         Ok(self.attr_of(&inode, &st))
     }
 
+    /// Pages in inode `ino`'s log (read-only; for tests and tools that
+    /// watch log GC keep logs bounded).
+    pub fn log_pages(&self, ino: u64) -> Result<u64> {
+        let inode = self.iget(ino)?;
+        let st = read(&inode.state);
+        live(&st)?;
+        Ok(st.log.pages)
+    }
+
     pub fn fgetattr(&self, fh: &FileHandle) -> Result<Attr> {
         let st = read(&fh.inode.state);
         Ok(self.attr_of(&fh.inode, &st))

@@ -62,7 +62,7 @@ pub fn append<P: Pmem + ?Sized>(
     new_pages: &mut NewPages,
 ) -> Result<u64> {
     let len = entry.len() as u64;
-    debug_assert!(len > 0 && len % ENTRY_UNIT == 0 && len <= LOG_PAGE_PAYLOAD);
+    debug_assert!(len > 0 && len.is_multiple_of(ENTRY_UNIT) && len <= LOG_PAGE_PAYLOAD);
     debug_assert_eq!(
         entry[1] as u64 * ENTRY_UNIT,
         len,
@@ -267,7 +267,7 @@ pub fn walk<P: Pmem + ?Sized>(
         return Err(corrupt(format!("head block {head} out of range")));
     }
     if tail / BLOCK_SIZE >= geo.total_blocks
-        || tail % ENTRY_UNIT != 0
+        || !tail.is_multiple_of(ENTRY_UNIT)
         || tail % BLOCK_SIZE > LOG_PAGE_PAYLOAD
     {
         return Err(corrupt(format!("tail offset {tail} invalid")));
