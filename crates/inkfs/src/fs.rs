@@ -440,9 +440,11 @@ impl<P: Pmem> Fs<P> {
             Body::Symlink { block, .. } if *block != 0 => self.free_blocks(*block, 1),
             _ => {}
         }
+        // Out of the cache before the slot can be handed out again, or this
+        // removal could evict the slot's next inode.
+        self.cache.remove(inode.ino);
         let (lane, slot) = ino_to_lane_slot(inode.ino, self.geo.lane_count);
         let _ = self.slots.free(lane, slot);
-        self.cache.remove(inode.ino);
     }
 
     pub(crate) fn free_blocks(&self, start: u64, len: u64) {
