@@ -659,7 +659,8 @@ impl<P: Pmem> Fs<P> {
                 all.push(v);
             }
             // Objects of freed inodes whose numbers were reused: retry.
-            let stale = |l: &mut Locked<'_>| l.get(m_ino).gone || v_ino.is_some_and(|v| l.get(v).gone);
+            let stale =
+                |l: &mut Locked<'_>| l.get(m_ino).gone || v_ino.is_some_and(|v| l.get(v).gone);
             let mut locked = Locked::new(&all);
             let still_m = locked
                 .get(parent)

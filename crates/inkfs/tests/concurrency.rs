@@ -24,8 +24,22 @@ const WATCHDOG: Duration = Duration::from_secs(60);
 
 fn fresh(mode: Mode, bytes: u64) -> F {
     let pm = SimPool::new(bytes);
-    Fs::format(&pm, &FormatOptions { lanes: 4, ..Default::default() }).unwrap();
-    Fs::mount(pm, MountOptions { mode, read_only: false }).unwrap()
+    Fs::format(
+        &pm,
+        &FormatOptions {
+            lanes: 4,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    Fs::mount(
+        pm,
+        MountOptions {
+            mode,
+            read_only: false,
+        },
+    )
+    .unwrap()
 }
 
 /// Run `body` on its own thread; fail if it does not finish in time.
@@ -75,8 +89,17 @@ fn name(i: u64) -> Vec<u8> {
 #[derive(Debug, PartialEq, Eq)]
 enum Shape {
     Dir(BTreeMap<Vec<u8>, Shape>),
-    File { ino: u64, size: u64, nlink: u32, data_crc: u32 },
-    Other { ino: u64, kind: FileKind, nlink: u32 },
+    File {
+        ino: u64,
+        size: u64,
+        nlink: u32,
+        data_crc: u32,
+    },
+    Other {
+        ino: u64,
+        kind: FileKind,
+        nlink: u32,
+    },
 }
 
 /// Walk the whole namespace, check its invariants, return its shape.
@@ -85,7 +108,11 @@ fn check(fs: &F, open_handles: u64) -> Shape {
     let mut nlinks: HashMap<u64, u32> = HashMap::new();
     let shape = walk(fs, ROOT_INO, ROOT_INO, &mut names, &mut nlinks);
     for (ino, n) in &names {
-        assert_eq!(nlinks[ino], *n, "inode {ino}: nlink {} but {n} names", nlinks[ino]);
+        assert_eq!(
+            nlinks[ino], *n,
+            "inode {ino}: nlink {} but {n} names",
+            nlinks[ino]
+        );
     }
     let st = fs.statfs();
     let used = st.files - st.files_free;
@@ -98,7 +125,13 @@ fn check(fs: &F, open_handles: u64) -> Shape {
     shape
 }
 
-fn walk(fs: &F, dir: u64, parent: u64, names: &mut HashMap<u64, u32>, nlinks: &mut HashMap<u64, u32>) -> Shape {
+fn walk(
+    fs: &F,
+    dir: u64,
+    parent: u64,
+    names: &mut HashMap<u64, u32>,
+    nlinks: &mut HashMap<u64, u32>,
+) -> Shape {
     let mut ents = Vec::new();
     fs.readdir(dir, 0, &mut |e| {
         ents.push(e);
@@ -112,25 +145,44 @@ fn walk(fs: &F, dir: u64, parent: u64, names: &mut HashMap<u64, u32>, nlinks: &m
     let mut out = BTreeMap::new();
     let mut subdirs = 0;
     for e in &ents[2..] {
-        assert_eq!(fs.lookup_ino(dir, &e.name).unwrap(), e.ino, "lookup vs readdir");
-        let a = fs.getattr(e.ino).unwrap_or_else(|x| panic!("{:?} -> {}: {x}", e.name, e.ino));
+        assert_eq!(
+            fs.lookup_ino(dir, &e.name).unwrap(),
+            e.ino,
+            "lookup vs readdir"
+        );
+        let a = fs
+            .getattr(e.ino)
+            .unwrap_or_else(|x| panic!("{:?} -> {}: {x}", e.name, e.ino));
         assert_eq!(a.kind, e.kind);
         let s = match a.kind {
             FileKind::Dir => {
                 subdirs += 1;
-                assert!(names.insert(e.ino, 1).is_none(), "directory {} has two names", e.ino);
+                assert!(
+                    names.insert(e.ino, 1).is_none(),
+                    "directory {} has two names",
+                    e.ino
+                );
                 nlinks.insert(e.ino, 1);
                 walk(fs, e.ino, dir, names, nlinks)
             }
             FileKind::File => {
                 *names.entry(e.ino).or_default() += 1;
                 nlinks.insert(e.ino, a.nlink);
-                Shape::File { ino: e.ino, size: a.size, nlink: a.nlink, data_crc: file_crc(fs, e.ino, a.size) }
+                Shape::File {
+                    ino: e.ino,
+                    size: a.size,
+                    nlink: a.nlink,
+                    data_crc: file_crc(fs, e.ino, a.size),
+                }
             }
             k => {
                 *names.entry(e.ino).or_default() += 1;
                 nlinks.insert(e.ino, a.nlink);
-                Shape::Other { ino: e.ino, kind: k, nlink: a.nlink }
+                Shape::Other {
+                    ino: e.ino,
+                    kind: k,
+                    nlink: a.nlink,
+                }
             }
         };
         out.insert(e.name.clone(), s);
@@ -164,19 +216,49 @@ fn check_and_remount(fs: F, mode: Mode) -> F {
     let free = fs.statfs().blocks_free;
     let pm = fs.unmount().unwrap();
     let report = inkfs::fsck::check(&pm, &inkfs::fsck::FsckOptions { repair: false }).unwrap();
-    assert!(report.is_clean(), "fsck after unmount: {:#?}", report.problems);
-    let fs = Fs::mount(pm, MountOptions { mode, read_only: false }).unwrap();
+    assert!(
+        report.is_clean(),
+        "fsck after unmount: {:#?}",
+        report.problems
+    );
+    let fs = Fs::mount(
+        pm,
+        MountOptions {
+            mode,
+            read_only: false,
+        },
+    )
+    .unwrap();
     assert!(fs.mount_report().allocator_restored);
-    assert_eq!(check(&fs, 0), before, "shape changed across a clean remount");
-    assert_eq!(fs.statfs().blocks_free, free, "free blocks changed across a clean remount");
+    assert_eq!(
+        check(&fs, 0),
+        before,
+        "shape changed across a clean remount"
+    );
+    assert_eq!(
+        fs.statfs().blocks_free,
+        free,
+        "free blocks changed across a clean remount"
+    );
     if mode == Mode::Posix {
         fs.sync().unwrap();
     }
     let image = fs.pmem().persisted_image();
     drop(fs);
-    let fs = Fs::mount(SimPool::from_image(image), MountOptions { mode, read_only: false }).unwrap();
+    let fs = Fs::mount(
+        SimPool::from_image(image),
+        MountOptions {
+            mode,
+            read_only: false,
+        },
+    )
+    .unwrap();
     assert!(!fs.mount_report().was_clean);
-    assert_eq!(check(&fs, 0), before, "shape changed across a crash remount");
+    assert_eq!(
+        check(&fs, 0),
+        before,
+        "shape changed across a crash remount"
+    );
     assert_eq!(
         fs.statfs().blocks_free,
         free,
@@ -208,16 +290,28 @@ fn independent(mode: Mode) {
                         let n = name(rng.below(6));
                         match rng.below(5) {
                             0 | 1 => {
-                                let data: Vec<u8> = (0..rng.below(9000) + 1).map(|j| (j as u8) ^ (i as u8) | 1).collect();
+                                let data: Vec<u8> = (0..rng.below(9000) + 1)
+                                    .map(|j| (j as u8) ^ (i as u8) | 1)
+                                    .collect();
                                 let ino = match fs.lookup_ino(d, &n) {
                                     Ok(ino) => ino,
-                                    Err(_) => fs.create(d, &n, 0o644, 0, 0).map(|(a, fh)| {
-                                        fs.release(fh);
-                                        a.ino
-                                    }).unwrap(),
+                                    Err(_) => fs
+                                        .create(d, &n, 0o644, 0, 0)
+                                        .map(|(a, fh)| {
+                                            fs.release(fh);
+                                            a.ino
+                                        })
+                                        .unwrap(),
                                 };
                                 let fh = fs.open(ino).unwrap();
-                                fs.setattr(ino, &SetAttr { size: Some(0), ..Default::default() }).unwrap();
+                                fs.setattr(
+                                    ino,
+                                    &SetAttr {
+                                        size: Some(0),
+                                        ..Default::default()
+                                    },
+                                )
+                                .unwrap();
                                 fs.write(&fh, 0, &data).unwrap();
                                 fs.release(fh);
                                 expect.insert(n, data);
@@ -238,7 +332,8 @@ fn independent(mode: Mode) {
                                 assert_eq!(r.is_ok(), expect.remove(&n).is_some());
                             }
                             _ => {
-                                let r = fs.setxattr(d, b"user.t", &i.to_le_bytes(), XattrFlags::Any);
+                                let r =
+                                    fs.setxattr(d, b"user.t", &i.to_le_bytes(), XattrFlags::Any);
                                 r.unwrap();
                             }
                         }
@@ -259,7 +354,10 @@ fn independent(mode: Mode) {
                     true
                 })
                 .unwrap();
-                assert_eq!(got.keys().collect::<Vec<_>>(), expect.keys().collect::<Vec<_>>());
+                assert_eq!(
+                    got.keys().collect::<Vec<_>>(),
+                    expect.keys().collect::<Vec<_>>()
+                );
                 for (n, data) in expect {
                     let fh = fs.open(got[n]).unwrap();
                     let mut buf = vec![0u8; data.len() + 10];
@@ -334,15 +432,35 @@ fn namespace_storm(mode: Mode, seed: u64) {
                                 &[ENOENT, EISDIR, ENOTDIR, ENOTEMPTY, EINVAL],
                             ),
                             7 => ok(
-                                fs.rename(d1, &n1, d2, &n2, RenameFlags { exchange: true, noreplace: false }),
+                                fs.rename(
+                                    d1,
+                                    &n1,
+                                    d2,
+                                    &n2,
+                                    RenameFlags {
+                                        exchange: true,
+                                        noreplace: false,
+                                    },
+                                ),
                                 &[ENOENT, EINVAL],
                             ),
                             8 => ok(
-                                fs.rename(d1, &n1, d2, &n2, RenameFlags { exchange: false, noreplace: true }),
+                                fs.rename(
+                                    d1,
+                                    &n1,
+                                    d2,
+                                    &n2,
+                                    RenameFlags {
+                                        exchange: false,
+                                        noreplace: true,
+                                    },
+                                ),
                                 &[ENOENT, EEXIST, EINVAL],
                             ),
                             _ => {
-                                let r = fs.lookup_ino(d1, &n1).and_then(|ino| fs.link(ino, d2, &n2).map(|_| ()));
+                                let r = fs
+                                    .lookup_ino(d1, &n1)
+                                    .and_then(|ino| fs.link(ino, d2, &n2).map(|_| ()));
                                 ok(r, &[ENOENT, EEXIST, EPERM])
                             }
                         }
@@ -412,17 +530,33 @@ fn rename_cycles() {
                         2 => {
                             // Move a directory into the other directory's subdirectory
                             // and back: some attempts would form a cycle (EINVAL).
-                            let (src, n) = if rng.below(2) == 0 { (x, &b"d"[..]) } else { (x, &b"e"[..]) };
+                            let (src, n) = if rng.below(2) == 0 {
+                                (x, &b"d"[..])
+                            } else {
+                                (x, &b"e"[..])
+                            };
                             let other = if n == b"d" { &b"e"[..] } else { &b"d"[..] };
                             match fs.lookup_ino(y, other) {
                                 Ok(into) => fs.rename(src, n, into, n, RenameFlags::default()),
                                 Err(e) => Err(e),
                             }
                         }
-                        _ => fs.rename(x, b"f", y, b"g", RenameFlags { exchange: true, noreplace: false }),
+                        _ => fs.rename(
+                            x,
+                            b"f",
+                            y,
+                            b"g",
+                            RenameFlags {
+                                exchange: true,
+                                noreplace: false,
+                            },
+                        ),
                     };
                     if let Err(e) = r {
-                        assert!([ENOENT, EINVAL, ENOTDIR].contains(&e.errno()), "thread {t}: {e}");
+                        assert!(
+                            [ENOENT, EINVAL, ENOTDIR].contains(&e.errno()),
+                            "thread {t}: {e}"
+                        );
                     } else {
                         counts.fetch_add(1, Ordering::Relaxed);
                     }
@@ -430,7 +564,9 @@ fn rename_cycles() {
                     if t == 2 && rng.below(8) == 0 {
                         for top in [a, b] {
                             for n in [&b"d"[..], b"e"] {
-                                if let Ok(inner) = fs.lookup_ino(top, if n == b"d" { b"e" } else { b"d" }) {
+                                if let Ok(inner) =
+                                    fs.lookup_ino(top, if n == b"d" { b"e" } else { b"d" })
+                                {
                                     let _ = fs.rename(inner, n, top, n, RenameFlags::default());
                                 }
                             }
@@ -459,7 +595,12 @@ fn rename_cycles() {
         }
         collect(&shape, &mut found);
         for n in [&b"a"[..], b"b", b"d", b"e", b"f", b"g"] {
-            assert_eq!(found.get(n), Some(&1), "{:?} in {shape:?}", String::from_utf8_lossy(n));
+            assert_eq!(
+                found.get(n),
+                Some(&1),
+                "{:?} in {shape:?}",
+                String::from_utf8_lossy(n)
+            );
         }
         check_and_remount(fs, mode);
     });
@@ -481,8 +622,11 @@ fn shared_file(mode: Mode) {
         let ino = attr.ino;
         const PAGES: u64 = 32;
         // written[page] = set of values written to it (bit set over u8).
-        let written: Arc<Vec<std::sync::Mutex<[bool; 256]>>> =
-            Arc::new((0..PAGES).map(|_| std::sync::Mutex::new([false; 256])).collect());
+        let written: Arc<Vec<std::sync::Mutex<[bool; 256]>>> = Arc::new(
+            (0..PAGES)
+                .map(|_| std::sync::Mutex::new([false; 256]))
+                .collect(),
+        );
         let deadline = Instant::now() + Duration::from_millis(1200);
         let hs: Vec<_> = (0..4u64)
             .map(|t| {
@@ -497,7 +641,14 @@ fn shared_file(mode: Mode) {
                         if t == 3 && i % 16 == 0 {
                             // Page-aligned truncates, shrinking and growing.
                             let size = rng.below(PAGES + 1) * BLOCK_SIZE;
-                            fs.setattr(ino, &SetAttr { size: Some(size), ..Default::default() }).unwrap();
+                            fs.setattr(
+                                ino,
+                                &SetAttr {
+                                    size: Some(size),
+                                    ..Default::default()
+                                },
+                            )
+                            .unwrap();
                             continue;
                         }
                         // Thread t writes values t*60+1 ..= t*60+60 (never 0).
@@ -535,10 +686,17 @@ fn shared_file(mode: Mode) {
                 fs.read(&fh, p * BLOCK_SIZE, &mut buf).unwrap();
                 let w = written[p as usize].lock().unwrap();
                 if mode == Mode::Strict {
-                    assert!(buf.iter().all(|&x| x == buf[0]), "page {p} is torn: {:?}", &buf[..16]);
+                    assert!(
+                        buf.iter().all(|&x| x == buf[0]),
+                        "page {p} is torn: {:?}",
+                        &buf[..16]
+                    );
                 }
                 for &x in buf.iter() {
-                    assert!(x == 0 || w[x as usize], "page {p} holds {x}, never written there");
+                    assert!(
+                        x == 0 || w[x as usize],
+                        "page {p} holds {x}, never written there"
+                    );
                 }
             }
             fs.release(fh);
@@ -586,7 +744,8 @@ fn appends(mode: Mode) {
                     let mut seq = 0u16;
                     while Instant::now() < deadline && seq < 3000 {
                         let len = rng.below(6000) as u16 + 1;
-                        let mut rec = vec![t, seq as u8, (seq >> 8) as u8, len as u8, (len >> 8) as u8];
+                        let mut rec =
+                            vec![t, seq as u8, (seq >> 8) as u8, len as u8, (len >> 8) as u8];
                         rec.extend(std::iter::repeat_n((t ^ seq as u8) | 0x80, len as usize));
                         let (off, n) = fs.append(&fh, &rec).unwrap();
                         assert_eq!(n, rec.len());
@@ -739,6 +898,3 @@ fn create_unlink_race() {
         check_and_remount(fs, Mode::Strict);
     });
 }
-
-
-

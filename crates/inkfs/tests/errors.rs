@@ -14,8 +14,22 @@ type F = Fs<SimPool>;
 
 fn fresh_sized(mode: Mode, bytes: u64) -> F {
     let pm = SimPool::new(bytes);
-    Fs::format(&pm, &FormatOptions { lanes: 2, ..Default::default() }).unwrap();
-    Fs::mount(pm, MountOptions { mode, read_only: false }).unwrap()
+    Fs::format(
+        &pm,
+        &FormatOptions {
+            lanes: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    Fs::mount(
+        pm,
+        MountOptions {
+            mode,
+            read_only: false,
+        },
+    )
+    .unwrap()
 }
 
 fn fresh() -> F {
@@ -49,7 +63,14 @@ fn remount(fs: F, mode: Mode) -> F {
     let pm = fs.unmount().unwrap();
     let r = inkfs::fsck::check(&pm, &inkfs::fsck::FsckOptions { repair: false }).unwrap();
     assert!(r.is_clean(), "{:#?}", r.problems);
-    Fs::mount(pm, MountOptions { mode, read_only: false }).unwrap()
+    Fs::mount(
+        pm,
+        MountOptions {
+            mode,
+            read_only: false,
+        },
+    )
+    .unwrap()
 }
 
 const R: u64 = ROOT_INO;
@@ -72,21 +93,36 @@ fn enametoolong() {
     let f = file(&fs, R, b"f");
     expect_errno!(fs.create(R, &long, 0o644, 0, 0), libc::ENAMETOOLONG);
     expect_errno!(fs.mkdir(R, &long, 0o755, 0, 0), libc::ENAMETOOLONG);
-    expect_errno!(fs.mknod(R, &long, libc::S_IFIFO | 0o644, 0, 0, 0), libc::ENAMETOOLONG);
+    expect_errno!(
+        fs.mknod(R, &long, libc::S_IFIFO | 0o644, 0, 0, 0),
+        libc::ENAMETOOLONG
+    );
     expect_errno!(fs.symlink(R, &long, b"t", 0, 0), libc::ENAMETOOLONG);
-    expect_errno!(fs.symlink(R, b"s", &vec![b't'; SYMLINK_MAX + 1], 0, 0), libc::ENAMETOOLONG);
+    expect_errno!(
+        fs.symlink(R, b"s", &vec![b't'; SYMLINK_MAX + 1], 0, 0),
+        libc::ENAMETOOLONG
+    );
     expect_errno!(fs.link(f, R, &long), libc::ENAMETOOLONG);
     expect_errno!(fs.lookup(R, &long), libc::ENAMETOOLONG);
     expect_errno!(fs.unlink(R, &long), libc::ENAMETOOLONG);
     expect_errno!(fs.rmdir(R, &long), libc::ENAMETOOLONG);
-    expect_errno!(fs.rename(R, b"f", R, &long, RenameFlags::default()), libc::ENAMETOOLONG);
+    expect_errno!(
+        fs.rename(R, b"f", R, &long, RenameFlags::default()),
+        libc::ENAMETOOLONG
+    );
     // 255 bytes is fine everywhere, and survives a remount.
     fs.mkdir(R, &ok, 0o755, 0, 0).unwrap();
-    fs.rename(R, b"f", R, &{
-        let mut v = ok.clone();
-        v[0] = b'm';
-        v
-    }, RenameFlags::default())
+    fs.rename(
+        R,
+        b"f",
+        R,
+        &{
+            let mut v = ok.clone();
+            v[0] = b'm';
+            v
+        },
+        RenameFlags::default(),
+    )
     .unwrap();
     fs.symlink(R, b"s", &vec![b't'; SYMLINK_MAX], 0, 0).unwrap();
     let fs = remount(fs, Mode::Strict);
@@ -104,13 +140,19 @@ fn eexist() {
     expect_errno!(fs.create(R, b"d", 0o644, 0, 0), libc::EEXIST);
     expect_errno!(fs.mkdir(R, b"f", 0o755, 0, 0), libc::EEXIST);
     expect_errno!(fs.mkdir(R, b"d", 0o755, 0, 0), libc::EEXIST);
-    expect_errno!(fs.mknod(R, b"f", libc::S_IFIFO | 0o644, 0, 0, 0), libc::EEXIST);
+    expect_errno!(
+        fs.mknod(R, b"f", libc::S_IFIFO | 0o644, 0, 0, 0),
+        libc::EEXIST
+    );
     expect_errno!(fs.symlink(R, b"f", b"x", 0, 0), libc::EEXIST);
     expect_errno!(fs.link(f, R, b"d"), libc::EEXIST);
     expect_errno!(fs.link(f, R, b"f"), libc::EEXIST);
     expect_errno!(fs.mkdir(R, b".", 0o755, 0, 0), libc::EEXIST);
     expect_errno!(fs.mkdir(R, b"..", 0o755, 0, 0), libc::EEXIST);
-    let nr = RenameFlags { noreplace: true, exchange: false };
+    let nr = RenameFlags {
+        noreplace: true,
+        exchange: false,
+    };
     expect_errno!(fs.rename(R, b"f", R, b"d", nr), libc::EEXIST);
     // Another name of the same inode exists too (Linux: EEXIST).
     fs.link(f, R, b"g").unwrap();
@@ -131,9 +173,18 @@ fn enotdir() {
     expect_errno!(fs.readdir(f, 0, &mut |_| true), libc::ENOTDIR);
     expect_errno!(fs.rmdir(R, b"f"), libc::ENOTDIR);
     expect_errno!(fs.link(f, f, b"x"), libc::ENOTDIR);
-    expect_errno!(fs.rename(R, b"d", R, b"f", RenameFlags::default()), libc::ENOTDIR);
-    expect_errno!(fs.rename(f, b"x", R, b"y", RenameFlags::default()), libc::ENOTDIR);
-    expect_errno!(fs.rename(R, b"f", f, b"y", RenameFlags::default()), libc::ENOTDIR);
+    expect_errno!(
+        fs.rename(R, b"d", R, b"f", RenameFlags::default()),
+        libc::ENOTDIR
+    );
+    expect_errno!(
+        fs.rename(f, b"x", R, b"y", RenameFlags::default()),
+        libc::ENOTDIR
+    );
+    expect_errno!(
+        fs.rename(R, b"f", f, b"y", RenameFlags::default()),
+        libc::ENOTDIR
+    );
 }
 
 #[test]
@@ -146,11 +197,26 @@ fn eisdir() {
     expect_errno!(fs.write(&fh, 0, b"x"), libc::EISDIR);
     expect_errno!(fs.read(&fh, 0, &mut [0u8; 4]), libc::EISDIR);
     expect_errno!(fs.append(&fh, b"x"), libc::EISDIR);
-    expect_errno!(fs.fallocate(&fh, 0, 10, FallocFlags::default()), libc::EISDIR);
+    expect_errno!(
+        fs.fallocate(&fh, 0, 10, FallocFlags::default()),
+        libc::EISDIR
+    );
     expect_errno!(fs.seek(&fh, 0, Whence::Data), libc::EISDIR);
     fs.release(fh);
-    expect_errno!(fs.setattr(d, &SetAttr { size: Some(0), ..Default::default() }), libc::EISDIR);
-    expect_errno!(fs.rename(R, b"f", R, b"d", RenameFlags::default()), libc::EISDIR);
+    expect_errno!(
+        fs.setattr(
+            d,
+            &SetAttr {
+                size: Some(0),
+                ..Default::default()
+            }
+        ),
+        libc::EISDIR
+    );
+    expect_errno!(
+        fs.rename(R, b"f", R, b"d", RenameFlags::default()),
+        libc::EISDIR
+    );
     // The directory is untouched.
     assert_eq!(fs.getattr(d).unwrap().nlink, 2);
 }
@@ -164,9 +230,15 @@ fn enotempty() {
     file(&fs, e, b"y");
     expect_errno!(fs.rmdir(R, b"d"), libc::ENOTEMPTY);
     expect_errno!(fs.rmdir(d, b".."), libc::ENOTEMPTY);
-    expect_errno!(fs.rename(R, b"e", R, b"d", RenameFlags::default()), libc::ENOTEMPTY);
+    expect_errno!(
+        fs.rename(R, b"e", R, b"d", RenameFlags::default()),
+        libc::ENOTEMPTY
+    );
     // A file of d onto d itself (its own parent): Linux says ENOTEMPTY.
-    expect_errno!(fs.rename(d, b"x", R, b"d", RenameFlags::default()), libc::ENOTEMPTY);
+    expect_errno!(
+        fs.rename(d, b"x", R, b"d", RenameFlags::default()),
+        libc::ENOTEMPTY
+    );
     fs.unlink(d, b"x").unwrap();
     fs.rmdir(R, b"d").unwrap();
 }
@@ -179,28 +251,58 @@ fn einval() {
     let c = fs.mkdir(b, b"c", 0o755, 0, 0).unwrap().ino;
     let f = file(&fs, R, b"f");
     // A directory into its own descendant, at any depth.
-    expect_errno!(fs.rename(R, b"a", a, b"x", RenameFlags::default()), libc::EINVAL);
-    expect_errno!(fs.rename(R, b"a", c, b"x", RenameFlags::default()), libc::EINVAL);
-    expect_errno!(fs.rename(a, b"b", c, b"x", RenameFlags::default()), libc::EINVAL);
+    expect_errno!(
+        fs.rename(R, b"a", a, b"x", RenameFlags::default()),
+        libc::EINVAL
+    );
+    expect_errno!(
+        fs.rename(R, b"a", c, b"x", RenameFlags::default()),
+        libc::EINVAL
+    );
+    expect_errno!(
+        fs.rename(a, b"b", c, b"x", RenameFlags::default()),
+        libc::EINVAL
+    );
     // Exchange with an ancestor.
-    let ex = RenameFlags { exchange: true, noreplace: false };
+    let ex = RenameFlags {
+        exchange: true,
+        noreplace: false,
+    };
     expect_errno!(fs.rename(b, b"c", R, b"a", ex), libc::EINVAL);
     // "." and ".." (the VFS answers EBUSY for rename(2); the engine EINVAL).
-    expect_errno!(fs.rename(a, b".", R, b"z", RenameFlags::default()), libc::EINVAL);
-    expect_errno!(fs.rename(a, b"..", R, b"z", RenameFlags::default()), libc::EINVAL);
-    expect_errno!(fs.rename(R, b"f", a, b".", RenameFlags::default()), libc::EINVAL);
+    expect_errno!(
+        fs.rename(a, b".", R, b"z", RenameFlags::default()),
+        libc::EINVAL
+    );
+    expect_errno!(
+        fs.rename(a, b"..", R, b"z", RenameFlags::default()),
+        libc::EINVAL
+    );
+    expect_errno!(
+        fs.rename(R, b"f", a, b".", RenameFlags::default()),
+        libc::EINVAL
+    );
     expect_errno!(fs.rmdir(a, b"."), libc::EINVAL);
     expect_errno!(fs.create(R, b"", 0o644, 0, 0), libc::EINVAL);
     expect_errno!(fs.create(R, b"a/b", 0o644, 0, 0), libc::EINVAL);
     expect_errno!(fs.readlink(f), libc::EINVAL);
-    expect_errno!(fs.mknod(R, b"l", libc::S_IFLNK | 0o777, 0, 0, 0), libc::EINVAL);
+    expect_errno!(
+        fs.mknod(R, b"l", libc::S_IFLNK | 0o777, 0, 0, 0),
+        libc::EINVAL
+    );
     expect_errno!(RenameFlags::from_bits(3), libc::EINVAL);
     expect_errno!(RenameFlags::from_bits(4), libc::EINVAL);
     expect_errno!(XattrFlags::from_bits(3), libc::EINVAL);
-    expect_errno!(FallocFlags::from_bits(libc::FALLOC_FL_PUNCH_HOLE), libc::EINVAL);
+    expect_errno!(
+        FallocFlags::from_bits(libc::FALLOC_FL_PUNCH_HOLE),
+        libc::EINVAL
+    );
     expect_errno!(FallocFlags::from_bits(0x40), libc::EOPNOTSUPP);
     let fh = fs.open(f).unwrap();
-    expect_errno!(fs.fallocate(&fh, 0, 0, FallocFlags::default()), libc::EINVAL);
+    expect_errno!(
+        fs.fallocate(&fh, 0, 0, FallocFlags::default()),
+        libc::EINVAL
+    );
     fs.release(fh);
     // The tree is unchanged.
     assert_eq!(fs.lookup_ino(c, b"..").unwrap(), b);
@@ -215,9 +317,24 @@ fn efbig() {
         expect_errno!(fs.write(&fh, MAX_FILE_BYTES - 1, b"xy"), libc::EFBIG);
         expect_errno!(fs.write(&fh, MAX_FILE_BYTES, b"x"), libc::EFBIG);
         expect_errno!(fs.write(&fh, u64::MAX - 1, b"xyz"), libc::EFBIG);
-        expect_errno!(fs.setattr(fh.ino(), &SetAttr { size: Some(MAX_FILE_BYTES + 1), ..Default::default() }), libc::EFBIG);
-        expect_errno!(fs.fallocate(&fh, MAX_FILE_BYTES - 10, 20, FallocFlags::default()), libc::EFBIG);
-        expect_errno!(fs.fallocate(&fh, u64::MAX - 5, 20, FallocFlags::default()), libc::EFBIG);
+        expect_errno!(
+            fs.setattr(
+                fh.ino(),
+                &SetAttr {
+                    size: Some(MAX_FILE_BYTES + 1),
+                    ..Default::default()
+                }
+            ),
+            libc::EFBIG
+        );
+        expect_errno!(
+            fs.fallocate(&fh, MAX_FILE_BYTES - 10, 20, FallocFlags::default()),
+            libc::EFBIG
+        );
+        expect_errno!(
+            fs.fallocate(&fh, u64::MAX - 5, 20, FallocFlags::default()),
+            libc::EFBIG
+        );
         assert_eq!(fs.fgetattr(&fh).unwrap().size, 0);
         // The last byte is writable; then appends fail.
         fs.write(&fh, MAX_FILE_BYTES - 1, b"z").unwrap();
@@ -226,7 +343,10 @@ fn efbig() {
         let mut b = [0u8; 4];
         assert_eq!(fs.read(&fh, MAX_FILE_BYTES - 1, &mut b).unwrap(), 1);
         assert_eq!(b[0], b'z');
-        assert_eq!(fs.seek(&fh, 0, Whence::Data).unwrap(), (MAX_FILE_BYTES - 1) / BLOCK_SIZE * BLOCK_SIZE);
+        assert_eq!(
+            fs.seek(&fh, 0, Whence::Data).unwrap(),
+            (MAX_FILE_BYTES - 1) / BLOCK_SIZE * BLOCK_SIZE
+        );
         fs.release(fh);
         let fs = remount(fs, mode);
         assert_eq!(fs.lookup(R, b"f").unwrap().size, MAX_FILE_BYTES);
@@ -241,8 +361,23 @@ fn enoent() {
     expect_errno!(fs.lookup(R, b"nope"), libc::ENOENT);
     expect_errno!(fs.unlink(R, b"nope"), libc::ENOENT);
     expect_errno!(fs.rmdir(R, b"nope"), libc::ENOENT);
-    expect_errno!(fs.rename(R, b"nope", R, b"x", RenameFlags::default()), libc::ENOENT);
-    expect_errno!(fs.rename(R, b"f", R, b"x", RenameFlags { exchange: true, noreplace: false }), libc::ENOENT);
+    expect_errno!(
+        fs.rename(R, b"nope", R, b"x", RenameFlags::default()),
+        libc::ENOENT
+    );
+    expect_errno!(
+        fs.rename(
+            R,
+            b"f",
+            R,
+            b"x",
+            RenameFlags {
+                exchange: true,
+                noreplace: false
+            }
+        ),
+        libc::ENOENT
+    );
     expect_errno!(fs.symlink(R, b"s", b"", 0, 0), libc::ENOENT);
     expect_errno!(fs.getattr(999_999), libc::ENOENT);
     expect_errno!(fs.open(999_999), libc::ENOENT);
@@ -251,7 +386,10 @@ fn enoent() {
     expect_errno!(fs.getattr(f), libc::ENOENT);
     expect_errno!(fs.open(f), libc::ENOENT);
     expect_errno!(fs.link(f, R, b"again"), libc::ENOENT);
-    expect_errno!(fs.setxattr(f, b"user.a", b"v", XattrFlags::Any), libc::ENOENT);
+    expect_errno!(
+        fs.setxattr(f, b"user.a", b"v", XattrFlags::Any),
+        libc::ENOENT
+    );
     fs.rmdir(R, b"d").unwrap();
     expect_errno!(fs.create(d, b"x", 0o644, 0, 0), libc::ENOENT);
     expect_errno!(fs.mkdir(d, b"x", 0o755, 0, 0), libc::ENOENT);
@@ -276,8 +414,14 @@ fn xattr_errors() {
     let f = file(&fs, R, b"f");
     let s = fs.symlink(R, b"s", b"t", 0, 0).unwrap().ino;
     fs.setxattr(f, b"user.a", b"1", XattrFlags::Create).unwrap();
-    expect_errno!(fs.setxattr(f, b"user.a", b"2", XattrFlags::Create), libc::EEXIST);
-    expect_errno!(fs.setxattr(f, b"user.b", b"2", XattrFlags::Replace), libc::ENODATA);
+    expect_errno!(
+        fs.setxattr(f, b"user.a", b"2", XattrFlags::Create),
+        libc::EEXIST
+    );
+    expect_errno!(
+        fs.setxattr(f, b"user.b", b"2", XattrFlags::Replace),
+        libc::ENODATA
+    );
     expect_errno!(fs.getxattr(f, b"user.b"), libc::ENODATA);
     expect_errno!(fs.removexattr(f, b"user.b"), libc::ENODATA);
     let mut long = b"user.".to_vec();
@@ -286,13 +430,34 @@ fn xattr_errors() {
     expect_errno!(fs.getxattr(f, &long), libc::ERANGE);
     expect_errno!(fs.removexattr(f, &long), libc::ERANGE);
     expect_errno!(fs.setxattr(f, b"", b"v", XattrFlags::Any), libc::ERANGE);
-    expect_errno!(fs.setxattr(f, b"user.", b"v", XattrFlags::Any), libc::EINVAL);
-    expect_errno!(fs.setxattr(f, b"bogus.a", b"v", XattrFlags::Any), libc::EOPNOTSUPP);
-    expect_errno!(fs.setxattr(f, b"user.big", &vec![0u8; 65537], XattrFlags::Any), libc::E2BIG);
-    expect_errno!(fs.setxattr(f, b"user.big", &vec![0u8; XATTR_VALUE_MAX + 1], XattrFlags::Any), libc::ENOSPC);
-    fs.setxattr(f, b"user.big", &vec![7u8; XATTR_VALUE_MAX], XattrFlags::Any).unwrap();
+    expect_errno!(
+        fs.setxattr(f, b"user.", b"v", XattrFlags::Any),
+        libc::EINVAL
+    );
+    expect_errno!(
+        fs.setxattr(f, b"bogus.a", b"v", XattrFlags::Any),
+        libc::EOPNOTSUPP
+    );
+    expect_errno!(
+        fs.setxattr(f, b"user.big", &vec![0u8; 65537], XattrFlags::Any),
+        libc::E2BIG
+    );
+    expect_errno!(
+        fs.setxattr(
+            f,
+            b"user.big",
+            &vec![0u8; XATTR_VALUE_MAX + 1],
+            XattrFlags::Any
+        ),
+        libc::ENOSPC
+    );
+    fs.setxattr(f, b"user.big", &vec![7u8; XATTR_VALUE_MAX], XattrFlags::Any)
+        .unwrap();
     // user.* only on files and directories (Linux: EPERM).
-    expect_errno!(fs.setxattr(s, b"user.a", b"v", XattrFlags::Any), libc::EPERM);
+    expect_errno!(
+        fs.setxattr(s, b"user.a", b"v", XattrFlags::Any),
+        libc::EPERM
+    );
     expect_errno!(fs.removexattr(s, b"user.a"), libc::EPERM);
     expect_errno!(fs.getxattr(s, b"user.a"), libc::ENODATA);
     fs.setxattr(s, b"trusted.a", b"v", XattrFlags::Any).unwrap();
@@ -303,7 +468,10 @@ fn xattr_errors() {
     let fs = remount(fs, Mode::Strict);
     assert_eq!(fs.getxattr(f, &ok).unwrap(), b"long");
     assert_eq!(fs.getxattr(f, b"user.a").unwrap(), b"1");
-    assert_eq!(fs.getxattr(f, b"user.big").unwrap(), vec![7u8; XATTR_VALUE_MAX]);
+    assert_eq!(
+        fs.getxattr(f, b"user.big").unwrap(),
+        vec![7u8; XATTR_VALUE_MAX]
+    );
     assert_eq!(fs.getxattr(s, b"trusted.a").unwrap(), b"v");
 }
 
@@ -318,7 +486,14 @@ fn erofs() {
     fs.setxattr(f, b"user.a", b"1", XattrFlags::Any).unwrap();
     let pm = fs.unmount().unwrap();
     let before = pm.current_image();
-    let fs = Fs::mount(pm, MountOptions { mode: Mode::Strict, read_only: true }).unwrap();
+    let fs = Fs::mount(
+        pm,
+        MountOptions {
+            mode: Mode::Strict,
+            read_only: true,
+        },
+    )
+    .unwrap();
     let e = libc::EROFS;
     expect_errno!(fs.create(R, b"x", 0o644, 0, 0), e);
     expect_errno!(fs.mkdir(R, b"x", 0o755, 0, 0), e);
@@ -328,8 +503,26 @@ fn erofs() {
     expect_errno!(fs.unlink(R, b"f"), e);
     expect_errno!(fs.rmdir(R, b"d"), e);
     expect_errno!(fs.rename(R, b"f", R, b"g", RenameFlags::default()), e);
-    expect_errno!(fs.setattr(f, &SetAttr { mode: Some(0o600), ..Default::default() }), e);
-    expect_errno!(fs.setattr(f, &SetAttr { size: Some(0), ..Default::default() }), e);
+    expect_errno!(
+        fs.setattr(
+            f,
+            &SetAttr {
+                mode: Some(0o600),
+                ..Default::default()
+            }
+        ),
+        e
+    );
+    expect_errno!(
+        fs.setattr(
+            f,
+            &SetAttr {
+                size: Some(0),
+                ..Default::default()
+            }
+        ),
+        e
+    );
     expect_errno!(fs.setxattr(f, b"user.b", b"2", XattrFlags::Any), e);
     expect_errno!(fs.removexattr(f, b"user.a"), e);
     let fh = fs.open(f).unwrap();
@@ -345,7 +538,10 @@ fn erofs() {
     assert_eq!(fs.getxattr(f, b"user.a").unwrap(), b"1");
     assert_eq!(fs.lookup_ino(R, b"d").unwrap(), d);
     let pm = fs.unmount().unwrap();
-    assert!(pm.current_image() == before, "a read-only mount changed the pool");
+    assert!(
+        pm.current_image() == before,
+        "a read-only mount changed the pool"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -384,11 +580,21 @@ fn enospc(mode: Mode) {
     }
     let (what, errno) = hit.expect("the pool never filled");
     assert_eq!(errno, libc::ENOSPC, "{what} failed with {errno}");
-    assert!(fs.statfs().blocks_free < 4, "full pool still shows free blocks");
+    assert!(
+        fs.statfs().blocks_free < 4,
+        "full pool still shows free blocks"
+    );
     // Everything else keeps failing cleanly, nothing panics.
-    expect_errno!(fs.mkdir(R, b"more-dirs-until-full", 0o755, 0, 0).and_then(|_| {
-        (0..100).try_for_each(|i| fs.mkdir(R, format!("d{i}").as_bytes(), 0o755, 0, 0).map(|_| ()))
-    }), libc::ENOSPC);
+    expect_errno!(
+        fs.mkdir(R, b"more-dirs-until-full", 0o755, 0, 0)
+            .and_then(|_| {
+                (0..100).try_for_each(|i| {
+                    fs.mkdir(R, format!("d{i}").as_bytes(), 0o755, 0, 0)
+                        .map(|_| ())
+                })
+            }),
+        libc::ENOSPC
+    );
     let f0 = fs.lookup_ino(R, files[0].as_bytes()).unwrap();
     let fh = fs.open(f0).unwrap();
     expect_errno!(fs.write(&fh, 1 << 30, &data), libc::ENOSPC);
@@ -413,7 +619,10 @@ fn enospc(mode: Mode) {
     let _ = fs.rmdir(R, b"more-dirs-until-full");
     let free1 = fs.statfs().blocks_free;
     // The root directory's log may keep a few pages.
-    assert!(free1 + 8 >= free0, "free blocks {free1} after deleting all, {free0} at start");
+    assert!(
+        free1 + 8 >= free0,
+        "free blocks {free1} after deleting all, {free0} at start"
+    );
     // Usable again.
     let (_, fh) = fs.create(R, b"again", 0o644, 0, 0).unwrap();
     fs.write(&fh, 0, &data).unwrap();
@@ -425,7 +634,14 @@ fn enospc(mode: Mode) {
     let free2 = fs.statfs().blocks_free;
     let img = fs.pmem().persisted_image();
     drop(fs);
-    let fs = Fs::mount(SimPool::from_image(img), MountOptions { mode, read_only: false }).unwrap();
+    let fs = Fs::mount(
+        SimPool::from_image(img),
+        MountOptions {
+            mode,
+            read_only: false,
+        },
+    )
+    .unwrap();
     assert_eq!(fs.statfs().blocks_free, free2);
 }
 
@@ -458,13 +674,19 @@ fn namespace_churn_does_not_fill_the_pool() {
             .unwrap_or_else(|e| panic!("rename {i}: {e}"));
     }
     for i in 0..20_000u64 {
-        fs.link(f, b, b"g").unwrap_or_else(|e| panic!("link {i}: {e}"));
-        fs.unlink(b, b"g").unwrap_or_else(|e| panic!("unlink {i}: {e}"));
+        fs.link(f, b, b"g")
+            .unwrap_or_else(|e| panic!("link {i}: {e}"));
+        fs.unlink(b, b"g")
+            .unwrap_or_else(|e| panic!("unlink {i}: {e}"));
     }
-    let ex = RenameFlags { exchange: true, noreplace: false };
+    let ex = RenameFlags {
+        exchange: true,
+        noreplace: false,
+    };
     file(&fs, b, b"h");
     for i in 0..20_000u64 {
-        fs.rename(a, b"f", b, b"h", ex).unwrap_or_else(|e| panic!("exchange {i}: {e}"));
+        fs.rename(a, b"f", b, b"h", ex)
+            .unwrap_or_else(|e| panic!("exchange {i}: {e}"));
     }
     assert!(fs.statfs().blocks_free + 8 >= free0);
     remount(fs, Mode::Strict);
@@ -527,7 +749,8 @@ fn victim_pool() -> (Vec<u8>, u64) {
     fs.write(&fh, 0, &vec![1u8; 10_000]).unwrap();
     fs.write(&fh, 1 << 20, b"far").unwrap();
     fs.release(fh);
-    fs.setxattr(a.ino, b"user.k", b"v", XattrFlags::Any).unwrap();
+    fs.setxattr(a.ino, b"user.k", b"v", XattrFlags::Any)
+        .unwrap();
     let (_, fh) = fs.create(R, b"bystander", 0o644, 0, 0).unwrap();
     fs.write(&fh, 0, b"fine").unwrap();
     fs.release(fh);
@@ -557,13 +780,18 @@ fn check_lazy_detection(img: Vec<u8>, victim: u64, what: &str) {
             .expect("a clean mount does not read every log");
         let r = fs.getattr(victim);
         match &r {
-            Err(Error::Corrupt(m)) => assert!(m.contains(&victim.to_string()), "{what}: message {m}"),
+            Err(Error::Corrupt(m)) => {
+                assert!(m.contains(&victim.to_string()), "{what}: message {m}")
+            }
             other => panic!("{what}: getattr of the damaged inode gave {other:?}"),
         }
         assert_eq!(r.unwrap_err().errno(), libc::EIO);
         assert_eq!(en(fs.lookup(R, b"victim")), libc::EIO);
         assert_eq!(en(fs.open(victim)), libc::EIO);
-        assert_eq!(en(fs.setxattr(victim, b"user.x", b"1", XattrFlags::Any)), libc::EIO);
+        assert_eq!(
+            en(fs.setxattr(victim, b"user.x", b"1", XattrFlags::Any)),
+            libc::EIO
+        );
         assert_eq!(en(fs.unlink(R, b"victim")), libc::EIO);
         // Asking again does not panic either (the failure is not cached as a
         // half-loaded inode).
@@ -586,7 +814,11 @@ fn check_lazy_detection(img: Vec<u8>, victim: u64, what: &str) {
         // A crash-mode mount (state MOUNTED: drop without unmount above)
         // scans every log and must refuse with Corrupt.
         let mut sb_img = img.clone();
-        let fs = Fs::mount(SimPool::from_image(std::mem::take(&mut sb_img)), MountOptions::default()).unwrap();
+        let fs = Fs::mount(
+            SimPool::from_image(std::mem::take(&mut sb_img)),
+            MountOptions::default(),
+        )
+        .unwrap();
         let crashed = fs.pmem().current_image();
         drop(fs);
         match Fs::mount(SimPool::from_image(crashed), MountOptions::default()) {
@@ -672,10 +904,12 @@ fn corrupt_root_log() {
     let pages = log_pages_of(&img, ROOT_INO);
     let at = pages[0] * BLOCK_SIZE as usize + 64 + 12;
     img[at] ^= 0xa5;
-    no_panic("root log", || match Fs::mount(SimPool::from_image(img), MountOptions::default()) {
-        Err(Error::Corrupt(_)) => {}
-        Err(e) => panic!("expected Corrupt, got {e:?}"),
-        Ok(_) => panic!("mounted with a damaged root log"),
+    no_panic("root log", || {
+        match Fs::mount(SimPool::from_image(img), MountOptions::default()) {
+            Err(Error::Corrupt(_)) => {}
+            Err(e) => panic!("expected Corrupt, got {e:?}"),
+            Ok(_) => panic!("mounted with a damaged root log"),
+        }
     });
 }
 
@@ -713,10 +947,12 @@ fn corrupt_log_chain_cycle() {
 // ---------------------------------------------------------------------------
 
 fn expect_bad_pool(img: Vec<u8>, what: &str) {
-    no_panic(what, || match Fs::mount(SimPool::from_image(img), MountOptions::default()) {
-        Err(Error::BadPool(m)) => assert!(!m.is_empty()),
-        Err(e) => panic!("{what}: expected BadPool, got {e:?}"),
-        Ok(_) => panic!("{what}: mounted"),
+    no_panic(what, || {
+        match Fs::mount(SimPool::from_image(img), MountOptions::default()) {
+            Err(Error::BadPool(m)) => assert!(!m.is_empty()),
+            Err(e) => panic!("{what}: expected BadPool, got {e:?}"),
+            Ok(_) => panic!("{what}: mounted"),
+        }
     });
 }
 
@@ -738,7 +974,10 @@ fn garbage_pools() {
     // matches).
     let (img, _) = victim_pool();
     expect_bad_pool(img[..img.len() / 2].to_vec(), "truncated pool");
-    expect_bad_pool(img[..BLOCK_SIZE as usize * 2].to_vec(), "only the superblocks");
+    expect_bad_pool(
+        img[..BLOCK_SIZE as usize * 2].to_vec(),
+        "only the superblocks",
+    );
     let mut grown = img.clone();
     grown.resize(img.len() * 2, 0);
     expect_bad_pool(grown, "grown pool");
@@ -755,8 +994,10 @@ fn garbage_pools() {
     // One damaged superblock: the backup is used.
     let mut primary = img.clone();
     primary[40] ^= 0x80;
-    let fs = no_panic("primary damaged", || Fs::mount(SimPool::from_image(primary), MountOptions::default()))
-        .expect("the backup superblock rescues the mount");
+    let fs = no_panic("primary damaged", || {
+        Fs::mount(SimPool::from_image(primary), MountOptions::default())
+    })
+    .expect("the backup superblock rescues the mount");
     assert!(fs.mount_report().used_backup_superblock);
     assert!(fs.lookup(R, b"bystander").is_ok());
 }
@@ -766,12 +1007,24 @@ fn garbage_pools() {
 fn format_too_small() {
     let pm = SimPool::new(64 * 1024);
     assert!(matches!(
-        Fs::<SimPool>::format(&pm, &FormatOptions { lanes: 2, ..Default::default() }),
+        Fs::<SimPool>::format(
+            &pm,
+            &FormatOptions {
+                lanes: 2,
+                ..Default::default()
+            }
+        ),
         Err(Error::BadPool(_))
     ));
     let pm = SimPool::new(8 << 20);
     assert!(matches!(
-        Fs::<SimPool>::format(&pm, &FormatOptions { lanes: LANES_MAX + 1, ..Default::default() }),
+        Fs::<SimPool>::format(
+            &pm,
+            &FormatOptions {
+                lanes: LANES_MAX + 1,
+                ..Default::default()
+            }
+        ),
         Err(Error::BadPool(_))
     ));
 }

@@ -187,7 +187,14 @@ fn size_s() -> impl Strategy<Value = u64> {
 }
 
 fn perm_s() -> impl Strategy<Value = u32> {
-    prop_oneof![Just(0o644u32), Just(0o600), Just(0o755), Just(0o000), Just(0o777), 0u32..0o1000]
+    prop_oneof![
+        Just(0o644u32),
+        Just(0o600),
+        Just(0o755),
+        Just(0o000),
+        Just(0o777),
+        0u32..0o1000
+    ]
 }
 
 fn op_s() -> impl Strategy<Value = Op> {
@@ -298,7 +305,11 @@ fn st_of_attr(a: &Attr) -> St {
         nlink: a.nlink as u64,
         uid: a.uid,
         gid: a.gid,
-        size: if a.kind == FileKind::Dir { None } else { Some(a.size) },
+        size: if a.kind == FileKind::Dir {
+            None
+        } else {
+            Some(a.size)
+        },
         rdev: a.rdev,
     }
 }
@@ -311,7 +322,11 @@ fn st_of_stat(s: &libc::stat) -> St {
         nlink: s.st_nlink,
         uid: s.st_uid,
         gid: s.st_gid,
-        size: if fmt == libc::S_IFDIR { None } else { Some(s.st_size as u64) },
+        size: if fmt == libc::S_IFDIR {
+            None
+        } else {
+            Some(s.st_size as u64)
+        },
         rdev: s.st_rdev,
     }
 }
@@ -367,7 +382,12 @@ impl Harness {
         std::fs::set_permissions(&base, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
         let c = cstr(base.as_os_str().as_bytes());
-        let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
         assert!(fd >= 0);
         let pm = SimPool::new(POOL_BYTES);
         Fs::format(
@@ -379,7 +399,14 @@ impl Harness {
             },
         )
         .unwrap();
-        let fs = Fs::mount(pm, MountOptions { mode, read_only: false }).unwrap();
+        let fs = Fs::mount(
+            pm,
+            MountOptions {
+                mode,
+                read_only: false,
+            },
+        )
+        .unwrap();
         Harness {
             mode,
             fs: Some(fs),
@@ -464,7 +491,9 @@ impl Harness {
                 .collect();
             names.sort();
             for n in names {
-                let Some(idx) = (0..6u8).find(|&i| name_bytes(i) == n) else { continue };
+                let Some(idx) = (0..6u8).find(|&i| name_bytes(i) == n) else {
+                    continue;
+                };
                 let p = dir.join(std::ffi::OsStr::from_bytes(&n));
                 let is_dir = std::fs::symlink_metadata(&p).unwrap().is_dir();
                 out.push((path.clone(), idx, is_dir));
@@ -484,11 +513,15 @@ impl Harness {
     fn concretize(&self, op: &Op) -> Op {
         let ex = self.existing();
         let dirs: Vec<DirPath> = std::iter::once(vec![])
-            .chain(ex.iter().filter(|(p, _, d)| *d && p.len() < 2).map(|(p, n, _)| {
-                let mut v = p.clone();
-                v.push(*n);
-                v
-            }))
+            .chain(
+                ex.iter()
+                    .filter(|(p, _, d)| *d && p.len() < 2)
+                    .map(|(p, n, _)| {
+                        let mut v = p.clone();
+                        v.push(*n);
+                        v
+                    }),
+            )
             .collect();
         let dir = |d: &DirPath| -> DirPath {
             match d.as_slice() {
@@ -509,7 +542,9 @@ impl Harness {
         };
         let mut op = op.clone();
         match &mut op {
-            Op::Create(d, ..) | Op::Mkdir(d, ..) | Op::Mknod(d, ..) | Op::Symlink(d, ..) => *d = dir(d),
+            Op::Create(d, ..) | Op::Mkdir(d, ..) | Op::Mknod(d, ..) | Op::Symlink(d, ..) => {
+                *d = dir(d)
+            }
             Op::Link(d1, n1, d2, _) => {
                 (*d1, *n1) = node(d1, *n1);
                 *d2 = dir(d2);
@@ -592,7 +627,9 @@ impl Harness {
         };
         if let (Ok(Out::Num(fd)), Ok(Out::Num(ino))) = (real, engine) {
             let fd = unsafe { OwnedFd::from_raw_fd(*fd as i32) };
-            let fh = PENDING_FH.with(|p| p.borrow_mut().take()).expect("engine handle");
+            let fh = PENDING_FH
+                .with(|p| p.borrow_mut().take())
+                .expect("engine handle");
             assert_eq!(fh.ino(), *ino);
             if self.handles.len() >= MAX_HANDLES {
                 self.fs().release(fh);
@@ -663,7 +700,11 @@ impl Harness {
             Op::Unlink(d, n) | Op::Rmdir(d, n) => {
                 let dfd = self.real_dir(d)?;
                 let c = cstr(&name_bytes(*n));
-                let flags = if matches!(op, Op::Rmdir(..)) { libc::AT_REMOVEDIR } else { 0 };
+                let flags = if matches!(op, Op::Rmdir(..)) {
+                    libc::AT_REMOVEDIR
+                } else {
+                    0
+                };
                 cvt(unsafe { libc::unlinkat(dfd.as_raw_fd(), c.as_ptr(), flags) })?;
                 Ok(Out::Unit)
             }
@@ -697,21 +738,31 @@ impl Harness {
             }
             Op::Stat(d, n) => {
                 let dfd = self.real_dir(d)?;
-                Ok(Out::Stat(st_of_stat(&fstatat(dfd.as_raw_fd(), &name_bytes(*n))?)))
+                Ok(Out::Stat(st_of_stat(&fstatat(
+                    dfd.as_raw_fd(),
+                    &name_bytes(*n),
+                )?)))
             }
             Op::Readlink(d, n) => {
                 let dfd = self.real_dir(d)?;
                 let c = cstr(&name_bytes(*n));
                 let mut buf = vec![0u8; 8192];
                 let r = cvt_isize(unsafe {
-                    libc::readlinkat(dfd.as_raw_fd(), c.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+                    libc::readlinkat(
+                        dfd.as_raw_fd(),
+                        c.as_ptr(),
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                    )
                 })?;
                 buf.truncate(r as usize);
                 Ok(Out::Bytes(buf))
             }
             Op::Chmod(d, n, m) => {
                 let dfd = self.real_dir(d)?;
-                if fstatat(dfd.as_raw_fd(), &name_bytes(*n))?.st_mode & libc::S_IFMT == libc::S_IFLNK {
+                if fstatat(dfd.as_raw_fd(), &name_bytes(*n))?.st_mode & libc::S_IFMT
+                    == libc::S_IFLNK
+                {
                     return Ok(Out::Skip);
                 }
                 let c = cstr(&name_bytes(*n));
@@ -722,7 +773,13 @@ impl Harness {
                 let dfd = self.real_dir(d)?;
                 let c = cstr(&name_bytes(*n));
                 cvt(unsafe {
-                    libc::fchownat(dfd.as_raw_fd(), c.as_ptr(), *u, *g, libc::AT_SYMLINK_NOFOLLOW)
+                    libc::fchownat(
+                        dfd.as_raw_fd(),
+                        c.as_ptr(),
+                        *u,
+                        *g,
+                        libc::AT_SYMLINK_NOFOLLOW,
+                    )
                 })?;
                 Ok(Out::Unit)
             }
@@ -730,18 +787,33 @@ impl Harness {
                 let dfd = self.real_dir(d)?;
                 let c = cstr(&name_bytes(*n));
                 let ts = [
-                    libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
-                    libc::timespec { tv_sec: t / 1_000_000_000, tv_nsec: t % 1_000_000_000 },
+                    libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: libc::UTIME_OMIT,
+                    },
+                    libc::timespec {
+                        tv_sec: t / 1_000_000_000,
+                        tv_nsec: t % 1_000_000_000,
+                    },
                 ];
                 cvt(unsafe {
-                    libc::utimensat(dfd.as_raw_fd(), c.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW)
+                    libc::utimensat(
+                        dfd.as_raw_fd(),
+                        c.as_ptr(),
+                        ts.as_ptr(),
+                        libc::AT_SYMLINK_NOFOLLOW,
+                    )
                 })?;
                 let st = fstatat(dfd.as_raw_fd(), &name_bytes(*n))?;
-                Ok(Out::Num((st.st_mtime * 1_000_000_000 + st.st_mtime_nsec) as u64))
+                Ok(Out::Num(
+                    (st.st_mtime * 1_000_000_000 + st.st_mtime_nsec) as u64,
+                ))
             }
             Op::Truncate(d, n, size) => {
                 let dfd = self.real_dir(d)?;
-                if fstatat(dfd.as_raw_fd(), &name_bytes(*n))?.st_mode & libc::S_IFMT == libc::S_IFLNK {
+                if fstatat(dfd.as_raw_fd(), &name_bytes(*n))?.st_mode & libc::S_IFMT
+                    == libc::S_IFLNK
+                {
                     return Ok(Out::Skip);
                 }
                 let p = cstr(self.real_path(d, *n).as_os_str().as_bytes());
@@ -754,7 +826,9 @@ impl Harness {
                 let name = cstr(&xattr_name(*x));
                 let v = pattern(*seed, *len as usize);
                 let fl = [0, libc::XATTR_CREATE, libc::XATTR_REPLACE][*flags as usize];
-                cvt(unsafe { libc::lsetxattr(p.as_ptr(), name.as_ptr(), v.as_ptr().cast(), v.len(), fl) })?;
+                cvt(unsafe {
+                    libc::lsetxattr(p.as_ptr(), name.as_ptr(), v.as_ptr().cast(), v.len(), fl)
+                })?;
                 Ok(Out::Unit)
             }
             Op::GetXattr(d, n, x) => {
@@ -763,7 +837,12 @@ impl Harness {
                 let name = cstr(&xattr_name(*x));
                 let mut buf = vec![0u8; 70000];
                 let r = cvt_isize(unsafe {
-                    libc::lgetxattr(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+                    libc::lgetxattr(
+                        p.as_ptr(),
+                        name.as_ptr(),
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                    )
                 })?;
                 buf.truncate(r as usize);
                 Ok(Out::Bytes(buf))
@@ -853,20 +932,36 @@ impl Harness {
                 if eng(fs.getattr(ino))?.kind == FileKind::Symlink {
                     return Ok(Out::Skip);
                 }
-                let a = eng(fs.setattr(ino, &SetAttr { mode: Some(*m), ..Default::default() }))?;
+                let a = eng(fs.setattr(
+                    ino,
+                    &SetAttr {
+                        mode: Some(*m),
+                        ..Default::default()
+                    },
+                ))?;
                 assert_eq!(a.mode & 0o7777, *m);
                 Ok(Out::Unit)
             }
             Op::Chown(d, n, u, g) => {
                 let ino = self.eng_node(d, *n)?;
-                eng(fs.setattr(ino, &SetAttr { uid: Some(*u), gid: Some(*g), ..Default::default() }))?;
+                eng(fs.setattr(
+                    ino,
+                    &SetAttr {
+                        uid: Some(*u),
+                        gid: Some(*g),
+                        ..Default::default()
+                    },
+                ))?;
                 Ok(Out::Unit)
             }
             Op::Utimens(d, n, t) => {
                 let ino = self.eng_node(d, *n)?;
                 let a = eng(fs.setattr(
                     ino,
-                    &SetAttr { mtime: Some(TimeSet::At(*t)), ..Default::default() },
+                    &SetAttr {
+                        mtime: Some(TimeSet::At(*t)),
+                        ..Default::default()
+                    },
                 ))?;
                 let b = eng(fs.getattr(ino))?;
                 assert_eq!(a.mtime_ns, b.mtime_ns);
@@ -877,13 +972,20 @@ impl Harness {
                 if eng(fs.getattr(ino))?.kind == FileKind::Symlink {
                     return Ok(Out::Skip);
                 }
-                eng(fs.setattr(ino, &SetAttr { size: Some(*size), ..Default::default() }))?;
+                eng(fs.setattr(
+                    ino,
+                    &SetAttr {
+                        size: Some(*size),
+                        ..Default::default()
+                    },
+                ))?;
                 Ok(Out::Unit)
             }
             Op::SetXattr(d, n, x, len, seed, flags) => {
                 let ino = self.eng_node(d, *n)?;
                 let v = pattern(*seed, *len as usize);
-                let fl = [XattrFlags::Any, XattrFlags::Create, XattrFlags::Replace][*flags as usize];
+                let fl =
+                    [XattrFlags::Any, XattrFlags::Create, XattrFlags::Replace][*flags as usize];
                 eng(fs.setxattr(ino, &xattr_name(*x), &v, fl))?;
                 Ok(Out::Unit)
             }
@@ -940,7 +1042,10 @@ impl Harness {
             Op::Append(_, len, seed) => {
                 let data = pattern(*seed, *len);
                 let before = fstat(fd).st_size as u64;
-                let iov = libc::iovec { iov_base: data.as_ptr() as *mut _, iov_len: data.len() };
+                let iov = libc::iovec {
+                    iov_base: data.as_ptr() as *mut _,
+                    iov_len: data.len(),
+                };
                 let r = cvt_isize(unsafe { libc::pwritev2(fd, &iov, 1, -1, libc::RWF_APPEND) })
                     .map(|n| Out::Pair(before, n as u64));
                 let e = eng(fs.append(fh, &data)).map(|(o, n)| Out::Pair(o, n as u64));
@@ -948,11 +1053,12 @@ impl Harness {
             }
             Op::Read(_, off, len) => {
                 let mut a = vec![0u8; *len];
-                let r = cvt_isize(unsafe { libc::pread(fd, a.as_mut_ptr().cast(), *len, *off as i64) })
-                    .map(|n| {
-                        a.truncate(n as usize);
-                        Out::Bytes(a)
-                    });
+                let r =
+                    cvt_isize(unsafe { libc::pread(fd, a.as_mut_ptr().cast(), *len, *off as i64) })
+                        .map(|n| {
+                            a.truncate(n as usize);
+                            Out::Bytes(a)
+                        });
                 let mut b = vec![0u8; *len];
                 let e = eng(fs.read(fh, *off, &mut b)).map(|n| {
                     b.truncate(n);
@@ -962,8 +1068,14 @@ impl Harness {
             }
             Op::Ftruncate(_, size) => {
                 let r = cvt(unsafe { libc::ftruncate(fd, *size as i64) }).map(|_| Out::Unit);
-                let e = eng(fs.setattr(fh.ino(), &SetAttr { size: Some(*size), ..Default::default() }))
-                    .map(|_| Out::Unit);
+                let e = eng(fs.setattr(
+                    fh.ino(),
+                    &SetAttr {
+                        size: Some(*size),
+                        ..Default::default()
+                    },
+                ))
+                .map(|_| Out::Unit);
                 (r, e)
             }
             Op::Fallocate(_, m, off, len) => {
@@ -1006,9 +1118,17 @@ impl Harness {
                 (r, e)
             }
             Op::Seek(_, off, hole) => {
-                let w = if *hole { libc::SEEK_HOLE } else { libc::SEEK_DATA };
+                let w = if *hole {
+                    libc::SEEK_HOLE
+                } else {
+                    libc::SEEK_DATA
+                };
                 let r = unsafe { libc::lseek(fd, *off as i64, w) };
-                let r = if r < 0 { Err(errno_now()) } else { Ok(Out::Num(r as u64)) };
+                let r = if r < 0 {
+                    Err(errno_now())
+                } else {
+                    Ok(Out::Num(r as u64))
+                };
                 let e = eng(fs.seek(fh, *off, if *hole { Whence::Hole } else { Whence::Data }))
                     .map(Out::Num);
                 if self.inexact_seek.contains(&h.real_ino) {
@@ -1061,15 +1181,31 @@ impl Harness {
         self.release_all();
         let fs = self.fs.take().unwrap();
         let free_before = fs.statfs().blocks_free;
-        let pm = fs.unmount().map_err(|e| TestCaseError::fail(format!("unmount: {e}")))?;
+        let pm = fs
+            .unmount()
+            .map_err(|e| TestCaseError::fail(format!("unmount: {e}")))?;
         let report = inkfs::fsck::check(&pm, &inkfs::fsck::FsckOptions { repair: false })
             .map_err(|e| TestCaseError::fail(format!("fsck: {e}")))?;
-        prop_assert!(report.is_clean(), "fsck after unmount: {:#?}", report.problems);
-        let fs = Fs::mount(pm, MountOptions { mode: self.mode, read_only: false })
-            .map_err(|e| TestCaseError::fail(format!("clean remount: {e}")))?;
+        prop_assert!(
+            report.is_clean(),
+            "fsck after unmount: {:#?}",
+            report.problems
+        );
+        let fs = Fs::mount(
+            pm,
+            MountOptions {
+                mode: self.mode,
+                read_only: false,
+            },
+        )
+        .map_err(|e| TestCaseError::fail(format!("clean remount: {e}")))?;
         prop_assert!(fs.mount_report().was_clean);
         let free_after = fs.statfs().blocks_free;
-        prop_assert_eq!(free_before, free_after, "free blocks changed across a clean remount");
+        prop_assert_eq!(
+            free_before,
+            free_after,
+            "free blocks changed across a clean remount"
+        );
         self.fs = Some(fs);
         Ok(())
     }
@@ -1091,7 +1227,10 @@ impl Harness {
         drop(fs);
         let fs = Fs::mount(
             SimPool::from_image(image),
-            MountOptions { mode: self.mode, read_only: false },
+            MountOptions {
+                mode: self.mode,
+                read_only: false,
+            },
         )
         .map_err(|e| TestCaseError::fail(format!("crash remount: {e}")))?;
         prop_assert!(!fs.mount_report().was_clean);
@@ -1145,20 +1284,52 @@ impl Harness {
                 nlink: md.nlink(),
                 uid: md.uid(),
                 gid: md.gid(),
-                size: if fmt == libc::S_IFDIR { None } else { Some(md.size()) },
+                size: if fmt == libc::S_IFDIR {
+                    None
+                } else {
+                    Some(md.size())
+                },
                 rdev: md.rdev(),
             };
-            let target = (fmt == libc::S_IFLNK)
-                .then(|| std::fs::read_link(&p).unwrap().as_os_str().as_bytes().to_vec());
+            let target = (fmt == libc::S_IFLNK).then(|| {
+                std::fs::read_link(&p)
+                    .unwrap()
+                    .as_os_str()
+                    .as_bytes()
+                    .to_vec()
+            });
             let xattrs = real_xattrs(&p);
-            let data = if fmt == libc::S_IFREG { Some(real_runs(&p)) } else { None };
-            let children = if fmt == libc::S_IFDIR { Some(self.real_tree(&p, links)?) } else { None };
-            out.insert(name, Node { st, link, target, xattrs, data, children });
+            let data = if fmt == libc::S_IFREG {
+                Some(real_runs(&p))
+            } else {
+                None
+            };
+            let children = if fmt == libc::S_IFDIR {
+                Some(self.real_tree(&p, links)?)
+            } else {
+                None
+            };
+            out.insert(
+                name,
+                Node {
+                    st,
+                    link,
+                    target,
+                    xattrs,
+                    data,
+                    children,
+                },
+            );
         }
         Ok(out)
     }
 
-    fn eng_tree(&self, ino: u64, parent: u64, links: &mut Links) -> Result<BTreeMap<Vec<u8>, Node>, String> {
+    fn eng_tree(
+        &self,
+        ino: u64,
+        parent: u64,
+        links: &mut Links,
+    ) -> Result<BTreeMap<Vec<u8>, Node>, String> {
         let fs = self.fs();
         let mut ents = Vec::new();
         fs.readdir(ino, 0, &mut |e| {
@@ -1181,16 +1352,24 @@ impl Harness {
             })
             .unwrap();
             if next.as_deref() != Some(&w[1].name[..]) {
-                return Err(format!("readdir {ino}: cookie after {:?} resumes at {next:?}", w[0].name));
+                return Err(format!(
+                    "readdir {ino}: cookie after {:?} resumes at {next:?}",
+                    w[0].name
+                ));
             }
         }
         let mut ents: Vec<_> = ents.into_iter().skip(2).collect();
         ents.sort_by(|a, b| a.name.cmp(&b.name));
         let mut out = BTreeMap::new();
         for e in ents {
-            let a = fs.getattr(e.ino).map_err(|x| format!("getattr {}: {x}", e.ino))?;
+            let a = fs
+                .getattr(e.ino)
+                .map_err(|x| format!("getattr {}: {x}", e.ino))?;
             if a.kind != e.kind {
-                return Err(format!("readdir kind {:?} but inode kind {:?}", e.kind, a.kind));
+                return Err(format!(
+                    "readdir kind {:?} but inode kind {:?}",
+                    e.kind, a.kind
+                ));
             }
             if fs.lookup_ino(ino, &e.name).ok() != Some(e.ino) {
                 return Err(format!("lookup of {:?} disagrees with readdir", e.name));
@@ -1210,8 +1389,22 @@ impl Harness {
             } else {
                 None
             };
-            let children = if a.kind == FileKind::Dir { Some(self.eng_tree(e.ino, ino, links)?) } else { None };
-            out.insert(e.name, Node { st: st_of_attr(&a), link, target, xattrs, data, children });
+            let children = if a.kind == FileKind::Dir {
+                Some(self.eng_tree(e.ino, ino, links)?)
+            } else {
+                None
+            };
+            out.insert(
+                e.name,
+                Node {
+                    st: st_of_attr(&a),
+                    link,
+                    target,
+                    xattrs,
+                    data,
+                    children,
+                },
+            );
         }
         Ok(out)
     }
@@ -1314,7 +1507,10 @@ fn eng_runs(fs: &Fs<SimPool>, fh: &FileHandle, size: u64) -> Vec<(u64, Vec<u8>)>
             Err(e) => panic!("seek data: {e}"),
         };
         let h = fs.seek(fh, d, Whence::Hole).unwrap();
-        assert!(h > d && h <= size, "seek hole {h} after data {d}, size {size}");
+        assert!(
+            h > d && h <= size,
+            "seek hole {h} after data {d}, size {size}"
+        );
         let mut buf = vec![0u8; (h - d) as usize];
         assert!(buf.len() < 64 << 20, "data extent of {} bytes", buf.len());
         let n = fs.read(fh, d, &mut buf).unwrap();
@@ -1331,7 +1527,10 @@ fn real_xattrs(p: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
     let n = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     assert!(n >= 0);
     let mut out = BTreeMap::new();
-    for name in buf[..n as usize].split(|&b| b == 0).filter(|s| !s.is_empty()) {
+    for name in buf[..n as usize]
+        .split(|&b| b == 0)
+        .filter(|s| !s.is_empty())
+    {
         let nc = cstr(name);
         let mut v = vec![0u8; 70000];
         let m = unsafe { libc::lgetxattr(c.as_ptr(), nc.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
@@ -1356,7 +1555,9 @@ fn equivalent(op: &Op, real: &R, engine: &R) -> bool {
         (Op::Create(..) | Op::Open(..), Ok(Out::Num(_)), Ok(Out::Num(_))) => true,
         // renameat2 looks up the old name (ENOENT) before the length of
         // the new one matters; inkfs checks both names first.
-        (Op::Rename(_, _, _, n2, _), Err(libc::ENOENT), Err(libc::ENAMETOOLONG)) if *n2 == 6 => true,
+        (Op::Rename(_, _, _, n2, _), Err(libc::ENOENT), Err(libc::ENAMETOOLONG)) if *n2 == 6 => {
+            true
+        }
         // The VFS finds the parent is not a directory before the name is
         // checked; inkfs checks the name first.
         (_, Err(libc::ENOTDIR), Err(libc::ENAMETOOLONG)) => true,
