@@ -233,6 +233,10 @@ impl<E: Engine> Filesystem for InkFuse<E> {
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_MAX_PAGES,
             InitFlags::FUSE_CACHE_SYMLINKS,
+            // The server clears set-id bits itself (see `kill_suidgid`):
+            // without this the kernel asks for security.capability before
+            // every write, a second round trip per write(2).
+            InitFlags::FUSE_HANDLE_KILLPRIV_V2,
         ] {
             let _ = config.add_capabilities(cap);
         }
@@ -294,7 +298,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         reply: ReplyAttr,
     ) {
         let t = Instant::now();
-        let set = SetAttr {
+        let mut set = SetAttr {
             mode: mode.map(|m| m & 0o7777),
             uid,
             gid,
@@ -302,6 +306,18 @@ impl<E: Engine> Filesystem for InkFuse<E> {
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
         };
+        // With FUSE_HANDLE_KILLPRIV_V2 the kernel leaves clearing set-id bits
+        // to us: as Linux does, a chown of a non-directory clears them, and
+        // so does a truncate by an unprivileged caller.
+        if set.mode.is_none()
+            && (uid.is_some() || gid.is_some() || size.is_some() && _req.uid() != 0)
+        {
+            if let Ok(a) = self.fs.getattr(ino.0) {
+                if a.kind != FileKind::Dir {
+                    set.mode = killed_mode(a.mode);
+                }
+            }
+        }
         let r = self.rofs().and_then(|()| self.fs.setattr(ino.0, &set));
         match r {
             Ok(a) => {
@@ -526,6 +542,9 @@ impl<E: Engine> Filesystem for InkFuse<E> {
                 }
             })
         });
+        if r.is_ok() && write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            self.kill_suidgid(_ino.0);
+        }
         match r {
             Ok(n) => {
                 reply.written(n as u32);
@@ -919,5 +938,34 @@ impl<E: Engine> Filesystem for InkFuse<E> {
                 self.done(Op::lseek, t, false);
             }
         }
+    }
+}
+
+/// The mode after clearing set-user-ID, and set-group-ID when it means
+/// "set group on exec" (group-executable), or None if nothing changes.
+fn killed_mode(mode: u32) -> Option<u32> {
+    let mut kill = libc::S_ISUID;
+    if mode & libc::S_IXGRP != 0 {
+        kill |= libc::S_ISGID;
+    }
+    (mode & kill != 0).then_some(mode & 0o7777 & !kill)
+}
+
+impl<E: Engine> InkFuse<E> {
+    /// A write by an unprivileged process (the kernel says so with
+    /// FUSE_WRITE_KILL_SUIDGID) drops set-id bits and file capabilities.
+    fn kill_suidgid(&self, ino: u64) {
+        if let Ok(a) = self.fs.getattr(ino) {
+            if let Some(mode) = killed_mode(a.mode) {
+                let _ = self.fs.setattr(
+                    ino,
+                    &SetAttr {
+                        mode: Some(mode),
+                        ..Default::default()
+                    },
+                );
+            }
+        }
+        let _ = self.fs.removexattr(ino, b"security.capability");
     }
 }

@@ -601,6 +601,30 @@ fn permissions_as_nobody() {
         format!("chown 0 {}", p("tmp/mine2")),
         "give a file away (chown)",
     );
+    // A write by an unprivileged user drops set-user-ID (the server does it:
+    // FUSE_HANDLE_KILLPRIV_V2), as does a chown.
+    fs::write(m.p("tmp/suid"), b"#!/bin/sh\n").unwrap();
+    fs::set_permissions(m.p("tmp/suid"), fs::Permissions::from_mode(0o4777)).unwrap();
+    let out = as_nobody(&format!("echo x >> {}", p("tmp/suid")));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mode = fs::metadata(m.p("tmp/suid")).unwrap().permissions().mode();
+    assert_eq!(
+        mode & 0o7777,
+        0o777,
+        "set-user-ID kept after a write by nobody: {mode:o}"
+    );
+    fs::set_permissions(m.p("tmp/suid"), fs::Permissions::from_mode(0o4755)).unwrap();
+    std::os::unix::fs::chown(m.p("tmp/suid"), Some(1), None).unwrap();
+    let mode = fs::metadata(m.p("tmp/suid")).unwrap().permissions().mode();
+    assert_eq!(
+        mode & 0o7777,
+        0o755,
+        "set-user-ID kept after chown: {mode:o}"
+    );
     // the kernel's check for access(2) too
     let out = as_nobody(&format!("test -w {}", p("readonly")));
     assert!(!out.status.success(), "access(W_OK) granted to nobody");
@@ -614,9 +638,19 @@ fn kill9_keeps_fsynced_data() {
     let pid = m.pid;
     let pattern =
         |i: usize, len: usize| -> Vec<u8> { (0..len).map(|j| (i * 31 + j * 7) as u8).collect() };
-    // Kill the server while the writer is busy.
+    // Kill the server while the writer is busy: once it has fsynced a few
+    // dozen files (a fixed delay is too short on a loaded machine), a
+    // little later still, so the kill lands mid-write.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = done.clone();
     let killer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(700));
+        let t = Instant::now();
+        while seen.load(std::sync::atomic::Ordering::Relaxed) < 30
+            && t.elapsed() < Duration::from_secs(15)
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(50));
         // SAFETY: kill has no memory preconditions.
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     });
@@ -634,7 +668,10 @@ fn kill9_keeps_fsynced_data() {
             Ok(())
         })();
         match r {
-            Ok(()) => synced.push((i, len)),
+            Ok(()) => {
+                synced.push((i, len));
+                done.store(synced.len(), std::sync::atomic::Ordering::Relaxed);
+            }
             Err(_) => break,
         }
     }

@@ -87,8 +87,15 @@ impl FileMap {
     }
 
     fn unmap_range(&mut self, page: u64, end: u64, released: &mut impl FnMut(u64, u64)) {
+        let first = self.find(page);
+        if let Some(e) = first.filter(|e| end <= e.end()) {
+            // The range lies inside one extent (a page overwritten in the
+            // middle of a file): cut it out without scanning.
+            self.cut_inside(e, page, end, released);
+            return;
+        }
         let mut overlapping = Vec::new();
-        if let Some(e) = self.find(page) {
+        if let Some(e) = first {
             overlapping.push(e);
         }
         for (&p, &(b, n)) in self.map.range(page..end) {
@@ -112,6 +119,25 @@ impl FileMap {
             if cut_end < e.end() {
                 self.insert_raw(cut_end, e.block + (cut_end - e.page), e.end() - cut_end);
             }
+        }
+    }
+
+    /// Unmap `[page, end)`, which lies inside extent `e`: shorten `e` in
+    /// place to the part before, re-insert the part after.
+    fn cut_inside(&mut self, e: Extent, page: u64, end: u64, released: &mut impl FnMut(u64, u64)) {
+        debug_assert!(e.page <= page && end <= e.end() && page < end);
+        released(e.block + (page - e.page), end - page);
+        self.mapped_pages -= end - page;
+        if e.page < page {
+            if let Some(v) = self.map.get_mut(&e.page) {
+                v.1 = page - e.page;
+            }
+        } else {
+            self.map.remove(&e.page);
+        }
+        if end < e.end() {
+            self.map
+                .insert(end, (e.block + (end - e.page), e.end() - end));
         }
     }
 
@@ -184,6 +210,69 @@ mod tests {
         m.truncate(4, &mut |b, n| rel.push((b, n)));
         assert_eq!(collect(&m), vec![(0, 100, 3), (3, 500, 1)]);
         assert_eq!(rel, vec![(501, 1), (105, 5)]);
+    }
+
+    /// FileMap against a page-by-page model over random map/unmap/truncate.
+    #[test]
+    fn matches_a_page_model() {
+        use std::collections::BTreeMap;
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for _round in 0..50 {
+            let mut m = FileMap::default();
+            let mut model: BTreeMap<u64, u64> = BTreeMap::new();
+            let mut next_block = 1000;
+            for _ in 0..200 {
+                let page = rnd(64);
+                let pages = 1 + rnd(8);
+                let mut released = Vec::new();
+                match rnd(10) {
+                    0 => {
+                        m.truncate(page, &mut |b, n| released.push((b, n)));
+                        let gone: Vec<u64> = model.range(page..).map(|(&p, _)| p).collect();
+                        let mut want: Vec<u64> = gone.iter().map(|p| model[p]).collect();
+                        for p in gone {
+                            model.remove(&p);
+                        }
+                        let mut got: Vec<u64> =
+                            released.iter().flat_map(|&(b, n)| b..b + n).collect();
+                        got.sort();
+                        want.sort();
+                        assert_eq!(got, want);
+                    }
+                    1 | 2 => {
+                        m.map(page, pages, 0, &mut |b, n| released.push((b, n)));
+                        for p in page..page + pages {
+                            model.remove(&p);
+                        }
+                    }
+                    _ => {
+                        // Sometimes continue the previous block run (merges).
+                        let block = if rnd(2) == 0 {
+                            next_block
+                        } else {
+                            next_block + 100
+                        };
+                        m.map(page, pages, block, &mut |b, n| released.push((b, n)));
+                        for (i, p) in (page..page + pages).enumerate() {
+                            model.insert(p, block + i as u64);
+                        }
+                        next_block = block + pages;
+                    }
+                }
+                assert!(m.check());
+                assert_eq!(m.mapped_pages(), model.len() as u64);
+                for p in 0..80 {
+                    let got = m.find(p).map(|e| e.block + (p - e.page));
+                    assert_eq!(got, model.get(&p).copied(), "page {p}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -285,6 +285,15 @@ impl<P: Pmem> Fs<P> {
         Ok(self.attr_of(&inode, &st))
     }
 
+    /// Pages in inode `ino`'s log (read-only; for tests and tools that
+    /// watch log GC keep logs bounded).
+    pub fn log_pages(&self, ino: u64) -> Result<u64> {
+        let inode = self.iget(ino)?;
+        let st = read(&inode.state);
+        live(&st)?;
+        Ok(st.log.pages)
+    }
+
     pub fn fgetattr(&self, fh: &FileHandle) -> Result<Attr> {
         let st = read(&fh.inode.state);
         Ok(self.attr_of(&fh.inode, &st))
@@ -431,9 +440,11 @@ impl<P: Pmem> Fs<P> {
             Body::Symlink { block, .. } if *block != 0 => self.free_blocks(*block, 1),
             _ => {}
         }
+        // Out of the cache before the slot can be handed out again, or this
+        // removal could evict the slot's next inode.
+        self.cache.remove(inode.ino);
         let (lane, slot) = ino_to_lane_slot(inode.ino, self.geo.lane_count);
         let _ = self.slots.free(lane, slot);
-        self.cache.remove(inode.ino);
     }
 
     pub(crate) fn free_blocks(&self, start: u64, len: u64) {

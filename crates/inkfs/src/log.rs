@@ -275,7 +275,7 @@ pub fn walk<P: Pmem + ?Sized>(
     let mut summary = WalkSummary::default();
     let mut seen = HashSet::new();
     let mut page = head;
-    let mut buf = vec![0u8; BLOCK_SIZE as usize];
+    let mut buf = [0u8; BLOCK_SIZE as usize];
     loop {
         // Short chains (nearly all) are checked against the page list; long
         // ones through a set, so a cycle is found in linear time either way.

@@ -113,10 +113,11 @@ impl<P: Pmem> Fs<P> {
         uid: u32,
         gid: u32,
     ) -> Result<(Attr, FileHandle)> {
-        let inode = self.make_node(parent, name, FileKind::File, mode, 0, uid, gid, None)?;
+        // Opened inside make_node, before any other thread can see the
+        // name (an unlink in between would free the inode under the handle).
+        let inode = self.make_node(parent, name, FileKind::File, mode, 0, uid, gid, None, true)?;
         let fh = FileHandle { inode };
-        let mut st = write(&fh.inode.state);
-        st.open_count += 1;
+        let st = write(&fh.inode.state);
         let attr = self.attr_of(&fh.inode, &st);
         drop(st);
         Ok((attr, fh))
@@ -137,13 +138,13 @@ impl<P: Pmem> Fs<P> {
             libc::S_IFLNK => return errno(libc::EINVAL),
             t => FileKind::from_mode(t).ok_or(Error::Errno(libc::EINVAL))?,
         };
-        let inode = self.make_node(parent, name, kind, mode, rdev, uid, gid, None)?;
+        let inode = self.make_node(parent, name, kind, mode, rdev, uid, gid, None, false)?;
         let st = read(&inode.state);
         Ok(self.attr_of(&inode, &st))
     }
 
     pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
-        let inode = self.make_node(parent, name, FileKind::Dir, mode, 0, uid, gid, None)?;
+        let inode = self.make_node(parent, name, FileKind::Dir, mode, 0, uid, gid, None, false)?;
         let st = read(&inode.state);
         Ok(self.attr_of(&inode, &st))
     }
@@ -171,6 +172,7 @@ impl<P: Pmem> Fs<P> {
             uid,
             gid,
             Some(target),
+            false,
         )?;
         let st = read(&inode.state);
         Ok(self.attr_of(&inode, &st))
@@ -198,6 +200,7 @@ impl<P: Pmem> Fs<P> {
         uid: u32,
         gid: u32,
         target: Option<&[u8]>,
+        open: bool,
     ) -> Result<Arc<Inode>> {
         self.check_writable()?;
         check_name(name)?;
@@ -256,19 +259,6 @@ impl<P: Pmem> Fs<P> {
             let _ = self.slots.free(lane, slot);
             return Err(e);
         }
-        // Commit: the child's record (written, state still FREE) turns LIVE
-        // together with the parent's new tail.
-        self.commit_journal(&[
-            rec(rec_off, INODE_STATE_FIELD, INODE_LIVE),
-            rec(dir.rec_off, INODE_TAIL_FIELD, dir_cur.tail),
-        ]);
-        dst.log = dir_cur;
-        dst.log_entries += 1;
-        dst.attr.mtime_ns = now;
-        dst.attr.ctime_ns = now;
-        if let Some(d) = dst.dir_mut() {
-            d.add(name, Child { ino, kind, seq });
-        }
         let body = match kind {
             FileKind::File => Body::File(Default::default()),
             FileKind::Dir => Body::Dir(Default::default()),
@@ -285,7 +275,7 @@ impl<P: Pmem> Fs<P> {
             body,
             xattrs: Default::default(),
             log_entries: if target.is_some() { 2 } else { 1 },
-            open_count: 0,
+            open_count: open as u32,
             orphan: false,
             gone: false,
             attr_dirty: false,
@@ -297,7 +287,23 @@ impl<P: Pmem> Fs<P> {
             rec_off,
             state: std::sync::RwLock::new(st),
         });
+        // Cached before the record turns LIVE: a thread holding this inode
+        // number from before (a stale lookup of the slot's previous inode)
+        // must find this object, not load a second copy from media.
         self.cache.insert(inode.clone());
+        // Commit: the child's record (written, state still FREE) turns LIVE
+        // together with the parent's new tail.
+        self.commit_journal(&[
+            rec(rec_off, INODE_STATE_FIELD, INODE_LIVE),
+            rec(dir.rec_off, INODE_TAIL_FIELD, dir_cur.tail),
+        ]);
+        dst.log = dir_cur;
+        dst.log_entries += 1;
+        dst.attr.mtime_ns = now;
+        dst.attr.ctime_ns = now;
+        if let Some(d) = dst.dir_mut() {
+            d.add(name, Child { ino, kind, seq });
+        }
         drop(dst);
         let mut dst = write(&dir.state);
         self.maybe_compact(&dir, &mut dst);
@@ -380,9 +386,6 @@ impl<P: Pmem> Fs<P> {
         self.check_writable()?;
         check_name(newname)?;
         let inode = self.iget(ino)?;
-        if inode.kind == FileKind::Dir {
-            return errno(libc::EPERM);
-        }
         let dir = self.dir_inode(newparent)?;
         let mut locked = Locked::new(&[&inode, &dir]);
         {
@@ -394,6 +397,10 @@ impl<P: Pmem> Fs<P> {
             if is_dot_or_dotdot(newname) || d.dir().is_some_and(|x| x.get(newname).is_some()) {
                 return errno(libc::EEXIST);
             }
+        }
+        // After EEXIST, as Linux (vfs_link refuses directories last).
+        if inode.kind == FileKind::Dir {
+            return errno(libc::EPERM);
         }
         let now = now_ns();
         let mut pages = NewPages::default();
@@ -450,7 +457,9 @@ impl<P: Pmem> Fs<P> {
                 },
             );
         }
+        self.maybe_compact(&dir, locked.get(dir.ino));
         let st = locked.get(ino);
+        self.maybe_compact(&inode, st);
         Ok(self.attr_of(&inode, st))
     }
 
@@ -494,6 +503,10 @@ impl<P: Pmem> Fs<P> {
                 .and_then(|d| d.get(name))
                 .map(|c| c.ino)
                 != Some(child_ino)
+                // A stale object of a freed inode whose number the name now
+                // reuses: look up again (else the new inode's record would be
+                // freed through the old object's state).
+                || locked.get(child_ino).gone
             {
                 continue;
             }
@@ -548,6 +561,8 @@ impl<P: Pmem> Fs<P> {
             x.remove(name);
         }
         self.finish_drop_link(child, locked.get(child.ino), outcome);
+        self.maybe_compact(dir, locked.get(dir.ino));
+        self.maybe_compact(child, locked.get(child.ino));
         Ok(())
     }
 
@@ -625,6 +640,14 @@ impl<P: Pmem> Fs<P> {
                 Err(Error::Errno(libc::ENOENT)) => None,
                 Err(e) => return Err(e),
             };
+            // As Linux: the flags are checked against the target before the
+            // ancestry checks (EINVAL) below.
+            if flags.noreplace && v_ino.is_some() {
+                return errno(libc::EEXIST);
+            }
+            if flags.exchange && v_ino.is_none() {
+                return errno(libc::ENOENT);
+            }
             let m = self.iget(m_ino)?;
             let v = v_ino.map(|i| self.iget(i)).transpose()?;
             let moves_dir_across = (m.kind == FileKind::Dir
@@ -635,6 +658,9 @@ impl<P: Pmem> Fs<P> {
             if let Some(v) = &v {
                 all.push(v);
             }
+            // Objects of freed inodes whose numbers were reused: retry.
+            let stale =
+                |l: &mut Locked<'_>| l.get(m_ino).gone || v_ino.is_some_and(|v| l.get(v).gone);
             let mut locked = Locked::new(&all);
             let still_m = locked
                 .get(parent)
@@ -646,7 +672,7 @@ impl<P: Pmem> Fs<P> {
                 .dir()
                 .and_then(|d| d.get(newname))
                 .map(|c| c.ino);
-            if still_m != Some(m_ino) || still_v != v_ino {
+            if still_m != Some(m_ino) || still_v != v_ino || stale(&mut locked) {
                 continue;
             }
             if moves_dir_across {
@@ -656,11 +682,17 @@ impl<P: Pmem> Fs<P> {
                 if m.kind == FileKind::Dir && self.is_ancestor(m_ino, newparent)? {
                     return errno(libc::EINVAL);
                 }
-                if flags.exchange
-                    && v.as_ref().is_some_and(|v| v.kind == FileKind::Dir)
+                // The target is an ancestor of the source: Linux answers
+                // before looking at kinds (so a file onto its own
+                // grandparent is ENOTEMPTY, not EISDIR).
+                if v.as_ref().is_some_and(|v| v.kind == FileKind::Dir)
                     && self.is_ancestor(v.as_ref().map_or(0, |v| v.ino), parent)?
                 {
-                    return errno(libc::EINVAL);
+                    return errno(if flags.exchange {
+                        libc::EINVAL
+                    } else {
+                        libc::ENOTEMPTY
+                    });
                 }
                 locked = Locked::new(&all);
                 let still_m = locked
@@ -673,7 +705,7 @@ impl<P: Pmem> Fs<P> {
                     .dir()
                     .and_then(|d| d.get(newname))
                     .map(|c| c.ino);
-                if still_m != Some(m_ino) || still_v != v_ino {
+                if still_m != Some(m_ino) || still_v != v_ino || stale(&mut locked) {
                     continue;
                 }
             }
@@ -722,11 +754,13 @@ impl<P: Pmem> Fs<P> {
             return errno(libc::EBUSY);
         }
         if let Some(v) = v {
-            if v.ino == m.ino {
-                return Ok(()); // two names of one inode: POSIX says do nothing
-            }
+            // NOREPLACE fails on any existing target, even another name of
+            // the same inode (as Linux: checked before the same-inode case).
             if flags.noreplace {
                 return errno(libc::EEXIST);
+            }
+            if v.ino == m.ino {
+                return Ok(()); // two names of one inode: POSIX says do nothing
             }
             if !flags.exchange {
                 match (m.kind == FileKind::Dir, v.kind == FileKind::Dir) {
@@ -774,6 +808,10 @@ impl<P: Pmem> Fs<P> {
         self.rename_apply_dram(sp, name, dp, newname, m, v, flags, now, locked);
         if let (Some(v), Some(o)) = (v, outcome) {
             self.finish_drop_link(v, locked.get(v.ino), o);
+        }
+        // Every log this rename grew (else renames alone fill the pool).
+        for inode in [sp, dp, m].into_iter().chain(v) {
+            self.maybe_compact(inode, locked.get(inode.ino));
         }
         Ok(())
     }

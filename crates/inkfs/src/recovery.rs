@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use crate::alloc::{BlockAllocator, InodeSlots};
+use crate::alloc::{BlockAllocator, InodeSlots, UsedBlocks};
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::inode::{self, Body, InodeTables};
@@ -30,8 +30,7 @@ pub fn rebuild<P: Pmem + ?Sized>(
     tables: &InodeTables,
     read_only: bool,
 ) -> Result<Rebuilt> {
-    let blocks =
-        BlockAllocator::new_all_free(geo.lane_count, geo.first_data_block, geo.total_blocks);
+    let used = UsedBlocks::new(geo.first_data_block, geo.total_blocks);
     let slots = InodeSlots::new(geo.lane_count);
     let orphans = AtomicU64::new(0);
     let scanned = AtomicU64::new(0);
@@ -54,7 +53,7 @@ pub fn rebuild<P: Pmem + ?Sized>(
                     tables,
                     lane as u32,
                     read_only,
-                    &blocks,
+                    &used,
                     &slots,
                     &orphans,
                     &scanned,
@@ -69,6 +68,12 @@ pub fn rebuild<P: Pmem + ?Sized>(
     if let Some(e) = first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
         return Err(e);
     }
+    let blocks = BlockAllocator::from_used(
+        geo.lane_count,
+        geo.first_data_block,
+        geo.total_blocks,
+        &used,
+    );
     Ok(Rebuilt {
         blocks,
         slots,
@@ -84,13 +89,13 @@ fn scan_lane<P: Pmem + ?Sized>(
     tables: &InodeTables,
     lane: u32,
     read_only: bool,
-    blocks: &BlockAllocator,
+    blocks: &UsedBlocks,
     slots: &InodeSlots,
     orphans: &AtomicU64,
     scanned: &AtomicU64,
 ) -> Result<()> {
     let used = |start: u64, len: u64, what: &str| -> Result<()> {
-        blocks.mark_used(start, len).map_err(|e| {
+        blocks.mark(start, len).map_err(|e| {
             Error::Corrupt(format!(
                 "{what}: blocks {start}+{len} used twice or out of range ({e:?})"
             ))

@@ -73,6 +73,10 @@ impl<P: Pmem> Fs<P> {
         self.check_writable()?;
         check_name(name)?;
         let inode = self.iget(ino)?;
+        // As setxattr (and Linux): user.* is writable only on files and dirs.
+        if name.starts_with(b"user.") && !matches!(inode.kind, FileKind::File | FileKind::Dir) {
+            return errno(libc::EPERM);
+        }
         let mut st = write(&inode.state);
         live(&st)?;
         if !st.xattrs.contains_key(name) {

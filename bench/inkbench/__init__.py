@@ -1,0 +1,1 @@
+"""inkfs benchmark harness: `bench/run --quick|--full|--smoke` (see bench/README.md)."""

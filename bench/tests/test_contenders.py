@@ -1,0 +1,173 @@
+"""Set-up and tear-down of each contender, the leftover cleanup after a
+hard kill, and that Ctrl-C during a run leaves nothing behind. Needs root,
+/dev/fuse, loop devices and the built binaries (INKBENCH_INKFS,
+INKBENCH_WORK, or the cargo target directory); skipped otherwise."""
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+from inkbench import contenders as C
+from inkbench.util import WORK_PREFIX, Cleanup, cleanup_leftovers, mounted, run
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def bins():
+    rel = os.path.join(os.environ.get("CARGO_TARGET_DIR") or os.path.join(REPO, "target"), "release")
+    b = {"inkfs": os.environ.get("INKBENCH_INKFS") or os.path.join(rel, "inkfs"),
+         "work": os.environ.get("INKBENCH_WORK") or os.path.join(rel, "inkbench-work")}
+    return b if all(os.access(p, os.X_OK) for p in b.values()) else None
+
+
+def loops_backed_by(prefix):
+    p = run(["losetup", "-l", "-n", "-O", "NAME,BACK-FILE"], check=False)
+    return [l for l in p.stdout.splitlines() if prefix in l]
+
+
+def mounts_under(prefix):
+    with open("/proc/self/mounts") as f:
+        return [l.split()[1] for l in f if l.split()[1].startswith(prefix)]
+
+
+ROOT = os.geteuid() == 0
+HAVE = bins()
+SKIP = not ROOT or HAVE is None or not os.path.exists("/dev/fuse")
+WHY = "needs root, /dev/fuse and built inkfs + inkbench-work"
+
+
+@unittest.skipIf(SKIP, WHY)
+class ContenderTest(unittest.TestCase):
+    def setUp(self):
+        # a work directory named after a live pid (ours), as the harness does
+        self.work = f"{WORK_PREFIX}{os.getpid()}-test"
+        os.makedirs(os.path.join(self.work, "mnt"), exist_ok=True)
+        self.cleanup = Cleanup()
+
+    def tearDown(self):
+        self.cleanup.run_all()
+        run(["rm", "-rf", "--one-file-system", self.work], check=False)
+        self.assertEqual(mounts_under(self.work), [])
+        self.assertEqual(loops_backed_by(self.work), [])
+
+    def roundtrip(self, name, data=True):
+        c = C.make(name, self.work, 256 << 20, HAVE)
+        c.setup(self.cleanup)
+        try:
+            self.assertTrue(mounted(c.mnt), f"{name} not mounted")
+            p = os.path.join(c.mnt, "hello")
+            with open(p, "wb") as f:
+                f.write(b"x" * 5000)
+                os.fsync(f.fileno())
+            self.assertEqual(os.path.getsize(p), 5000)
+            if data:
+                with open(p, "rb") as f:
+                    self.assertEqual(f.read(), b"x" * 5000)
+            os.unlink(p)
+        finally:
+            c.teardown()
+        self.assertFalse(mounted(c.mnt), f"{name} still mounted")
+        c.teardown()  # idempotent
+        return c
+
+    def test_tmpfs(self):
+        self.roundtrip("tmpfs")
+
+    def test_ext4_loop(self):
+        c = self.roundtrip("ext4")
+        self.assertEqual(loops_backed_by(self.work), [])
+        self.assertFalse(os.path.exists(c.img))
+
+    def test_null_fs(self):
+        c = self.roundtrip("null-fs", data=False)
+        self.assertIsNone(c.proc)
+
+    def test_inkfs_modes(self):
+        for mode in ("strict", "sync", "posix"):
+            c = self.roundtrip(f"inkfs-{mode}")
+            self.assertFalse(os.path.exists(c.pool), "pool left behind")
+            self.assertIn("pool_stat", c.info)
+
+    def test_inkfs_lib(self):
+        c = C.make("inkfs-lib", self.work, 256 << 20, HAVE)
+        c.setup(self.cleanup)
+        p = run([HAVE["work"], "micro", *c.target_args(), "--ops", "20", "--keep", "2"])
+        self.assertIn('"target":"lib"', p.stdout)
+        c.teardown()
+        self.assertFalse(os.path.exists(c.pool))
+
+    def test_cleanup_registry_undoes_everything(self):
+        for n in ("tmpfs", "ext4", "inkfs-strict"):
+            C.make(n, self.work, 256 << 20, HAVE).setup(self.cleanup)
+        self.assertEqual(len(mounts_under(self.work)), 3)
+        self.cleanup.run_all()
+        self.assertEqual(mounts_under(self.work), [])
+        self.assertEqual(loops_backed_by(self.work), [])
+
+    def test_setup_failure_is_reported(self):
+        c = C.make("inkfs-strict", self.work, 256 << 20, dict(HAVE, inkfs="/bin/false"))
+        with self.assertRaises(Exception):
+            c.setup(self.cleanup)
+        self.assertFalse(mounted(c.mnt))
+
+
+@unittest.skipIf(SKIP, WHY)
+class LeftoverTest(unittest.TestCase):
+    def test_cleanup_after_hard_kill(self):
+        # A harness pid that is certainly dead.
+        p = subprocess.Popen(["true"])
+        p.wait()
+        work = f"{WORK_PREFIX}{p.pid}"
+        os.makedirs(os.path.join(work, "mnt"), exist_ok=True)
+        cl = Cleanup()  # never run: as if the harness was SIGKILLed
+        for n in ("tmpfs", "ext4", "null-fs"):
+            C.make(n, work, 256 << 20, HAVE).setup(cl)
+        sleeper = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        with open(os.path.join(work, "redis-1.pid"), "w") as f:
+            f.write(str(sleeper.pid))
+        self.assertEqual(len(mounts_under(work)), 3)
+        cleanup_leftovers(verbose=False)
+        sleeper.wait(timeout=10)
+        self.assertEqual(mounts_under(work), [])
+        self.assertEqual(loops_backed_by(work), [])
+        self.assertFalse(os.path.exists(work))
+
+    def test_live_harness_left_alone(self):
+        work = f"{WORK_PREFIX}{os.getppid()}-live"
+        os.makedirs(work)
+        try:
+            cleanup_leftovers(verbose=False)
+            self.assertTrue(os.path.exists(work))
+        finally:
+            os.rmdir(work)
+
+
+@unittest.skipIf(SKIP, WHY)
+class InterruptTest(unittest.TestCase):
+    def test_ctrl_c_tears_down(self):
+        with tempfile.TemporaryDirectory() as out:
+            env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            p = subprocess.Popen([sys.executable, "-m", "inkbench", "--smoke", "--only", "filebench",
+                                  "--inkfs-bin", HAVE["inkfs"], "--work-bin", HAVE["work"], "--out", out],
+                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            work = f"{WORK_PREFIX}{p.pid}"
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and len(mounts_under(work)) < 3:
+                time.sleep(0.05)
+            self.assertGreaterEqual(len(mounts_under(work)), 3, "contenders never came up")
+            p.send_signal(signal.SIGINT)
+            output, _ = p.communicate(timeout=120)
+            self.assertEqual(p.returncode, 130, output[-2000:])
+            self.assertIn("interrupted", output)
+            self.assertEqual(mounts_under(work), [])
+            self.assertEqual(loops_backed_by(work), [])
+            self.assertFalse(os.path.exists(work))
+
+
+if __name__ == "__main__":
+    unittest.main()
