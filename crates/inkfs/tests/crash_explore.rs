@@ -12,7 +12,7 @@
 use inkfs::crashtest::{self, CrashTestOptions};
 
 /// The CI budget: distinct crash states over the three modes. At one image
-/// per crash point the catalogue has about 47,000 points (5331 workloads ×
+/// per crash point the catalogue has about 48,000 points (5480 workloads ×
 /// 3 modes); this budget covers every workload, about two images per point,
 /// in about a minute on the 2-core machine (~1,500 states/s with fsck and a
 /// clean remount per state; 2–3 minutes when the machine is loaded).

@@ -17,6 +17,7 @@ pub const POOL_BYTES: u64 = 512 << 10;
 /// Sizes of the files of the fixed namespace.
 pub const FOO_LEN: usize = 5000;
 pub const BAR_LEN: usize = 2 * 4096 + 100;
+pub const AL_LEN: usize = 2 * 4096;
 
 /// Where a write goes.
 #[derive(Clone, Copy, Debug)]
@@ -190,6 +191,8 @@ const EXCHANGE: (bool, bool) = (false, true);
 /// /A/sub        empty dir
 /// /B            dir
 /// /B/hl         hard link to /A/foo
+/// /B/al         file, 8192 bytes (page-aligned size: appends to it
+///               displace no block)
 /// /bar          file, 8292 bytes (two pages and a bit)
 /// /sym          symlink -> A/foo
 /// ```
@@ -197,7 +200,7 @@ const EXCHANGE: (bool, bool) = (false, true);
 /// New names the operations use: /A/new (file), /B/d (dir), /A/sl
 /// (symlink), /B/foo2, /A/bar2, /B/new2 (links), /A/foo2, /A/bar, /B/bar,
 /// /B/sub (rename targets).
-pub const NAMESPACE: &str = "/A/{foo,sub/} /B/{hl=A/foo} /bar /sym->A/foo";
+pub const NAMESPACE: &str = "/A/{foo,sub/} /B/{hl=A/foo,al} /bar /sym->A/foo";
 
 /// The operation catalogue. Names are stable: they form workload names
 /// (`op` or `op1+op2`) that reproduce a run.
@@ -217,6 +220,7 @@ pub const OPS: &[Op] = &[
     write("write_foo_hole", "/A/foo", At::Off(20_000), 100, 16),
     write("write_new", "/A/new", At::Off(0), 5000, 17),
     write("append_new_4k", "/A/new", At::End, 4096, 18),
+    write("append_al_8k", "/B/al", At::End, 8192, 19),
     // Truncate and fallocate.
     op("truncate_foo_1000", OpKind::Truncate("/A/foo", 1000)),
     op("truncate_bar_4096", OpKind::Truncate("/bar", 4096)),
@@ -460,6 +464,9 @@ fn setup<P: Pmem>(fs: &Fs<P>) -> Result<()> {
     fs.fsync(&fh, false)?;
     fs.release(fh);
     fs.link(foo_attr.ino, b, b"hl")?;
+    let (_, fh) = fs.create(b, b"al", 0o644, 1000, 1000)?;
+    fs.write(&fh, 0, &pattern(AL_LEN, 3))?;
+    fs.release(fh);
     fs.symlink(1, b"sym", b"A/foo", 0, 0)?;
     fs.setxattr(foo_attr.ino, b"user.x", b"one", XattrFlags::Any)?;
     let fh = fs.open(foo_attr.ino)?;
