@@ -232,3 +232,172 @@ pub fn check(
 fn byte_of(n: Option<&&Node>, off: usize) -> Option<u8> {
     n.and_then(|n| n.content.get(off).copied())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn file(content: &[u8]) -> Node {
+        Node {
+            ino: 5,
+            generation: 1,
+            kind: FileKind::File,
+            mode: 0o100644,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            size: content.len() as u64,
+            content: content.to_vec(),
+            target: Vec::new(),
+            xattrs: BTreeMap::new(),
+            atime: 0,
+            mtime: 0,
+        }
+    }
+
+    fn snap(content: &[u8]) -> Snap {
+        let mut s = Snap::default();
+        s.nodes.insert("/f".into(), file(content));
+        s
+    }
+
+    fn rec(class: OpClass, fences: (usize, usize)) -> OpRecord {
+        OpRecord {
+            class,
+            target: Some((5, 1)),
+            ok: true,
+            fences,
+        }
+    }
+
+    #[test]
+    fn locate_points() {
+        let r = [
+            rec(OpClass::Data, (0, 2)),
+            rec(OpClass::Sync, (2, 2)),
+            rec(OpClass::Meta, (2, 5)),
+        ];
+        assert_eq!(locate(&r, 0), Point::InFlight(1));
+        assert_eq!(locate(&r, 1), Point::InFlight(1));
+        assert_eq!(locate(&r, 2), Point::InFlight(3));
+        assert_eq!(locate(&r, 5), Point::After(3));
+    }
+
+    #[test]
+    fn strict_wants_old_or_new_exactly() {
+        let states = [snap(b"aaaa"), snap(b"bbbb")];
+        let r = [rec(OpClass::Data, (0, 2))];
+        assert!(check(
+            Mode::Strict,
+            &snap(b"aaaa"),
+            &states,
+            &r,
+            Point::InFlight(1)
+        )
+        .is_ok());
+        assert!(check(
+            Mode::Strict,
+            &snap(b"bbbb"),
+            &states,
+            &r,
+            Point::InFlight(1)
+        )
+        .is_ok());
+        assert!(check(
+            Mode::Strict,
+            &snap(b"abab"),
+            &states,
+            &r,
+            Point::InFlight(1)
+        )
+        .is_err());
+        assert!(check(Mode::Strict, &snap(b"aaaa"), &states, &r, Point::After(1)).is_err());
+        // Sync: an overwrite in flight may mix, sizes stay atomic.
+        assert!(check(Mode::Sync, &snap(b"abab"), &states, &r, Point::InFlight(1)).is_ok());
+        assert!(check(Mode::Sync, &snap(b"abaz"), &states, &r, Point::InFlight(1)).is_err());
+        assert!(check(Mode::Sync, &snap(b"aba"), &states, &r, Point::InFlight(1)).is_err());
+    }
+
+    #[test]
+    fn sync_extension_bytes_only_new() {
+        let states = [snap(b"aa"), snap(b"bbbb")];
+        let r = [rec(OpClass::Data, (0, 2))];
+        assert!(check(Mode::Sync, &snap(b"abbb"), &states, &r, Point::InFlight(1)).is_ok());
+        assert!(check(
+            Mode::Sync,
+            &snap(b"ab\0\0"),
+            &states,
+            &r,
+            Point::InFlight(1)
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn posix_unsynced_writes_may_be_lost_synced_ones_not() {
+        // write (no fence), then fsync (fences 0..1), then a metadata op.
+        let states = [
+            snap(b"aaaa"),
+            snap(b"bbbbbb"),
+            snap(b"bbbbbb"),
+            snap(b"bbbbbb"),
+        ];
+        let r = [
+            rec(OpClass::Data, (0, 0)),
+            rec(OpClass::Sync, (0, 1)),
+            OpRecord {
+                class: OpClass::Meta,
+                target: None,
+                ok: true,
+                fences: (1, 3),
+            },
+        ];
+        // Crash during the fsync: the write may be lost, or half there.
+        assert!(check(Mode::Posix, &snap(b"aaaa"), &states, &r, Point::InFlight(2)).is_ok());
+        assert!(check(Mode::Posix, &snap(b"abab"), &states, &r, Point::InFlight(2)).is_ok());
+        assert!(check(
+            Mode::Posix,
+            &snap(b"bbbbbb"),
+            &states,
+            &r,
+            Point::InFlight(2)
+        )
+        .is_ok());
+        // Invented bytes or sizes never.
+        assert!(check(Mode::Posix, &snap(b"aaza"), &states, &r, Point::InFlight(2)).is_err());
+        assert!(check(
+            Mode::Posix,
+            &snap(b"aaaaa"),
+            &states,
+            &r,
+            Point::InFlight(2)
+        )
+        .is_err());
+        // After the fsync completed: only the synced data.
+        assert!(check(Mode::Posix, &snap(b"aaaa"), &states, &r, Point::InFlight(3)).is_err());
+        assert!(check(Mode::Posix, &snap(b"bbbbbb"), &states, &r, Point::After(3)).is_ok());
+    }
+
+    #[test]
+    fn posix_truncate_is_durable_for_the_bytes_it_changes() {
+        // overwrite (unsynced) of bytes 0..2, then punch of 2..4 (durable).
+        let states = [snap(b"aaaa"), snap(b"bbaa"), snap(b"bb\0\0")];
+        let r = [
+            rec(OpClass::Data, (0, 0)),
+            rec(OpClass::DurableData, (0, 2)),
+        ];
+        assert!(check(Mode::Posix, &snap(b"aa\0\0"), &states, &r, Point::After(2)).is_ok());
+        assert!(check(Mode::Posix, &snap(b"bb\0\0"), &states, &r, Point::After(2)).is_ok());
+        assert!(check(Mode::Posix, &snap(b"bbaa"), &states, &r, Point::After(2)).is_err());
+    }
+
+    #[test]
+    fn water_fill_shares() {
+        let f = super::super::water_fill;
+        assert_eq!(f(&[1, 100, 100], 21), vec![1, 10, 10]);
+        assert_eq!(f(&[1, 1, 1], 2), vec![1, 1, 1]);
+        assert_eq!(f(&[3, 50], 100), vec![3, 50]);
+    }
+}
