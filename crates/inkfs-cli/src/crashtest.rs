@@ -12,7 +12,8 @@ usage: inkfs crashtest [--states N] [--seed S] [--mode strict|sync|posix]...
                        [--workload NAME] [--images K] [--max-images K]
                        [--quick] [--torn] [--list]
 
-Runs every one- and two-operation workload over a small fixed namespace on
+Runs every one- and two-operation workload (and write-fsync-anything
+triples, and the same with handles held open) over a small fixed namespace on
 the crash simulator, in each mode; at every fence, crash images are
 recovered and checked against the mode's promise (docs/MODES.md).
 

@@ -1,6 +1,6 @@
 //! The crash-exploration suite at its CI budget: every one- and
-//! two-operation workload of `inkfs::crashtest::workload` over the fixed
-//! namespace, in every mode, crash images at every fence of the last
+//! two-operation workload (and write–fsync–anything triple) of
+//! `inkfs::crashtest::workload` over the fixed namespace, in every mode, crash images at every fence of the last
 //! operation, each recovered and checked against the mode's promise
 //! (`inkfs::crashtest::expect`). Requires 0 violations and prints the count
 //! of crash states and the rate.
@@ -12,7 +12,7 @@
 use inkfs::crashtest::{self, CrashTestOptions};
 
 /// The CI budget: distinct crash states over the three modes. At one image
-/// per crash point the catalogue has about 48,000 points (5480 workloads ×
+/// per crash point the catalogue has about 51,000 points (5828 workloads ×
 /// 3 modes); this budget covers every workload, about two images per point,
 /// in about a minute on the 2-core machine (~1,500 states/s with fsck and a
 /// clean remount per state; 2–3 minutes when the machine is loaded).

@@ -1,19 +1,20 @@
-//! Crash exploration: every workload of one and two operations (ACE style,
-//! [`workload`]) over a small fixed namespace, run in each consistency mode
-//! on the crash simulator ([`SimPool`]); at every fence of the workload,
-//! crash images are produced, recovered, checked (internal consistency,
-//! [`crate::fsck`] of the crash image and of the recovered pool, a clean
-//! remount, the mode's promise: [`expect`]) and counted.
+//! Crash exploration: every workload of one and two operations, and of
+//! write–fsync–anything ([`workload`], ACE style) over a small fixed
+//! namespace, run in each consistency mode on the crash simulator
+//! ([`SimPool`]); at every fence of the workload, crash images are
+//! produced, recovered, checked (internal consistency, [`crate::fsck`] of
+//! the crash image and of the recovered pool, a clean remount, the mode's
+//! promise: [`expect`]) and counted.
 //!
 //! Used by the test `tests/crash_explore.rs` (a fixed CI budget) and by
 //! `inkfs crashtest` (any budget, one workload, one mode, reproduction).
 //!
 //! How the budget is spent: runs (workload × mode) go in a fixed order,
-//! all one-operation workloads first, then the two-operation ones in an
-//! order shuffled by the seed. Each run checks every crash point of its
-//! last operation (the crash points of the first operation of a
-//! two-operation workload are those of the one-operation workload, already
-//! checked) and the end of the trace. The run's share is the budget left
+//! all one-operation workloads first, then the longer ones in an order
+//! shuffled by the seed. Each run checks every crash point of its last
+//! operation (the crash points of the operations before it are those of
+//! the shorter workload they form, which is in the catalogue too) and the
+//! end of the trace. The run's share is the budget left
 //! divided by the runs left; it is water-filled over the run's points
 //! (each gets at least one image and at most `max_images_per_point` or as
 //! many as it has; what a point cannot use goes to the others), or every
@@ -194,8 +195,8 @@ pub fn select_workloads(filter: Option<&str>, seed: u64) -> Vec<Workload> {
         None => {
             let (mut one, mut two): (Vec<_>, Vec<_>) =
                 all.into_iter().partition(|w| w.ops.len() == 1);
-            // Seeded Fisher-Yates over the two-operation workloads, so a
-            // small budget samples all kinds of pairs.
+            // Seeded Fisher-Yates over the longer workloads, so a small
+            // budget samples all kinds of pairs and triples.
             let mut rng = SplitMix(seed ^ 0x0005_EED0_FACE);
             for i in (1..two.len()).rev() {
                 let j = (rng.next() % (i as u64 + 1)) as usize;

@@ -330,7 +330,7 @@ pub const OPS: &[Op] = &[
     ),
 ];
 
-/// A workload: one or two operations of [`OPS`] (indices), optionally with
+/// A workload: one, two or three operations of [`OPS`] (indices), optionally with
 /// handles held open on /A/foo and /bar from before the first operation to
 /// after the last (`held`): data operations on those files then go
 /// through the held handle (appends continue the handle's block
@@ -372,13 +372,15 @@ impl Workload {
             .split('+')
             .map(|n| OPS.iter().position(|o| o.name == n))
             .collect::<Option<Vec<_>>>()?;
-        (!ops.is_empty() && ops.len() <= 2).then_some(Workload { ops, held })
+        (!ops.is_empty() && ops.len() <= 3).then_some(Workload { ops, held })
     }
 }
 
 /// Every workload of one and of two operations, in catalogue order: the
 /// single operations, the single operations with handles held, the pairs,
-/// and the pairs with handles held where holding matters: one of the two
+/// the triples write–fsync–anything (for every write of a file that has an
+/// fsync in the catalogue), and the pairs with handles held where holding
+/// matters: one of the two
 /// goes through a held handle (a write, truncate, fallocate or sync of
 /// /A/foo, /B/hl or /bar), or both remove names (a held file may become an
 /// orphan).
@@ -390,6 +392,24 @@ pub fn all_workloads() -> Vec<Workload> {
     for a in 0..n {
         for b in 0..n {
             out.push(w(vec![a, b], false));
+        }
+    }
+    // Write, fsync, then anything: synced data must survive every later
+    // operation's crash points (what posix mode promises).
+    for (a, op) in OPS.iter().enumerate() {
+        let Some(path) = op.data_path() else { continue };
+        if op.class() != OpClass::Data || path == "/A/new" {
+            continue;
+        }
+        let Some(sync) = OPS.iter().position(|s| {
+            s.class() == OpClass::Sync
+                && (s.data_path() == Some(path)
+                    || (path == "/B/hl" && s.data_path() == Some("/A/foo")))
+        }) else {
+            continue;
+        };
+        for c in 0..n {
+            out.push(w(vec![a, sync, c], false));
         }
     }
     for a in 0..n {
