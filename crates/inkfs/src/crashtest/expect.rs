@@ -160,6 +160,9 @@ pub fn check(
             continue;
         }
         let key = (n.ino, n.generation);
+        // The file in each state 0..=hi (looked up once, not per byte).
+        let v: Vec<Option<&Node>> = maps.iter().map(|m| m.get(&key).copied()).collect();
+        let v = &v;
         // Per offset, the first state a byte may come from.
         let (lo_size, lo_byte): (usize, Box<dyn Fn(usize) -> usize>) = match mode {
             Mode::Sync => {
@@ -180,16 +183,12 @@ pub fn check(
                     }
                 }
                 let lo_size = durable.iter().copied().fold(lo_sync, usize::max);
-                let maps = &maps;
                 (
                     lo_size,
                     Box::new(move |off: usize| {
                         let mut lo = lo_sync;
                         for &j in &durable {
-                            if j > lo
-                                && byte_of(maps[j - 1].get(&key), off)
-                                    != byte_of(maps[j].get(&key), off)
-                            {
+                            if j > lo && byte_of(v[j - 1], off) != byte_of(v[j], off) {
                                 lo = j;
                             }
                         }
@@ -200,7 +199,7 @@ pub fn check(
         };
         if mode == Mode::Posix {
             let sizes: Vec<u64> = (lo_size..=hi)
-                .filter_map(|j| maps[j].get(&key).map(|m| m.size))
+                .filter_map(|j| v[j].map(|m| m.size))
                 .collect();
             if !sizes.contains(&n.size) {
                 return Err(format!(
@@ -211,10 +210,11 @@ pub fn check(
         }
         for (off, &b) in n.content.iter().enumerate() {
             let lo = lo_byte(off);
-            let ok = (lo..=hi).any(|j| byte_of(maps[j].get(&key), off) == Some(b));
+            // Later states first (usually the one recovered).
+            let ok = (lo..=hi).rev().any(|j| byte_of(v[j], off) == Some(b));
             if !ok {
                 let had: Vec<String> = (lo..=hi)
-                    .map(|j| match byte_of(maps[j].get(&key), off) {
+                    .map(|j| match byte_of(v[j], off) {
                         Some(x) => format!("{x:#x}"),
                         None => "-".into(),
                     })
@@ -229,7 +229,7 @@ pub fn check(
     Ok(matched)
 }
 
-fn byte_of(n: Option<&&Node>, off: usize) -> Option<u8> {
+fn byte_of(n: Option<&Node>, off: usize) -> Option<u8> {
     n.and_then(|n| n.content.get(off).copied())
 }
 
