@@ -80,14 +80,16 @@ impl<P: Pmem> Fs<P> {
     pub fn mount(pm: P, opts: MountOptions) -> Result<Fs<P>> {
         let (mut sb, source) = superblock::read_superblock(&pm)?;
         let geo = Geometry::of(&sb);
-        let tables = InodeTables::load(&pm, &geo)?;
+        let tables = InodeTables::open(&geo);
         let mut report = MountReport {
             was_clean: sb.state == STATE_CLEAN,
             used_backup_superblock: source == SuperSource::Backup,
             ..MountReport::default()
         };
         for lane in 0..geo.lane_count {
-            match journal::recover(&pm, lane, opts.read_only, |off| tables.is_record_field(off))? {
+            match journal::recover(&pm, lane, opts.read_only, |off| {
+                tables.is_record_field(&pm, off).unwrap_or(false)
+            })? {
                 JournalState::Empty => {}
                 JournalState::Replayed { .. } => report.journals_replayed += 1,
                 JournalState::Discarded => report.journals_discarded += 1,
@@ -220,7 +222,7 @@ impl<P: Pmem> Fs<P> {
         self.cache.get_or_load(ino, || {
             let rec_off = self
                 .tables
-                .record_offset(ino)
+                .record_offset(&self.pm, ino)?
                 .ok_or(Error::Errno(libc::ENOENT))?;
             let rec: InodeRecord = read_pod(&self.pm, rec_off);
             if rec.state != INODE_LIVE && rec.state != INODE_ORPHAN {

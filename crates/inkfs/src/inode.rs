@@ -254,69 +254,105 @@ pub fn apply_entry<P: Pmem + ?Sized>(
 
 /// Per lane, the blocks of its inode table chain, in order.
 pub struct InodeTables {
-    lanes: Vec<Mutex<Vec<u64>>>,
+    lanes: Vec<Mutex<LaneTable>>,
     lane_count: u32,
+    geo: Geometry,
+}
+
+/// One lane's table chain as far as it has been walked. Chains are walked
+/// lazily: a clean mount reads no table block until an inode in it is
+/// needed (a pool of a million inodes has tens of thousands of them).
+struct LaneTable {
+    blocks: Vec<u64>,
+    seen: std::collections::HashSet<u64>,
+    complete: bool,
 }
 
 impl InodeTables {
-    /// Walk every lane's table chain (bounded, checked).
-    pub fn load<P: Pmem + ?Sized>(pm: &P, geo: &Geometry) -> Result<InodeTables> {
-        let mut lanes = Vec::with_capacity(geo.lane_count as usize);
-        for lane in 0..geo.lane_count {
-            let mut blocks = vec![lane_first_block(lane) + LANE_INODE_TABLE_BLOCK];
-            let mut seen = std::collections::HashSet::new();
-            loop {
-                let last = blocks[blocks.len() - 1];
-                let trailer: TableTrailer = read_pod(pm, last * BLOCK_SIZE + TABLE_TRAILER_OFFSET);
-                if trailer.magic != TABLE_MAGIC {
-                    return Err(Error::Corrupt(format!(
-                        "lane {lane} inode table block {last} has a bad trailer"
-                    )));
-                }
-                if trailer.next_block == 0 {
-                    break;
-                }
-                // A cycle revisits a block: `seen` finds it in O(1) (a linear
-                // search here made a clean mount quadratic in the table size).
-                if !geo.is_data_range(trailer.next_block, 1) || !seen.insert(trailer.next_block) {
-                    return Err(Error::Corrupt(format!(
-                        "lane {lane} inode table links to bad block {}",
-                        trailer.next_block
-                    )));
-                }
-                blocks.push(trailer.next_block);
-                if blocks.len() as u64 > geo.total_blocks {
-                    return Err(Error::Corrupt(format!(
-                        "lane {lane} inode table chain too long"
-                    )));
-                }
-            }
-            lanes.push(Mutex::new(blocks));
-        }
-        Ok(InodeTables {
+    /// Tables whose chains are walked on demand.
+    pub fn open(geo: &Geometry) -> InodeTables {
+        let lanes = (0..geo.lane_count)
+            .map(|lane| {
+                Mutex::new(LaneTable {
+                    blocks: vec![lane_first_block(lane) + LANE_INODE_TABLE_BLOCK],
+                    seen: Default::default(),
+                    complete: false,
+                })
+            })
+            .collect();
+        InodeTables {
             lanes,
             lane_count: geo.lane_count,
-        })
+            geo: *geo,
+        }
+    }
+
+    /// Walk every lane's table chain now (bounded, checked).
+    pub fn load<P: Pmem + ?Sized>(pm: &P, geo: &Geometry) -> Result<InodeTables> {
+        let t = InodeTables::open(geo);
+        for lane in 0..geo.lane_count {
+            t.extend(pm, lane, &mut lock(&t.lanes[lane as usize]), usize::MAX)?;
+        }
+        Ok(t)
+    }
+
+    /// Walk `lane`'s chain until it has more than `index` blocks or ends.
+    fn extend<P: Pmem + ?Sized>(
+        &self,
+        pm: &P,
+        lane: u32,
+        lt: &mut LaneTable,
+        index: usize,
+    ) -> Result<()> {
+        while !lt.complete && lt.blocks.len() <= index {
+            let last = lt.blocks[lt.blocks.len() - 1];
+            let trailer: TableTrailer = read_pod(pm, last * BLOCK_SIZE + TABLE_TRAILER_OFFSET);
+            if trailer.magic != TABLE_MAGIC {
+                return Err(Error::Corrupt(format!(
+                    "lane {lane} inode table block {last} has a bad trailer"
+                )));
+            }
+            if trailer.next_block == 0 {
+                lt.complete = true;
+                break;
+            }
+            // A cycle revisits a block: the set finds it in O(1).
+            if !self.geo.is_data_range(trailer.next_block, 1) || !lt.seen.insert(trailer.next_block)
+            {
+                return Err(Error::Corrupt(format!(
+                    "lane {lane} inode table links to bad block {}",
+                    trailer.next_block
+                )));
+            }
+            lt.blocks.push(trailer.next_block);
+        }
+        Ok(())
     }
 
     pub fn lane_count(&self) -> u32 {
         self.lane_count
     }
 
-    /// Table blocks of `lane` (recovery, fsck).
-    pub fn blocks(&self, lane: u32) -> Vec<u64> {
-        lock(&self.lanes[lane as usize]).clone()
+    /// Every table block of `lane` (recovery).
+    pub fn blocks<P: Pmem + ?Sized>(&self, pm: &P, lane: u32) -> Result<Vec<u64>> {
+        let mut lt = lock(&self.lanes[lane as usize]);
+        self.extend(pm, lane, &mut lt, usize::MAX)?;
+        Ok(lt.blocks.clone())
     }
 
     /// Record offset of an inode number, if its slot exists.
-    pub fn record_offset(&self, ino: u64) -> Option<u64> {
+    pub fn record_offset<P: Pmem + ?Sized>(&self, pm: &P, ino: u64) -> Result<Option<u64>> {
         if ino == 0 {
-            return None;
+            return Ok(None);
         }
         let (lane, slot) = ino_to_lane_slot(ino, self.lane_count);
-        let blocks = lock(&self.lanes[lane as usize]);
-        let block = *blocks.get((slot / INODES_PER_TABLE_BLOCK) as usize)?;
-        Some(block * BLOCK_SIZE + (slot % INODES_PER_TABLE_BLOCK) * INODE_RECORD_SIZE)
+        let index = (slot / INODES_PER_TABLE_BLOCK) as usize;
+        let mut lt = lock(&self.lanes[lane as usize]);
+        self.extend(pm, lane, &mut lt, index)?;
+        Ok(lt
+            .blocks
+            .get(index)
+            .map(|b| b * BLOCK_SIZE + (slot % INODES_PER_TABLE_BLOCK) * INODE_RECORD_SIZE))
     }
 
     /// Record offset for a slot about to be used, growing the lane's chain
@@ -330,9 +366,14 @@ impl InodeTables {
         lane: u32,
         slot: u64,
     ) -> Result<u64> {
-        let mut blocks = lock(&self.lanes[lane as usize]);
+        let mut lt = lock(&self.lanes[lane as usize]);
         let index = (slot / INODES_PER_TABLE_BLOCK) as usize;
-        while blocks.len() <= index {
+        self.extend(pm, lane, &mut lt, index)?;
+        if lt.blocks.len() <= index {
+            // Growing: the new block links after the chain's true end.
+            self.extend(pm, lane, &mut lt, usize::MAX)?;
+        }
+        while lt.blocks.len() <= index {
             let block = alloc.alloc_meta(lane).ok_or(Error::Errno(libc::ENOSPC))?;
             pm.zero_nt(block * BLOCK_SIZE, BLOCK_SIZE);
             let trailer = TableTrailer {
@@ -342,18 +383,19 @@ impl InodeTables {
             };
             write_pod(pm, block * BLOCK_SIZE + TABLE_TRAILER_OFFSET, &trailer);
             pm.persist(block * BLOCK_SIZE + TABLE_TRAILER_OFFSET, 128);
-            let last = blocks[blocks.len() - 1];
+            let last = lt.blocks[lt.blocks.len() - 1];
             let link = last * BLOCK_SIZE + TABLE_TRAILER_OFFSET + 8;
             pm.write_u64(link, block);
             pm.persist(link, 8);
-            blocks.push(block);
+            lt.blocks.push(block);
+            lt.seen.insert(block);
         }
-        Ok(blocks[index] * BLOCK_SIZE + (slot % INODES_PER_TABLE_BLOCK) * INODE_RECORD_SIZE)
+        Ok(lt.blocks[index] * BLOCK_SIZE + (slot % INODES_PER_TABLE_BLOCK) * INODE_RECORD_SIZE)
     }
 
     /// True if `off` is the state, head or tail field of some inode record
     /// (the only targets the journal may write).
-    pub fn is_record_field(&self, off: u64) -> bool {
+    pub fn is_record_field<P: Pmem + ?Sized>(&self, pm: &P, off: u64) -> Result<bool> {
         let in_block = off % BLOCK_SIZE;
         if in_block >= TABLE_TRAILER_OFFSET
             || !matches!(
@@ -361,10 +403,15 @@ impl InodeTables {
                 INODE_STATE_FIELD | INODE_HEAD_FIELD | INODE_TAIL_FIELD
             )
         {
-            return false;
+            return Ok(false);
         }
         let block = off / BLOCK_SIZE;
-        self.lanes.iter().any(|l| lock(l).contains(&block))
+        for lane in 0..self.lane_count {
+            if self.blocks(pm, lane)?.contains(&block) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 }
 

@@ -101,7 +101,7 @@ fn scan_lane<P: Pmem + ?Sized>(
             ))
         })
     };
-    for (index, table_block) in tables.blocks(lane).into_iter().enumerate() {
+    for (index, table_block) in tables.blocks(pm, lane)?.into_iter().enumerate() {
         if table_block >= geo.first_data_block {
             used(table_block, 1, &format!("lane {lane} inode table"))?;
         }
