@@ -412,10 +412,10 @@ pub fn all_workloads() -> Vec<Workload> {
             out.push(w(vec![a, sync, c], false));
         }
     }
-    for a in 0..n {
-        for b in 0..n {
-            let uses_held = OPS[a].uses_held_handle() || OPS[b].uses_held_handle();
-            let removes = OPS[a].removes_name() && OPS[b].removes_name();
+    for (a, x) in OPS.iter().enumerate() {
+        for (b, y) in OPS.iter().enumerate() {
+            let uses_held = x.uses_held_handle() || y.uses_held_handle();
+            let removes = x.removes_name() && y.removes_name();
             if uses_held || removes {
                 out.push(w(vec![a, b], true));
             }
