@@ -285,7 +285,9 @@ impl<P: Pmem> Fs<P> {
         // a posix-mode commit has no final fence, and a block reused and
         // overwritten before the tail is durable would show the next
         // operation's bytes through the old mapping after a crash.
-        let mut displaced = Vec::new();
+        // A durable commit frees them at once (no heap allocation on the
+        // strict/sync write path); a posix one collects them.
+        let mut displaced = (!durable).then(Vec::new);
         for w in tx.pieces.iter() {
             self.apply_committed(st, Entry::Write(*w), &mut displaced);
         }
@@ -299,11 +301,9 @@ impl<P: Pmem> Fs<P> {
                 &mut displaced,
             );
         }
-        if !displaced.is_empty() {
-            if !durable {
-                self.pm.fence();
-            }
-            for (b, n) in displaced {
+        if let Some(list) = displaced.filter(|l| !l.is_empty()) {
+            self.pm.fence();
+            for (b, n) in list {
                 self.free_blocks(b, n);
             }
         }
@@ -317,7 +317,14 @@ impl<P: Pmem> Fs<P> {
     /// Apply a committed entry to DRAM and collect the blocks it displaced
     /// in `displaced` (never the blocks it maps itself: an in-place entry
     /// remaps them), for the caller to free once the commit is durable.
-    fn apply_committed(&self, st: &mut InodeState, e: Entry<'_>, displaced: &mut Vec<(u64, u64)>) {
+    /// Displaced blocks are freed at once when the commit was durable, or
+    /// collected in `deferred` to be freed after the next fence.
+    fn apply_committed(
+        &self,
+        st: &mut InodeState,
+        e: Entry<'_>,
+        deferred: &mut Option<Vec<(u64, u64)>>,
+    ) {
         let own = match &e {
             Entry::Write(w) => (w.block, w.block + w.pages as u64),
             _ => (0, 0),
@@ -325,7 +332,10 @@ impl<P: Pmem> Fs<P> {
         let geo = self.geo;
         let mut released = |b: u64, n: u64| {
             if !(b >= own.0 && b < own.1) {
-                displaced.push((b, n));
+                match deferred {
+                    Some(list) => list.push((b, n)),
+                    None => self.free_blocks(b, n),
+                }
             }
         };
         let r = inode::apply_entry(&self.pm, &geo, st, e, &mut released);
