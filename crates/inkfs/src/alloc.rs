@@ -1051,6 +1051,50 @@ impl InodeSlots {
     }
 }
 
+/// A bitmap of the data area's used blocks, filled by the recovery scan's
+/// workers in parallel (atomic bit sets: no lock), which also catches a
+/// block referenced twice.
+pub struct UsedBlocks {
+    first_block: u64,
+    total_blocks: u64,
+    words: Vec<AtomicU64>,
+}
+
+impl UsedBlocks {
+    pub fn new(first_block: u64, total_blocks: u64) -> Self {
+        let n = (total_blocks - first_block).div_ceil(64) as usize;
+        UsedBlocks {
+            first_block,
+            total_blocks,
+            words: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Mark `[start, start + len)` used; Err(block) names the first block
+    /// that was already used, or lies outside the data area.
+    pub fn mark(&self, start: u64, len: u64) -> Result<(), AllocError> {
+        let end = start
+            .checked_add(len)
+            .filter(|&e| len > 0 && start >= self.first_block && e <= self.total_blocks);
+        let Some(end) = end else {
+            return Err(AllocError::OutOfRange { start, len });
+        };
+        for block in start..end {
+            let i = block - self.first_block;
+            let bit = 1u64 << (i % 64);
+            if self.words[(i / 64) as usize].fetch_or(bit, Ordering::Relaxed) & bit != 0 {
+                return Err(AllocError::AlreadyUsed { block });
+            }
+        }
+        Ok(())
+    }
+
+    pub fn is_used(&self, block: u64) -> bool {
+        let i = block - self.first_block;
+        self.words[(i / 64) as usize].load(Ordering::Relaxed) & (1u64 << (i % 64)) != 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     /// The one-sweep constructor recovery uses gives the same free lists as
@@ -1068,7 +1112,7 @@ mod tests {
                 x ^= x >> 7;
                 x ^= x << 17;
                 let len = (x % 9).min(total - block);
-                if x % 3 == 0 && len > 0 {
+                if x.is_multiple_of(3) && len > 0 {
                     used.mark(block, len).unwrap();
                     slow.mark_used(block, len).unwrap();
                 }
@@ -1978,49 +2022,5 @@ mod tests {
             }
             prop_assert_eq!(h.a.free_blocks(), capacity);
         }
-    }
-}
-
-/// A bitmap of the data area's used blocks, filled by the recovery scan's
-/// workers in parallel (atomic bit sets: no lock), which also catches a
-/// block referenced twice.
-pub struct UsedBlocks {
-    first_block: u64,
-    total_blocks: u64,
-    words: Vec<AtomicU64>,
-}
-
-impl UsedBlocks {
-    pub fn new(first_block: u64, total_blocks: u64) -> Self {
-        let n = (total_blocks - first_block).div_ceil(64) as usize;
-        UsedBlocks {
-            first_block,
-            total_blocks,
-            words: (0..n).map(|_| AtomicU64::new(0)).collect(),
-        }
-    }
-
-    /// Mark `[start, start + len)` used; Err(block) names the first block
-    /// that was already used, or lies outside the data area.
-    pub fn mark(&self, start: u64, len: u64) -> Result<(), AllocError> {
-        let end = start
-            .checked_add(len)
-            .filter(|&e| len > 0 && start >= self.first_block && e <= self.total_blocks);
-        let Some(end) = end else {
-            return Err(AllocError::OutOfRange { start, len });
-        };
-        for block in start..end {
-            let i = block - self.first_block;
-            let bit = 1u64 << (i % 64);
-            if self.words[(i / 64) as usize].fetch_or(bit, Ordering::Relaxed) & bit != 0 {
-                return Err(AllocError::AlreadyUsed { block });
-            }
-        }
-        Ok(())
-    }
-
-    pub fn is_used(&self, block: u64) -> bool {
-        let i = block - self.first_block;
-        self.words[(i / 64) as usize].load(Ordering::Relaxed) & (1u64 << (i % 64)) != 0
     }
 }
