@@ -638,7 +638,7 @@ fn shared_file(mode: Mode) {
                     let mut i = 0u64;
                     while Instant::now() < deadline {
                         i += 1;
-                        if t == 3 && i % 16 == 0 {
+                        if t == 3 && i.is_multiple_of(16) {
                             // Page-aligned truncates, shrinking and growing.
                             let size = rng.below(PAGES + 1) * BLOCK_SIZE;
                             fs.setattr(
@@ -665,7 +665,7 @@ fn shared_file(mode: Mode) {
                         }
                         let data = vec![v; (n * BLOCK_SIZE) as usize];
                         fs.write(&fh, first * BLOCK_SIZE, &data).unwrap();
-                        if t == 2 && i % 8 == 0 {
+                        if t == 2 && i.is_multiple_of(8) {
                             fs.fsync(&fh, false).unwrap();
                         }
                     }
