@@ -233,10 +233,21 @@ impl PoolLock {
             .open(&path)
             .map_err(|e| format!("{}: {e}", path.display()))?;
         // SAFETY: flock on a descriptor we own; no memory is involved.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        let try_lock =
+            |f: &File| unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        let mut rc = try_lock(&file);
+        // A holder whose mount point is already gone is a server finishing
+        // its clean unmount (saving the allocator) right after `umount`
+        // returned: wait for it rather than fail a script's remount.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while rc != 0 && std::time::Instant::now() < deadline && holder_is_exiting(&mut file) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            rc = try_lock(&file);
+        }
         if rc != 0 {
             let e = std::io::Error::last_os_error();
             if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                let _ = file.rewind();
                 let mut holder = String::new();
                 let _ = file.read_to_string(&mut holder);
                 let mut words = holder.split_whitespace();
@@ -264,6 +275,30 @@ impl PoolLock {
         let _ = self.file.rewind();
         let _ = writeln!(self.file, "{} {}", std::process::id(), mountpoint.display());
     }
+}
+
+/// True if the lock file names a holder whose mount point is not mounted
+/// any more (or no mount point at all while its process is alive).
+fn holder_is_exiting(file: &mut File) -> bool {
+    let mut holder = String::new();
+    let _ = file.rewind();
+    if file.read_to_string(&mut holder).is_err() {
+        return false;
+    }
+    let mut words = holder.split_whitespace();
+    let Some(_pid) = words.next() else {
+        return true; // emptied: the holder is releasing the lock
+    };
+    let mnt = words.collect::<Vec<_>>().join(" ");
+    if mnt.is_empty() {
+        return false;
+    }
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    // /proc/mounts escapes blanks as octal: compare escaped.
+    let escaped = mnt.replace(' ', "\\040").replace('\t', "\\011");
+    !mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some(escaped.as_str()))
 }
 
 impl Drop for PoolLock {

@@ -168,6 +168,9 @@ pub fn serve_pool(cfg: &MountConfig, mnt: &Path, notify: &mut Notify) -> i32 {
             return 1;
         }
     };
+    // DRAM pools: take tmpfs's first-touch page faults in the background
+    // now rather than one per fresh block inside write requests.
+    fs.pmem().populate_in_background();
     let r = fs.mount_report().clone();
     let info = vec![
         ("engine".to_string(), "inkfs".to_string()),
