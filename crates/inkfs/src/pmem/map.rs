@@ -653,6 +653,35 @@ mod tests {
         assert_eq!(back[4097], 0);
     }
 
+    /// The background populator changes no byte and is joined at drop,
+    /// even while it is still running.
+    #[test]
+    fn populate_in_background_keeps_contents_and_stops_at_drop() {
+        if std::env::var("INKFS_BACKEND").as_deref() == Ok("msync") {
+            return;
+        }
+        let (_tmp, path) = create(Path::new("/dev/shm"));
+        let opts = OpenOptions {
+            create_size_bytes: Some(256 << 20),
+            read_only: false,
+        };
+        let pool = MappedPool::open(&path, &opts).expect("create");
+        pool.write(12345, b"kept");
+        pool.persist(12345, 4);
+        pool.populate_in_background();
+        pool.populate_in_background(); // idempotent
+        let mut buf = [0u8; 4];
+        pool.read(12345, &mut buf);
+        assert_eq!(&buf, b"kept");
+        drop(pool); // must not hang or fault
+        let pool = MappedPool::open(&path, &OpenOptions::default()).expect("reopen");
+        pool.read(12345, &mut buf);
+        assert_eq!(&buf, b"kept");
+        let mut tail = [1u8; 8];
+        pool.read((256 << 20) - 8, &mut tail);
+        assert_eq!(tail, [0; 8], "populating wrote nothing");
+    }
+
     #[test]
     fn shm_pool_is_dram_with_cpu_flushes() {
         if std::env::var("INKFS_BACKEND").as_deref() == Ok("msync") {
