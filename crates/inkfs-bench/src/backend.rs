@@ -184,6 +184,10 @@ impl Lib {
                 read_only: false,
             },
         )?;
+        // Steady state, as the FUSE server reaches it: a fresh tmpfs pool
+        // would otherwise charge a page fault to the first store to each
+        // page, which copy-on-write overwrites hit all the time.
+        inkfs::pmem::prefault(&pm);
         Fs::format(&pm, &FormatOptions::default()).map_err(e)?;
         let fs = Fs::mount(
             pm,
