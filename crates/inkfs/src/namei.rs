@@ -832,19 +832,6 @@ impl<P: Pmem> Fs<P> {
         records: &mut Vec<JournalRecord>,
     ) -> Result<(Vec<Pending>, Option<DropOutcome>)> {
         let mut pending: Vec<Pending> = Vec::new();
-        let cursor_of =
-            |pending: &mut Vec<Pending>, inode: &Arc<Inode>, st: &InodeState| -> usize {
-                if let Some(i) = pending.iter().position(|p| p.ino == inode.ino) {
-                    return i;
-                }
-                pending.push(Pending {
-                    ino: inode.ino,
-                    rec_off: inode.rec_off,
-                    cur: st.log,
-                    entries: 0,
-                });
-                pending.len() - 1
-            };
         let m_seq = locked
             .get(sp.ino)
             .dir()
@@ -860,7 +847,6 @@ impl<P: Pmem> Fs<P> {
         };
 
         // Source directory: the old name goes (or, for exchange, points at v).
-        let i = cursor_of(&mut pending, sp, locked.get(sp.ino));
         let src_entry = match (flags.exchange, v) {
             (true, Some(v)) => {
                 let e = EntryBuf::dir(true, v.ino, next_seq_sp, now, v.kind, name);
@@ -872,50 +858,33 @@ impl<P: Pmem> Fs<P> {
             }
             _ => EntryBuf::dir(false, m.ino, m_seq, now, m.kind, name),
         };
-        self.log_append(sp.ino, &mut pending[i].cur, &src_entry, pages)?;
-        pending[i].entries += 1;
+        self.append_pending(&mut pending, sp, locked.get(sp.ino), &src_entry, pages)?;
 
         // Destination directory: the new name points at m.
-        let i = cursor_of(&mut pending, dp, locked.get(dp.ino));
-        self.log_append(
-            dp.ino,
-            &mut pending[i].cur,
-            &EntryBuf::dir(true, m.ino, next_seq_dp, now, m.kind, newname),
-            pages,
-        )?;
-        pending[i].entries += 1;
+        let dst_entry = EntryBuf::dir(true, m.ino, next_seq_dp, now, m.kind, newname);
+        self.append_pending(&mut pending, dp, locked.get(dp.ino), &dst_entry, pages)?;
 
         // The moved inode: ctime, and ".." when a directory changes parent.
-        let mut ma = locked.get(m.ino).attr;
-        ma.ctime_ns = now;
-        if m.kind == FileKind::Dir {
-            ma.rdev_or_parent = dp.ino;
-        }
-        let i = cursor_of(&mut pending, m, locked.get(m.ino));
-        self.log_append(
-            m.ino,
-            &mut pending[i].cur,
+        let ma = moved_attr(m, locked.get(m.ino), dp.ino, now);
+        self.append_pending(
+            &mut pending,
+            m,
+            locked.get(m.ino),
             &EntryBuf::attr(false, ma),
             pages,
         )?;
-        pending[i].entries += 1;
 
         let mut outcome = None;
         if let Some(v) = v {
             if flags.exchange {
-                let mut va = locked.get(v.ino).attr;
-                va.ctime_ns = now;
-                if v.kind == FileKind::Dir {
-                    va.rdev_or_parent = sp.ino;
-                }
-                let i = cursor_of(&mut pending, v, locked.get(v.ino));
-                self.log_append(
-                    v.ino,
-                    &mut pending[i].cur,
+                let va = moved_attr(v, locked.get(v.ino), sp.ino, now);
+                self.append_pending(
+                    &mut pending,
+                    v,
+                    locked.get(v.ino),
                     &EntryBuf::attr(false, va),
                     pages,
                 )?;
-                pending[i].entries += 1;
             } else {
                 let mut vrecords = Vec::new();
                 // The victim loses a link: its tail or state joins the records.
@@ -978,17 +947,38 @@ impl<P: Pmem> Fs<P> {
             );
         }
         let st = locked.get(m.ino);
-        st.attr.ctime_ns = now;
-        if m.kind == FileKind::Dir {
-            st.attr.rdev_or_parent = dp.ino;
-        }
+        st.attr = moved_attr(m, st, dp.ino, now);
         if let (true, Some(v)) = (flags.exchange, v) {
             let st = locked.get(v.ino);
-            st.attr.ctime_ns = now;
-            if v.kind == FileKind::Dir {
-                st.attr.rdev_or_parent = sp.ino;
-            }
+            st.attr = moved_attr(v, st, sp.ino, now);
         }
+    }
+
+    /// Append `entry` to `inode`'s pending cursor, which starts at its
+    /// committed log position the first time the inode is met.
+    fn append_pending(
+        &self,
+        pending: &mut Vec<Pending>,
+        inode: &Inode,
+        st: &InodeState,
+        entry: &EntryBuf,
+        pages: &mut NewPages,
+    ) -> Result<()> {
+        let i = match pending.iter().position(|p| p.ino == inode.ino) {
+            Some(i) => i,
+            None => {
+                pending.push(Pending {
+                    ino: inode.ino,
+                    rec_off: inode.rec_off,
+                    cur: st.log,
+                    entries: 0,
+                });
+                pending.len() - 1
+            }
+        };
+        self.log_append(inode.ino, &mut pending[i].cur, entry, pages)?;
+        pending[i].entries += 1;
+        Ok(())
     }
 
     /// Entries of directory `ino` after `cookie` ("." and ".." first), until
@@ -1036,6 +1026,17 @@ impl<P: Pmem> Fs<P> {
         }
         Ok(())
     }
+}
+
+/// Attributes of an inode moved by rename: new ctime, and for a directory
+/// its new parent ("..").
+fn moved_attr(inode: &Inode, st: &InodeState, new_parent: u64, now: i64) -> AttrEntry {
+    let mut a = st.attr;
+    a.ctime_ns = now;
+    if inode.kind == FileKind::Dir {
+        a.rdev_or_parent = new_parent;
+    }
+    a
 }
 
 /// The victim's or unlinked child's fate, decided before the commit and
