@@ -5,7 +5,7 @@
 //! names (each create is durable on return), and accept new creates.
 
 use inkfs::fsck::{self, FsckOptions};
-use inkfs::pmem::{Pmem, SimPool};
+use inkfs::pmem::SimPool;
 use inkfs::types::{FormatOptions, MountOptions};
 use inkfs::Fs;
 
