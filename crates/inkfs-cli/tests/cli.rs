@@ -46,7 +46,7 @@ fn mkfs_then_stat() {
     let o = inkfs(&["stat", pool.s()]);
     assert!(o.status.success(), "{}", text(&o));
     let t = text(&o);
-    assert!(t.contains("format version:  1"), "{t}");
+    assert!(t.contains("format version:  2"), "{t}");
     assert!(
         t.contains("DRAM"),
         "a /dev/shm pool is the DRAM backend: {t}"

@@ -572,6 +572,7 @@ pub fn run_engine<E: Engine>(
                 lines.push(("bytes_free".into(), (s.blocks_free * bs).to_string()));
                 lines.push(("inodes_total".into(), s.files.to_string()));
                 lines.push(("inodes_free".into(), s.files_free.to_string()));
+                lines.extend(engine.report_lines());
             }
             stats.report(&lines, json)
         })

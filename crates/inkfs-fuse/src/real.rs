@@ -125,6 +125,22 @@ impl<P: Pmem> Engine for Fs<P> {
     fn sync(&self) -> Result<()> {
         Fs::sync(self)
     }
+    fn report_lines(&self) -> Vec<(String, String)> {
+        let g = self.gc_stats();
+        let (inodes, pages) = self.loaded_log_pages();
+        [
+            ("inodes_loaded", inodes),
+            ("log_pages_of_loaded_inodes", pages),
+            ("gc_fast_scans", g.fast_scans),
+            ("gc_fast_pages_freed", g.fast_pages_freed),
+            ("gc_fast_refused", g.fast_refused),
+            ("gc_compactions", g.compactions),
+            ("gc_compaction_pages_freed", g.compaction_pages_freed),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+    }
 }
 
 /// Open the pool of `cfg`, mount the engine and serve it on `mnt`.

@@ -807,6 +807,15 @@ fn stats_socket() {
     let m = Mounted::new(&pool, "");
     fs::write(m.p("f"), vec![1u8; 100_000]).unwrap();
     let _ = fs::read(m.p("f")).unwrap();
+    // A hot page: every overwrite appends a log entry, and fast GC unlinks
+    // the log pages that later overwrites made dead.
+    {
+        use std::os::unix::fs::FileExt;
+        let hot = fs::OpenOptions::new().write(true).open(m.p("f")).unwrap();
+        for i in 0..600u32 {
+            hot.write_all_at(&[i as u8; 4096], 0).unwrap();
+        }
+    }
     let json = inkfs_fuse::stat_mountpoint(m.path(), true)
         .unwrap()
         .unwrap();
@@ -815,8 +824,21 @@ fn stats_socket() {
         "{json}"
     );
     assert!(json.contains("\"write\":{\"count\":"), "{json}");
-    assert!(json.contains("\"bytes_written\":100000"), "{json}");
+    assert!(json.contains("\"bytes_written\":2557600,"), "{json}");
     assert!(json.contains("\"bytes_free\":"), "{json}");
+    let field = |key: &str| -> u64 {
+        let at = json
+            .find(&format!("\"{key}\":"))
+            .unwrap_or_else(|| panic!("no {key} in {json}"));
+        let digits: String = json[at + key.len() + 3..]
+            .chars()
+            .take_while(|c| c.is_ascii_digit())
+            .collect();
+        digits.parse().unwrap()
+    };
+    assert!(field("gc_fast_pages_freed") > 0, "{json}");
+    assert_eq!(field("gc_fast_refused"), 0, "{json}");
+    assert!(field("log_pages_of_loaded_inodes") > 0, "{json}");
     let text = run(Command::new(BIN).arg("stat").arg(m.path())).stdout;
     assert!(String::from_utf8_lossy(&text).contains("create"));
     let plain = tempfile::tempdir().unwrap();

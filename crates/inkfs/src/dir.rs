@@ -89,6 +89,11 @@ impl DirIndex {
             })
     }
 
+    /// Same names mapping to the same children (the sequence counter aside).
+    pub fn same_children(&self, other: &DirIndex) -> bool {
+        self.by_name == other.by_name
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], Child)> + '_ {
         self.by_seq
             .values()

@@ -14,7 +14,11 @@ compile_error!("inkfs' on-media format is little-endian and is read with native 
 pub const BLOCK_SIZE: u64 = 4096;
 pub const BLOCK_SHIFT: u32 = 12;
 pub const MAGIC: [u8; 8] = *b"INKFSpm1";
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: a log may begin with any entry (fast GC unlinks the page holding the
+/// first attribute snapshot once a newer one supersedes it); it must hold
+/// one somewhere. Version 1 pools are read as they are and marked 2 by the
+/// first read-write mount.
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Block numbers of the two superblock copies.
 pub const SUPER_PRIMARY_BLOCK: u64 = 0;

@@ -61,6 +61,7 @@ pub struct Fs<P: Pmem> {
     /// Blocks held in inodes' DRAM reservations (free for statfs: they
     /// return to the allocator at the last close, and are free after a crash).
     pub(crate) reserved_blocks: AtomicU64,
+    pub(crate) gc: crate::gc::GcCounters,
     report: MountReport,
 }
 
@@ -120,6 +121,9 @@ impl<P: Pmem> Fs<P> {
         };
         if !opts.read_only {
             sb.state = STATE_MOUNTED;
+            // Every older format is a subset of this one; from here on,
+            // logs may use what this version allows.
+            sb.version = FORMAT_VERSION;
             sb.mount_epoch += 1;
             sb.seal();
             superblock::write_superblocks(&pm, &sb);
@@ -140,6 +144,7 @@ impl<P: Pmem> Fs<P> {
             journals,
             rename_lock: Mutex::new(()),
             reserved_blocks: AtomicU64::new(0),
+            gc: Default::default(),
             report,
         };
         let root = fs.iget(ROOT_INO)?;
@@ -522,9 +527,23 @@ impl<P: Pmem> Fs<P> {
         j.commit(&self.pm, records);
     }
 
-    /// Compact an inode's log when most of it is dead (log GC).
+    /// Log GC after an operation committed: unlink dead log pages, and
+    /// compact the log when most of it is dead.
     pub(crate) fn maybe_compact(&self, inode: &Inode, st: &mut InodeState) {
-        crate::gc::maybe_compact(self, inode, st);
+        crate::gc::maybe_collect(self, inode, st);
+    }
+
+    /// Inodes loaded in DRAM, and the log pages they hold (for statistics:
+    /// walks the inode cache).
+    pub fn loaded_log_pages(&self) -> (u64, u64) {
+        let all = self.cache.all();
+        let pages = all.iter().map(|i| read(&i.state).log.pages).sum();
+        (all.len() as u64, pages)
+    }
+
+    /// Log GC activity since mount.
+    pub fn gc_stats(&self) -> GcStats {
+        self.gc.snapshot()
     }
 }
 

@@ -1,17 +1,47 @@
-//! Log garbage collection (NOVA's thorough GC): when fewer than half of an
-//! inode's log entries are still live, write a compact log that describes
-//! the inode's current state and switch the inode to it with one journaled
-//! (head, tail) change. The old pages return to the allocator.
+//! Log garbage collection, NOVA's two kinds.
 //!
-//! Crash safety: the new log is written and flushed before the journal
-//! commit; a crash before the commit leaves the old log in place (the new
-//! pages are unreferenced and free to recovery), after it the new one.
+//! **Fast GC** unlinks log pages whose every entry is dead, copying nothing:
+//! one persisted 8-byte store per run of dead pages (the previous page's
+//! footer link, or the inode's head). **Thorough GC** (compaction), when
+//! fewer than half of a log's entries are live, writes a compact log that
+//! describes the inode's current state and switches the inode to it with
+//! one journaled (head, tail) change.
+//!
+//! When an entry is dead. A *positive* entry (DIR_ADD, XATTR_SET, a
+//! FILE_WRITE that maps blocks, the snapshot in SET_ATTR/LINK_CHANGE) is dead
+//! once later entries supersede all it says: the same name, every page it
+//! maps, a later snapshot. Its side effects (mtime, ctime, size) are
+//! superseded with it: the superseding entry sets the same fields. A
+//! *negative* entry (DIR_REMOVE, XATTR_REMOVE, a hole FILE_WRITE, the
+//! truncation a shrinking SET_ATTR implies) cancels older positive ones, so
+//! it may go only when no older entry about its key survives in the log;
+//! otherwise a replay would resurrect what it cancelled.
+//!
+//! A guard against anything this reasoning misses (a shrinking SET_ATTR's
+//! effect depends on the size before it): the surviving entries are
+//! replayed in DRAM and must rebuild exactly what the whole log does, or
+//! nothing is dropped.
+//!
+//! Crash safety. Fast GC unlinks runs of dead pages oldest first, each with
+//! one persisted atomic store; a crash between two leaves the oldest runs
+//! dropped, which replays to the same state by the same argument (what
+//! supersedes a dropped entry is newer, so still present; what a dropped
+//! negative entry cancelled is older, so already gone). Pages return to the
+//! allocator only after every link is persisted. Compaction writes and
+//! flushes the new log before the journal commit: a crash before the commit
+//! leaves the old log (the new pages are unreferenced, free to recovery),
+//! after it the new one.
 
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::extents::{Extent, FileMap};
 use crate::format::*;
 use crate::fs::{rec, Fs};
-use crate::inode::{Body, Inode, InodeState};
-use crate::log::{self, EntryBuf, LogCursor, NewPages};
+use crate::inode::{apply_entry, Body, Inode, InodeState};
+use crate::log::{self, Entry, EntryBuf, LogCursor, NewPages};
 use crate::pmem::Pmem;
+use crate::types::GcStats;
 
 /// Logs shorter than this many entries are never compacted.
 const MIN_ENTRIES: u64 = 128;
@@ -29,17 +59,400 @@ fn live_entries(st: &InodeState) -> u64 {
         }
 }
 
-pub fn maybe_compact<P: Pmem>(fs: &Fs<P>, inode: &Inode, st: &mut InodeState) {
-    if fs.read_only
-        || st.gone
-        || st.log_entries < MIN_ENTRIES
-        || st.log_entries < 2 * live_entries(st)
-    {
+/// Logs shorter than this many pages are never scanned by fast GC (the
+/// head page and the tail page leave nothing between them).
+const FAST_MIN_PAGES: u64 = 3;
+
+/// GC after an operation committed, under the inode's write lock.
+pub fn maybe_collect<P: Pmem>(fs: &Fs<P>, inode: &Inode, st: &mut InodeState) {
+    if fs.read_only || st.gone {
         return;
     }
-    // Failure (ENOSPC) just leaves the old log: compaction is an optimisation.
-    let _ = compact(fs, inode, st);
+    if st.log.pages >= st.fast_gc_at.max(FAST_MIN_PAGES) {
+        // An error (a log fast GC cannot read) leaves the log as it is:
+        // GC is an optimisation, and the next mount reports the damage.
+        let _ = fast_collect(fs, inode, st);
+        // The next scan waits until the log grew by half: scanning costs
+        // O(log length), so this keeps it O(1) per appended page.
+        st.fast_gc_at = st.log.pages + (st.log.pages / 2).max(1);
+    }
+    if st.log_entries >= MIN_ENTRIES && st.log_entries >= 2 * live_entries(st) {
+        // Failure (ENOSPC) just leaves the old log.
+        let _ = compact(fs, inode, st);
+    }
 }
+
+/// Counters behind `Fs::gc_stats`.
+#[derive(Default)]
+pub struct GcCounters {
+    fast_scans: AtomicU64,
+    fast_pages_freed: AtomicU64,
+    fast_refused: AtomicU64,
+    compactions: AtomicU64,
+    compaction_pages_freed: AtomicU64,
+}
+
+impl GcCounters {
+    pub fn snapshot(&self) -> GcStats {
+        GcStats {
+            fast_scans: self.fast_scans.load(Relaxed),
+            fast_pages_freed: self.fast_pages_freed.load(Relaxed),
+            fast_refused: self.fast_refused.load(Relaxed),
+            compactions: self.compactions.load(Relaxed),
+            compaction_pages_freed: self.compaction_pages_freed.load(Relaxed),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Fast GC
+// ---------------------------------------------------------------------------
+
+/// What fast GC needs to know of one entry.
+enum Key {
+    /// An attribute snapshot; `cut` is the first file page a shrinking
+    /// size unmaps.
+    Attr {
+        cut: Option<u64>,
+    },
+    /// File pages `[start, end)` mapped to blocks, or punched when `hole`.
+    Write {
+        start: u64,
+        end: u64,
+        hole: bool,
+    },
+    Dir {
+        name: Box<[u8]>,
+        add: bool,
+    },
+    Xattr {
+        name: Box<[u8]>,
+        set: bool,
+    },
+    Symlink,
+}
+
+/// Disjoint, merged ranges of file pages.
+#[derive(Default)]
+struct PageSet(BTreeMap<u64, u64>);
+
+impl PageSet {
+    fn insert(&mut self, mut start: u64, mut end: u64) {
+        if let Some((&s, &e)) = self.0.range(..=start).next_back() {
+            if e >= start {
+                start = s;
+                end = end.max(e);
+                self.0.remove(&s);
+            }
+        }
+        while let Some((&s, &e)) = self.0.range(start..=end).next() {
+            end = end.max(e);
+            self.0.remove(&s);
+        }
+        self.0.insert(start, end);
+    }
+    fn covers(&self, start: u64, end: u64) -> bool {
+        self.0
+            .range(..=start)
+            .next_back()
+            .is_some_and(|(_, &e)| e >= end && e > start)
+    }
+    fn intersects(&self, start: u64, end: u64) -> bool {
+        self.0
+            .range(..end)
+            .next_back()
+            .is_some_and(|(_, &e)| e > start)
+    }
+}
+
+/// Keys that entries in surviving pages mention (positive entries only:
+/// those are what a dropped negative entry could resurrect).
+#[derive(Default)]
+struct Present<'a> {
+    pages: PageSet,
+    names: HashSet<&'a [u8]>,
+    xattrs: HashSet<&'a [u8]>,
+}
+
+/// Unlink the log pages of `inode` whose entries are all dead. Returns the
+/// number of pages freed.
+pub fn fast_collect<P: Pmem>(fs: &Fs<P>, inode: &Inode, st: &mut InodeState) -> crate::Result<u64> {
+    fs.gc.fast_scans.fetch_add(1, Relaxed);
+    let pages = log::chain_pages(&fs.pm, &fs.geo, st.log.head, st.log.pages)?;
+    debug_assert_eq!(pages.last(), Some(&(st.log.tail / BLOCK_SIZE)));
+    let (keys, first_entry, whole) = read_keys(fs, inode, st, &pages)?;
+    let dead = superseded(&keys);
+    let keep = pages_to_keep(&keys, &dead, &first_entry);
+    if keep.iter().all(|&k| k) {
+        return Ok(0);
+    }
+    if !replays_the_same(fs, inode, st, &pages, &keep, &whole)? {
+        fs.gc.fast_refused.fetch_add(1, Relaxed);
+        return Ok(0);
+    }
+    let dropped_entries: usize = (0..pages.len())
+        .filter(|&i| !keep[i])
+        .map(|i| first_entry[i + 1] - first_entry[i])
+        .sum();
+    let freed = unlink_dropped(fs, inode, st, &pages, &keep);
+    st.log_entries -= dropped_entries as u64;
+    fs.gc.fast_pages_freed.fetch_add(freed, Relaxed);
+    Ok(freed)
+}
+
+/// Decode every entry's key, oldest first; `first_entry[i]` is the index of
+/// page `i`'s first entry (one more element than pages). Also returns the
+/// state the whole log replays to.
+fn read_keys<P: Pmem>(
+    fs: &Fs<P>,
+    inode: &Inode,
+    st: &InodeState,
+    pages: &[u64],
+) -> crate::Result<(Vec<Key>, Vec<usize>, InodeState)> {
+    let mut keys = Vec::with_capacity(st.log_entries as usize);
+    let mut first_entry = Vec::with_capacity(pages.len() + 1);
+    let mut whole = InodeState::empty(inode.kind, st.generation, st.orphan);
+    let mut buf = [0u8; BLOCK_SIZE as usize];
+    for &page in pages {
+        first_entry.push(keys.len());
+        replay_page(
+            fs,
+            inode,
+            st.log.tail,
+            page,
+            &mut whole,
+            &mut buf,
+            |e, before| keys.push(key_of(e, before.attr.size)),
+        )?;
+    }
+    first_entry.push(keys.len());
+    Ok((keys, first_entry, whole))
+}
+
+/// Replay one log page into `into`, showing `see` each entry and the state
+/// before it.
+fn replay_page<P: Pmem>(
+    fs: &Fs<P>,
+    inode: &Inode,
+    tail: u64,
+    page: u64,
+    into: &mut InodeState,
+    buf: &mut [u8; BLOCK_SIZE as usize],
+    mut see: impl FnMut(&Entry<'_>, &InodeState),
+) -> crate::Result<()> {
+    log::page_entries(&fs.pm, inode.ino, page, tail, buf, &mut |_, e| {
+        see(&e, into);
+        apply_entry(&fs.pm, &fs.geo, into, e, &mut |_, _| {})
+            .map_err(|m| crate::Error::Corrupt(format!("inode {}: {m}", inode.ino)))
+    })?;
+    Ok(())
+}
+
+/// `size` is the file size the log replays to just before `e`.
+fn key_of(e: &Entry<'_>, size: u64) -> Key {
+    match e {
+        Entry::Attr { attr, .. } => Key::Attr {
+            cut: (attr.size < size).then(|| attr.size.div_ceil(BLOCK_SIZE)),
+        },
+        Entry::Write(w) => Key::Write {
+            start: w.file_page,
+            end: w.file_page + w.pages as u64,
+            hole: w.block == 0,
+        },
+        Entry::DirAdd { name, .. } => Key::Dir {
+            name: (*name).into(),
+            add: true,
+        },
+        Entry::DirRemove { name, .. } => Key::Dir {
+            name: (*name).into(),
+            add: false,
+        },
+        Entry::XattrSet { name, .. } => Key::Xattr {
+            name: (*name).into(),
+            set: true,
+        },
+        Entry::XattrRemove { name, .. } => Key::Xattr {
+            name: (*name).into(),
+            set: false,
+        },
+        Entry::Symlink(_) => Key::Symlink,
+    }
+}
+
+/// Newest to oldest: is everything each entry says superseded by a later
+/// entry about the same keys?
+fn superseded(keys: &[Key]) -> Vec<bool> {
+    let mut dead = vec![false; keys.len()];
+    let mut later_attr = false;
+    let mut covered = PageSet::default();
+    let mut names: HashSet<&[u8]> = HashSet::new();
+    let mut xattrs: HashSet<&[u8]> = HashSet::new();
+    for (i, key) in keys.iter().enumerate().rev() {
+        dead[i] = match key {
+            Key::Attr { cut } => {
+                // A later shrink to a size at or below this one unmaps all
+                // this one did.
+                let d = later_attr && cut.is_none_or(|c| covered.covers(c, u64::MAX));
+                if let Some(c) = cut {
+                    covered.insert(*c, u64::MAX);
+                }
+                later_attr = true;
+                d
+            }
+            Key::Write { start, end, .. } => {
+                let d = covered.covers(*start, *end);
+                covered.insert(*start, *end);
+                d
+            }
+            Key::Dir { name, .. } => !names.insert(name),
+            Key::Xattr { name, .. } => !xattrs.insert(name),
+            Key::Symlink => false,
+        };
+    }
+    dead
+}
+
+/// Oldest to newest: a page goes if every entry in it is superseded, or is
+/// a negative entry that cancels nothing surviving before it (its positive
+/// part, a shrink's attribute snapshot, superseded). The tail page stays.
+fn pages_to_keep(keys: &[Key], dead: &[bool], first_entry: &[usize]) -> Vec<bool> {
+    let n = first_entry.len() - 1;
+    let last_attr = keys.iter().rposition(|k| matches!(k, Key::Attr { .. }));
+    let mut keep = vec![true; n];
+    let mut present = Present::default();
+    for (i, k) in keep.iter_mut().enumerate() {
+        let range = first_entry[i]..first_entry[i + 1];
+        let droppable = |j: usize| {
+            dead[j]
+                || match &keys[j] {
+                    Key::Attr { cut: Some(c) } => {
+                        Some(j) != last_attr && !present.pages.intersects(*c, u64::MAX)
+                    }
+                    Key::Write {
+                        start,
+                        end,
+                        hole: true,
+                    } => !present.pages.intersects(*start, *end),
+                    Key::Dir { name, add: false } => !present.names.contains(&name[..]),
+                    Key::Xattr { name, set: false } => !present.xattrs.contains(&name[..]),
+                    _ => false,
+                }
+        };
+        *k = i + 1 == n || !range.clone().all(droppable);
+        if *k {
+            for key in &keys[range] {
+                match key {
+                    Key::Write {
+                        start,
+                        end,
+                        hole: false,
+                    } => present.pages.insert(*start, *end),
+                    Key::Dir { name, add: true } => {
+                        present.names.insert(name);
+                    }
+                    Key::Xattr { name, set: true } => {
+                        present.xattrs.insert(name);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    keep
+}
+
+/// Replay only the kept pages: they must rebuild `whole` exactly.
+fn replays_the_same<P: Pmem>(
+    fs: &Fs<P>,
+    inode: &Inode,
+    st: &InodeState,
+    pages: &[u64],
+    keep: &[bool],
+    whole: &InodeState,
+) -> crate::Result<bool> {
+    let mut kept = InodeState::empty(inode.kind, st.generation, st.orphan);
+    let mut buf = [0u8; BLOCK_SIZE as usize];
+    for (&page, _) in pages.iter().zip(keep).filter(|(_, &k)| k) {
+        replay_page(fs, inode, st.log.tail, page, &mut kept, &mut buf, |_, _| {})?;
+    }
+    let same_body = match (&kept.body, &whole.body) {
+        (Body::File(a), Body::File(b)) => merged(a) == merged(b),
+        (Body::Dir(a), Body::Dir(b)) => a.same_children(b),
+        (
+            Body::Symlink {
+                target: a,
+                block: x,
+            },
+            Body::Symlink {
+                target: b,
+                block: y,
+            },
+        ) => a == b && x == y,
+        (Body::Special, Body::Special) => true,
+        _ => false,
+    };
+    Ok(same_body && kept.attr == whole.attr && kept.xattrs == whole.xattrs)
+}
+
+/// A file map as maximal extents (replays of different histories may
+/// split the same mapping differently).
+fn merged(map: &FileMap) -> Vec<Extent> {
+    let mut out: Vec<Extent> = Vec::with_capacity(map.extent_count());
+    for e in map.iter() {
+        match out.last_mut() {
+            Some(l) if l.end() == e.page && l.block + l.pages == e.block => l.pages += e.pages,
+            _ => out.push(e),
+        }
+    }
+    out
+}
+
+/// Unlink every run of dropped pages, oldest first, each with one persisted
+/// 8-byte store; then free them. Returns how many were freed.
+fn unlink_dropped<P: Pmem>(
+    fs: &Fs<P>,
+    inode: &Inode,
+    st: &mut InodeState,
+    pages: &[u64],
+    keep: &[bool],
+) -> u64 {
+    debug_assert!(keep.last() == Some(&true), "the tail page always stays");
+    // In posix mode the last tail store may not be fenced yet: it must be
+    // durable before any page it depends on is unlinked.
+    fs.pm.fence();
+    let mut freed = Vec::new();
+    let mut i = 0;
+    while i < pages.len() {
+        if keep[i] {
+            i += 1;
+            continue;
+        }
+        let next = (i..pages.len())
+            .find(|&j| keep[j])
+            .unwrap_or(pages.len() - 1);
+        let link = if i == 0 {
+            inode.rec_off + INODE_HEAD_FIELD
+        } else {
+            pages[i - 1] * BLOCK_SIZE + LOG_FOOTER_OFFSET
+        };
+        fs.pm.write_u64(link, pages[next]);
+        fs.pm.persist(link, 8);
+        if i == 0 {
+            st.log.head = pages[next];
+        }
+        freed.extend_from_slice(&pages[i..next]);
+        i = next;
+    }
+    st.log.pages -= freed.len() as u64;
+    for &p in &freed {
+        fs.free_blocks(p, 1);
+    }
+    freed.len() as u64
+}
+
+// ---------------------------------------------------------------------------
+// Thorough GC
+// ---------------------------------------------------------------------------
 
 /// Rewrite the inode's log from its DRAM state.
 pub fn compact<P: Pmem>(fs: &Fs<P>, inode: &Inode, st: &mut InodeState) -> crate::Result<()> {
@@ -58,11 +471,16 @@ pub fn compact<P: Pmem>(fs: &Fs<P>, inode: &Inode, st: &mut InodeState) -> crate
         rec(inode.rec_off, INODE_HEAD_FIELD, cur.head),
         rec(inode.rec_off, INODE_TAIL_FIELD, cur.tail),
     ]);
+    fs.gc.compactions.fetch_add(1, Relaxed);
+    fs.gc
+        .compaction_pages_freed
+        .fetch_add((old.len() as u64).saturating_sub(cur.pages), Relaxed);
     for p in old {
         fs.free_blocks(p, 1);
     }
     st.log = cur;
     st.log_entries = entries;
+    st.fast_gc_at = 0;
     Ok(())
 }
 
@@ -118,4 +536,27 @@ fn write_compact<P: Pmem>(
     // restores the exact attributes.
     put(&EntryBuf::attr(false, a), cur, pages)?;
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PageSet;
+
+    #[test]
+    fn page_set_merges_and_answers_cover_and_overlap() {
+        let mut s = PageSet::default();
+        s.insert(10, 20);
+        s.insert(30, 40);
+        assert!(s.covers(10, 20) && s.covers(12, 15) && !s.covers(9, 12));
+        assert!(!s.covers(15, 35), "a gap at 20..30");
+        assert!(s.intersects(19, 31) && s.intersects(0, 11) && !s.intersects(20, 30));
+        s.insert(20, 30); // fills the gap: one range
+        assert_eq!(s.0.len(), 1);
+        assert!(s.covers(10, 40));
+        s.insert(5, 12);
+        s.insert(38, u64::MAX);
+        assert_eq!(s.0.len(), 1);
+        assert!(s.covers(5, u64::MAX) && !s.covers(4, 6));
+        assert!(!s.intersects(0, 5));
+    }
 }

@@ -37,6 +37,9 @@ pub struct InodeState {
     pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
     /// Entries in the log (for compaction decisions).
     pub log_entries: u64,
+    /// Log length (pages) at which fast GC next scans the log; doubling
+    /// keeps the scans' cost linear in what was appended.
+    pub fast_gc_at: u64,
     /// Open handles; an unlinked inode lives until the last one closes.
     pub open_count: u32,
     /// Unlinked while open (INODE_ORPHAN on media).
@@ -51,6 +54,33 @@ pub struct InodeState {
 }
 
 impl InodeState {
+    /// The state of an inode of `kind` before any entry of its log is
+    /// applied (log replay starts here).
+    pub fn empty(kind: FileKind, generation: u64, orphan: bool) -> InodeState {
+        InodeState {
+            attr: AttrEntry::from_bytes(&[0u8; 64]),
+            generation,
+            log: LogCursor::default(),
+            body: match kind {
+                FileKind::File => Body::File(FileMap::default()),
+                FileKind::Dir => Body::Dir(DirIndex::default()),
+                FileKind::Symlink => Body::Symlink {
+                    target: Vec::new(),
+                    block: 0,
+                },
+                _ => Body::Special,
+            },
+            xattrs: BTreeMap::new(),
+            log_entries: 0,
+            fast_gc_at: 0,
+            open_count: 0,
+            orphan,
+            gone: false,
+            attr_dirty: false,
+            prealloc: (0, 0),
+        }
+    }
+
     pub fn file(&self) -> Option<&FileMap> {
         match &self.body {
             Body::File(m) => Some(m),
@@ -107,42 +137,19 @@ pub fn load_with_pages<P: Pmem + ?Sized>(
     let corrupt = |m: String| Error::Corrupt(format!("inode {ino}: {m}"));
     let kind = FileKind::from_u32(rec.kind)
         .ok_or_else(|| corrupt(format!("unknown kind {}", rec.kind)))?;
-    let mut st = InodeState {
-        attr: AttrEntry::from_bytes(&[0u8; 64]),
-        generation: rec.generation,
-        log: LogCursor {
-            head: rec.log_head,
-            tail: rec.log_tail,
-            pages: 0,
-        },
-        body: match kind {
-            FileKind::File => Body::File(FileMap::default()),
-            FileKind::Dir => Body::Dir(DirIndex::default()),
-            FileKind::Symlink => Body::Symlink {
-                target: Vec::new(),
-                block: 0,
-            },
-            _ => Body::Special,
-        },
-        xattrs: BTreeMap::new(),
-        log_entries: 0,
-        open_count: 0,
-        orphan: rec.state == INODE_ORPHAN,
-        gone: false,
-        attr_dirty: false,
-        prealloc: (0, 0),
-    };
+    let mut st = InodeState::empty(kind, rec.generation, rec.state == INODE_ORPHAN);
+    st.log.head = rec.log_head;
+    st.log.tail = rec.log_tail;
+    // A log starts with an attribute entry, but fast GC may later unlink
+    // that page once a newer attribute entry supersedes it: the log must
+    // hold one somewhere.
     let mut seen_attr = false;
     let summary = log::walk(pm, geo, ino, rec.log_head, rec.log_tail, |_, e| {
-        if !seen_attr && !matches!(e, Entry::Attr { .. }) {
-            return Err(corrupt("log does not start with an attribute entry".into()));
-        }
-        apply_entry(pm, geo, &mut st, e, &mut |_, _| {}).map_err(corrupt)?;
-        seen_attr = true;
-        Ok(())
+        seen_attr |= matches!(e, Entry::Attr { .. });
+        apply_entry(pm, geo, &mut st, e, &mut |_, _| {}).map_err(corrupt)
     })?;
     if !seen_attr {
-        return Err(corrupt("empty log".into()));
+        return Err(corrupt("log holds no attribute entry".into()));
     }
     if FileKind::from_mode(st.attr.mode) != Some(kind) {
         return Err(corrupt(format!(

@@ -297,41 +297,8 @@ pub fn walk<P: Pmem + ?Sized>(
                 "block {page} is not a log page of this inode"
             )));
         }
+        summary.entries += page_entries(pm, owner_ino, page, tail, &mut buf, &mut f)?;
         let tail_here = tail / BLOCK_SIZE == page;
-        let end = if tail_here {
-            tail % BLOCK_SIZE
-        } else {
-            LOG_PAGE_PAYLOAD
-        };
-        // Only the committed part of the page is read: a short log costs a
-        // cache line, not a page (recovery reads every live inode's log).
-        pm.read(page * BLOCK_SIZE, &mut buf[..end as usize]);
-        let mut pos = 0u64;
-        while pos < end {
-            let kind = buf[pos as usize];
-            if kind == entry_type::PAD {
-                if tail_here {
-                    return Err(corrupt(format!(
-                        "pad below the tail at offset {}",
-                        page * BLOCK_SIZE + pos
-                    )));
-                }
-                break;
-            }
-            let len = buf[pos as usize + 1] as u64 * ENTRY_UNIT;
-            if len == 0 || pos + len > end {
-                return Err(corrupt(format!(
-                    "entry at offset {} has bad length {len}",
-                    page * BLOCK_SIZE + pos
-                )));
-            }
-            let bytes = &buf[pos as usize..(pos + len) as usize];
-            let entry = parse(bytes)
-                .map_err(|e| corrupt(format!("offset {}: {e}", page * BLOCK_SIZE + pos)))?;
-            f(page * BLOCK_SIZE + pos, entry)?;
-            summary.entries += 1;
-            pos += len;
-        }
         if tail_here {
             return Ok(summary);
         }
@@ -343,6 +310,58 @@ pub fn walk<P: Pmem + ?Sized>(
         }
         page = next;
     }
+}
+
+/// Decode the entries of one log page, calling `f` with each entry's
+/// offset: up to the tail on the tail page (`tail` is the log's tail), else
+/// up to a PAD or the end of the payload. Returns how many it saw.
+pub fn page_entries<P: Pmem + ?Sized>(
+    pm: &P,
+    owner_ino: u64,
+    page: u64,
+    tail: u64,
+    buf: &mut [u8; BLOCK_SIZE as usize],
+    f: &mut impl FnMut(u64, Entry<'_>) -> Result<()>,
+) -> Result<u64> {
+    let corrupt = |what: String| Error::Corrupt(format!("inode {owner_ino} log: {what}"));
+    let tail_here = tail / BLOCK_SIZE == page;
+    let end = if tail_here {
+        tail % BLOCK_SIZE
+    } else {
+        LOG_PAGE_PAYLOAD
+    };
+    debug_assert!(end <= LOG_PAGE_PAYLOAD);
+    // Only the committed part of the page is read: a short log costs a
+    // cache line, not a page (recovery reads every live inode's log).
+    pm.read(page * BLOCK_SIZE, &mut buf[..end as usize]);
+    let mut pos = 0u64;
+    let mut count = 0;
+    while pos < end {
+        let kind = buf[pos as usize];
+        if kind == entry_type::PAD {
+            if tail_here {
+                return Err(corrupt(format!(
+                    "pad below the tail at offset {}",
+                    page * BLOCK_SIZE + pos
+                )));
+            }
+            break;
+        }
+        let len = buf[pos as usize + 1] as u64 * ENTRY_UNIT;
+        if len == 0 || pos + len > end {
+            return Err(corrupt(format!(
+                "entry at offset {} has bad length {len}",
+                page * BLOCK_SIZE + pos
+            )));
+        }
+        let bytes = &buf[pos as usize..(pos + len) as usize];
+        let entry = parse(bytes)
+            .map_err(|e| corrupt(format!("offset {}: {e}", page * BLOCK_SIZE + pos)))?;
+        f(page * BLOCK_SIZE + pos, entry)?;
+        count += 1;
+        pos += len;
+    }
+    Ok(count)
 }
 
 /// The pages of a committed log, found by following footers only (no entry

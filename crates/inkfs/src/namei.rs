@@ -259,28 +259,17 @@ impl<P: Pmem> Fs<P> {
             let _ = self.slots.free(lane, slot);
             return Err(e);
         }
-        let body = match kind {
-            FileKind::File => Body::File(Default::default()),
-            FileKind::Dir => Body::Dir(Default::default()),
-            FileKind::Symlink => Body::Symlink {
-                target: target.unwrap_or_default().to_vec(),
+        let mut st = InodeState::empty(kind, generation, false);
+        st.attr = attr;
+        st.log = child_cur;
+        if let Some(t) = target {
+            st.body = Body::Symlink {
+                target: t.to_vec(),
                 block: target_block,
-            },
-            _ => Body::Special,
-        };
-        let st = InodeState {
-            attr,
-            generation,
-            log: child_cur,
-            body,
-            xattrs: Default::default(),
-            log_entries: if target.is_some() { 2 } else { 1 },
-            open_count: open as u32,
-            orphan: false,
-            gone: false,
-            attr_dirty: false,
-            prealloc: (0, 0),
-        };
+            };
+        }
+        st.log_entries = if target.is_some() { 2 } else { 1 };
+        st.open_count = open as u32;
         let inode = Arc::new(Inode {
             ino,
             kind,

@@ -138,6 +138,21 @@ pub struct DirEntry {
     pub cookie: u64,
 }
 
+/// Log GC activity since mount (`Fs::gc_stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GcStats {
+    /// Fast GC scans of a log.
+    pub fast_scans: u64,
+    /// Log pages fast GC unlinked (freed without copying an entry).
+    pub fast_pages_freed: u64,
+    /// Scans whose drop set failed the replay check (nothing was dropped).
+    pub fast_refused: u64,
+    /// Thorough GC runs (compacting rewrites of a log).
+    pub compactions: u64,
+    /// Log pages thorough GC freed (net of the pages it wrote).
+    pub compaction_pages_freed: u64,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StatFs {
     pub block_size: u32,

@@ -177,6 +177,7 @@ fn run(op: &Op, mode: Mode) -> (u64, u64, usize) {
     }
     let mut states = vec![snapshot(&fs).expect("setup state consistent")];
     let mut free = vec![free_blocks(&fs)];
+    let gc0 = fs.gc_stats().fast_pages_freed;
     fs.pmem().start_trace();
     for step in &op.steps {
         step(&fs, &env);
@@ -190,6 +191,7 @@ fn run(op: &Op, mode: Mode) -> (u64, u64, usize) {
         free.push(free_blocks(&fs));
     }
     let trace = fs.pmem().stop_trace();
+    let free_slack = fs.gc_stats().fast_pages_freed - gc0;
     // Handles close only now (the orphan op keeps f1 open through the
     // trace); a recovered orphan's space is reclaimed, as after the close.
     let Env {
@@ -219,6 +221,7 @@ fn run(op: &Op, mode: Mode) -> (u64, u64, usize) {
         states: &states,
         expect,
         free: &free,
+        free_slack,
         check_free_matches_state: true,
         final_durable: true,
     };
@@ -737,9 +740,11 @@ fn small_case(mode: Mode, len: usize, op: impl Fn(&Fs<SimPool>, &FileHandle)) ->
     fs.pmem().sync_all().unwrap();
     let before = snapshot(&fs).unwrap();
     let free_before = free_blocks(&fs);
+    let gc0 = fs.gc_stats().fast_pages_freed;
     fs.pmem().start_trace();
     op(&fs, &fh);
     let trace = fs.pmem().stop_trace();
+    let free_slack = fs.gc_stats().fast_pages_freed - gc0;
     fs.release(fh);
     let states = [before, snapshot(&fs).unwrap()];
     let free = [free_before, free_blocks(&fs)];
@@ -748,6 +753,7 @@ fn small_case(mode: Mode, len: usize, op: impl Fn(&Fs<SimPool>, &FileHandle)) ->
         states: &states,
         expect: Expect::Exact,
         free: &free,
+        free_slack,
         check_free_matches_state: true,
         final_durable: true,
     };
@@ -984,6 +990,7 @@ fn enospc_mid_write() {
             states: &states,
             expect: Expect::Exact,
             free: &free,
+            free_slack: 0,
             check_free_matches_state: true,
             final_durable: true,
         };

@@ -9,6 +9,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+mod common;
+
 use inkfs::pmem::{MappedPool, Pmem, PoolOpenOptions, SimPool};
 use inkfs::types::*;
 use inkfs::Fs;
@@ -254,8 +256,12 @@ fn overwrite_churn_keeps_logs_bounded_and_space_returns() {
     max_log_pages(&fs, &mut max, inos);
     fs.release(bfh);
     eprintln!(
-        "max log pages after {ops} overwrites: big {}, meta {}, churn dir {}, root {}",
-        max[0], max[1], max[2], max[3]
+        "max log pages after {ops} overwrites: big {}, meta {}, churn dir {}, root {}; {:?}",
+        max[0],
+        max[1],
+        max[2],
+        max[3],
+        fs.gc_stats()
     );
     // Without compaction the big file's log alone would hold one entry
     // per overwrite (63 per page): ~800 pages for 50k.
@@ -330,16 +336,7 @@ fn fsck_check<P: Pmem>(pm: &P, what: &str, notes: bool) {
 // ---------------------------------------------------------------------------
 
 fn sim_fs() -> Fs<SimPool> {
-    let pm = SimPool::new(4 << 20);
-    Fs::format(
-        &pm,
-        &FormatOptions {
-            lanes: 2,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    Fs::mount(pm, strict()).unwrap()
+    common::fresh(Mode::Strict, 4 << 20)
 }
 
 /// What a crash image must show: the state before or after the operation.
@@ -369,15 +366,19 @@ fn view<P: Pmem>(fs: &Fs<P>) -> View {
     }
 }
 
-/// Run `op` repeatedly (each with a trace) until one compacts the log of
-/// `watch` (its page count drops); then mount every crash image of that
-/// operation and require the before or the after state.
-fn crash_during_compaction(
-    what: &str,
-    seed: u64,
-    watch: impl Fn(&Fs<SimPool>) -> u64,
-    mut op: impl FnMut(&Fs<SimPool>, &mut Rng),
-) {
+/// Which GC a crash test waits for.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Gc {
+    /// Fast GC unlinked pages, and no compaction ran in the same operation.
+    Fast,
+    /// A compaction ran.
+    Thorough,
+}
+
+/// Run `op` repeatedly (each with a trace) until one runs GC of `kind`;
+/// then mount every crash image of that operation and require the before
+/// or the after state.
+fn crash_during_gc(what: &str, seed: u64, kind: Gc, mut op: impl FnMut(&Fs<SimPool>, &mut Rng)) {
     let fs = sim_fs();
     let (_, fh) = fs.create(1, b"f", 0o644, 0, 0).unwrap();
     let mut init = vec![0u8; 6 * PAGE as usize + 100];
@@ -386,22 +387,34 @@ fn crash_during_compaction(
     fs.write(&fh, 0, &init).unwrap();
     fs.release(fh);
     fs.mkdir(1, b"d", 0o755, 0, 0).unwrap();
-    let ino = watch(&fs);
-    let mut compacted = None;
+    let mut collected = None;
     for i in 0..5000 {
-        let pages = fs.log_pages(ino).unwrap();
+        let gc0 = fs.gc_stats();
         let before = view(&fs);
         fs.pmem().start_trace();
         op(&fs, &mut rng);
         let trace = fs.pmem().stop_trace();
-        if fs.log_pages(ino).unwrap() < pages {
-            compacted = Some((i, before, view(&fs), trace));
+        let gc1 = fs.gc_stats();
+        let ran = match kind {
+            Gc::Fast => {
+                gc1.fast_pages_freed > gc0.fast_pages_freed && gc1.compactions == gc0.compactions
+            }
+            Gc::Thorough => gc1.compactions > gc0.compactions,
+        };
+        // An operation that changed nothing visible (a truncate to the
+        // same size) cannot tell the before state from the after.
+        let after = view(&fs);
+        if ran && after != before {
+            collected = Some((i, before, after, trace));
             break;
         }
     }
-    let (i, before, after, trace) =
-        compacted.unwrap_or_else(|| panic!("{what}: no compaction in 5000 operations"));
-    assert_ne!(before, after);
+    let (i, before, after, trace) = collected.unwrap_or_else(|| {
+        panic!(
+            "{what}: no {kind:?} GC in 5000 operations, {:?}",
+            fs.gc_stats()
+        )
+    });
     let mut images = 0;
     let mut saw = [false; 2];
     for point in 0..=trace.fence_count() {
@@ -441,7 +454,7 @@ fn crash_during_compaction(
         }
     }
     eprintln!(
-        "{what}: compaction at op {i}, {} fences, {images} crash images (before seen: {}, after seen: {})",
+        "{what}: {kind:?} GC at op {i}, {} fences, {images} crash images (before seen: {}, after seen: {})",
         trace.fence_count(),
         saw[0],
         saw[1]
@@ -452,26 +465,21 @@ fn crash_during_compaction(
 #[test]
 fn crash_during_file_log_compaction() {
     let seed = seed();
-    crash_during_compaction(
-        "file overwrite",
-        seed,
-        |fs| fs.lookup(1, b"f").unwrap().ino,
-        |fs, rng| {
-            let ino = fs.lookup(1, b"f").unwrap().ino;
-            if rng.below(8) == 0 {
-                let name = format!("user.x{}", rng.below(3)).into_bytes();
-                let mut v = vec![0u8; 1 + rng.below(40) as usize];
-                rng.fill(&mut v);
-                fs.setxattr(ino, &name, &v, XattrFlags::Any).unwrap();
-                return;
-            }
-            let fh = fs.open(ino).unwrap();
-            let mut buf = vec![0u8; 1 + rng.below(2 * PAGE) as usize];
-            rng.fill(&mut buf);
-            fs.write(&fh, rng.below(7 * PAGE), &buf).unwrap();
-            fs.release(fh);
-        },
-    );
+    crash_during_gc("file overwrite", seed, Gc::Thorough, |fs, rng| {
+        let ino = fs.lookup(1, b"f").unwrap().ino;
+        if rng.below(8) == 0 {
+            let name = format!("user.x{}", rng.below(3)).into_bytes();
+            let mut v = vec![0u8; 1 + rng.below(40) as usize];
+            rng.fill(&mut v);
+            fs.setxattr(ino, &name, &v, XattrFlags::Any).unwrap();
+            return;
+        }
+        let fh = fs.open(ino).unwrap();
+        let mut buf = vec![0u8; 1 + rng.below(2 * PAGE) as usize];
+        rng.fill(&mut buf);
+        fs.write(&fh, rng.below(7 * PAGE), &buf).unwrap();
+        fs.release(fh);
+    });
 }
 
 #[test]
@@ -479,45 +487,294 @@ fn crash_during_directory_log_compaction() {
     let seed = seed();
     let mut n = 0u64;
     let mut live: Vec<Vec<u8>> = Vec::new();
-    crash_during_compaction(
-        "directory churn",
-        seed,
-        |fs| fs.lookup(1, b"d").unwrap().ino,
-        |fs, rng| {
-            let d = fs.lookup(1, b"d").unwrap().ino;
-            if live.len() > 4 {
-                let victim = live.remove(rng.below(live.len() as u64) as usize);
-                fs.unlink(d, &victim).unwrap();
-                return;
-            }
-            let name = format!("e{n}").into_bytes();
-            n += 1;
-            let (_, fh) = fs.create(d, &name, 0o644, 0, 0).unwrap();
-            fs.release(fh);
-            live.push(name);
-        },
-    );
+    crash_during_gc("directory churn", seed, Gc::Thorough, |fs, rng| {
+        let d = fs.lookup(1, b"d").unwrap().ino;
+        if live.len() > 4 {
+            let victim = live.remove(rng.below(live.len() as u64) as usize);
+            fs.unlink(d, &victim).unwrap();
+            return;
+        }
+        let name = format!("e{n}").into_bytes();
+        n += 1;
+        let (_, fh) = fs.create(d, &name, 0o644, 0, 0).unwrap();
+        fs.release(fh);
+        live.push(name);
+    });
 }
 
 #[test]
-fn crash_during_setattr_log_compaction() {
+fn crash_during_setattr_fast_gc() {
     let seed = seed();
-    crash_during_compaction(
-        "chmod churn",
-        seed,
-        |fs| fs.lookup(1, b"f").unwrap().ino,
-        |fs, rng| {
-            let f = fs.lookup(1, b"f").unwrap();
-            fs.setattr(
-                f.ino,
-                &SetAttr {
-                    mode: Some((f.mode & 0o777) ^ (1 + rng.below(0o77)) as u32),
-                    ..Default::default()
-                },
-            )
+    crash_during_gc("chmod churn", seed, Gc::Fast, |fs, rng| {
+        let f = fs.lookup(1, b"f").unwrap();
+        fs.setattr(
+            f.ino,
+            &SetAttr {
+                mode: Some((f.mode & 0o777) ^ (1 + rng.below(0o77)) as u32),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    });
+}
+
+#[test]
+fn crash_during_file_overwrite_fast_gc() {
+    let seed = seed();
+    crash_during_gc("page overwrite", seed, Gc::Fast, |fs, rng| {
+        let ino = fs.lookup(1, b"f").unwrap().ino;
+        let fh = fs.open(ino).unwrap();
+        let mut buf = vec![0u8; PAGE as usize];
+        rng.fill(&mut buf);
+        // One hot page: each new log page supersedes the one before.
+        fs.write(&fh, PAGE, &buf).unwrap();
+        fs.release(fh);
+    });
+}
+
+/// Truncates (shrinking SET_ATTRs) and punched holes are negative entries:
+/// fast GC may drop them only once nothing they cancelled survives.
+#[test]
+fn crash_during_truncate_and_punch_fast_gc() {
+    let seed = seed();
+    crash_during_gc("truncate/punch/write churn", seed, Gc::Fast, |fs, rng| {
+        let ino = fs.lookup(1, b"f").unwrap().ino;
+        let fh = fs.open(ino).unwrap();
+        match rng.below(4) {
+            0 => {
+                fs.setattr(
+                    ino,
+                    &SetAttr {
+                        size: Some(rng.below(8 * PAGE)),
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
+            }
+            1 => {
+                let off = rng.below(7) * PAGE;
+                fs.fallocate(
+                    &fh,
+                    off,
+                    PAGE * (1 + rng.below(2)),
+                    FallocFlags {
+                        keep_size: true,
+                        punch_hole: true,
+                        zero_range: false,
+                    },
+                )
+                .unwrap();
+            }
+            _ => {
+                let mut buf = vec![0u8; 1 + rng.below(2 * PAGE) as usize];
+                rng.fill(&mut buf);
+                fs.write(&fh, rng.below(7 * PAGE), &buf).unwrap();
+            }
+        }
+        fs.release(fh);
+    });
+}
+
+#[test]
+fn crash_during_xattr_fast_gc() {
+    let seed = seed();
+    crash_during_gc("xattr set/remove churn", seed, Gc::Fast, |fs, rng| {
+        let ino = fs.lookup(1, b"f").unwrap().ino;
+        let name = b"user.hot".to_vec();
+        if rng.below(3) == 0 {
+            match fs.removexattr(ino, &name) {
+                Ok(()) | Err(inkfs::Error::Errno(libc::ENODATA)) => {}
+                Err(e) => panic!("removexattr: {e:?}"),
+            }
+        } else {
+            let mut v = vec![0u8; 1 + rng.below(30) as usize];
+            rng.fill(&mut v);
+            fs.setxattr(ino, &name, &v, XattrFlags::Any).unwrap();
+        }
+    });
+}
+
+/// A page of nothing but DIR_REMOVE entries between live pages: fast GC
+/// unlinks it (and the page of the names it removed) without copying, and
+/// every crash image of that unlinking shows the same directory.
+#[test]
+fn fast_gc_drops_a_page_of_removals_between_live_pages() {
+    let fs = sim_fs();
+    let d = fs.mkdir(1, b"d", 0o755, 0, 0).unwrap().ino;
+    // Entries with names this short are one 64-byte unit: 63 per page.
+    // Three pages of live names (the first also holds the mkdir's
+    // attributes), a page of names added, a page removing them.
+    let live: Vec<Vec<u8>> = (0..188).map(|i| format!("y{i:03}").into_bytes()).collect();
+    for name in &live {
+        let (_, fh) = fs.create(d, name, 0o644, 0, 0).unwrap();
+        fs.release(fh);
+    }
+    for i in 0..63 {
+        let (_, fh) = fs
+            .create(d, format!("x{i:02}").as_bytes(), 0o644, 0, 0)
             .unwrap();
+        fs.release(fh);
+    }
+    for i in 0..63 {
+        fs.unlink(d, format!("x{i:02}").as_bytes()).unwrap();
+    }
+    assert_eq!(fs.log_pages(d).unwrap(), 5);
+    let gc0 = fs.gc_stats();
+    // The next entry opens a sixth page, and GC looks at the log.
+    fs.pmem().start_trace();
+    fs.setattr(
+        d,
+        &SetAttr {
+            mode: Some(0o700),
+            ..Default::default()
         },
-    );
+    )
+    .unwrap();
+    let trace = fs.pmem().stop_trace();
+    let gc1 = fs.gc_stats();
+    assert_eq!(gc1.compactions, gc0.compactions, "{gc1:?}");
+    assert_eq!(gc1.fast_pages_freed - gc0.fast_pages_freed, 2, "{gc1:?}");
+    assert_eq!(fs.log_pages(d).unwrap(), 4);
+    let expect: BTreeMap<Vec<u8>, ()> = live.iter().map(|n| (n.clone(), ())).collect();
+    let names = |fs: &Fs<SimPool>| -> BTreeMap<Vec<u8>, ()> {
+        list(fs, d).into_keys().map(|n| (n, ())).collect()
+    };
+    assert_eq!(names(&fs), expect);
+    let mut images = 0;
+    for point in 0..=trace.fence_count() {
+        for img in trace.crash_images(point, 64, point as u64) {
+            images += 1;
+            let desc = img.description.clone();
+            let pm = SimPool::from_image(img.image);
+            fsck_check(&pm, &format!("crash image {desc}"), true);
+            let fs = Fs::mount(pm, strict()).unwrap_or_else(|e| panic!("{desc}: {e:?}"));
+            assert_eq!(names(&fs), expect, "crash image {desc}");
+            let mode = fs.getattr(d).unwrap().mode & 0o777;
+            assert!(mode == 0o755 || mode == 0o700, "{desc}: mode {mode:o}");
+        }
+    }
+    eprintln!("{} fences, {images} crash images", trace.fence_count());
+    // Clean remount: the shorter log replays to the same directory.
+    let pm = fs.unmount().unwrap();
+    fsck_clean(&pm, "after fast GC");
+    let fs = Fs::mount(pm, strict()).unwrap();
+    assert_eq!(fs.log_pages(d).unwrap(), 4);
+    assert_eq!(names(&fs), expect);
+    assert_eq!(fs.getattr(d).unwrap().mode & 0o777, 0o700);
+}
+
+/// Random writes, truncates (shrinking and growing), punched holes,
+/// fallocations past EOF and xattr churn on one file, checked against a
+/// model after crash remounts: the logs fast GC shortens replay exactly,
+/// and its replay check never has to refuse a drop set. In every mode
+/// (posix and sync write data in place and defer or skip copy-on-write).
+#[test]
+fn fast_gc_random_file_ops_replay_exactly() {
+    let seed = seed();
+    for mode in [Mode::Strict, Mode::Sync, Mode::Posix] {
+        random_file_ops(seed, mode);
+    }
+}
+
+fn random_file_ops(seed: u64, mode: Mode) {
+    let opts = MountOptions {
+        mode,
+        read_only: false,
+    };
+    let mut rng = Rng(seed);
+    let mut fs = common::fresh(mode, 4 << 20);
+    let (a, fh) = fs.create(1, b"f", 0o644, 0, 0).unwrap();
+    fs.release(fh);
+    let ino = a.ino;
+    let mut model: Vec<u8> = Vec::new();
+    let mut xattrs: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    let (mut freed, mut refused, mut scans) = (0, 0, 0);
+    for round in 0..8 {
+        for _ in 0..600 {
+            let fh = fs.open(ino).unwrap();
+            match rng.below(10) {
+                0 | 1 => {
+                    let size = rng.below(20 * PAGE);
+                    fs.setattr(
+                        ino,
+                        &SetAttr {
+                            size: Some(size),
+                            ..Default::default()
+                        },
+                    )
+                    .unwrap();
+                    model.resize(size as usize, 0);
+                }
+                2 => {
+                    let (off, len) = (rng.below(16 * PAGE), 1 + rng.below(3 * PAGE));
+                    let punch = FallocFlags {
+                        keep_size: true,
+                        punch_hole: true,
+                        zero_range: false,
+                    };
+                    fs.fallocate(&fh, off, len, punch).unwrap();
+                    let end = ((off + len) as usize).min(model.len());
+                    if (off as usize) < end {
+                        model[off as usize..end].fill(0);
+                    }
+                }
+                3 => {
+                    let keep = FallocFlags {
+                        keep_size: true,
+                        ..Default::default()
+                    };
+                    fs.fallocate(&fh, rng.below(20 * PAGE), 1 + rng.below(2 * PAGE), keep)
+                        .unwrap();
+                }
+                4 => {
+                    let name = format!("user.k{}", rng.below(3)).into_bytes();
+                    if rng.below(2) == 0 {
+                        let _ = fs.removexattr(ino, &name);
+                        xattrs.remove(&name);
+                    } else {
+                        let v = rng.next().to_le_bytes().to_vec();
+                        fs.setxattr(ino, &name, &v, XattrFlags::Any).unwrap();
+                        xattrs.insert(name, v);
+                    }
+                }
+                _ => {
+                    let off = rng.below(16 * PAGE) as usize;
+                    let mut buf = vec![0u8; 1 + rng.below(PAGE + 100) as usize];
+                    rng.fill(&mut buf);
+                    fs.write(&fh, off as u64, &buf).unwrap();
+                    if model.len() < off + buf.len() {
+                        model.resize(off + buf.len(), 0);
+                    }
+                    model[off..off + buf.len()].copy_from_slice(&buf);
+                }
+            }
+            fs.release(fh);
+        }
+        let g = fs.gc_stats();
+        freed += g.fast_pages_freed;
+        refused += g.fast_refused;
+        scans += g.fast_scans;
+        assert_eq!(read_all(&fs, ino), model, "round {round}, seed {seed}");
+        // Crash remount: replay of the GC-shortened log.
+        let img = fs.pmem().current_image();
+        drop(fs);
+        let pm = SimPool::from_image(img);
+        fsck_check(&pm, &format!("round {round}, seed {seed}"), true);
+        fs = Fs::mount(pm, opts.clone()).unwrap();
+        assert_eq!(
+            read_all(&fs, ino),
+            model,
+            "after remount {round}, seed {seed}"
+        );
+        let mut got = BTreeMap::new();
+        for name in fs.listxattr(ino).unwrap() {
+            got.insert(name.clone(), fs.getxattr(ino, &name).unwrap());
+        }
+        assert_eq!(got, xattrs, "round {round}, seed {seed}");
+    }
+    eprintln!("{mode:?}: fast GC: {scans} scans, {freed} pages freed, {refused} refused");
+    assert!(freed > 0, "fast GC never freed a page (seed {seed})");
+    assert_eq!(refused, 0, "fast GC's replay check refused (seed {seed})");
 }
 
 /// Renames and link/unlink pairs append to directory and file logs too
