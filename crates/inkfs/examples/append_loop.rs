@@ -10,6 +10,11 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(200_000);
     let overwrite = std::env::args().nth(2).as_deref() == Some("overwrite");
+    // File pages for overwrites (default 4096: 16 MiB).
+    let pages: u64 = std::env::args()
+        .nth(3)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4096);
     let path = std::path::PathBuf::from(format!(
         "/dev/shm/inkfs-append-loop-{}.pool",
         std::process::id()
@@ -17,7 +22,7 @@ fn main() {
     let pm = MappedPool::open(
         &path,
         &PoolOpenOptions {
-            create_size_bytes: Some(64 << 20),
+            create_size_bytes: Some(256 << 20),
             read_only: false,
         },
     )
@@ -28,7 +33,7 @@ fn main() {
     let page = vec![7u8; 4096];
     let (_, fh) = fs.create(1, b"f", 0o644, 0, 0).expect("create");
     if overwrite {
-        for p in 0..4096u64 {
+        for p in 0..pages {
             fs.write(&fh, p * 4096, &page).expect("fill");
         }
     }
@@ -39,7 +44,7 @@ fn main() {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            fs.write(&fh, (x % 4096) * 4096, &page).expect("overwrite");
+            fs.write(&fh, (x % pages) * 4096, &page).expect("overwrite");
         } else {
             if i % 5_000 == 4_999 {
                 fs.setattr(
@@ -55,6 +60,11 @@ fn main() {
             fs.fsync(&fh, true).expect("fsync");
         }
     }
-    println!("{:.0} ns/op", t.elapsed().as_nanos() as f64 / n as f64);
+    println!(
+        "{:.0} ns/op; log pages {}; {:?}",
+        t.elapsed().as_nanos() as f64 / n as f64,
+        fs.log_pages(fh.ino()).unwrap_or(0),
+        fs.gc_stats()
+    );
     let _ = std::fs::remove_file(&path);
 }

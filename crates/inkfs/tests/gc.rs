@@ -39,6 +39,8 @@ impl Rng {
 }
 
 fn seed() -> u64 {
+    // Every fast GC drop set is replay-checked; tests assert no refusal.
+    inkfs::gc::always_check_drops(true);
     let s = std::env::var("INKFS_GC_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -265,6 +267,7 @@ fn overwrite_churn_keeps_logs_bounded_and_space_returns() {
     );
     // Without compaction the big file's log alone would hold one entry
     // per overwrite (63 per page): ~800 pages for 50k.
+    assert_eq!(fs.gc_stats().fast_refused, 0, "seed {seed}");
     assert!(max[0] <= 16, "big file log grew to {} pages", max[0]);
     assert!(max[1] <= 4, "setattr/xattr log grew to {} pages", max[1]);
     assert!(max[2] <= 4, "churn directory log grew to {} pages", max[2]);
@@ -366,6 +369,16 @@ fn view<P: Pmem>(fs: &Fs<P>) -> View {
     }
 }
 
+/// Fill an inode's log with ~5 pages of live entries (300 xattrs), so it is
+/// too live to compact and GC of later churn is fast GC's.
+fn live_prefix<P: Pmem>(fs: &Fs<P>, ino: u64) {
+    for i in 0..300u32 {
+        let name = format!("user.live{i:03}").into_bytes();
+        fs.setxattr(ino, &name, &i.to_le_bytes(), XattrFlags::Create)
+            .unwrap();
+    }
+}
+
 /// Which GC a crash test waits for.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Gc {
@@ -387,6 +400,9 @@ fn crash_during_gc(what: &str, seed: u64, kind: Gc, mut op: impl FnMut(&Fs<SimPo
     fs.write(&fh, 0, &init).unwrap();
     fs.release(fh);
     fs.mkdir(1, b"d", 0o755, 0, 0).unwrap();
+    if kind == Gc::Fast {
+        live_prefix(&fs, fs.lookup(1, b"f").unwrap().ino);
+    }
     let mut collected = None;
     for i in 0..5000 {
         let gc0 = fs.gc_stats();
@@ -409,6 +425,7 @@ fn crash_during_gc(what: &str, seed: u64, kind: Gc, mut op: impl FnMut(&Fs<SimPo
             break;
         }
     }
+    assert_eq!(fs.gc_stats().fast_refused, 0, "{what}: seed {seed}");
     let (i, before, after, trace) = collected.unwrap_or_else(|| {
         panic!(
             "{what}: no {kind:?} GC in 5000 operations, {:?}",
@@ -686,8 +703,16 @@ fn random_file_ops(seed: u64, mode: Mode) {
     let (a, fh) = fs.create(1, b"f", 0o644, 0, 0).unwrap();
     fs.release(fh);
     let ino = a.ino;
+    live_prefix(&fs, ino);
     let mut model: Vec<u8> = Vec::new();
-    let mut xattrs: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    let mut xattrs: BTreeMap<Vec<u8>, Vec<u8>> = (0..300u32)
+        .map(|i| {
+            (
+                format!("user.live{i:03}").into_bytes(),
+                i.to_le_bytes().to_vec(),
+            )
+        })
+        .collect();
     let (mut freed, mut refused, mut scans) = (0, 0, 0);
     for round in 0..8 {
         for _ in 0..600 {
