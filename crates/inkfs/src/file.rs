@@ -227,7 +227,7 @@ impl<P: Pmem> Fs<P> {
             ),
         };
         if let Err(e) = r {
-            self.abort_data(st, tx);
+            self.abort_data(st, &mut tx);
             return Err(e);
         }
         if tx.pieces.is_empty() {
@@ -239,7 +239,7 @@ impl<P: Pmem> Fs<P> {
             st.attr_dirty = true;
             return Ok(());
         }
-        self.commit_data(inode, st, tx, None, self.mode != Mode::Posix)
+        self.commit_data(inode, st, &mut tx, None, self.mode != Mode::Posix)
     }
 
     /// Append the prepared entries (plus an optional trailing SET_ATTR),
@@ -248,7 +248,7 @@ impl<P: Pmem> Fs<P> {
         &self,
         inode: &Inode,
         st: &mut InodeState,
-        mut tx: DataTx,
+        tx: &mut DataTx,
         attr: Option<AttrEntry>,
         durable: bool,
     ) -> Result<()> {
@@ -342,12 +342,12 @@ impl<P: Pmem> Fs<P> {
         debug_assert!(r.is_ok(), "a committed entry must apply: {r:?}");
     }
 
-    fn abort_data(&self, st: &mut InodeState, tx: DataTx) {
+    fn abort_data(&self, st: &mut InodeState, tx: &mut DataTx) {
         for w in tx.fresh.iter() {
             self.free_blocks(w.block, w.pages as u64);
         }
         st.prealloc = tx.prealloc;
-        tx.pages.release(&self.blocks);
+        std::mem::take(&mut tx.pages).release(&self.blocks);
     }
 
     /// Blocks for file data: from the inode's reservation when it continues
@@ -596,12 +596,12 @@ impl<P: Pmem> Fs<P> {
             let page_end = (new_size / BLOCK_SIZE + 1) * BLOCK_SIZE;
             if let Err(e) = self.zero_partial(st, new_size, page_end, old_size, a.ctime_ns, &mut tx)
             {
-                self.abort_data(st, tx);
+                self.abort_data(st, &mut tx);
                 return Err(e);
             }
         }
         a.size = new_size;
-        self.commit_data(inode, st, tx, Some(a), true)
+        self.commit_data(inode, st, &mut tx, Some(a), true)
     }
 
     /// fallocate: preallocate (zeroed blocks), punch a hole, or zero a range.
@@ -632,7 +632,7 @@ impl<P: Pmem> Fs<P> {
             self.preallocate(&st, off, end, size, now, &mut tx)
         };
         if let Err(e) = r {
-            self.abort_data(&mut st, tx);
+            self.abort_data(&mut st, &mut tx);
             return Err(e);
         }
         let mut a = st.attr;
@@ -641,7 +641,7 @@ impl<P: Pmem> Fs<P> {
             a.mtime_ns = now;
         }
         a.size = size;
-        self.commit_data(inode, &mut st, tx, Some(a), true)
+        self.commit_data(inode, &mut st, &mut tx, Some(a), true)
     }
 
     /// Map fresh zeroed blocks over every hole in `[off, end)`.

@@ -50,8 +50,8 @@ impl NewPages {
 }
 
 /// Write `entry` (already sealed, a multiple of ENTRY_UNIT) at the cursor,
-/// linking a new page first if it does not fit. Flushes what it writes, does
-/// not fence. Returns the entry's offset.
+/// linking a new page first if it does not fit. What it writes is durable
+/// at the next fence (it does not fence). Returns the entry's offset.
 pub fn append<P: Pmem + ?Sized>(
     pm: &P,
     alloc: &BlockAllocator,
@@ -80,8 +80,11 @@ pub fn append<P: Pmem + ?Sized>(
         link_page(pm, cur, page);
     }
     let at = cur.tail;
-    pm.write(at, entry);
-    pm.flush(at, len);
+    // Whole, aligned cache lines: non-temporal stores go to media in
+    // parallel with the operation's data, where a cached store would need
+    // its own write-back (~130 ns on the append path) before the fence.
+    debug_assert!(at.is_multiple_of(ENTRY_UNIT));
+    pm.copy_nt(at, entry);
     cur.tail += len;
     Ok(at)
 }
