@@ -19,6 +19,7 @@ pub mod handles;
 pub mod memfs;
 pub mod mount;
 pub mod nullfs;
+pub mod poll;
 mod real;
 pub mod stats;
 

@@ -24,6 +24,8 @@ options (comma separated, mount(8) style):
   allow_other / noallow_other            (default: allow_other when root)
   default_permissions / nodefault_permissions  kernel permission checks (default on)
   threads=N                FUSE worker threads (default 1: more hurt on 2 cores)
+  poll / nopoll            spin on the FUSE device while requests keep coming,
+                           sleep after 2 ms without one (default poll)
   fsname=NAME, subtype=NAME  shown in /proc/mounts (default POOL, inkfs)
   dev, nodev, suid, nosuid, exec, noexec, atime, noatime, sync, async, dirsync
   ignored: defaults, auto, noauto, nofail, _netdev, user, nouser, users,
@@ -41,6 +43,8 @@ pub struct MountConfig {
     pub allow_other: bool,
     pub default_permissions: bool,
     pub threads: usize,
+    /// Spin on the FUSE device while requests keep coming (`poll`).
+    pub poll: bool,
     pub fsname: Option<String>,
     pub subtype: String,
     /// Kernel flags passed through (dev, suid, exec, noatime, ...).
@@ -63,6 +67,7 @@ impl MountConfig {
             allow_other: is_root(),
             default_permissions: true,
             threads: 1,
+            poll: true,
             fsname: None,
             subtype: "inkfs".into(),
             flags: Vec::new(),
@@ -94,6 +99,8 @@ impl MountConfig {
                         .filter(|n| (1..=64).contains(n))
                         .ok_or_else(|| format!("threads={v}: expected 1 to 64"))?
                 }
+                ("poll", None) => self.poll = true,
+                ("nopoll", None) => self.poll = false,
                 ("fsname", Some(v)) => self.fsname = Some(v.to_string()),
                 ("subtype", Some(v)) => self.subtype = v.to_string(),
                 ("dev", None) => self.flags.push(MountOption::Dev),
@@ -286,9 +293,14 @@ fn holder_is_exiting(file: &mut File) -> bool {
         return false;
     }
     let mut words = holder.split_whitespace();
-    let Some(_pid) = words.next() else {
+    let Some(pid) = words.next() else {
         return true; // emptied: the holder is releasing the lock
     };
+    if leader_gone(pid) {
+        // Killed: its remaining threads are tearing down, and the lock
+        // goes with the last of them.
+        return true;
+    }
     let mnt = words.collect::<Vec<_>>().join(" ");
     if mnt.is_empty() {
         return false;
@@ -299,6 +311,18 @@ fn holder_is_exiting(file: &mut File) -> bool {
     !mounts
         .lines()
         .any(|l| l.split_whitespace().nth(1) == Some(escaped.as_str()))
+}
+
+/// True if process `pid`'s main thread has exited (no such process, or a
+/// zombie leader whose other threads may still be exiting).
+fn leader_gone(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Err(_) => true,
+    }
 }
 
 impl Drop for PoolLock {
@@ -479,6 +503,7 @@ pub fn serve_session<F: Filesystem>(
     fs: F,
     mountpoint: &Path,
     config: &Config,
+    poll: Option<Arc<std::sync::atomic::AtomicU64>>,
     notify: &mut Notify,
     on_ready: impl FnOnce(),
 ) -> i32 {
@@ -489,6 +514,12 @@ pub fn serve_session<F: Filesystem>(
             return 1;
         }
     };
+    // Stopped (joined) when this function returns, after the session.
+    let _poller = poll.and_then(|requests| {
+        crate::poll::Poller::start(&session, requests)
+            .map_err(|e| eprintln!("inkfs: poll: {e} (continuing with blocking reads)"))
+            .ok()
+    });
     unmount_on_signal(mountpoint.to_path_buf());
     on_ready();
     let daemon = notify.daemonised();
@@ -582,6 +613,7 @@ pub fn run_engine<E: Engine>(
         adapter,
         mnt,
         &cfg.fuser_config(),
+        cfg.poll.then(|| stats.requests.clone()),
         notify,
         || match StatsServer::start(&run_dir(), mnt, reporter) {
             Ok(s) => server = Some(s),

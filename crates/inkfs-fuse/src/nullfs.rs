@@ -4,6 +4,8 @@
 //! One root directory; files can be created, opened, written (the length is
 //! acknowledged, the bytes dropped), read (zeros up to the size written or
 //! truncated to), fsynced and unlinked. Attributes come from a small map.
+//! Its FUSE settings are libfuse-like defaults (no page cache kept across
+//! opens, no readdirplus): the published baseline of `bench/`.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -41,6 +43,8 @@ struct NullState {
 
 pub struct NullFs {
     state: RwLock<NullState>,
+    /// Data requests served (reads, writes, fsyncs): what `-o poll` watches.
+    requests: Arc<AtomicU64>,
     uid: u32,
     gid: u32,
     started: SystemTime,
@@ -55,6 +59,7 @@ impl Default for NullFs {
                 next_ino: 2,
                 ..NullState::default()
             }),
+            requests: Arc::new(AtomicU64::new(0)),
             uid,
             gid,
             started: SystemTime::now(),
@@ -244,6 +249,7 @@ impl Filesystem for NullFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        self.requests.fetch_add(1, Relaxed);
         let file_size = self.file(ino.0).map(|f| f.size.load(Relaxed)).unwrap_or(0);
         let n = file_size
             .saturating_sub(offset)
@@ -264,6 +270,7 @@ impl Filesystem for NullFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        self.requests.fetch_add(1, Relaxed);
         if let Some(f) = self.file(ino.0) {
             f.size
                 .fetch_max(offset.saturating_add(data.len() as u64), Relaxed);
@@ -283,6 +290,7 @@ impl Filesystem for NullFs {
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
+        self.requests.fetch_add(1, Relaxed);
         reply.ok()
     }
 
@@ -322,14 +330,17 @@ impl Filesystem for NullFs {
     }
 }
 
-pub const NULL_USAGE: &str = "usage: inkfs null-fs MOUNTPOINT [-f] [-o threads=N]
-A FUSE file system that stores nothing (FUSE's floor, for benchmarks).";
+pub const NULL_USAGE: &str = "usage: inkfs null-fs MOUNTPOINT [-f] [-o threads=N,poll]
+A FUSE file system that stores nothing (FUSE's floor, for benchmarks).
+poll: spin on the FUSE device while requests keep coming, as inkfs mount
+does by default (see `inkfs mount --help`).";
 
-/// `inkfs null-fs MOUNTPOINT [-f] [-o threads=N]`
+/// `inkfs null-fs MOUNTPOINT [-f] [-o threads=N,poll]`
 pub fn null_main(args: &[String]) -> i32 {
     let mut mnt = None;
     let mut foreground = false;
     let mut threads = 1usize;
+    let mut poll = false;
     let mut i = 0;
     while i < args.len() {
         match args[i].as_str() {
@@ -339,6 +350,8 @@ pub fn null_main(args: &[String]) -> i32 {
                 for o in args.get(i).map(String::as_str).unwrap_or("").split(',') {
                     match o.strip_prefix("threads=").and_then(|v| v.parse().ok()) {
                         Some(n) if (1..=64).contains(&n) => threads = n,
+                        _ if o == "poll" => poll = true,
+                        _ if o == "nopoll" => poll = false,
                         _ if o.is_empty() => {}
                         _ => {
                             eprintln!("inkfs null-fs: unknown option {o}\n{NULL_USAGE}");
@@ -379,6 +392,8 @@ pub fn null_main(args: &[String]) -> i32 {
         }
         config.n_threads = Some(threads);
         config.clone_fd = threads > 1;
-        serve_session(NullFs::default(), &mnt, &config, &mut notify, || {})
+        let fs = NullFs::default();
+        let requests = poll.then(|| fs.requests.clone());
+        serve_session(fs, &mnt, &config, requests, &mut notify, || {})
     })
 }

@@ -119,6 +119,8 @@ impl OpStats {
 /// Statistics of one mounted file system.
 pub struct Stats {
     pub ops: [OpStats; OPS],
+    /// Requests served, all kinds (the poller watches it).
+    pub requests: Arc<AtomicU64>,
     pub bytes_read: AtomicU64,
     pub bytes_written: AtomicU64,
     /// O_APPEND writes the engine placed at another offset than the kernel
@@ -131,6 +133,7 @@ impl Default for Stats {
     fn default() -> Self {
         Stats {
             ops: std::array::from_fn(|_| OpStats::new()),
+            requests: Arc::new(AtomicU64::new(0)),
             bytes_read: AtomicU64::new(0),
             bytes_written: AtomicU64::new(0),
             append_moved: AtomicU64::new(0),
@@ -145,6 +148,7 @@ impl Stats {
     pub fn record(&self, op: Op, started: Instant, ok: bool) {
         let ns = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
         let s = &self.ops[op as usize];
+        self.requests.fetch_add(1, Relaxed);
         s.count.fetch_add(1, Relaxed);
         if !ok {
             s.errors.fetch_add(1, Relaxed);

@@ -182,16 +182,22 @@ pub fn server_pid(mnt: &Path) -> Option<u32> {
 }
 
 fn alive(pid: u32) -> bool {
-    // A zombie (exited, not yet reaped by whoever adopted it) counts as gone.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z'),
-        Err(_) => false,
-    }
+    // Alive while any of its threads is: a killed process's leader turns
+    // zombie first, and its descriptors (the pool lock) close with the last
+    // thread. A zombie with no live thread (exited, not yet reaped by
+    // whoever adopted it) counts as gone.
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|t| {
+        std::fs::read_to_string(t.path().join("stat")).is_ok_and(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+    })
 }
 
 pub fn wait_exit_for(pid: u32, limit: Duration) -> bool {
