@@ -53,6 +53,17 @@ pub trait Engine: Send + Sync + 'static {
     fn open(&self, ino: u64) -> Result<Self::Handle>;
     fn release(&self, fh: Self::Handle);
     fn read(&self, fh: &Self::Handle, off: u64, buf: &mut [u8]) -> Result<usize>;
+    /// Serve a read without copying: call `reply` with the bytes in place
+    /// and return true, or return false (without calling it) for `read`.
+    fn read_in_place(
+        &self,
+        _fh: &Self::Handle,
+        _off: u64,
+        _len: usize,
+        _reply: &mut dyn FnMut(&[u8]),
+    ) -> Result<bool> {
+        Ok(false)
+    }
     fn write(&self, fh: &Self::Handle, off: u64, data: &[u8]) -> Result<usize>;
     fn append(&self, fh: &Self::Handle, data: &[u8]) -> Result<(u64, usize)>;
     fn fsync(&self, fh: &Self::Handle, datasync: bool) -> Result<()>;

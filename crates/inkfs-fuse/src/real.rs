@@ -89,6 +89,15 @@ impl<P: Pmem> Engine for Fs<P> {
     fn release(&self, fh: FileHandle) {
         Fs::release(self, fh)
     }
+    fn read_in_place(
+        &self,
+        fh: &FileHandle,
+        off: u64,
+        len: usize,
+        reply: &mut dyn FnMut(&[u8]),
+    ) -> Result<bool> {
+        Ok(Fs::read_in_place(self, fh, off, len, |b| reply(b))?.is_some())
+    }
     fn read(&self, fh: &FileHandle, off: u64, buf: &mut [u8]) -> Result<usize> {
         Fs::read(self, fh, off, buf)
     }

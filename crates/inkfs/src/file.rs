@@ -163,6 +163,39 @@ impl<P: Pmem> Fs<P> {
         Ok(n)
     }
 
+    /// Zero-copy read: `f` gets the file's bytes `[off, off + len)` (clipped
+    /// at the end of file) in place in the pool, under the inode's read lock
+    /// so no writer changes or frees them meanwhile. `Ok(None)` (without
+    /// calling `f`) when they are not one mapped run of a directly mapped
+    /// pool: holes, extent boundaries, the crash simulator; use `read`.
+    pub fn read_in_place<R>(
+        &self,
+        fh: &FileHandle,
+        off: u64,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>> {
+        Self::file_state_check(&fh.inode)?;
+        let st = inode::read(&fh.inode.state);
+        let size = st.attr.size;
+        if off >= size || len == 0 {
+            return Ok(Some(f(&[])));
+        }
+        let n = (size - off).min(len as u64);
+        let Some(map) = st.file() else {
+            return errno(libc::EINVAL);
+        };
+        let page = off / BLOCK_SIZE;
+        let Some(e) = map.find(page) else {
+            return Ok(None);
+        };
+        if (e.end() - page) * BLOCK_SIZE - off % BLOCK_SIZE < n {
+            return Ok(None);
+        }
+        let at = (e.block + (page - e.page)) * BLOCK_SIZE + off % BLOCK_SIZE;
+        Ok(self.pm.mapped(at, n).map(f))
+    }
+
     /// pwrite: write `data` at `off`. Durable on return in strict and sync
     /// mode; atomic in strict mode.
     pub fn write(&self, fh: &FileHandle, off: u64, data: &[u8]) -> Result<usize> {

@@ -82,3 +82,47 @@ fn create_write_read_remount() {
         assert_eq!(fs.lookup(d.ino, b"moved").unwrap().size, 10100);
     }
 }
+
+/// Zero-copy reads lend the pool's bytes for a run inside one extent (and
+/// agree with `read`); holes and extent boundaries, and the simulator,
+/// which has no mapping, answer None.
+#[test]
+fn read_in_place_matches_read() {
+    use inkfs::pmem::{MappedPool, PoolOpenOptions};
+    let path = std::path::PathBuf::from(format!(
+        "/dev/shm/inkfs-test-in-place-{}.pool",
+        std::process::id()
+    ));
+    let pm = MappedPool::open(
+        &path,
+        &PoolOpenOptions {
+            create_size_bytes: Some(16 << 20),
+            read_only: false,
+        },
+    )
+    .unwrap();
+    let _ = std::fs::remove_file(&path);
+    Fs::format(&pm, &FormatOptions::default()).unwrap();
+    let fs = Fs::mount(pm, MountOptions::default()).unwrap();
+    let (_, fh) = fs.create(1, b"f", 0o644, 0, 0).unwrap();
+    let data: Vec<u8> = (0..3 * 4096u32).map(|i| (i * 7) as u8).collect();
+    fs.write(&fh, 0, &data).unwrap();
+    // A hole at page 4, then page 5.
+    fs.write(&fh, 5 * 4096, &data[..100]).unwrap();
+    let lend = |off: u64, len: usize| fs.read_in_place(&fh, off, len, |b| b.to_vec()).unwrap();
+    assert_eq!(lend(0, 4096).as_deref(), Some(&data[..4096]));
+    assert_eq!(lend(100, 8000).as_deref(), Some(&data[100..8100]));
+    assert_eq!(
+        lend(5 * 4096, 4096).as_deref(),
+        Some(&data[..100]),
+        "clipped at EOF"
+    );
+    assert_eq!(lend(1 << 30, 4096).as_deref(), Some(&[][..]), "past EOF");
+    assert_eq!(lend(4 * 4096, 10), None, "hole");
+    assert_eq!(lend(2 * 4096, 3 * 4096), None, "runs into the hole");
+    fs.release(fh);
+    let sim = fresh(Mode::Strict);
+    let (_, fh) = sim.create(1, b"f", 0o644, 0, 0).unwrap();
+    sim.write(&fh, 0, &data).unwrap();
+    assert_eq!(sim.read_in_place(&fh, 0, 4096, |b| b.len()).unwrap(), None);
+}

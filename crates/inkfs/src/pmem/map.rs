@@ -249,6 +249,14 @@ impl Pmem for MappedPool {
         unsafe { std::ptr::copy_nonoverlapping(self.ptr(off), buf.as_mut_ptr(), buf.len()) };
     }
 
+    fn mapped(&self, off: u64, len: u64) -> Option<&[u8]> {
+        self.check(off, len, self.size_bytes);
+        // SAFETY: range checked; the mapping lives as long as `&self`. The
+        // engine lends these bytes only under the owning inode's read lock,
+        // which excludes every writer of them (as for `read`).
+        Some(unsafe { std::slice::from_raw_parts(self.ptr(off), len as usize) })
+    }
+
     #[inline]
     fn read_u64(&self, off: u64) -> u64 {
         assert!(off & 7 == 0, "unaligned read_u64 at {off}");

@@ -102,6 +102,13 @@ pub trait Pmem: Send + Sync + 'static {
 
     /// Make everything durable, whatever its state (clean unmount).
     fn sync_all(&self) -> std::io::Result<()>;
+
+    /// The bytes `[off, off + len)` in place, for zero-copy reads, when the
+    /// backend is a plain mapping; `None` means "copy with `read`". Callers
+    /// must hold whatever lock keeps writers off those bytes meanwhile.
+    fn mapped(&self, _off: u64, _len: u64) -> Option<&[u8]> {
+        None
+    }
 }
 
 /// Read a plain-old-data value (an on-media struct) at `off`.
