@@ -680,6 +680,89 @@ fn fast_gc_drops_a_page_of_removals_between_live_pages() {
     assert_eq!(fs.getattr(d).unwrap().mode & 0o777, 0o700);
 }
 
+/// The head page dead (its attribute snapshot superseded, its writes
+/// overwritten) while the log is too live to compact: fast GC moves the
+/// inode's head with one store, and every crash image of that shows the
+/// operation's before or after state.
+#[test]
+fn fast_gc_unlinks_the_head_page_crash_safely() {
+    let fs = sim_fs();
+    let (a, fh) = fs.create(1, b"f", 0o644, 0, 0).unwrap();
+    let ino = a.ino;
+    let page = |i: u32| vec![i as u8; PAGE as usize];
+    // Page 1 of the log: the create's snapshot and 62 writes of one page.
+    for i in 0..62 {
+        fs.write(&fh, 0, &page(i)).unwrap();
+    }
+    // Page 2: one more write of that page and a newer snapshot, so
+    // everything on page 1 is superseded.
+    fs.write(&fh, 0, &page(62)).unwrap();
+    fs.setattr(
+        ino,
+        &SetAttr {
+            mode: Some(0o700),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    fs.release(fh);
+    type Look = (Vec<u8>, BTreeMap<Vec<u8>, Vec<u8>>, u32);
+    let look = |fs: &Fs<SimPool>| -> Look {
+        let mut x = BTreeMap::new();
+        for name in fs.listxattr(ino).unwrap() {
+            x.insert(name.clone(), fs.getxattr(ino, &name).unwrap());
+        }
+        (read_all(fs, ino), x, fs.getattr(ino).unwrap().mode & 0o777)
+    };
+    // Live xattrs until a GC runs: it must be fast GC, dropping the head.
+    let mut found = None;
+    for i in 0..400u32 {
+        let before = look(&fs);
+        let gc0 = fs.gc_stats();
+        fs.pmem().start_trace();
+        let name = format!("user.live{i:03}").into_bytes();
+        fs.setxattr(ino, &name, &i.to_le_bytes(), XattrFlags::Create)
+            .unwrap();
+        let trace = fs.pmem().stop_trace();
+        let gc1 = fs.gc_stats();
+        assert_eq!(gc1.compactions, gc0.compactions, "{gc1:?}");
+        if gc1.fast_pages_freed > gc0.fast_pages_freed {
+            found = Some((
+                before,
+                look(&fs),
+                trace,
+                gc1.fast_pages_freed - gc0.fast_pages_freed,
+            ));
+            break;
+        }
+    }
+    let (before, after, trace, freed) = found.expect("fast GC never ran");
+    assert_eq!(freed, 1, "only the head page is dead");
+    assert_eq!(fs.gc_stats().fast_refused, 0);
+    let mut images = 0;
+    for point in 0..=trace.fence_count() {
+        for img in trace.crash_images(point, 64, point as u64) {
+            images += 1;
+            let desc = img.description.clone();
+            let pm = SimPool::from_image(img.image);
+            fsck_check(&pm, &format!("crash image {desc}"), true);
+            let fs = Fs::mount(pm, strict()).unwrap_or_else(|e| panic!("{desc}: {e:?}"));
+            let got = look(&fs);
+            assert!(got == before || got == after, "crash image {desc}");
+            assert_eq!(got.0, page(62), "{desc}");
+            assert_eq!(got.2, 0o700, "{desc}");
+        }
+    }
+    eprintln!(
+        "head unlink: {} fences, {images} crash images",
+        trace.fence_count()
+    );
+    let pm = fs.unmount().unwrap();
+    fsck_clean(&pm, "after unlinking the head page");
+    let fs = Fs::mount(pm, strict()).unwrap();
+    assert_eq!(look(&fs), after);
+}
+
 /// Random writes, truncates (shrinking and growing), punched holes,
 /// fallocations past EOF and xattr churn on one file, checked against a
 /// model after crash remounts: the logs fast GC shortens replay exactly,
