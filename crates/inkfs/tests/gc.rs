@@ -611,6 +611,26 @@ fn crash_during_xattr_fast_gc() {
     });
 }
 
+/// Mount every crash image of `trace` (each checked with fsck first) and
+/// hand it to `check`. Returns how many there were.
+fn each_recovered(
+    trace: &inkfs::pmem::SimTrace,
+    mut check: impl FnMut(&str, &Fs<SimPool>),
+) -> usize {
+    let mut images = 0;
+    for point in 0..=trace.fence_count() {
+        for img in trace.crash_images(point, 64, point as u64) {
+            images += 1;
+            let desc = img.description.clone();
+            let pm = SimPool::from_image(img.image);
+            fsck_check(&pm, &format!("crash image {desc}"), true);
+            let fs = Fs::mount(pm, strict()).unwrap_or_else(|e| panic!("{desc}: {e:?}"));
+            check(&desc, &fs);
+        }
+    }
+    images
+}
+
 /// A page of nothing but DIR_REMOVE entries between live pages: fast GC
 /// unlinks it (and the page of the names it removed) without copying, and
 /// every crash image of that unlinking shows the same directory.
@@ -657,19 +677,11 @@ fn fast_gc_drops_a_page_of_removals_between_live_pages() {
         list(fs, d).into_keys().map(|n| (n, ())).collect()
     };
     assert_eq!(names(&fs), expect);
-    let mut images = 0;
-    for point in 0..=trace.fence_count() {
-        for img in trace.crash_images(point, 64, point as u64) {
-            images += 1;
-            let desc = img.description.clone();
-            let pm = SimPool::from_image(img.image);
-            fsck_check(&pm, &format!("crash image {desc}"), true);
-            let fs = Fs::mount(pm, strict()).unwrap_or_else(|e| panic!("{desc}: {e:?}"));
-            assert_eq!(names(&fs), expect, "crash image {desc}");
-            let mode = fs.getattr(d).unwrap().mode & 0o777;
-            assert!(mode == 0o755 || mode == 0o700, "{desc}: mode {mode:o}");
-        }
-    }
+    let images = each_recovered(&trace, |desc, fs| {
+        assert_eq!(names(fs), expect, "crash image {desc}");
+        let mode = fs.getattr(d).unwrap().mode & 0o777;
+        assert!(mode == 0o755 || mode == 0o700, "{desc}: mode {mode:o}");
+    });
     eprintln!("{} fences, {images} crash images", trace.fence_count());
     // Clean remount: the shorter log replays to the same directory.
     let pm = fs.unmount().unwrap();
@@ -739,20 +751,12 @@ fn fast_gc_unlinks_the_head_page_crash_safely() {
     let (before, after, trace, freed) = found.expect("fast GC never ran");
     assert_eq!(freed, 1, "only the head page is dead");
     assert_eq!(fs.gc_stats().fast_refused, 0);
-    let mut images = 0;
-    for point in 0..=trace.fence_count() {
-        for img in trace.crash_images(point, 64, point as u64) {
-            images += 1;
-            let desc = img.description.clone();
-            let pm = SimPool::from_image(img.image);
-            fsck_check(&pm, &format!("crash image {desc}"), true);
-            let fs = Fs::mount(pm, strict()).unwrap_or_else(|e| panic!("{desc}: {e:?}"));
-            let got = look(&fs);
-            assert!(got == before || got == after, "crash image {desc}");
-            assert_eq!(got.0, page(62), "{desc}");
-            assert_eq!(got.2, 0o700, "{desc}");
-        }
-    }
+    let images = each_recovered(&trace, |desc, fs| {
+        let got = look(fs);
+        assert!(got == before || got == after, "crash image {desc}");
+        assert_eq!(got.0, page(62), "{desc}");
+        assert_eq!(got.2, 0o700, "{desc}");
+    });
     eprintln!(
         "head unlink: {} fences, {images} crash images",
         trace.fence_count()
