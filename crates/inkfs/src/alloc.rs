@@ -9,6 +9,14 @@
 //! [`BlockAllocator::mark_used`] for every referenced extent, which also
 //! catches a block referenced twice).
 //!
+//! Each lane also keeps up to `RECENT_MAX` single blocks freed recently
+//! outside its ranges and hands them out first for one-block requests:
+//! a copy-on-write overwrite frees one block and allocates one, and without
+//! this each such pair split and merged ranges in two B-trees (on a
+//! fragmented pool, more than the rest of the write). Anything that needs
+//! the ranges to be complete (save, listing, best fit that failed) first
+//! merges the singles back.
+//!
 //! Locking rule: a lane's mutex is never held while another lane's is taken
 //! (stealing visits the other lanes one at a time), so there is no lock
 //! order to get wrong and no deadlock.
@@ -254,6 +262,84 @@ impl RangeSet {
     }
 }
 
+/// Single blocks freed recently, handed out again first (LIFO), so that a
+/// steady stream of one-block frees and allocations (copy-on-write
+/// overwrites, small files created and removed) recycles a few hot blocks
+/// instead of splitting and merging ranges in the B-trees. Fixed capacity:
+/// no heap allocation on the write path.
+#[derive(Debug)]
+struct Recent {
+    blocks: [u64; RECENT_MAX],
+    len: usize,
+}
+
+/// Blocks a lane keeps outside its range set. Small enough that the
+/// duplicate scan on every push is a few vector compares.
+const RECENT_MAX: usize = 64;
+
+impl Default for Recent {
+    fn default() -> Self {
+        Recent {
+            blocks: [0; RECENT_MAX],
+            len: 0,
+        }
+    }
+}
+
+impl Recent {
+    fn as_slice(&self) -> &[u64] {
+        &self.blocks[..self.len]
+    }
+
+    fn contains(&self, block: u64) -> bool {
+        self.as_slice().contains(&block)
+    }
+
+    fn is_full(&self) -> bool {
+        self.len == RECENT_MAX
+    }
+
+    fn push(&mut self, block: u64) {
+        debug_assert!(!self.is_full() && !self.contains(block));
+        self.blocks[self.len] = block;
+        self.len += 1;
+    }
+
+    fn pop(&mut self) -> Option<u64> {
+        self.len = self.len.checked_sub(1)?;
+        Some(self.blocks[self.len])
+    }
+}
+
+/// A lane's free blocks: coalesced ranges plus the recently freed singles.
+/// A block is in at most one of the two.
+#[derive(Default, Debug)]
+struct LaneFree {
+    ranges: RangeSet,
+    recent: Recent,
+}
+
+impl LaneFree {
+    fn total(&self) -> u64 {
+        self.ranges.total + self.recent.len as u64
+    }
+
+    fn contains(&self, block: u64) -> bool {
+        self.recent.contains(block) || self.ranges.contains(block)
+    }
+
+    /// Move the recent singles into the ranges (merging them), for callers
+    /// that need the ranges to be the whole truth: save, listing, marking
+    /// blocks used.
+    fn settle(&mut self) {
+        while let Some(b) = self.recent.pop() {
+            self.ranges
+                .insert(b, 1)
+                .expect("a recent block is never also in the ranges");
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Block allocator
 // ---------------------------------------------------------------------------
@@ -263,7 +349,7 @@ struct BlockLane {
     /// Its free ranges never leave it (merging stops at the boundary).
     region_start: u64,
     region_end: u64,
-    free: Mutex<RangeSet>,
+    free: Mutex<LaneFree>,
     /// Length of the lane's largest free range, stored under `free`'s lock
     /// and read without it so stealing can skip lanes without locking them.
     /// A stale value only costs a wasted lock or a skipped lane.
@@ -272,9 +358,9 @@ struct BlockLane {
 
 impl BlockLane {
     /// Publish the hint; call with the lock held, after every change.
-    fn publish(&self, set: &RangeSet) {
+    fn publish(&self, free: &LaneFree) {
         self.largest_hint
-            .store(set.largest_len(), Ordering::Relaxed);
+            .store(free.ranges.largest_len(), Ordering::Relaxed);
     }
 }
 
@@ -311,15 +397,15 @@ impl BlockAllocator {
         let lanes: Box<[BlockLane]> = (0..lane_count)
             .map(|i| {
                 let (start, end) = (region_start(i), region_start(i + 1));
-                let mut set = RangeSet::default();
+                let mut free = LaneFree::default();
                 if all_free && end > start {
-                    set.insert(start, end - start).expect("empty set");
+                    free.ranges.insert(start, end - start).expect("empty set");
                 }
-                let hint = set.largest_len();
+                let hint = free.ranges.largest_len();
                 BlockLane {
                     region_start: start,
                     region_end: end,
-                    free: Mutex::new(set),
+                    free: Mutex::new(free),
                     largest_hint: AtomicU64::new(hint),
                 }
             })
@@ -360,7 +446,8 @@ impl BlockAllocator {
                 while block < lane.region_end && !used.is_used(block) {
                     block += 1;
                 }
-                set.insert(start, block - start)
+                set.ranges
+                    .insert(start, block - start)
                     .expect("ascending, disjoint runs");
                 free_total += block - start;
             }
@@ -410,7 +497,10 @@ impl BlockAllocator {
 
     /// Lane `lane`'s free ranges as (start, len), ascending (stat, fsck, tests).
     pub fn free_ranges(&self, lane: u32) -> Vec<(u64, u64)> {
-        lock(&self.lanes[lane as usize].free).iter().collect()
+        let mut free = lock(&self.lanes[lane as usize].free);
+        free.settle();
+        self.lanes[lane as usize].publish(&free);
+        free.ranges.iter().collect()
     }
 
     /// Index of the lane whose region holds `block` (inside the data area).
@@ -445,8 +535,9 @@ impl BlockAllocator {
     }
 
     /// Hand out `[start, start + len)` from `lane`'s locked set.
-    fn take(&self, lane: &BlockLane, set: &mut RangeSet, start: u64, len: u64) -> (u64, u64) {
-        set.remove(start, len)
+    fn take(&self, lane: &BlockLane, set: &mut LaneFree, start: u64, len: u64) -> (u64, u64) {
+        set.ranges
+            .remove(start, len)
             .expect("range chosen from this very set under its lock");
         lane.publish(set);
         let before = self.free_blocks.fetch_sub(len, Ordering::Relaxed);
@@ -470,15 +561,22 @@ impl BlockAllocator {
         let home = lane as usize % n;
         let ring = || (0..n).map(move |i| (home + i) % n);
 
-        // Pass 1: best fit of the full length, home lane first.
-        for idx in ring() {
-            let l = &self.lanes[idx];
-            if l.largest_hint.load(Ordering::Relaxed) < want {
-                continue;
+        if want == 1 {
+            if let Some(b) = self.pop_recent(home) {
+                return Some((b, 1));
             }
-            let mut set = lock(&l.free);
-            if let Some((start, _)) = set.best_fit(want) {
-                return Some(self.take(l, &mut set, start, want));
+        }
+
+        // Pass 1: best fit of the full length, home lane first. When it
+        // fails, the recent singles may complete a range: merge them into
+        // the ranges (this is rare; it undoes nothing but the fast path's
+        // shortcut) and look again.
+        if let Some(found) = self.best_fit_anywhere(home, want) {
+            return Some(found);
+        }
+        if self.settle_all() {
+            if let Some(found) = self.best_fit_anywhere(home, want) {
+                return Some(found);
             }
         }
 
@@ -498,23 +596,67 @@ impl BlockAllocator {
             let Some(idx) = best else { break };
             let l = &self.lanes[idx];
             let mut set = lock(&l.free);
-            if let Some((start, len)) = set.largest() {
+            if let Some((start, len)) = set.ranges.largest() {
                 return Some(self.take(l, &mut set, start, len.min(want)));
             }
         }
 
-        // Hints may lag a free that is finishing on another thread; before
-        // reporting ENOSPC look at every lane under its lock.
+        // Hints may lag a free that is finishing on another thread, and
+        // recent singles are not in the hints; before reporting ENOSPC look
+        // at every lane under its lock.
         if self.free_blocks() > 0 {
             for idx in ring() {
                 let l = &self.lanes[idx];
                 let mut set = lock(&l.free);
-                if let Some((start, len)) = set.largest() {
+                if let Some((start, len)) = set.ranges.largest() {
                     return Some(self.take(l, &mut set, start, len.min(want)));
+                }
+                drop(set);
+                if let Some(b) = self.pop_recent(idx) {
+                    return Some((b, 1));
                 }
             }
         }
         None
+    }
+
+    /// Best fit of exactly `want` blocks in any lane, `home` first.
+    fn best_fit_anywhere(&self, home: usize, want: u64) -> Option<(u64, u64)> {
+        let n = self.lanes.len();
+        for idx in (0..n).map(|i| (home + i) % n) {
+            let l = &self.lanes[idx];
+            if l.largest_hint.load(Ordering::Relaxed) < want {
+                continue;
+            }
+            let mut set = lock(&l.free);
+            if let Some((start, _)) = set.ranges.best_fit(want) {
+                return Some(self.take(l, &mut set, start, want));
+            }
+        }
+        None
+    }
+
+    /// Merge every lane's recent singles into its ranges; true if any lane
+    /// had some.
+    fn settle_all(&self) -> bool {
+        let mut any = false;
+        for l in self.lanes.iter() {
+            let mut set = lock(&l.free);
+            if set.recent.len > 0 {
+                set.settle();
+                l.publish(&set);
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// The block lane `idx` freed last, if it keeps one aside.
+    fn pop_recent(&self, idx: usize) -> Option<u64> {
+        let b = lock(&self.lanes[idx].free).recent.pop()?;
+        let before = self.free_blocks.fetch_sub(1, Ordering::Relaxed);
+        debug_assert!(before >= 1, "free counter below a lane's free blocks");
+        Some(b)
     }
 
     /// Up to `want` blocks starting exactly at `goal` when that block is free
@@ -531,16 +673,24 @@ impl BlockAllocator {
         {
             let l = &self.lanes[self.lane_of(goal)];
             let mut set = lock(&l.free);
-            if let Some((s, len)) = set.at_or_before(goal) {
+            if let Some((s, len)) = set.ranges.at_or_before(goal) {
                 if s + len > goal {
                     let n = want.min(s + len - goal);
                     return Some(self.take(l, &mut set, goal, n));
                 }
             }
         }
-        let l = &self.lanes[lane as usize % self.lanes.len()];
+        let home = lane as usize % self.lanes.len();
+        if want == 1 {
+            // One block away from its neighbours (a copy-on-write overwrite
+            // inside a file): contiguity is lost anyway, so recycle.
+            if let Some(b) = self.pop_recent(home) {
+                return Some((b, 1));
+            }
+        }
+        let l = &self.lanes[home];
         let mut set = lock(&l.free);
-        if let Some((s, len)) = set.largest() {
+        if let Some((s, len)) = set.ranges.largest() {
             return Some(self.take(l, &mut set, s, len.min(want)));
         }
         drop(set);
@@ -556,11 +706,12 @@ impl BlockAllocator {
         for i in 0..n {
             let l = &self.lanes[(home + i) % n];
             let mut set = lock(&l.free);
-            if let Some((s, len)) = set.by_start.last_key_value().map(|(&s, &l)| (s, l)) {
+            let highest = set.ranges.by_start.last_key_value();
+            if let Some((s, len)) = highest.map(|(&s, &l)| (s, l)) {
                 return Some(self.take(l, &mut set, s + len - 1, 1).0);
             }
         }
-        None
+        (0..n).find_map(|i| self.pop_recent((home + i) % n))
     }
 
     /// Apply `change` to each lane piece of `[start, start + len)` in block
@@ -575,12 +726,33 @@ impl BlockAllocator {
             let piece = piece_end - at;
             let mut set = lock(&lane.free);
             match change {
+                Change::Free if piece == 1 && !set.recent.is_full() => {
+                    if set.contains(at) {
+                        return Err((at, at));
+                    }
+                    set.recent.push(at);
+                    self.free_blocks.fetch_add(1, Ordering::Relaxed);
+                }
                 Change::Free => {
-                    set.insert(at, piece).map_err(|b| (b, at))?;
+                    if set
+                        .recent
+                        .as_slice()
+                        .iter()
+                        .any(|&b| b >= at && b < piece_end)
+                    {
+                        // A double free: let the ranges name the first block.
+                        set.settle();
+                        lane.publish(&set);
+                    }
+                    set.ranges.insert(at, piece).map_err(|b| (b, at))?;
                     self.free_blocks.fetch_add(piece, Ordering::Relaxed);
                 }
                 Change::Use => {
-                    set.remove(at, piece).map_err(|b| (b, at))?;
+                    // Rebuild and fsck paths: the ranges must hold every
+                    // free block for the removal to find them.
+                    set.settle();
+                    lane.publish(&set);
+                    set.ranges.remove(at, piece).map_err(|b| (b, at))?;
                     let before = self.free_blocks.fetch_sub(piece, Ordering::Relaxed);
                     debug_assert!(before >= piece);
                 }
@@ -728,7 +900,10 @@ impl BlockAllocator {
         };
         let block_lane = &self.lanes[lane as usize];
         let block_ranges = {
-            let set = lock(&block_lane.free);
+            let mut set = lock(&block_lane.free);
+            set.settle();
+            block_lane.publish(&set);
+            let set = &set.ranges;
             if set.count() > SAVE_MAX_RANGES {
                 return None;
             }
@@ -833,10 +1008,11 @@ impl BlockAllocator {
                 if !inside {
                     return Err(Refusal::BlockRange { lane });
                 }
-                set.insert(r.start, r.len)
+                set.ranges
+                    .insert(r.start, r.len)
                     .map_err(|_| Refusal::BlockRange { lane })?;
             }
-            blocks.free_blocks.fetch_add(set.total, Ordering::Relaxed);
+            blocks.free_blocks.fetch_add(set.total(), Ordering::Relaxed);
             block_lane.publish(&set);
             drop(set);
 
@@ -868,12 +1044,22 @@ impl BlockAllocator {
         let mut total = 0;
         for l in self.lanes.iter() {
             let set = lock(&l.free);
-            set.check();
-            for (s, len) in set.iter() {
+            set.ranges.check();
+            for (s, len) in set.ranges.iter() {
                 assert!(s >= l.region_start && s + len <= l.region_end);
             }
-            assert_eq!(l.largest_hint.load(Ordering::Relaxed), set.largest_len());
-            total += set.total;
+            for &b in set.recent.as_slice() {
+                assert!(b >= l.region_start && b < l.region_end);
+                assert!(
+                    !set.ranges.contains(b),
+                    "block {b} both recent and in a range"
+                );
+            }
+            assert_eq!(
+                l.largest_hint.load(Ordering::Relaxed),
+                set.ranges.largest_len()
+            );
+            total += set.total();
         }
         assert_eq!(total, self.free_blocks());
     }
@@ -1332,6 +1518,43 @@ mod tests {
         assert_eq!(all_ranges(&a), before2);
         assert_ne!(before, before2);
         assert_eq!(a.free_blocks(), 5);
+        a.check();
+    }
+
+    /// One-block frees are kept aside and handed out again first, last
+    /// freed first; they count as free everywhere, a double free of one is
+    /// refused, and a request they could complete still finds its range.
+    #[test]
+    fn single_block_frees_are_recycled_first() {
+        let a = BlockAllocator::new_all_used(1, 0, 400);
+        for b in [7, 3, 9] {
+            a.try_free(b, 1).unwrap();
+        }
+        assert_eq!(a.free_blocks(), 3);
+        assert!(a.is_free(3) && a.is_free(7) && a.is_free(9) && !a.is_free(8));
+        assert_eq!(a.try_free(3, 1), Err(AllocError::DoubleFree { block: 3 }));
+        a.check();
+        assert_eq!(a.alloc(0, 1), Some((9, 1)));
+        // The goal is taken: a lone block is recycled rather than cut from
+        // a range.
+        assert_eq!(a.alloc_near(0, 50, 1), Some((3, 1)));
+        a.try_free(8, 1).unwrap();
+        // A double free inside a multi-block free names the first block.
+        assert_eq!(a.try_free(6, 3), Err(AllocError::DoubleFree { block: 7 }));
+        // 7..9 is free only as two singles: a 2-block request finds it.
+        assert_eq!(a.alloc(0, 2), Some((7, 2)));
+        assert_eq!(a.free_blocks(), 0);
+        assert_eq!(a.alloc(0, 1), None);
+        // More frees than the recent list holds: the rest go to the ranges.
+        a.try_free(100, 50).unwrap();
+        for b in 0..RECENT_MAX as u64 + 10 {
+            a.try_free(200 + 2 * b, 1).unwrap();
+        }
+        assert_eq!(a.free_blocks(), 50 + RECENT_MAX as u64 + 10);
+        a.check();
+        // Listing sees every free block.
+        let listed: u64 = a.free_ranges(0).iter().map(|r| r.1).sum();
+        assert_eq!(listed, a.free_blocks());
         a.check();
     }
 

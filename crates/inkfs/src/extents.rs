@@ -66,6 +66,9 @@ impl FileMap {
     /// to `released` (the caller frees them once the change is committed).
     pub fn map(&mut self, page: u64, pages: u64, block: u64, released: &mut impl FnMut(u64, u64)) {
         debug_assert!(pages > 0);
+        if block != 0 && self.remap_whole_extent(page, pages, block, released) {
+            return;
+        }
         let end = page + pages;
         // Appending past every extent (the common case) displaces nothing.
         let past_all = self
@@ -82,6 +85,28 @@ impl FileMap {
     }
 
     /// Unmap every page at or after `from_page` (truncate).
+    /// Fast path of [`map`](Self::map) for the common copy-on-write
+    /// overwrite: `[page, page + pages)` is exactly one existing extent, so
+    /// only its block changes (one tree walk instead of a remove and two
+    /// inserts). It does not merge with the neighbours: merged extents are
+    /// an economy of memory, not an invariant anything relies on.
+    fn remap_whole_extent(
+        &mut self,
+        page: u64,
+        pages: u64,
+        block: u64,
+        released: &mut impl FnMut(u64, u64),
+    ) -> bool {
+        match self.map.range_mut(..=page).next_back() {
+            Some((&p, v)) if p == page && v.1 == pages => {
+                let old = std::mem::replace(&mut v.0, block);
+                released(old, pages);
+                true
+            }
+            _ => false,
+        }
+    }
+
     pub fn truncate(&mut self, from_page: u64, released: &mut impl FnMut(u64, u64)) {
         self.unmap_range(from_page, u64::MAX, released);
     }

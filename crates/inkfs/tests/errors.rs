@@ -930,12 +930,14 @@ fn corrupt_log_chain_cycle() {
     let mut img = fs.unmount().unwrap().current_image();
     let pages = log_pages_of(&img, a.ino);
     assert!(pages.len() >= 2, "log has {} pages", pages.len());
-    // Point every page's footer at the first page.
+    // Point every linked page's footer at itself. (Not at some chosen
+    // page: blocks with this owner's footer include pages GC freed, which
+    // are not in the chain, and a link to one of them is no cycle.)
     for &p in &pages {
         let f = p * BLOCK_SIZE as usize + LOG_FOOTER_OFFSET as usize;
         let mut footer = LogPageFooter::from_bytes(&img[f..f + 64]);
         if footer.next_block != 0 {
-            footer.next_block = pages[0] as u64;
+            footer.next_block = p as u64;
             img[f..f + 64].copy_from_slice(footer.as_bytes_ref());
         }
     }
