@@ -15,11 +15,12 @@
 //!   including shared writable mappings (which `direct_io` would forbid);
 //!   dirty mmap pages reach the engine at `msync`/`fsync`/unmap, as POSIX
 //!   allows.
-//! - The server polls while busy (`-o poll`, the default; `crate::poll`):
-//!   the FUSE device is non-blocking while requests keep coming, so the
-//!   server thread spins instead of sleeping between them, and blocks again
-//!   after 2 ms of quiet. On this 2-vCPU VM a sleeping server costs ~30 µs
-//!   of wake-up per request; fio 4 KiB I/O runs 1.4–1.7× faster with it.
+//! - Two worker threads blocking on the device (`threads=2`, no polling)
+//!   by default. On this 2-vCPU VM a single thread sleeping between
+//!   requests costs ~30 µs of wake-up per request; polling (`-o poll`,
+//!   `crate::poll`) hides that for one thread (1.4–1.7× on fio 4 KiB I/O),
+//!   but two blocking threads are faster still: 1.3–1.6× the polling thread
+//!   with one client, ~2× with two (bench/fuse-floor). Four are slower.
 //! - Attribute and entry TTL of 1 s: the kernel updates or invalidates its
 //!   copy on every change it sends us, so the TTL only bounds staleness in
 //!   cases we did not foresee; 1 s is libfuse's default and keeps
@@ -29,7 +30,6 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -519,7 +519,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
             })
         });
         let Some(reply) = reply else {
-            self.stats.bytes_read.fetch_add(sent as u64, Relaxed);
+            self.stats.bytes_read.add(sent as u64);
             self.done(Op::read, t, true);
             return;
         };
@@ -537,7 +537,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
             match r {
                 Ok(n) => {
                     reply.data(&buf[..n]);
-                    self.stats.bytes_read.fetch_add(n as u64, Relaxed);
+                    self.stats.bytes_read.add(n as u64);
                     self.done(Op::read, t, true);
                 }
                 Err(e) => {
@@ -570,7 +570,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
                 {
                     let (at, n) = self.fs.append(h, data)?;
                     if at != offset {
-                        self.stats.append_moved.fetch_add(1, Relaxed);
+                        self.stats.append_moved.add(1);
                     }
                     Ok(n)
                 } else {
@@ -584,7 +584,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         match r {
             Ok(n) => {
                 reply.written(n as u32);
-                self.stats.bytes_written.fetch_add(n as u64, Relaxed);
+                self.stats.bytes_written.add(n as u64);
                 self.done(Op::write, t, true);
             }
             Err(e) => {

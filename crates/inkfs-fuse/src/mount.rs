@@ -23,14 +23,24 @@ options (comma separated, mount(8) style):
   ro / rw                  read-only or read-write (default rw)
   allow_other / noallow_other            (default: allow_other when root)
   default_permissions / nodefault_permissions  kernel permission checks (default on)
-  threads=N                FUSE worker threads (default 1: more hurt on 2 cores)
+  threads=N                FUSE worker threads (default 2, 1 on a 1-CPU machine)
   poll / nopoll            spin on the FUSE device while requests keep coming,
-                           sleep after 2 ms without one (default poll)
+                           sleep after 2 ms without one (default nopoll: it
+                           helps a single-threaded server only)
   fsname=NAME, subtype=NAME  shown in /proc/mounts (default POOL, inkfs)
   dev, nodev, suid, nosuid, exec, noexec, atime, noatime, sync, async, dirsync
   ignored: defaults, auto, noauto, nofail, _netdev, user, nouser, users,
            relatime, strictatime, nodiratime, x-*, comment=*
 -f: stay in the foreground (otherwise returns once the mount is live)";
+
+/// FUSE worker threads when `threads=` is not given. On a 2-vCPU machine
+/// two blocking threads serve fio 4 KiB I/O 1.3-1.6x faster than one
+/// polling thread with one client and ~2x with two; four are slower than
+/// two (bench/fuse-floor, RESULTS.md). Larger machines were not measured,
+/// so more than two is not the default.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(2))
+}
 
 /// Everything `inkfs mount` was asked to do.
 #[derive(Clone, Debug)]
@@ -66,8 +76,8 @@ impl MountConfig {
             read_only: false,
             allow_other: is_root(),
             default_permissions: true,
-            threads: 1,
-            poll: true,
+            threads: default_threads(),
+            poll: false,
             fsname: None,
             subtype: "inkfs".into(),
             flags: Vec::new(),
@@ -503,7 +513,7 @@ pub fn serve_session<F: Filesystem>(
     fs: F,
     mountpoint: &Path,
     config: &Config,
-    poll: Option<Arc<std::sync::atomic::AtomicU64>>,
+    poll: Option<Arc<crate::stats::Counter>>,
     notify: &mut Notify,
     on_ready: impl FnOnce(),
 ) -> i32 {

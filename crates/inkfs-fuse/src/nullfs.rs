@@ -23,6 +23,7 @@ use fuser::{
 };
 
 use crate::mount::{block_term_signals, daemonize, prepare_mountpoint, serve_session};
+use crate::stats::Counter;
 
 const TTL: Duration = Duration::from_secs(1);
 const ROOT: u64 = 1;
@@ -44,7 +45,7 @@ struct NullState {
 pub struct NullFs {
     state: RwLock<NullState>,
     /// Data requests served (reads, writes, fsyncs): what `-o poll` watches.
-    requests: Arc<AtomicU64>,
+    requests: Arc<Counter>,
     uid: u32,
     gid: u32,
     started: SystemTime,
@@ -59,7 +60,7 @@ impl Default for NullFs {
                 next_ino: 2,
                 ..NullState::default()
             }),
-            requests: Arc::new(AtomicU64::new(0)),
+            requests: Arc::new(Counter::default()),
             uid,
             gid,
             started: SystemTime::now(),
@@ -249,7 +250,7 @@ impl Filesystem for NullFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.requests.fetch_add(1, Relaxed);
+        self.requests.add(1);
         let file_size = self.file(ino.0).map(|f| f.size.load(Relaxed)).unwrap_or(0);
         let n = file_size
             .saturating_sub(offset)
@@ -270,7 +271,7 @@ impl Filesystem for NullFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        self.requests.fetch_add(1, Relaxed);
+        self.requests.add(1);
         if let Some(f) = self.file(ino.0) {
             f.size
                 .fetch_max(offset.saturating_add(data.len() as u64), Relaxed);
@@ -290,7 +291,7 @@ impl Filesystem for NullFs {
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
-        self.requests.fetch_add(1, Relaxed);
+        self.requests.add(1);
         reply.ok()
     }
 
@@ -332,6 +333,7 @@ impl Filesystem for NullFs {
 
 pub const NULL_USAGE: &str = "usage: inkfs null-fs MOUNTPOINT [-f] [-o threads=N,poll]
 A FUSE file system that stores nothing (FUSE's floor, for benchmarks).
+threads=N: worker threads (default: the same as inkfs mount's).
 poll: spin on the FUSE device while requests keep coming, as inkfs mount
 does by default (see `inkfs mount --help`).";
 
@@ -339,7 +341,9 @@ does by default (see `inkfs mount --help`).";
 pub fn null_main(args: &[String]) -> i32 {
     let mut mnt = None;
     let mut foreground = false;
-    let mut threads = 1usize;
+    // The same default as `inkfs mount`, so that the floor it measures is
+    // FUSE as inkfs uses it.
+    let mut threads = crate::mount::default_threads();
     let mut poll = false;
     let mut i = 0;
     while i < args.len() {

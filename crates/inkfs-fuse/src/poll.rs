@@ -8,15 +8,22 @@
 //! server's read loop spins instead of sleeping; after a quiet interval it
 //! goes back to blocking reads, so an idle mount costs no CPU.
 //!
+//! With several worker threads (`threads=N`, one cloned device each) only
+//! the session's own device is switched: one thread spins and the others
+//! sleep until the kernel hands them a request. All spinning would leave
+//! nothing of a 2-CPU machine for the clients.
+//!
 //! The flag belongs to the device's open file description, which this
 //! module holds a duplicate of: toggling it never touches a reused
 //! descriptor number, even after the session closed its own.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+use crate::stats::Counter;
 
 /// How long without a request before the server sleeps again.
 const QUIET: Duration = Duration::from_millis(2);
@@ -32,7 +39,7 @@ pub struct Poller {
 impl Poller {
     /// Watch `requests` (incremented once per request served) and switch
     /// the device behind `dev` between spinning and sleeping.
-    pub fn start(dev: impl AsFd, requests: Arc<AtomicU64>) -> std::io::Result<Poller> {
+    pub fn start(dev: impl AsFd, requests: Arc<Counter>) -> std::io::Result<Poller> {
         let fd: OwnedFd = dev.as_fd().try_clone_to_owned()?;
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
@@ -57,14 +64,14 @@ impl Drop for Poller {
     }
 }
 
-fn control(fd: &OwnedFd, requests: &AtomicU64, stop: &AtomicBool) {
-    let mut last = requests.load(Relaxed);
+fn control(fd: &OwnedFd, requests: &Counter, stop: &AtomicBool) {
+    let mut last = requests.sum();
     let mut spinning = false;
     let mut quiet_checks = 0u32;
     while !stop.load(Relaxed) {
         let idle = quiet_checks as u128 * QUIET.as_millis() > 1000;
         std::thread::sleep(if idle { IDLE_CHECK } else { QUIET });
-        let now = requests.load(Relaxed);
+        let now = requests.sum();
         let busy = now != last;
         last = now;
         quiet_checks = if busy {

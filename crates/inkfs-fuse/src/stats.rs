@@ -12,11 +12,12 @@
 //! wedged (a hung request does not block the stats thread), which is when
 //! statistics are most wanted.
 
+use std::cell::Cell;
 use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -78,12 +79,13 @@ ops!(
 
 pub const OPS: usize = Op::ALL.len();
 
+/// One operation's counters in one shard.
 pub struct OpStats {
-    pub count: AtomicU64,
-    pub errors: AtomicU64,
-    pub total_ns: AtomicU64,
-    pub max_ns: AtomicU64,
-    pub buckets: [AtomicU64; BUCKETS],
+    count: AtomicU64,
+    errors: AtomicU64,
+    total_ns: AtomicU64,
+    max_ns: AtomicU64,
+    buckets: [AtomicU64; BUCKETS],
 }
 
 impl OpStats {
@@ -96,17 +98,28 @@ impl OpStats {
             buckets: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
+}
 
+/// One operation's counters summed over the shards.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OpTotals {
+    pub count: u64,
+    pub errors: u64,
+    pub total_ns: u64,
+    pub max_ns: u64,
+    pub buckets: Vec<u64>,
+}
+
+impl OpTotals {
     /// The upper bound (ns) of the bucket holding the `q`-quantile.
-    fn quantile_ns(&self, q: f64) -> u64 {
-        let counts: Vec<u64> = self.buckets.iter().map(|b| b.load(Relaxed)).collect();
-        let total: u64 = counts.iter().sum();
+    pub fn quantile_ns(&self, q: f64) -> u64 {
+        let total: u64 = self.buckets.iter().sum();
         if total == 0 {
             return 0;
         }
         let want = ((total as f64) * q).ceil().max(1.0) as u64;
         let mut seen = 0;
-        for (i, c) in counts.iter().enumerate() {
+        for (i, c) in self.buckets.iter().enumerate() {
             seen += c;
             if seen >= want {
                 return 1u64 << (i + 1);
@@ -116,27 +129,78 @@ impl OpStats {
     }
 }
 
+/// Shards per counter set. A worker thread adds to shard (its number mod
+/// SHARDS), so with up to SHARDS workers no two threads write the same
+/// cache line on the request path (counters shared by two server threads
+/// cost a cache-line transfer per update, several per request).
+const SHARDS: usize = 8;
+
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    static MY_SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+/// This thread's shard number (assigned round-robin on first use).
+fn my_shard() -> usize {
+    MY_SHARD.with(|s| {
+        if s.get() == usize::MAX {
+            s.set(NEXT_SHARD.fetch_add(1, Relaxed) % SHARDS);
+        }
+        s.get()
+    })
+}
+
+/// A counter many threads add to and few read: one padded slot per shard.
+pub struct Counter {
+    slots: [Padded<AtomicU64>; SHARDS],
+}
+
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl Default for Counter {
+    fn default() -> Self {
+        Counter {
+            slots: std::array::from_fn(|_| Padded(AtomicU64::new(0))),
+        }
+    }
+}
+
+impl Counter {
+    #[inline]
+    pub fn add(&self, n: u64) {
+        self.slots[my_shard()].0.fetch_add(n, Relaxed);
+    }
+
+    pub fn sum(&self) -> u64 {
+        self.slots.iter().map(|s| s.0.load(Relaxed)).sum()
+    }
+}
+
 /// Statistics of one mounted file system.
 pub struct Stats {
-    pub ops: [OpStats; OPS],
+    /// Per shard, per operation.
+    ops: Box<[Padded<[OpStats; OPS]>]>,
     /// Requests served, all kinds (the poller watches it).
-    pub requests: Arc<AtomicU64>,
-    pub bytes_read: AtomicU64,
-    pub bytes_written: AtomicU64,
+    pub requests: Arc<Counter>,
+    pub bytes_read: Counter,
+    pub bytes_written: Counter,
     /// O_APPEND writes the engine placed at another offset than the kernel
     /// expected (should stay 0: the kernel serialises writers per inode).
-    pub append_moved: AtomicU64,
+    pub append_moved: Counter,
     pub started: Instant,
 }
 
 impl Default for Stats {
     fn default() -> Self {
         Stats {
-            ops: std::array::from_fn(|_| OpStats::new()),
-            requests: Arc::new(AtomicU64::new(0)),
-            bytes_read: AtomicU64::new(0),
-            bytes_written: AtomicU64::new(0),
-            append_moved: AtomicU64::new(0),
+            ops: (0..SHARDS)
+                .map(|_| Padded(std::array::from_fn(|_| OpStats::new())))
+                .collect(),
+            requests: Arc::new(Counter::default()),
+            bytes_read: Counter::default(),
+            bytes_written: Counter::default(),
+            append_moved: Counter::default(),
             started: Instant::now(),
         }
     }
@@ -147,8 +211,9 @@ impl Stats {
     #[inline]
     pub fn record(&self, op: Op, started: Instant, ok: bool) {
         let ns = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
-        let s = &self.ops[op as usize];
-        self.requests.fetch_add(1, Relaxed);
+        let shard = my_shard();
+        let s = &self.ops[shard].0[op as usize];
+        self.requests.slots[shard].0.fetch_add(1, Relaxed);
         s.count.fetch_add(1, Relaxed);
         if !ok {
             s.errors.fetch_add(1, Relaxed);
@@ -157,6 +222,25 @@ impl Stats {
         s.max_ns.fetch_max(ns, Relaxed);
         let bucket = (63 - ns.max(1).leading_zeros() as usize).min(BUCKETS - 1);
         s.buckets[bucket].fetch_add(1, Relaxed);
+    }
+
+    /// `op`'s counters, summed over the shards.
+    pub fn op(&self, op: Op) -> OpTotals {
+        let mut t = OpTotals {
+            buckets: vec![0; BUCKETS],
+            ..OpTotals::default()
+        };
+        for shard in self.ops.iter() {
+            let s = &shard.0[op as usize];
+            t.count += s.count.load(Relaxed);
+            t.errors += s.errors.load(Relaxed);
+            t.total_ns += s.total_ns.load(Relaxed);
+            t.max_ns = t.max_ns.max(s.max_ns.load(Relaxed));
+            for (sum, b) in t.buckets.iter_mut().zip(&s.buckets) {
+                *sum += b.load(Relaxed);
+            }
+        }
+        t
     }
 
     /// A report, as text or JSON. `extra` are (key, value) lines the caller
@@ -176,14 +260,14 @@ impl Stats {
             }
             out.push_str(&format!(
                 "\"uptime_s\":{uptime_s:.3},\"bytes_read\":{},\"bytes_written\":{},\"append_moved\":{},\"ops\":{{",
-                self.bytes_read.load(Relaxed),
-                self.bytes_written.load(Relaxed),
-                self.append_moved.load(Relaxed)
+                self.bytes_read.sum(),
+                self.bytes_written.sum(),
+                self.append_moved.sum()
             ));
             let mut first = true;
             for &op in Op::ALL {
-                let s = &self.ops[op as usize];
-                let count = s.count.load(Relaxed);
+                let s = self.op(op);
+                let count = s.count;
                 if count == 0 {
                     continue;
                 }
@@ -191,17 +275,13 @@ impl Stats {
                     out.push(',');
                 }
                 first = false;
-                let buckets: Vec<String> = s
-                    .buckets
-                    .iter()
-                    .map(|b| b.load(Relaxed).to_string())
-                    .collect();
+                let buckets: Vec<String> = s.buckets.iter().map(|b| b.to_string()).collect();
                 out.push_str(&format!(
                     "\"{}\":{{\"count\":{count},\"errors\":{},\"total_ns\":{},\"max_ns\":{},\"p50_ns\":{},\"p99_ns\":{},\"log2_ns_buckets\":[{}]}}",
                     op.name(),
-                    s.errors.load(Relaxed),
-                    s.total_ns.load(Relaxed),
-                    s.max_ns.load(Relaxed),
+                    s.errors,
+                    s.total_ns,
+                    s.max_ns,
                     s.quantile_ns(0.5),
                     s.quantile_ns(0.99),
                     buckets.join(",")
@@ -216,17 +296,17 @@ impl Stats {
             out.push_str(&format!(
                 "{:<16} {}\n{:<16} {}\n",
                 "bytes read",
-                self.bytes_read.load(Relaxed),
+                self.bytes_read.sum(),
                 "bytes written",
-                self.bytes_written.load(Relaxed)
+                self.bytes_written.sum()
             ));
             out.push_str(&format!(
                 "\n{:<12} {:>12} {:>8} {:>10} {:>10} {:>10} {:>12}\n",
                 "op", "count", "errors", "avg_ns", "p50_ns<", "p99_ns<", "max_ns"
             ));
             for &op in Op::ALL {
-                let s = &self.ops[op as usize];
-                let count = s.count.load(Relaxed);
+                let s = self.op(op);
+                let count = s.count;
                 if count == 0 {
                     continue;
                 }
@@ -234,11 +314,11 @@ impl Stats {
                     "{:<12} {:>12} {:>8} {:>10} {:>10} {:>10} {:>12}\n",
                     op.name(),
                     count,
-                    s.errors.load(Relaxed),
-                    s.total_ns.load(Relaxed) / count,
+                    s.errors,
+                    s.total_ns / count,
                     s.quantile_ns(0.5),
                     s.quantile_ns(0.99),
-                    s.max_ns.load(Relaxed)
+                    s.max_ns
                 ));
             }
         }
@@ -397,9 +477,18 @@ mod tests {
         let t = Instant::now();
         s.record(Op::read, t, true);
         s.record(Op::read, t, false);
-        s.bytes_read.fetch_add(4096, Relaxed);
-        assert_eq!(s.ops[Op::read as usize].count.load(Relaxed), 2);
-        assert_eq!(s.ops[Op::read as usize].errors.load(Relaxed), 1);
+        s.bytes_read.add(4096);
+        assert_eq!(s.op(Op::read).count, 2);
+        assert_eq!(s.op(Op::read).errors, 1);
+        // Other threads add to other shards; the totals see all of them.
+        std::thread::scope(|sc| {
+            for _ in 0..3 {
+                sc.spawn(|| s.record(Op::read, t, true));
+            }
+        });
+        assert_eq!(s.op(Op::read).count, 5);
+        assert_eq!(s.requests.sum(), 5);
+        assert_eq!(s.op(Op::read).buckets.iter().sum::<u64>(), 5);
         let text = s.report(&[("mode".into(), "strict".into())], false);
         assert!(text.contains("read"), "{text}");
         let json = s.report(
@@ -414,9 +503,9 @@ mod tests {
             "{json}"
         );
         assert!(
-            json.contains("\"read\":{\"count\":2,\"errors\":1"),
+            json.contains("\"read\":{\"count\":5,\"errors\":1"),
             "{json}"
         );
-        assert!(s.ops[Op::read as usize].quantile_ns(0.99) > 0);
+        assert!(s.op(Op::read).quantile_ns(0.99) > 0);
     }
 }
