@@ -436,9 +436,20 @@ impl<P: Pmem> Fs<P> {
     ) -> Result<()> {
         let mut page = first;
         let appending = first * BLOCK_SIZE >= st.attr.size;
-        // Grow contiguously after the previous page's block when possible.
+        // Grow contiguously after the previous page's block when possible:
+        // appends, and writes into holes. An overwrite has no goal: the
+        // block after the previous page's is almost always this page's own
+        // old one, so looking for it cost two tree walks for nothing.
+        let overwrite = !appending
+            && st.file().is_some_and(|m| {
+                // A file without holes needs no lookup. (Blocks kept past
+                // the end can fool the count; then a hole is filled without
+                // a goal: placement only, never correctness.)
+                m.mapped_pages() == st.attr.size.div_ceil(BLOCK_SIZE) || m.find(page).is_some()
+            });
         let mut goal = match page
             .checked_sub(1)
+            .filter(|_| !overwrite)
             .and_then(|p| st.file().and_then(|m| m.find(p)))
         {
             Some(e) => e.block + (page - e.page),
