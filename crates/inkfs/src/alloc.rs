@@ -569,8 +569,9 @@ impl BlockAllocator {
 
         // Pass 1: best fit of the full length, home lane first. When it
         // fails, the recent singles may complete a range: merge them into
-        // the ranges (this is rare; it undoes nothing but the fast path's
-        // shortcut) and look again.
+        // the ranges and look again. This only happens on a pool with no
+        // free run of `want` blocks left, where recycling singles has
+        // stopped paying anyway.
         if let Some(found) = self.best_fit_anywhere(home, want) {
             return Some(found);
         }
