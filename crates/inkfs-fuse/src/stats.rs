@@ -80,7 +80,7 @@ ops!(
 pub const OPS: usize = Op::ALL.len();
 
 /// One operation's counters in one shard.
-pub struct OpStats {
+struct OpStats {
     count: AtomicU64,
     errors: AtomicU64,
     total_ns: AtomicU64,
@@ -211,9 +211,8 @@ impl Stats {
     #[inline]
     pub fn record(&self, op: Op, started: Instant, ok: bool) {
         let ns = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
-        let shard = my_shard();
-        let s = &self.ops[shard].0[op as usize];
-        self.requests.slots[shard].0.fetch_add(1, Relaxed);
+        let s = &self.ops[my_shard()].0[op as usize];
+        self.requests.add(1);
         s.count.fetch_add(1, Relaxed);
         if !ok {
             s.errors.fetch_add(1, Relaxed);
