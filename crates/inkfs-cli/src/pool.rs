@@ -142,7 +142,11 @@ fn describe_contents(path: &Path) -> Result<Option<String>, String> {
 pub fn mkfs(args: &[String]) -> Result<(), String> {
     let a = parse_mkfs(args)?;
     let path = &a.pool;
-    let create_size = match (existing(path)?, a.size) {
+    let found = existing(path)?;
+    // A file this command creates is removed again if it cannot become a
+    // pool (e.g. a size hugetlbfs cannot hold): no empty file left behind.
+    let created = matches!(found, Existing::Nothing);
+    let create_size = match (found, a.size) {
         (Existing::Nothing, None) => {
             return Err(format!(
                 "{} does not exist; give --size to create it",
@@ -177,6 +181,12 @@ pub fn mkfs(args: &[String]) -> Result<(), String> {
             return Err(format!("size {s} is not a multiple of 4096"));
         }
     }
+    let undo = |e: String| {
+        if created {
+            let _ = std::fs::remove_file(path);
+        }
+        e
+    };
     let pm = MappedPool::open(
         path,
         &PoolOpenOptions {
@@ -184,12 +194,12 @@ pub fn mkfs(args: &[String]) -> Result<(), String> {
             read_only: false,
         },
     )
-    .map_err(|e| format!("{}: {e}", path.display()))?;
+    .map_err(|e| undo(format!("{}: {e}", path.display())))?;
     let opts = FormatOptions {
         lanes: a.lanes,
         ..Default::default()
     };
-    let sb = Fs::format(&pm, &opts).map_err(|e| e.to_string())?;
+    let sb = Fs::format(&pm, &opts).map_err(|e| undo(e.to_string()))?;
     let info = pm.info();
     println!(
         "inkfs: {} formatted: {}, {} lanes, {} data blocks; backend {}, flush {}",

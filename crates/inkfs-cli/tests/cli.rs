@@ -159,3 +159,60 @@ fn every_command_answers_help() {
         assert!(o.status.success(), "{cmd} --help: {}", text(&o));
     }
 }
+
+#[test]
+fn failed_mkfs_leaves_no_file_behind() {
+    // More than /dev/shm can hold: the space check fails after the file
+    // was created; the file must go again.
+    let pool = Pool::new("enospc");
+    let o = inkfs(&["mkfs", pool.s(), "--size", "1000T"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("No space left"), "{}", text(&o));
+    assert!(!pool.0.exists(), "a failed mkfs left {} behind", pool.s());
+}
+
+/// A hugetlbfs mount with at least `pages` free huge pages, if this machine
+/// has one (.ci/run sets one up at /dev/hugepages).
+fn hugetlbfs_with_free_pages(pages: u64) -> Option<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    let dir = mounts
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| {
+            f.len() > 2
+                && f[2] == "hugetlbfs"
+                && !f.get(3).is_some_and(|o| o.contains("pagesize=1G"))
+        })
+        .map(|f| PathBuf::from(f[1]))?;
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let free: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("HugePages_Free:"))?
+        .trim()
+        .parse()
+        .ok()?;
+    (free >= pages).then_some(dir)
+}
+
+#[test]
+fn hugetlbfs_pool_is_dram_and_whole_pages() {
+    let Some(dir) = hugetlbfs_with_free_pages(16) else {
+        eprintln!("skipped: no hugetlbfs mount with 16 free 2 MiB pages");
+        return;
+    };
+    let path = dir.join(format!("inkfs-cli-test-{}.pool", std::process::id()));
+    let pool = Pool(path);
+    let o = inkfs(&["mkfs", pool.s(), "--size", "3M"]);
+    assert!(!o.status.success(), "3 MiB on 2 MiB pages: {}", text(&o));
+    assert!(text(&o).contains("not a multiple"), "{}", text(&o));
+    assert!(!pool.0.exists(), "the refused pool file was left behind");
+    let o = inkfs(&["mkfs", pool.s(), "--size", "16M"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = inkfs(&["selftest", pool.s()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let t = text(&inkfs(&["stat", pool.s()]));
+    assert!(
+        t.contains("DRAM") && t.contains("state:           clean"),
+        "{t}"
+    );
+}

@@ -3,6 +3,7 @@
 //! in one run on this machine (pool in /dev/shm, DRAM standing in for PM).
 //!
 //! `cargo bench -p inkfs --bench engine [-- --quick]`
+//! (`INKFS_BENCH_DIR=/dev/hugepages` for a pool in 2 MiB pages)
 //!
 //! Each figure is the median over runs of the mean latency of a batch; runs
 //! of the contenders are interleaved so drift hits them alike.
@@ -41,8 +42,11 @@ fn main() {
             overwrite_file_pages: 16384,
         }
     };
+    // INKFS_BENCH_DIR puts the pool elsewhere, e.g. on hugetlbfs (DRAM in
+    // 2 MiB pages, as device DAX maps PM) or a DAX file system.
+    let dir = std::env::var("INKFS_BENCH_DIR").unwrap_or_else(|_| "/dev/shm".into());
     let pool = PathBuf::from(format!(
-        "/dev/shm/inkfs-bench-engine-{}.pool",
+        "{dir}/inkfs-bench-engine-{}.pool",
         std::process::id()
     ));
     let tmp = PathBuf::from(format!(

@@ -196,6 +196,20 @@ unsafe fn copy_nt_x86(method: FlushMethod, dst: *mut u8, src: &[u8]) {
     }
 }
 
+/// Software prefetch of the line at `p` (a hint: never faults, changes
+/// nothing). On x86 it also walks the page tables when the address is not
+/// in the TLB, which is what callers want from it.
+#[inline]
+pub fn prefetch(p: *const u8) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    // SAFETY: a prefetch of any address is architecturally a no-op hint.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_NTA }>(p as *const i8)
+    };
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    let _ = p;
+}
+
 /// Zero with non-temporal stores; durable after the next `sfence`.
 ///
 /// # Safety

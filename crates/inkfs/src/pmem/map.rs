@@ -28,6 +28,9 @@ use super::{BackendInfo, BackendKind, Pmem};
 const TMPFS_MAGIC: i64 = 0x0102_1994;
 /// `statfs.f_type` of ramfs.
 const RAMFS_MAGIC: i64 = 0x8584_58f6;
+/// `statfs.f_type` of hugetlbfs: DRAM in 2 MiB pages, mapped as device DAX
+/// maps PM.
+const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
 /// Device DAX alignment when sysfs does not say (the kernel's default).
 const DEVDAX_ALIGN_DEFAULT_BYTES: u64 = 2 << 20;
 
@@ -296,6 +299,13 @@ impl Pmem for MappedPool {
     }
 
     #[inline]
+    fn prefetch_store(&self, off: u64) {
+        if off < self.write_limit_bytes {
+            cpu::prefetch(self.ptr(off));
+        }
+    }
+
+    #[inline]
     fn zero_nt(&self, off: u64, len: u64) {
         self.check(off, len, self.write_limit_bytes);
         // SAFETY: range checked and writable.
@@ -457,6 +467,15 @@ fn size_regular(file: &File, opts: &OpenOptions) -> io::Result<u64> {
     match opts.create_size_bytes {
         Some(0) => Err(invalid_input("pool size must not be 0")),
         Some(want) if len == 0 => {
+            let (f_type, page) = fs_type(file)?;
+            if f_type == HUGETLBFS_MAGIC && !want.is_multiple_of(page) {
+                // hugetlbfs rounds the file up to whole pages, and a pool
+                // longer than its superblock says is refused at mount.
+                return Err(invalid_input(&format!(
+                    "pool size {want} is not a multiple of this hugetlbfs's {} KiB pages",
+                    page >> 10
+                )));
+            }
             set_len(file, want)?;
             Ok(want)
         }
@@ -482,8 +501,18 @@ fn set_len(file: &File, len: u64) -> io::Result<()> {
     }
 }
 
-/// Whether the file lives on tmpfs or ramfs (memory only).
+/// Whether the file lives on tmpfs, ramfs or hugetlbfs (memory only).
 fn is_memory_fs(file: &File) -> io::Result<bool> {
+    let (f_type, _) = fs_type(file)?;
+    Ok(matches!(
+        f_type,
+        TMPFS_MAGIC | RAMFS_MAGIC | HUGETLBFS_MAGIC
+    ))
+}
+
+/// The file system's `statfs` type and block size (the page size on
+/// hugetlbfs).
+fn fs_type(file: &File) -> io::Result<(i64, u64)> {
     let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
     // SAFETY: fstatfs fills the struct on success; read only then.
     let rc = unsafe { libc::fstatfs(file.as_raw_fd(), st.as_mut_ptr()) };
@@ -491,10 +520,10 @@ fn is_memory_fs(file: &File) -> io::Result<bool> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: initialized by the successful fstatfs.
-    // f_type's width varies by architecture.
+    let st = unsafe { st.assume_init() };
+    // The fields' widths vary by architecture.
     #[allow(clippy::unnecessary_cast)]
-    let f_type = unsafe { st.assume_init() }.f_type as i64;
-    Ok(f_type == TMPFS_MAGIC || f_type == RAMFS_MAGIC)
+    Ok((st.f_type as i64, (st.f_bsize as u64).max(1)))
 }
 
 #[allow(clippy::too_many_arguments)]

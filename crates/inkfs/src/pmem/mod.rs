@@ -49,7 +49,7 @@ impl BackendKind {
         match self {
             BackendKind::DeviceDax => "device DAX",
             BackendKind::FsDaxMapSync => "fs-DAX file (MAP_SYNC)",
-            BackendKind::Dram => "DRAM (tmpfs/shm file, PM stand-in)",
+            BackendKind::Dram => "DRAM (tmpfs/shm or hugetlbfs file, PM stand-in)",
             BackendKind::MsyncFile => "plain file (msync, slow)",
             BackendKind::Simulated => "crash simulator",
         }
@@ -102,6 +102,14 @@ pub trait Pmem: Send + Sync + 'static {
 
     /// Make everything durable, whatever its state (clean unmount).
     fn sync_all(&self) -> std::io::Result<()>;
+
+    /// A hint that the next operation will store at `off`: translate its
+    /// address now. Called in the shadow of a fence's drain, so that the
+    /// page walk for a page never touched before does not wait behind the
+    /// next operation's lock. No store, no effect on contents; a no-op
+    /// where there is no mapping.
+    #[inline]
+    fn prefetch_store(&self, _off: u64) {}
 
     /// The bytes `[off, off + len)` in place, for zero-copy reads, when the
     /// backend is a plain mapping; `None` means "copy with `read`". Callers
