@@ -850,6 +850,91 @@ fn stats_socket() {
 }
 
 #[test]
+fn close_costs_no_flush_round_trip() {
+    // inkfs buffers nothing, so it answers the first FLUSH with ENOSYS and
+    // the kernel sends no more: a close is one RELEASE, not two requests.
+    let pool = Pool::new("noflush", 64);
+    let m = Mounted::new(&pool, "");
+    for i in 0..50u8 {
+        fs::write(m.p(&format!("f{i}")), [i; 100]).unwrap();
+    }
+    for i in 0..50u8 {
+        assert_eq!(fs::read(m.p(&format!("f{i}"))).unwrap(), [i; 100]);
+    }
+    assert!(op_count(&m, "release") >= 100);
+    assert!(op_count(&m, "flush") <= 1);
+}
+
+/// How many requests of kind `op` the mounted server has answered (0 if
+/// none yet), from its live statistics.
+fn op_count(m: &Mounted, op: &str) -> u64 {
+    let json = inkfs_fuse::stat_mountpoint(m.path(), true)
+        .unwrap()
+        .unwrap();
+    let key = format!("\"{op}\":{{\"count\":");
+    let Some(at) = json.find(&key) else {
+        return 0;
+    };
+    json[at + key.len()..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect::<String>()
+        .parse()
+        .unwrap_or_else(|_| panic!("{op} count in {json}"))
+}
+
+#[test]
+fn cached_absence_never_hides_a_new_name() {
+    // Each name is first looked up while absent (the kernel caches that for
+    // the entry TTL), then created by one kind of call; it must be visible
+    // at once, and a name removed must be gone at once.
+    let pool = Pool::new("negative", 64);
+    let m = Mounted::new(&pool, "");
+    fs::write(m.p("src"), b"x").unwrap();
+    fs::write(m.p("moved"), b"y").unwrap();
+    let absent = |n: &str| {
+        let e = fs::symlink_metadata(m.p(n)).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{n}");
+    };
+    type Make<'a> = &'a dyn Fn(&Path);
+    let made: [(&str, Make); 6] = [
+        ("file", &|p| fs::write(p, b"z").unwrap()),
+        ("dir", &|p| fs::create_dir(p).unwrap()),
+        ("sym", &|p| std::os::unix::fs::symlink("src", p).unwrap()),
+        ("hard", &|p| {
+            fs::hard_link(p.with_file_name("src"), p).unwrap()
+        }),
+        ("renamed", &|p| {
+            fs::rename(p.with_file_name("moved"), p).unwrap()
+        }),
+        ("fifo", &|p| {
+            let c = cpath(p);
+            // SAFETY: a valid C path.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        }),
+    ];
+    // The absence is cached: repeated probes do not reach the server
+    // (a probe every TTL at most).
+    let before = op_count(&m, "lookup");
+    for _ in 0..100 {
+        absent("nothing");
+    }
+    assert!(op_count(&m, "lookup") - before <= 3, "absence not cached");
+    for (name, make) in made {
+        for _ in 0..3 {
+            absent(name);
+        }
+        make(&m.p(name));
+        assert!(fs::symlink_metadata(m.p(name)).is_ok(), "{name} hidden");
+    }
+    absent("moved");
+    fs::remove_file(m.p("file")).unwrap();
+    absent("file");
+    fs::write(m.p("file"), b"again").unwrap();
+    assert_eq!(fs::read(m.p("file")).unwrap(), b"again");
+}
+
+#[test]
 fn null_fs_with_fio() {
     require_root();
     require_tool("fio", "fio");
