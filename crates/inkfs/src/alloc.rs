@@ -354,6 +354,11 @@ struct BlockLane {
     /// and read without it so stealing can skip lanes without locking them.
     /// A stale value only costs a wasted lock or a skipped lane.
     largest_hint: AtomicU64,
+    /// Free blocks of this lane (ranges and recent singles), changed only
+    /// under `free`'s lock and read without it. Per lane, not one shared
+    /// counter: two threads allocating in their own lanes then share no
+    /// cache line, and an update is a plain store, not a locked add.
+    free_count: AtomicU64,
 }
 
 impl BlockLane {
@@ -361,6 +366,19 @@ impl BlockLane {
     fn publish(&self, free: &LaneFree) {
         self.largest_hint
             .store(free.ranges.largest_len(), Ordering::Relaxed);
+    }
+
+    /// `free_count += n`; call with the lock held.
+    fn count_freed(&self, n: u64) {
+        let c = self.free_count.load(Ordering::Relaxed);
+        self.free_count.store(c + n, Ordering::Relaxed);
+    }
+
+    /// `free_count -= n`; call with the lock held.
+    fn count_taken(&self, n: u64) {
+        let c = self.free_count.load(Ordering::Relaxed);
+        debug_assert!(c >= n, "free counter below a lane's free blocks");
+        self.free_count.store(c - n, Ordering::Relaxed);
     }
 }
 
@@ -371,9 +389,6 @@ pub struct BlockAllocator {
     first_block: u64,
     total_blocks: u64,
     lanes: Box<[BlockLane]>,
-    /// Free blocks of all lanes, changed under the lane lock that changes the
-    /// lane's set, so it equals the sum of the sets whenever no call is in flight.
-    free_blocks: AtomicU64,
 }
 
 #[derive(Clone, Copy)]
@@ -402,11 +417,13 @@ impl BlockAllocator {
                     free.ranges.insert(start, end - start).expect("empty set");
                 }
                 let hint = free.ranges.largest_len();
+                let count = free.total();
                 BlockLane {
                     region_start: start,
                     region_end: end,
                     free: Mutex::new(free),
                     largest_hint: AtomicU64::new(hint),
+                    free_count: AtomicU64::new(count),
                 }
             })
             .collect();
@@ -415,7 +432,6 @@ impl BlockAllocator {
             first_block,
             total_blocks,
             lanes,
-            free_blocks: AtomicU64::new(if all_free { data_blocks } else { 0 }),
         }
     }
 
@@ -433,7 +449,6 @@ impl BlockAllocator {
             (first_block, total_blocks)
         );
         let a = Self::with_lanes(lane_count, first_block, total_blocks, false);
-        let mut free_total = 0;
         for lane in a.lanes.iter() {
             let mut set = lock(&lane.free);
             let mut block = lane.region_start;
@@ -449,11 +464,10 @@ impl BlockAllocator {
                 set.ranges
                     .insert(start, block - start)
                     .expect("ascending, disjoint runs");
-                free_total += block - start;
+                lane.count_freed(block - start);
             }
             lane.publish(&set);
         }
-        a.free_blocks.store(free_total, Ordering::Relaxed);
         a
     }
 
@@ -485,8 +499,12 @@ impl BlockAllocator {
         self.total_blocks - self.first_block
     }
 
+    /// Free blocks of all lanes: exact whenever no call is in flight.
     pub fn free_blocks(&self) -> u64 {
-        self.free_blocks.load(Ordering::Relaxed)
+        self.lanes
+            .iter()
+            .map(|l| l.free_count.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// Lane `lane`'s region `[start, end)` of the data area.
@@ -540,8 +558,7 @@ impl BlockAllocator {
             .remove(start, len)
             .expect("range chosen from this very set under its lock");
         lane.publish(set);
-        let before = self.free_blocks.fetch_sub(len, Ordering::Relaxed);
-        debug_assert!(before >= len, "free counter below a lane's free blocks");
+        lane.count_taken(len);
         debug_assert!(start >= lane.region_start && start + len <= lane.region_end);
         (start, len)
     }
@@ -654,9 +671,9 @@ impl BlockAllocator {
 
     /// The block lane `idx` freed last, if it keeps one aside.
     fn pop_recent(&self, idx: usize) -> Option<u64> {
-        let b = lock(&self.lanes[idx].free).recent.pop()?;
-        let before = self.free_blocks.fetch_sub(1, Ordering::Relaxed);
-        debug_assert!(before >= 1, "free counter below a lane's free blocks");
+        let lane = &self.lanes[idx];
+        let b = lock(&lane.free).recent.pop()?;
+        lane.count_taken(1);
         Some(b)
     }
 
@@ -732,7 +749,7 @@ impl BlockAllocator {
                         return Err((at, at));
                     }
                     set.recent.push(at);
-                    self.free_blocks.fetch_add(1, Ordering::Relaxed);
+                    lane.count_freed(1);
                 }
                 Change::Free => {
                     if set
@@ -746,7 +763,7 @@ impl BlockAllocator {
                         lane.publish(&set);
                     }
                     set.ranges.insert(at, piece).map_err(|b| (b, at))?;
-                    self.free_blocks.fetch_add(piece, Ordering::Relaxed);
+                    lane.count_freed(piece);
                 }
                 Change::Use => {
                     // Rebuild and fsck paths: the ranges must hold every
@@ -754,8 +771,7 @@ impl BlockAllocator {
                     set.settle();
                     lane.publish(&set);
                     set.ranges.remove(at, piece).map_err(|b| (b, at))?;
-                    let before = self.free_blocks.fetch_sub(piece, Ordering::Relaxed);
-                    debug_assert!(before >= piece);
+                    lane.count_taken(piece);
                 }
             }
             lane.publish(&set);
@@ -1013,7 +1029,7 @@ impl BlockAllocator {
                     .insert(r.start, r.len)
                     .map_err(|_| Refusal::BlockRange { lane })?;
             }
-            blocks.free_blocks.fetch_add(set.total(), Ordering::Relaxed);
+            block_lane.count_freed(set.total());
             block_lane.publish(&set);
             drop(set);
 

@@ -5,8 +5,6 @@
 //! blocks with non-temporal stores, the FILE_WRITE entries that map them are
 //! flushed, one fence covers both, and only then does the tail move.
 
-use std::sync::atomic::Ordering;
-
 use crate::error::{errno, Error, Result};
 use crate::format::*;
 use crate::fs::{live, FileHandle, Fs};
@@ -419,7 +417,7 @@ impl<P: Pmem> Fs<P> {
     fn settle_reserved(&self, tx: &mut DataTx) {
         let taken = std::mem::take(&mut tx.reserved_taken);
         if taken > 0 {
-            self.reserved_blocks.fetch_sub(taken, Ordering::Relaxed);
+            self.reserved_changed(-(taken as i64));
         }
     }
 
@@ -452,12 +450,11 @@ impl<P: Pmem> Fs<P> {
             return Ok((block, got));
         }
         if len > 0 {
-            self.reserved_blocks.fetch_sub(len, Ordering::Relaxed);
+            self.reserved_changed(-(len as i64));
             self.free_blocks(start, len);
         }
         tx.prealloc = (block + want, got - want);
-        self.reserved_blocks
-            .fetch_add(got - want, Ordering::Relaxed);
+        self.reserved_changed((got - want) as i64);
         Ok((block, want))
     }
 

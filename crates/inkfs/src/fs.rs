@@ -2,7 +2,7 @@
 //! attributes, handles, and the commit helpers every operation uses.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::alloc::{BlockAllocator, InodeSlots};
@@ -60,9 +60,37 @@ pub struct Fs<P: Pmem> {
     pub(crate) rename_lock: Mutex<()>,
     /// Blocks held in inodes' DRAM reservations (free for statfs: they
     /// return to the allocator at the last close, and are free after a crash).
-    pub(crate) reserved_blocks: AtomicU64,
+    reserved_blocks: LaneCounter,
     pub(crate) gc: crate::gc::GcCounters,
     report: MountReport,
+}
+
+/// A count kept per lane, one cache line each, and summed when read: the
+/// threads that change it share no line. A lane's part may go negative (a
+/// block reserved by one thread, taken by another); the sum may not.
+struct LaneCounter(Box<[PaddedCount]>);
+
+#[repr(align(128))]
+struct PaddedCount(AtomicI64);
+
+impl LaneCounter {
+    fn new(lanes: u32) -> LaneCounter {
+        LaneCounter(
+            (0..lanes.max(1))
+                .map(|_| PaddedCount(AtomicI64::new(0)))
+                .collect(),
+        )
+    }
+    fn add(&self, lane: u32, n: i64) {
+        let part = &self.0[lane as usize % self.0.len()];
+        part.0.fetch_add(n, Ordering::Relaxed);
+    }
+    fn sum(&self) -> u64 {
+        let s: i64 = self.0.iter().map(|p| p.0.load(Ordering::Relaxed)).sum();
+        // Parts are read one by one while others change: clamp a
+        // transiently negative sum.
+        s.max(0) as u64
+    }
 }
 
 static NEXT_THREAD_LANE: AtomicU32 = AtomicU32::new(0);
@@ -143,7 +171,7 @@ impl<P: Pmem> Fs<P> {
             cache: InodeCache::default(),
             journals,
             rename_lock: Mutex::new(()),
-            reserved_blocks: AtomicU64::new(0),
+            reserved_blocks: LaneCounter::new(geo.lane_count),
             gc: Default::default(),
             report,
         };
@@ -401,9 +429,14 @@ impl<P: Pmem> Fs<P> {
     pub(crate) fn drop_prealloc(&self, st: &mut InodeState) {
         let (start, len) = std::mem::take(&mut st.prealloc);
         if len > 0 {
-            self.reserved_blocks.fetch_sub(len, Ordering::Relaxed);
+            self.reserved_changed(-(len as i64));
             self.free_blocks(start, len);
         }
+    }
+
+    /// Blocks entered (`n > 0`) or left (`n < 0`) inodes' reservations.
+    pub(crate) fn reserved_changed(&self, n: i64) {
+        self.reserved_blocks.add(self.lane(), n);
     }
 
     /// Free an inode whose last link and last handle are gone: its record
@@ -465,7 +498,7 @@ impl<P: Pmem> Fs<P> {
 
     pub fn statfs(&self) -> StatFs {
         let data_blocks = self.geo.total_blocks - self.geo.first_data_block;
-        let free = self.blocks.free_blocks() + self.reserved_blocks.load(Ordering::Relaxed);
+        let free = self.blocks.free_blocks() + self.reserved_blocks.sum();
         let used_inodes = self.slots.used_count();
         // Each inode needs at least one log page.
         StatFs {
