@@ -35,6 +35,16 @@ def speedup(value: Optional[float], base: Optional[float], higher_is_better: boo
     return value / base if higher_is_better else base / value
 
 
+def paired_speedup(values: list, bases: list, higher_is_better: bool) -> Optional[float]:
+    """Median over repetitions of `values[i]` against `bases[i]`, when both
+    have every repetition (None otherwise). Repetition i of two contenders
+    ran back to back, so a slow spell of the machine lands on both sides of
+    one ratio instead of on one side of a ratio of medians."""
+    if not values or len(values) != len(bases):
+        return None
+    return median(speedup(v, b, higher_is_better) for v, b in zip(values, bases))
+
+
 def fmt_num(x: Optional[float]) -> str:
     if x is None:
         return "–"

@@ -72,6 +72,20 @@ class ReportTest(unittest.TestCase):
         self.assertAlmostEqual(m["tmpfs"]["vs_ext4"], 2.0)  # half the time: twice as fast
         self.assertIsNone(m["inkfs-strict"]["vs_ext4"])     # failed: no ratio
 
+    def test_null_fs_ratio_is_paired_by_repetition(self):
+        w = {"higher_is_better": True, "cases": {"c": {
+            # A slow spell in repetition 2 hit both servers.
+            "null-fs": {"values": [100, 50, 100], "raw": [], "errors": []},
+            "inkfs-strict": {"values": [95, 48, 96], "raw": [], "errors": []},
+            "ext4": {"values": [10, 10, 10], "raw": [], "errors": []}}}}
+        report.summarize(w)
+        r = w["ratios"]["c"]["inkfs-strict"]
+        self.assertAlmostEqual(r["vs_null-fs"], 0.96)   # median of .95, .96, .96 (medians: .95)
+        self.assertAlmostEqual(r["vs_ext4"], 9.5)       # medians, as before
+        w["cases"]["c"]["null-fs"]["values"] = [100, 100]  # a failed repetition
+        report.summarize(w)
+        self.assertAlmostEqual(w["ratios"]["c"]["inkfs-strict"]["vs_null-fs"], 0.95)
+
     def test_issue5_table_marks_goal(self):
         md = report.issue5_md(fake_results())
         self.assertIn("| randwrite-fsync-1j |", md)
