@@ -162,7 +162,8 @@ def main(argv=None) -> int:
         res["meta"]["versions"] = versions(bins)
         ctx = Ctx(work, bins, profile, a.mode)
         names = a.contenders.split(",") if a.contenders else list(C.ALL_NAMES)
-        cons = [C.make(n, work, profile["fs_size"], bins) for n in names]
+        cons = [C.make(n, work, profile.get("lib_fs_size", profile["fs_size"])
+                       if n.startswith("inkfs-lib") else profile["fs_size"], bins) for n in names]
         for c in cons:
             res["meta"]["contenders"][c.name] = c.describe
         wls = all_workloads(ctx, REPO)
