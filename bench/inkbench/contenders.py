@@ -171,6 +171,20 @@ class InkfsFuse(FuseServer):
     def server_cmd(self) -> List[str]:
         return [self.bins["inkfs"], "mount", self.pool, self.mnt, "-f", "-o", f"mode={self.mode}"]
 
+    def setup(self, cleanup: Cleanup) -> None:
+        super().setup(cleanup)
+        # A DRAM pool's pages are mapped by a background thread after mount
+        # (seconds for GiBs); measuring before it ends would charge its CPU
+        # and page-table work to the first repetitions. As ext4's lazy init
+        # is switched off for the same reason, wait for it.
+        def populated() -> bool:
+            st = run([self.bins["inkfs"], "stat", self.mnt, "--json"], timeout=30, check=False)
+            try:
+                return json.loads(st.stdout).get("pool_populating", 0) == 0
+            except ValueError:
+                return False
+        wait_for(populated, 300, f"{self.name} to map its pool", interval=0.2)
+
 
 class InkfsLib(Contender):
     """The engine through its library API, inside the Rust workload runner:

@@ -145,6 +145,7 @@ impl<P: Pmem> Engine for Fs<P> {
             ("gc_fast_refused", g.fast_refused),
             ("gc_compactions", g.compactions),
             ("gc_compaction_pages_freed", g.compaction_pages_freed),
+            ("pool_populating", u64::from(self.pmem().populating())),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))

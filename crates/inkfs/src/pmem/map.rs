@@ -298,6 +298,11 @@ impl Pmem for MappedPool {
         }
     }
 
+    fn populating(&self) -> bool {
+        let slot = self.populator.lock().unwrap_or_else(|e| e.into_inner());
+        slot.as_ref().is_some_and(|p| !p.thread.is_finished())
+    }
+
     #[inline]
     fn prefetch_store(&self, off: u64) {
         if off < self.write_limit_bytes {
@@ -690,8 +695,8 @@ mod tests {
         assert_eq!(back[4097], 0);
     }
 
-    /// The background populator changes no byte and is joined at drop,
-    /// even while it is still running.
+    /// The background populator changes no byte, is joined at drop even
+    /// while it is still running, and says when it is done.
     #[test]
     fn populate_in_background_keeps_contents_and_stops_at_drop() {
         if std::env::var("INKFS_BACKEND").as_deref() == Ok("msync") {
@@ -714,6 +719,14 @@ mod tests {
         let pool = MappedPool::open(&path, &OpenOptions::default()).expect("reopen");
         pool.read(12345, &mut buf);
         assert_eq!(&buf, b"kept");
+        // `populating` is true only while the populator runs.
+        assert!(!pool.populating(), "nothing started yet");
+        pool.populate_in_background();
+        let t = std::time::Instant::now();
+        while pool.populating() {
+            assert!(t.elapsed().as_secs() < 60, "256 MiB not mapped in 60 s");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         let mut tail = [1u8; 8];
         pool.read((256 << 20) - 8, &mut tail);
         assert_eq!(tail, [0; 8], "populating wrote nothing");

@@ -111,6 +111,13 @@ pub trait Pmem: Send + Sync + 'static {
     #[inline]
     fn prefetch_store(&self, _off: u64) {}
 
+    /// Whether pages are still being mapped in the background
+    /// (`MappedPool::populate_in_background`): until then some first stores
+    /// take page faults. Reported by the mount's statistics.
+    fn populating(&self) -> bool {
+        false
+    }
+
     /// The bytes `[off, off + len)` in place, for zero-copy reads, when the
     /// backend is a plain mapping; `None` means "copy with `read`". Callers
     /// must hold whatever lock keeps writers off those bytes meanwhile.
