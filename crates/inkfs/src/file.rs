@@ -85,9 +85,10 @@ struct DataTx {
     pages: NewPages,
     /// The inode's block reservation as this operation leaves it.
     prealloc: (u64, u64),
-    /// Blocks taken from the reservation, subtracted from the shared count
-    /// when the operation ends: a locked instruction waits for all earlier
-    /// stores, so before the copy it would only delay it.
+    /// Blocks taken from the reservation, subtracted from the reserved
+    /// count when the operation ends: that atomic add is a locked
+    /// instruction, which waits for all earlier stores, so before the copy
+    /// it would only delay it.
     reserved_taken: u64,
 }
 
