@@ -1,4 +1,5 @@
-//! A file's DRAM index: file page → data block extents. Rebuilt from the
+//! A file's DRAM index as an extent tree: file page → data block extents.
+//! The index of most files (see [`crate::filemap`]). Rebuilt from the
 //! log's FILE_WRITE entries; never persisted.
 
 use std::collections::BTreeMap;
@@ -17,13 +18,13 @@ impl Extent {
 }
 
 #[derive(Clone, Debug, Default)]
-pub struct FileMap {
+pub struct ExtentTree {
     /// first page → (first block, page count); extents never overlap.
     map: BTreeMap<u64, (u64, u64)>,
     mapped_pages: u64,
 }
 
-impl FileMap {
+impl ExtentTree {
     pub fn mapped_pages(&self) -> u64 {
         self.mapped_pages
     }
@@ -53,12 +54,8 @@ impl FileMap {
         })
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = Extent> + '_ {
-        self.map.iter().map(|(&p, &(b, n))| Extent {
-            page: p,
-            block: b,
-            pages: n,
-        })
+    pub fn iter(&self) -> TreeIter<'_> {
+        TreeIter(self.map.iter())
     }
 
     /// Map pages `[page, page + pages)` to blocks starting at `block`, or
@@ -200,7 +197,7 @@ impl FileMap {
         self.insert_raw(page, block, pages);
     }
 
-    fn check(&self) -> bool {
+    pub fn check(&self) -> bool {
         let mut prev_end = 0;
         let mut total = 0;
         for (&p, &(_, n)) in &self.map {
@@ -214,17 +211,29 @@ impl FileMap {
     }
 }
 
+/// Iterator over an [`ExtentTree`]'s extents, in page order.
+pub struct TreeIter<'a>(std::collections::btree_map::Iter<'a, u64, (u64, u64)>);
+
+impl Iterator for TreeIter<'_> {
+    type Item = Extent;
+    fn next(&mut self) -> Option<Extent> {
+        self.0
+            .next()
+            .map(|(&page, &(block, pages))| Extent { page, block, pages })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn collect(m: &FileMap) -> Vec<(u64, u64, u64)> {
+    fn collect(m: &ExtentTree) -> Vec<(u64, u64, u64)> {
         m.iter().map(|e| (e.page, e.block, e.pages)).collect()
     }
 
     #[test]
     fn overwrite_splits_and_releases() {
-        let mut m = FileMap::default();
+        let mut m = ExtentTree::default();
         let mut rel = Vec::new();
         m.map(0, 10, 100, &mut |b, n| rel.push((b, n)));
         m.map(3, 2, 500, &mut |b, n| rel.push((b, n)));
@@ -237,7 +246,7 @@ mod tests {
         assert_eq!(rel, vec![(501, 1), (105, 5)]);
     }
 
-    /// FileMap against a page-by-page model over random map/unmap/truncate.
+    /// ExtentTree against a page-by-page model over random map/unmap/truncate.
     #[test]
     fn matches_a_page_model() {
         use std::collections::BTreeMap;
@@ -249,7 +258,7 @@ mod tests {
             x % n
         };
         for _round in 0..50 {
-            let mut m = FileMap::default();
+            let mut m = ExtentTree::default();
             let mut model: BTreeMap<u64, u64> = BTreeMap::new();
             let mut next_block = 1000;
             for _ in 0..200 {
@@ -302,7 +311,7 @@ mod tests {
 
     #[test]
     fn adjacent_contiguous_extents_merge() {
-        let mut m = FileMap::default();
+        let mut m = ExtentTree::default();
         m.map(0, 2, 10, &mut |_, _| {});
         m.map(2, 2, 12, &mut |_, _| {});
         assert_eq!(collect(&m), vec![(0, 10, 4)]);

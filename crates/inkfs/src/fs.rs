@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use crate::alloc::{BlockAllocator, InodeSlots};
 use crate::error::{errno, Error, Result};
+use crate::filemap::IndexKind;
 use crate::format::*;
 use crate::inode::{self, lock, read, write, Body, Inode, InodeCache, InodeState, InodeTables};
 use crate::journal::{self, Journal, JournalState};
@@ -213,6 +214,9 @@ impl<P: Pmem> Fs<P> {
     pub fn pmem(&self) -> &P {
         &self.pm
     }
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
     pub fn mode(&self) -> Mode {
         self.mode
     }
@@ -327,6 +331,18 @@ impl<P: Pmem> Fs<P> {
         let st = read(&inode.state);
         live(&st)?;
         Ok(st.log.pages)
+    }
+
+    /// Which structure indexes file `ino`'s pages in DRAM, and its extent
+    /// count (read-only; for tests and tools).
+    pub fn file_index(&self, ino: u64) -> Result<(IndexKind, usize)> {
+        let inode = self.iget(ino)?;
+        let st = read(&inode.state);
+        live(&st)?;
+        match st.file() {
+            Some(m) => Ok((m.index_kind(), m.extent_count())),
+            None => errno(libc::EINVAL),
+        }
     }
 
     pub fn fgetattr(&self, fh: &FileHandle) -> Result<Attr> {

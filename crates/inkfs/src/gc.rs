@@ -35,7 +35,8 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use crate::extents::{Extent, FileMap};
+use crate::extents::Extent;
+use crate::filemap::FileMap;
 use crate::format::*;
 use crate::fs::{rec, Fs};
 use crate::inode::{apply_entry, Body, Inode, InodeState};

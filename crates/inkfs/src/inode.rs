@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use crate::alloc::BlockAllocator;
 use crate::dir::{Child, DirIndex};
 use crate::error::{Error, Result};
-use crate::extents::FileMap;
+use crate::filemap::FileMap;
 use crate::format::*;
 use crate::log::{self, Entry, LogCursor};
 use crate::pmem::{read_pod, write_pod, Pmem};

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 
 mod common;
 
+use inkfs::filemap::IndexKind;
 use inkfs::pmem::{MappedPool, Pmem, PoolOpenOptions, SimPool};
 use inkfs::types::*;
 use inkfs::Fs;
@@ -338,8 +339,42 @@ fn fsck_check<P: Pmem>(pm: &P, what: &str, notes: bool) {
 // Crash inside a compaction (crash simulator)
 // ---------------------------------------------------------------------------
 
-fn sim_fs() -> Fs<SimPool> {
-    common::fresh(Mode::Strict, 4 << 20)
+/// The file `f` a crash test starts from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Start {
+    /// 6 pages and a bit, written at once: one extent.
+    Small,
+    /// `FRAGMENTED_PAGES` pages cut by random one-page overwrites until its
+    /// DRAM index is a page table (strict mode's steady state under random
+    /// writes).
+    Fragmented,
+}
+
+const FRAGMENTED_PAGES: u64 = 1024;
+
+fn sim_fs(start: Start) -> Fs<SimPool> {
+    match start {
+        Start::Small => common::fresh(Mode::Strict, 4 << 20),
+        Start::Fragmented => common::fresh(Mode::Strict, 12 << 20),
+    }
+}
+
+/// Random one-page overwrites of `f` until its index is a page table.
+fn fragment(fs: &Fs<SimPool>, rng: &mut Rng) {
+    let ino = fs.lookup(1, b"f").unwrap().ino;
+    let fh = fs.open(ino).unwrap();
+    let mut page = vec![0u8; PAGE as usize];
+    for _ in 0..4 * FRAGMENTED_PAGES {
+        if fs.file_index(ino).unwrap().0 == IndexKind::PageTable {
+            break;
+        }
+        rng.fill(&mut page);
+        fs.write(&fh, rng.below(FRAGMENTED_PAGES) * PAGE, &page)
+            .unwrap();
+    }
+    fs.release(fh);
+    let (kind, extents) = fs.file_index(ino).unwrap();
+    assert_eq!(kind, IndexKind::PageTable, "{extents} extents");
 }
 
 /// What a crash image must show: the state before or after the operation.
@@ -391,14 +426,31 @@ enum Gc {
 /// Run `op` repeatedly (each with a trace) until one runs GC of `kind`;
 /// then mount every crash image of that operation and require the before
 /// or the after state.
-fn crash_during_gc(what: &str, seed: u64, kind: Gc, mut op: impl FnMut(&Fs<SimPool>, &mut Rng)) {
-    let fs = sim_fs();
+fn crash_during_gc(what: &str, seed: u64, kind: Gc, op: impl FnMut(&Fs<SimPool>, &mut Rng)) {
+    crash_during_gc_from(Start::Small, what, seed, kind, op)
+}
+
+fn crash_during_gc_from(
+    start: Start,
+    what: &str,
+    seed: u64,
+    kind: Gc,
+    mut op: impl FnMut(&Fs<SimPool>, &mut Rng),
+) {
+    let fs = sim_fs(start);
     let (_, fh) = fs.create(1, b"f", 0o644, 0, 0).unwrap();
-    let mut init = vec![0u8; 6 * PAGE as usize + 100];
+    let init_bytes = match start {
+        Start::Small => 6 * PAGE as usize + 100,
+        Start::Fragmented => (FRAGMENTED_PAGES * PAGE) as usize,
+    };
+    let mut init = vec![0u8; init_bytes];
     let mut rng = Rng(seed);
     rng.fill(&mut init);
     fs.write(&fh, 0, &init).unwrap();
     fs.release(fh);
+    if start == Start::Fragmented {
+        fragment(&fs, &mut rng);
+    }
     fs.mkdir(1, b"d", 0o755, 0, 0).unwrap();
     if kind == Gc::Fast {
         live_prefix(&fs, fs.lookup(1, b"f").unwrap().ino);
@@ -456,6 +508,14 @@ fn crash_during_gc(what: &str, seed: u64, kind: Gc, mut op: impl FnMut(&Fs<SimPo
                 panic!("{what}: crash at {desc} (op {i}, seed {seed}) shows neither state: {got:?}")
             };
             saw[which] = true;
+            if start == Start::Fragmented {
+                let ino = fs.lookup(1, b"f").unwrap().ino;
+                assert_eq!(
+                    fs.file_index(ino).unwrap().0,
+                    IndexKind::PageTable,
+                    "{desc}"
+                );
+            }
             // The rebuilt allocator must agree with the logs: write, crash
             // again, and the recovery scan finds no block used twice.
             let f = fs.lookup(1, b"f").unwrap().ino;
@@ -497,6 +557,45 @@ fn crash_during_file_log_compaction() {
         fs.write(&fh, rng.below(7 * PAGE), &buf).unwrap();
         fs.release(fh);
     });
+}
+
+/// The same, for a file whose DRAM index is a page table: overwrites,
+/// multi-page writes and punched holes until one compacts the log, then
+/// every crash image must rebuild the before or the after state.
+#[test]
+fn crash_during_compaction_of_a_page_table_file() {
+    let seed = seed();
+    crash_during_gc_from(
+        Start::Fragmented,
+        "page-table file churn",
+        seed,
+        Gc::Thorough,
+        |fs, rng| {
+            let ino = fs.lookup(1, b"f").unwrap().ino;
+            let fh = fs.open(ino).unwrap();
+            if rng.below(8) == 0 {
+                let flags = FallocFlags {
+                    keep_size: true,
+                    punch_hole: true,
+                    zero_range: false,
+                };
+                let pages = 1 + rng.below(3);
+                fs.fallocate(
+                    &fh,
+                    rng.below(FRAGMENTED_PAGES - 3) * PAGE,
+                    pages * PAGE,
+                    flags,
+                )
+                .unwrap();
+            } else {
+                let mut buf = vec![0u8; 1 + rng.below(3 * PAGE) as usize];
+                rng.fill(&mut buf);
+                fs.write(&fh, rng.below((FRAGMENTED_PAGES - 3) * PAGE), &buf)
+                    .unwrap();
+            }
+            fs.release(fh);
+        },
+    );
 }
 
 #[test]
@@ -636,7 +735,7 @@ fn each_recovered(
 /// every crash image of that unlinking shows the same directory.
 #[test]
 fn fast_gc_drops_a_page_of_removals_between_live_pages() {
-    let fs = sim_fs();
+    let fs = sim_fs(Start::Small);
     let d = fs.mkdir(1, b"d", 0o755, 0, 0).unwrap().ino;
     // Entries with names this short are one 64-byte unit: 63 per page.
     // Three pages of live names (the first also holds the mkdir's
@@ -698,7 +797,7 @@ fn fast_gc_drops_a_page_of_removals_between_live_pages() {
 /// operation's before or after state.
 #[test]
 fn fast_gc_unlinks_the_head_page_crash_safely() {
-    let fs = sim_fs();
+    let fs = sim_fs(Start::Small);
     let (a, fh) = fs.create(1, b"f", 0o644, 0, 0).unwrap();
     let ino = a.ino;
     let page = |i: u32| vec![i as u8; PAGE as usize];

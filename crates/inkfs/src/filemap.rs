@@ -1,0 +1,378 @@
+//! A file's DRAM index (file page → data block), rebuilt from the log's
+//! FILE_WRITE entries and never persisted. It is one of two structures,
+//! chosen by the file's shape:
+//!
+//! - an extent tree ([`ExtentTree`]) while extents are long: a few bytes
+//!   for a file of any size written sequentially, or a sparse one;
+//! - a page table ([`PageTable`]) once copy-on-write has cut a dense file
+//!   into short extents (strict mode's random overwrites end at one extent
+//!   per page). The tree would then be tens of thousands of entries deep in
+//!   cache misses on every read and overwrite; the table is two loads, and
+//!   8 bytes per page, as NOVA's radix tree.
+//!
+//! The switch is by DRAM cost with hysteresis, so a file does not flip back
+//! and forth: to the table when its extents average ≤ 8 pages and its
+//! leaves would be at least half full; back to the tree when runs average
+//! > 32 pages, leaves are under an eighth full, or few runs are left.
+
+use crate::extents::{Extent, ExtentTree, TreeIter};
+use crate::pagetable::{PageTable, Runs, LEAF_BYTES, LEAF_PAGES};
+
+/// Below this many extents a tree is shallow and cheap: a file keeps it.
+const TABLE_MIN_EXTENTS: u64 = 256;
+
+#[derive(Clone, Debug)]
+enum Index {
+    Tree(ExtentTree),
+    Table(PageTable),
+}
+
+#[derive(Clone, Debug)]
+pub struct FileMap {
+    index: Index,
+    /// Extent count at which a tree is next considered for a table (the
+    /// check walks the tree, so it is made at doubling counts only).
+    next_check: u64,
+}
+
+impl Default for FileMap {
+    fn default() -> Self {
+        FileMap {
+            index: Index::Tree(ExtentTree::default()),
+            next_check: TABLE_MIN_EXTENTS,
+        }
+    }
+}
+
+/// Which structure indexes a file (statistics and tests).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexKind {
+    ExtentTree,
+    PageTable,
+}
+
+impl FileMap {
+    pub fn mapped_pages(&self) -> u64 {
+        match &self.index {
+            Index::Tree(t) => t.mapped_pages(),
+            Index::Table(t) => t.mapped_pages(),
+        }
+    }
+
+    /// Maximal runs of pages on consecutive blocks (for the tree, its
+    /// entries, which adjacent writes may have left unmerged).
+    pub fn extent_count(&self) -> usize {
+        match &self.index {
+            Index::Tree(t) => t.extent_count(),
+            Index::Table(t) => t.runs() as usize,
+        }
+    }
+
+    pub fn index_kind(&self) -> IndexKind {
+        match &self.index {
+            Index::Tree(_) => IndexKind::ExtentTree,
+            Index::Table(_) => IndexKind::PageTable,
+        }
+    }
+
+    /// An extent containing `page` and starting at or before it, if
+    /// `page` is mapped. Not necessarily maximal.
+    #[inline]
+    pub fn find(&self, page: u64) -> Option<Extent> {
+        match &self.index {
+            Index::Tree(t) => t.find(page),
+            Index::Table(t) => t.find(page),
+        }
+    }
+
+    /// An extent containing `page`, or else the first one after it.
+    pub fn next_from(&self, page: u64) -> Option<Extent> {
+        match &self.index {
+            Index::Tree(t) => t.next_from(page),
+            Index::Table(t) => t.next_from(page),
+        }
+    }
+
+    /// Non-overlapping extents in page order.
+    pub fn iter(&self) -> Iter<'_> {
+        match &self.index {
+            Index::Tree(t) => Iter::Tree(t.iter()),
+            Index::Table(t) => Iter::Table(t.iter()),
+        }
+    }
+
+    /// Map pages `[page, page + pages)` to blocks starting at `block`, or
+    /// unmap them when `block == 0`. Blocks no longer referenced are passed
+    /// to `released` (the caller frees them once the change is committed).
+    pub fn map(&mut self, page: u64, pages: u64, block: u64, released: &mut impl FnMut(u64, u64)) {
+        match &mut self.index {
+            Index::Tree(t) => t.map(page, pages, block, released),
+            Index::Table(t) => t.map(page, pages, block, released),
+        }
+        self.reconsider();
+    }
+
+    /// Unmap every page at or after `from_page` (truncate).
+    pub fn truncate(&mut self, from_page: u64, released: &mut impl FnMut(u64, u64)) {
+        match &mut self.index {
+            Index::Tree(t) => t.truncate(from_page, released),
+            Index::Table(t) => t.truncate(from_page, released),
+        }
+        self.reconsider();
+    }
+
+    /// Switch structures when the file's shape has crossed a threshold.
+    fn reconsider(&mut self) {
+        match &self.index {
+            Index::Tree(t) => {
+                let extents = t.extent_count() as u64;
+                if extents < self.next_check {
+                    // Shrunk well below the last check: look again sooner.
+                    if extents * 4 < self.next_check {
+                        self.next_check = (extents * 2).max(TABLE_MIN_EXTENTS);
+                    }
+                    return;
+                }
+                self.next_check = extents * 2;
+                if tree_wants_table(t) {
+                    let mut table = PageTable::default();
+                    for e in t.iter() {
+                        table.map(e.page, e.pages, e.block, &mut |_, _| {
+                            unreachable!("a fresh table releases nothing")
+                        });
+                    }
+                    self.index = Index::Table(table);
+                }
+            }
+            Index::Table(t) => {
+                if table_wants_tree(t) {
+                    let mut tree = ExtentTree::default();
+                    for e in t.iter() {
+                        tree.map(e.page, e.pages, e.block, &mut |_, _| {
+                            unreachable!("a fresh tree releases nothing")
+                        });
+                    }
+                    self.next_check = (tree.extent_count() as u64 * 2).max(TABLE_MIN_EXTENTS);
+                    self.index = Index::Tree(tree);
+                }
+            }
+        }
+    }
+
+    /// Whether the structure's own invariants hold (tests, debug checks).
+    pub fn check(&self) -> bool {
+        match &self.index {
+            Index::Tree(t) => t.check(),
+            Index::Table(t) => t.check(),
+        }
+    }
+}
+
+/// Short extents, and leaves that would be at least half full.
+fn tree_wants_table(t: &ExtentTree) -> bool {
+    let extents = t.extent_count() as u64;
+    let mapped = t.mapped_pages();
+    if extents < TABLE_MIN_EXTENTS || extents * 8 < mapped {
+        return false;
+    }
+    let (mut leaves, mut last_leaf, mut span_leaves) = (0u64, None, 0u64);
+    for e in t.iter() {
+        let first = e.page / LEAF_PAGES;
+        let last = (e.end() - 1) / LEAF_PAGES;
+        let from = last_leaf.map_or(first, |l: u64| first.max(l + 1));
+        leaves += (last + 1).saturating_sub(from);
+        last_leaf = Some(last);
+        span_leaves = last + 1;
+    }
+    leaves * LEAF_BYTES + span_leaves * 8 <= mapped * 16
+}
+
+/// Long runs again, sparse leaves, or few runs: the tree is the cheaper.
+fn table_wants_tree(t: &PageTable) -> bool {
+    let (runs, mapped) = (t.runs(), t.mapped_pages());
+    runs < TABLE_MIN_EXTENTS / 4 || runs * 32 < mapped || t.bytes() > mapped * 64
+}
+
+pub enum Iter<'a> {
+    Tree(TreeIter<'a>),
+    Table(Runs<'a>),
+}
+
+impl Iterator for Iter<'_> {
+    type Item = Extent;
+    fn next(&mut self) -> Option<Extent> {
+        match self {
+            Iter::Tree(i) => i.next(),
+            Iter::Table(i) => i.next(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    /// Compare a map with a page-by-page model: every lookup, the extents'
+    /// coverage, and the released blocks.
+    fn agrees(m: &FileMap, model: &BTreeMap<u64, u64>, upto: u64) {
+        assert!(m.check());
+        assert_eq!(m.mapped_pages(), model.len() as u64);
+        for p in 0..upto {
+            let got = m.find(p).map(|e| {
+                assert!(e.page <= p && p < e.end());
+                e.block + (p - e.page)
+            });
+            assert_eq!(got, model.get(&p).copied(), "page {p}");
+            let next = m.next_from(p).map(|e| e.page.max(p));
+            assert_eq!(
+                next,
+                model.range(p..).next().map(|(&q, _)| q),
+                "next from {p}"
+            );
+        }
+        let listed: Vec<(u64, u64)> = m
+            .iter()
+            .flat_map(|e| (0..e.pages).map(move |i| (e.page + i, e.block + i)))
+            .collect();
+        let want: Vec<(u64, u64)> = model.iter().map(|(&p, &b)| (p, b)).collect();
+        assert_eq!(listed, want);
+    }
+
+    /// Random map/unmap/truncate over a file large enough to go through
+    /// both structures, against a model; both conversions must happen.
+    #[test]
+    fn matches_a_page_model_through_both_structures() {
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let (mut to_table, mut to_tree) = (0, 0);
+        for round in 0..6 {
+            let span = 1500 + 500 * round;
+            let mut m = FileMap::default();
+            let mut model: BTreeMap<u64, u64> = BTreeMap::new();
+            let mut next_block = 1_000_000;
+            // Laid out sequentially first, as fio and most files are.
+            m.map(0, span, next_block, &mut |_, _| {
+                panic!("nothing to release")
+            });
+            for p in 0..span {
+                model.insert(p, next_block + p);
+            }
+            next_block += span;
+            let mut kind = m.index_kind();
+            for step in 0..6000u64 {
+                let mut released = Vec::new();
+                let mut gone = Vec::new();
+                // Mostly one-page overwrites (fragments); at times long
+                // rewrites, holes and truncates (defragment, thin out).
+                match rng.below(100) {
+                    0 => {
+                        let page = span / 2 + rng.below(span / 2);
+                        m.truncate(page, &mut |b, n| released.push((b, n)));
+                        gone.extend(model.range(page..).map(|(_, &b)| b));
+                        model.retain(|&p, _| p < page);
+                    }
+                    1..=3 => {
+                        let page = rng.below(span);
+                        let pages = 1 + rng.below(64);
+                        m.map(page, pages, 0, &mut |b, n| released.push((b, n)));
+                        for p in page..page + pages {
+                            gone.extend(model.remove(&p));
+                        }
+                    }
+                    4..=5 => {
+                        let page = rng.below(span);
+                        let pages = 1 + rng.below(span / 2);
+                        m.map(page, pages, next_block, &mut |b, n| released.push((b, n)));
+                        for i in 0..pages {
+                            gone.extend(model.insert(page + i, next_block + i));
+                        }
+                        next_block += pages;
+                    }
+                    _ => {
+                        let page = rng.below(span);
+                        m.map(page, 1, next_block, &mut |b, n| released.push((b, n)));
+                        gone.extend(model.insert(page, next_block));
+                        next_block += 1 + rng.below(2);
+                    }
+                }
+                let mut freed: Vec<u64> = released.iter().flat_map(|&(b, n)| b..b + n).collect();
+                freed.sort_unstable();
+                gone.sort_unstable();
+                assert_eq!(freed, gone, "round {round} step {step}");
+                if m.index_kind() != kind {
+                    match m.index_kind() {
+                        IndexKind::PageTable => to_table += 1,
+                        IndexKind::ExtentTree => to_tree += 1,
+                    }
+                    kind = m.index_kind();
+                    agrees(&m, &model, span + 10);
+                }
+                if step % 500 == 0 {
+                    agrees(&m, &model, span + 10);
+                }
+            }
+            agrees(&m, &model, span + 10);
+        }
+        assert!(
+            to_table > 0 && to_tree > 0,
+            "{to_table} → table, {to_tree} → tree"
+        );
+    }
+
+    /// The shape strict mode's random overwrites give a dense file: it ends
+    /// in the page table, and a sequential rewrite brings back the tree.
+    #[test]
+    fn fragmented_dense_file_uses_the_table_and_rewrite_restores_the_tree() {
+        let pages = 4096;
+        let mut m = FileMap::default();
+        m.map(0, pages, 1000, &mut |_, _| {});
+        assert_eq!(m.index_kind(), IndexKind::ExtentTree);
+        let mut rng = Rng(7);
+        let mut block = 100_000;
+        for _ in 0..pages {
+            m.map(rng.below(pages), 1, block, &mut |_, _| {});
+            block += 2;
+        }
+        assert_eq!(m.index_kind(), IndexKind::PageTable);
+        m.map(0, pages, 1_000_000, &mut |_, _| {});
+        assert_eq!(m.index_kind(), IndexKind::ExtentTree);
+        assert_eq!(m.extent_count(), 1);
+    }
+
+    /// A sparse file whose every extent is one page stays a tree: a table
+    /// would spend a 4 KiB leaf on each.
+    #[test]
+    fn sparse_file_keeps_the_tree() {
+        let mut m = FileMap::default();
+        for i in 0..5000 {
+            m.map(i * 1024, 1, 10 + 2 * i, &mut |_, _| {});
+        }
+        assert_eq!(m.index_kind(), IndexKind::ExtentTree);
+        assert_eq!(m.extent_count(), 5000);
+    }
+
+    #[test]
+    fn truncate_to_zero_empties_a_table() {
+        let mut m = FileMap::default();
+        for p in 0..2048 {
+            m.map(p, 1, 10 + 2 * p, &mut |_, _| {});
+        }
+        assert_eq!(m.index_kind(), IndexKind::PageTable);
+        let mut freed = 0;
+        m.truncate(0, &mut |_, n| freed += n);
+        assert_eq!(freed, 2048);
+        assert_eq!(m.mapped_pages(), 0);
+        assert_eq!(m.index_kind(), IndexKind::ExtentTree);
+        assert!(m.iter().next().is_none());
+    }
+}
