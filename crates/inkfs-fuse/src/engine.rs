@@ -67,6 +67,12 @@ pub trait Engine: Send + Sync + 'static {
     fn write(&self, fh: &Self::Handle, off: u64, data: &[u8]) -> Result<usize>;
     fn append(&self, fh: &Self::Handle, data: &[u8]) -> Result<(u64, usize)>;
     fn fsync(&self, fh: &Self::Handle, datasync: bool) -> Result<()>;
+    /// Whether `fsync` (and `sync`) never have anything to do, because
+    /// every call was durable when it returned; the kernel is then told
+    /// not to send FSYNC at all.
+    fn fsync_is_noop(&self) -> bool {
+        false
+    }
     fn fallocate(&self, fh: &Self::Handle, off: u64, len: u64, flags: FallocFlags) -> Result<()>;
     fn seek(&self, fh: &Self::Handle, off: u64, whence: Whence) -> Result<u64>;
     fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: XattrFlags) -> Result<()>;

@@ -29,12 +29,19 @@
 //! - FLUSH is answered ENOSYS: nothing is buffered here, and the kernel
 //!   then stops sending it, so a close costs one request (RELEASE) instead
 //!   of two; dirty mmap pages are still written back at close.
+//! - FSYNC and FSYNCDIR are answered ENOSYS in strict and sync modes (and on
+//!   a read-only mount), where every call is durable when it is answered:
+//!   `fsync(2)` then costs no round trip. The kernel still writes dirty mmap
+//!   pages back first. In posix mode FSYNC does the work of making in-place
+//!   writes durable, and is served.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::clock::{self, Tick};
 
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
@@ -184,7 +191,7 @@ impl<E: Engine> InkFuse<E> {
     }
 
     #[inline]
-    fn done(&self, op: Op, t: Instant, ok: bool) {
+    fn done(&self, op: Op, t: Tick, ok: bool) {
         self.stats.record(op, t, ok);
     }
 
@@ -208,7 +215,7 @@ impl<E: Engine> InkFuse<E> {
         }
     }
 
-    fn reply_entry(&self, op: Op, t: Instant, r: inkfs::Result<Attr>, reply: ReplyEntry) {
+    fn reply_entry(&self, op: Op, t: Tick, r: inkfs::Result<Attr>, reply: ReplyEntry) {
         match r {
             Ok(a) => {
                 reply.entry(&TTL, &file_attr(&a), Generation(a.generation));
@@ -221,7 +228,7 @@ impl<E: Engine> InkFuse<E> {
         }
     }
 
-    fn reply_empty(&self, op: Op, t: Instant, r: inkfs::Result<()>, reply: ReplyEmpty) {
+    fn reply_empty(&self, op: Op, t: Tick, r: inkfs::Result<()>, reply: ReplyEmpty) {
         match r {
             Ok(()) => {
                 reply.ok();
@@ -260,10 +267,9 @@ impl<E: Engine> InkFuse<E> {
         fh: FileHandle,
         f: impl FnOnce(&E::Handle, i32) -> inkfs::Result<T>,
     ) -> inkfs::Result<T> {
-        match self.handles.get(fh.0) {
-            Some(open) => f(&open.handle, open.flags),
-            None => Err(inkfs::Error::Errno(libc::EBADF)),
-        }
+        self.handles
+            .with(fh.0, |open| f(&open.handle, open.flags))
+            .unwrap_or(Err(inkfs::Error::Errno(libc::EBADF)))
     }
 
     fn release_handle(&self, fh: FileHandle) {
@@ -292,7 +298,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let t = Instant::now();
+        let t = clock::now();
         match self.fs.lookup(parent.0, name_bytes(name)) {
             Err(e) if e.errno() == libc::ENOENT => {
                 // A negative entry (node 0) with the entry TTL: the kernel
@@ -311,11 +317,11 @@ impl<E: Engine> Filesystem for InkFuse<E> {
     fn forget(&self, _req: &Request, _ino: INodeNo, _nlookup: u64) {
         // The engine keeps no lookup counts: open handles keep unlinked
         // inodes alive, and the kernel holds a handle for every open file.
-        self.stats.record(Op::forget, Instant::now(), true);
+        self.stats.record(Op::forget, clock::now(), true);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let t = Instant::now();
+        let t = clock::now();
         match self.fs.getattr(ino.0) {
             Ok(a) => {
                 reply.attr(&TTL, &file_attr(&a));
@@ -346,7 +352,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let t = Instant::now();
+        let t = clock::now();
         let mut set = SetAttr {
             mode: mode.map(|m| m & 0o7777),
             uid,
@@ -381,7 +387,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        let t = Instant::now();
+        let t = clock::now();
         match self.fs.readlink(ino.0) {
             Ok(target) => {
                 reply.data(&target);
@@ -404,7 +410,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let t = Instant::now();
+        let t = clock::now();
         let mode = mode & !(umask & 0o777);
         let (uid, gid, mode) = self.new_owner(parent.0, req, mode, false);
         let r = self.rofs().and_then(|()| {
@@ -423,7 +429,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let t = Instant::now();
+        let t = clock::now();
         let mode = mode & !(umask & 0o777) & 0o7777;
         let (uid, gid, mode) = self.new_owner(parent.0, req, mode, true);
         let r = self
@@ -433,7 +439,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let t = Instant::now();
+        let t = clock::now();
         let r = self
             .rofs()
             .and_then(|()| self.fs.unlink(parent.0, name_bytes(name)));
@@ -441,7 +447,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let t = Instant::now();
+        let t = clock::now();
         let r = self
             .rofs()
             .and_then(|()| self.fs.rmdir(parent.0, name_bytes(name)));
@@ -456,7 +462,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let t = Instant::now();
+        let t = clock::now();
         let (uid, gid, _) = self.new_owner(parent.0, req, 0o777, false);
         let r = self.rofs().and_then(|()| {
             self.fs.symlink(
@@ -480,7 +486,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let t = Instant::now();
+        let t = clock::now();
         let r = self
             .rofs()
             .and_then(|()| RenameFlags::from_bits(flags.bits()))
@@ -504,7 +510,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let t = Instant::now();
+        let t = clock::now();
         let r = self
             .rofs()
             .and_then(|()| self.fs.link(ino.0, newparent.0, name_bytes(newname)));
@@ -512,7 +518,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let t = Instant::now();
+        let t = clock::now();
         match self.open_handle(ino.0, flags.0) {
             Ok(fh) => {
                 reply.opened(FileHandle(fh), OPEN_FLAGS);
@@ -539,22 +545,21 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         thread_local! {
             static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
-        let t = Instant::now();
+        let t = clock::now();
         let size = (size as usize).min(MAX_WRITE_BYTES as usize * 16);
         // Zero-copy first: the reply is written to the device straight from
         // the pool (one copy fewer, and no cold buffer).
         let mut reply = Some(reply);
-        let mut sent = 0usize;
         let direct = self.with_handle(fh, |h, _| {
             self.fs.read_in_place(h, offset, size, &mut |bytes| {
                 if let Some(r) = reply.take() {
-                    sent = bytes.len();
+                    // Counted before the reply (see `write`).
+                    self.stats.bytes_read.add(bytes.len() as u64);
                     r.data(bytes);
                 }
             })
         });
         let Some(reply) = reply else {
-            self.stats.bytes_read.add(sent as u64);
             self.done(Op::read, t, true);
             return;
         };
@@ -571,8 +576,8 @@ impl<E: Engine> Filesystem for InkFuse<E> {
             let r = self.with_handle(fh, |h, _| self.fs.read(h, offset, &mut buf[..size]));
             match r {
                 Ok(n) => {
-                    reply.data(&buf[..n]);
                     self.stats.bytes_read.add(n as u64);
+                    reply.data(&buf[..n]);
                     self.done(Op::read, t, true);
                 }
                 Err(e) => {
@@ -595,7 +600,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let t = Instant::now();
+        let t = clock::now();
         let r = self.rofs().and_then(|()| {
             self.with_handle(fh, |h, flags| {
                 // O_APPEND from write(2) (not page-cache write-back of an
@@ -618,8 +623,10 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         }
         match r {
             Ok(n) => {
-                reply.written(n as u32);
+                // Counted before the reply, so a client that reads the
+                // statistics after its write returned sees the write.
                 self.stats.bytes_written.add(n as u64);
+                reply.written(n as u32);
                 self.done(Op::write, t, true);
             }
             Err(e) => {
@@ -642,7 +649,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         // FLUSH at close (one round trip fewer per close) but still writes
         // a file's dirty mmap pages back at close first, as before. Not
         // counted as an error: it is the answer.
-        let t = Instant::now();
+        let t = clock::now();
         reply.error(Errno::ENOSYS);
         self.done(Op::flush, t, true);
     }
@@ -657,7 +664,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let t = Instant::now();
+        let t = clock::now();
         self.release_handle(fh);
         self.reply_empty(Op::release, t, Ok(()), reply);
     }
@@ -670,13 +677,24 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let t = Instant::now();
+        let t = clock::now();
+        if self.fs.fsync_is_noop() {
+            // Every write was durable when it was answered. ENOSYS makes the
+            // kernel stop sending FSYNC for this connection: fsync(2) then
+            // costs no round trip. The kernel still writes dirty mmap pages
+            // back (as WRITEs, durable on return) before it would have sent
+            // FSYNC, and reports their errors, so msync and fsync of a
+            // mapped file keep their meaning.
+            reply.error(Errno::ENOSYS);
+            self.done(Op::fsync, t, true);
+            return;
+        }
         let r = self.with_handle(fh, |h, _| self.fs.fsync(h, datasync));
         self.reply_empty(Op::fsync, t, r, reply);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let t = Instant::now();
+        let t = clock::now();
         match self.fs.open(ino.0) {
             Ok(h) => {
                 let fh = self.handles.insert(h, flags.0);
@@ -698,7 +716,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let t = Instant::now();
+        let t = clock::now();
         let r = self.fs.readdir(ino.0, offset, &mut |e: DirEntry| {
             !reply.add(
                 INodeNo(e.ino),
@@ -727,7 +745,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let t = Instant::now();
+        let t = clock::now();
         // Collect first, then getattr outside the engine's readdir callback
         // (no engine call re-enters another).
         let mut batch = Vec::new();
@@ -769,7 +787,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        let t = Instant::now();
+        let t = clock::now();
         self.release_handle(fh);
         self.reply_empty(Op::releasedir, t, Ok(()), reply);
     }
@@ -782,7 +800,14 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let t = Instant::now();
+        let t = clock::now();
+        if self.fs.fsync_is_noop() {
+            // Directory changes are durable on return in every mode; in
+            // these modes nothing else is pending either (see `fsync`).
+            reply.error(Errno::ENOSYS);
+            self.done(Op::fsyncdir, t, true);
+            return;
+        }
         let r = match self.handles.get(fh.0) {
             Some(open) => self.fs.fsync(&open.handle, datasync),
             None => self.fs.sync(),
@@ -791,7 +816,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let t = Instant::now();
+        let t = clock::now();
         let s = self.fs.statfs();
         reply.statfs(
             s.blocks,
@@ -816,7 +841,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let t = Instant::now();
+        let t = clock::now();
         let r = self.rofs().and_then(|()| {
             if name_bytes(name).starts_with(b"system.posix_acl_") {
                 // We do not enforce ACLs (no FUSE_POSIX_ACL): storing one
@@ -830,7 +855,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let t = Instant::now();
+        let t = clock::now();
         match self.fs.getxattr(ino.0, name_bytes(name)) {
             Ok(v) => {
                 if size == 0 {
@@ -850,7 +875,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let t = Instant::now();
+        let t = clock::now();
         match self.fs.listxattr(ino.0) {
             Ok(names) => {
                 let mut buf = Vec::new();
@@ -875,7 +900,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let t = Instant::now();
+        let t = clock::now();
         let r = self
             .rofs()
             .and_then(|()| self.fs.removexattr(ino.0, name_bytes(name)));
@@ -885,7 +910,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         // With default_permissions the kernel decides and never asks; this
         // answers only when a mount was made without it.
-        let t = Instant::now();
+        let t = clock::now();
         let r = self.fs.getattr(ino.0).and_then(|a| {
             let mask = mask.bits() & 7;
             if mask == 0 {
@@ -926,7 +951,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let t = Instant::now();
+        let t = clock::now();
         let perm = mode & !(umask & 0o777) & 0o7777;
         let (uid, gid, perm) = self.new_owner(parent.0, req, perm, false);
         let name = name_bytes(name);
@@ -974,7 +999,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let t = Instant::now();
+        let t = clock::now();
         let r = self
             .rofs()
             .and_then(|()| FallocFlags::from_bits(mode))
@@ -991,7 +1016,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        let t = Instant::now();
+        let t = clock::now();
         let r = match whence {
             libc::SEEK_DATA | libc::SEEK_HOLE if offset >= 0 => {
                 let w = if whence == libc::SEEK_DATA {

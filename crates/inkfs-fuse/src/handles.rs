@@ -2,15 +2,38 @@
 //!
 //! A sharded table rather than `Box::into_raw` pointers: a stale or bogus
 //! `fh` then answers EBADF instead of being undefined behaviour, and no
-//! `unsafe` is needed. The read/write path takes one shard's read lock just
-//! long enough to clone an `Arc` (no global mutex; shards keep two threads
-//! working on different files from sharing a lock word).
+//! `unsafe` is needed. The read/write path holds one shard's read lock for
+//! the request (no global mutex; shards keep two threads working on
+//! different files from sharing a lock word).
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 const SHARDS: usize = 64;
+
+/// `fh` values come from our own counter, never from a user: a multiply
+/// spreads them over the table. (The default SipHash cost ~20 ns a request
+/// for a protection against chosen keys that cannot occur here.)
+#[derive(Default)]
+struct FhHasher(u64);
+
+impl Hasher for FhHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0 ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type Shard<H> = RwLock<HashMap<u64, Arc<Open<H>>, BuildHasherDefault<FhHasher>>>;
 
 pub struct Open<H> {
     pub handle: H,
@@ -19,21 +42,21 @@ pub struct Open<H> {
 }
 
 pub struct HandleTable<H> {
-    shards: Vec<RwLock<HashMap<u64, Arc<Open<H>>>>>,
+    shards: Vec<Shard<H>>,
     next: AtomicU64,
 }
 
 impl<H> Default for HandleTable<H> {
     fn default() -> Self {
         HandleTable {
-            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
             next: AtomicU64::new(1),
         }
     }
 }
 
 impl<H> HandleTable<H> {
-    fn shard(&self, fh: u64) -> &RwLock<HashMap<u64, Arc<Open<H>>>> {
+    fn shard(&self, fh: u64) -> &Shard<H> {
         &self.shards[(fh % SHARDS as u64) as usize]
     }
 
@@ -55,6 +78,14 @@ impl<H> HandleTable<H> {
             .unwrap_or_else(|p| p.into_inner())
             .get(&fh)
             .cloned()
+    }
+
+    /// Run `f` on `fh`'s handle, under its shard's read lock (so no RELEASE
+    /// can take it meanwhile, without the two atomic reference-count
+    /// updates of `get`). `f` must not use the table.
+    pub fn with<T>(&self, fh: u64, f: impl FnOnce(&Open<H>) -> T) -> Option<T> {
+        let shard = self.shard(fh).read().unwrap_or_else(|p| p.into_inner());
+        shard.get(&fh).map(|open| f(open))
     }
 
     /// Remove `fh` and hand back the engine handle once no request still

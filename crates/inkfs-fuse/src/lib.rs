@@ -12,6 +12,7 @@
 //! the stats socket), `mount` (options, daemon, pool lock, dead mounts),
 //! `nullfs`, `memfs` (in-memory reference engine for tests).
 
+pub mod clock;
 pub mod engine;
 pub mod fs;
 pub mod handles;

@@ -110,6 +110,11 @@ impl<P: Pmem> Engine for Fs<P> {
     fn fsync(&self, fh: &FileHandle, datasync: bool) -> Result<()> {
         Fs::fsync(self, fh, datasync)
     }
+    fn fsync_is_noop(&self) -> bool {
+        // Strict and sync modes persist every call before it returns (see
+        // `Fs::fsync`); a read-only mount has nothing to persist.
+        self.mode() != inkfs::types::Mode::Posix || self.is_read_only()
+    }
     fn fallocate(&self, fh: &FileHandle, off: u64, len: u64, flags: FallocFlags) -> Result<()> {
         Fs::fallocate(self, fh, off, len, flags)
     }

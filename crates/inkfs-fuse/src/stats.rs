@@ -21,6 +21,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::clock::{self, Tick};
+
 /// Where servers put their sockets and pid files.
 pub const RUN_DIR: &str = "/run/inkfs";
 
@@ -201,7 +203,10 @@ impl Default for Stats {
             bytes_read: Counter::default(),
             bytes_written: Counter::default(),
             append_moved: Counter::default(),
-            started: Instant::now(),
+            started: {
+                clock::calibrate();
+                Instant::now()
+            },
         }
     }
 }
@@ -209,8 +214,8 @@ impl Default for Stats {
 impl Stats {
     /// Record one finished request.
     #[inline]
-    pub fn record(&self, op: Op, started: Instant, ok: bool) {
-        let ns = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+    pub fn record(&self, op: Op, started: Tick, ok: bool) {
+        let ns = clock::elapsed_ns(started);
         let s = &self.ops[my_shard()].0[op as usize];
         self.requests.add(1);
         s.count.fetch_add(1, Relaxed);
@@ -473,7 +478,7 @@ mod tests {
     #[test]
     fn histogram_and_report() {
         let s = Stats::default();
-        let t = Instant::now();
+        let t = clock::now();
         s.record(Op::read, t, true);
         s.record(Op::read, t, false);
         s.bytes_read.add(4096);

@@ -325,38 +325,7 @@ fn posix_walk(m: &Mounted) {
     assert!(st.0 > 0 && st.1 > 0 && st.1 <= st.0, "statfs blocks {st:?}");
 
     // mmap, shared and writable
-    {
-        let f = fs::OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .read(true)
-            .write(true)
-            .open(m.p("mapped"))
-            .unwrap();
-        f.set_len(8192).unwrap();
-        use std::os::fd::AsRawFd;
-        // SAFETY: mapping 8 KiB of a file at least that long; unmapped below
-        // and not used after.
-        unsafe {
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                8192,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                f.as_raw_fd(),
-                0,
-            );
-            assert_ne!(
-                p,
-                libc::MAP_FAILED,
-                "shared writable mmap: errno {}",
-                last_errno()
-            );
-            std::ptr::copy_nonoverlapping(b"mapped!".as_ptr(), p.cast::<u8>().add(4096), 7);
-            assert_eq!(libc::msync(p, 8192, libc::MS_SYNC), 0);
-            libc::munmap(p, 8192);
-        }
-    }
+    write_mapped(&m.p("mapped"), 4096, b"mapped!");
     let data = fs::read(m.p("mapped")).unwrap();
     assert_eq!(&data[4096..4103], b"mapped!");
 }
@@ -632,9 +601,58 @@ fn permissions_as_nobody() {
 
 #[test]
 fn kill9_keeps_fsynced_data() {
+    // Posix mode serves every FSYNC; strict mode answers none (its writes
+    // are durable on return), and still loses nothing fsynced or msynced.
+    for opts in ["mode=posix", "mode=strict"] {
+        kill9_keeps_fsynced_data_in(opts);
+    }
+}
+
+/// Write a shared mapping of `path` and msync it.
+fn write_mapped(path: &Path, at: usize, bytes: &[u8]) {
+    use std::os::fd::AsRawFd;
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .unwrap();
+    f.set_len(8192).unwrap();
+    // SAFETY: mapping 8 KiB of a file that long; unmapped below and not
+    // used after; `at + bytes.len()` is checked to fit.
+    unsafe {
+        assert!(at + bytes.len() <= 8192);
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            8192,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(
+            p,
+            libc::MAP_FAILED,
+            "shared writable mmap: errno {}",
+            last_errno()
+        );
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), p.cast::<u8>().add(at), bytes.len());
+        assert_eq!(libc::msync(p, 8192, libc::MS_SYNC), 0);
+        libc::munmap(p, 8192);
+    }
+}
+
+fn kill9_keeps_fsynced_data_in(opts: &str) {
     let pool = Pool::new("kill9", 256);
-    let m = Mounted::new(&pool, "mode=posix");
+    let m = Mounted::new(&pool, opts);
     let root = m.path().to_path_buf();
+    // One fsync first: in strict mode the kernel has then stopped sending
+    // FSYNC when the msync comes.
+    fs::File::create(root.join("first"))
+        .and_then(|f| f.sync_all())
+        .unwrap();
+    write_mapped(&root.join("mapped"), 4096, b"msynced");
     let pid = m.pid;
     let pattern =
         |i: usize, len: usize| -> Vec<u8> { (0..len).map(|j| (i * 31 + j * 7) as u8).collect() };
@@ -689,12 +707,18 @@ fn kill9_keeps_fsynced_data() {
             == Some(libc::ENOTCONN),
         "a dead mount answers ENOTCONN"
     );
-    let m = Mounted::at(&pool, dir, "mode=posix");
+    let m = Mounted::at(&pool, dir, opts);
+    let mapped = fs::read(m.p("mapped")).unwrap();
+    assert_eq!(
+        &mapped[4096..4103],
+        b"msynced",
+        "{opts}: msynced bytes lost"
+    );
     for &(i, len) in &synced {
         let got = fs::read(m.p(&format!("w{i}"))).unwrap_or_else(|e| panic!("w{i} lost: {e}"));
         assert!(
             got == pattern(i, len),
-            "w{i}: contents differ after the crash"
+            "{opts}: w{i}: contents differ after the crash"
         );
     }
     let report = inkfs_fuse::stat_mountpoint(m.path(), false)
@@ -871,6 +895,50 @@ fn close_costs_no_flush_round_trip() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert!(op_count(&m, "flush") <= 1);
+}
+
+#[test]
+fn fsync_costs_a_round_trip_only_in_posix_mode() {
+    // Strict and sync modes persist every write before answering it, so they
+    // answer the first FSYNC with ENOSYS and the kernel sends no more. Posix
+    // mode's fsync makes in-place overwrites durable: every one must reach
+    // the server.
+    use std::io::{Seek, SeekFrom, Write};
+    for (opts, max_fsyncs) in [
+        ("mode=strict", 1),
+        ("mode=sync", 1),
+        ("mode=posix", u64::MAX),
+    ] {
+        let pool = Pool::new("fsyncs", 64);
+        let m = Mounted::new(&pool, opts);
+        let mut f = fs::File::create(m.p("f")).unwrap();
+        let d = fs::File::open(m.path()).unwrap();
+        for i in 0..50u8 {
+            f.seek(SeekFrom::Start(i as u64 * 4096)).unwrap();
+            f.write_all(&[i; 4096]).unwrap();
+            f.sync_all().unwrap();
+            f.sync_data().unwrap();
+            d.sync_all().unwrap();
+        }
+        // The server counts a request just after answering it.
+        let t = Instant::now();
+        while max_fsyncs == u64::MAX
+            && op_count(&m, "fsync") < 100
+            && t.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let (files, dirs) = (op_count(&m, "fsync"), op_count(&m, "fsyncdir"));
+        if max_fsyncs == u64::MAX {
+            assert_eq!(files, 100, "{opts}: every fsync must reach the server");
+        } else {
+            assert!(files <= max_fsyncs, "{opts}: {files} FSYNC requests");
+            assert!(dirs <= max_fsyncs, "{opts}: {dirs} FSYNCDIR requests");
+        }
+        drop((f, d));
+        let back = fs::read(m.p("f")).unwrap();
+        assert!((0..50u8).all(|i| back[i as usize * 4096..][..4096] == [i; 4096]));
+    }
 }
 
 /// How many requests of kind `op` the mounted server has answered (0 if
