@@ -420,13 +420,25 @@ struct BlockLane {
     /// counter: two threads allocating in their own lanes then share no
     /// cache line, and an update is a plain store, not a locked add.
     free_count: AtomicU64,
+    /// How many recently freed singles the lane keeps, stored under
+    /// `free`'s lock and read without it (a stale value costs a wasted lock
+    /// or a skipped lane).
+    recent_hint: AtomicU64,
 }
 
 impl BlockLane {
-    /// Publish the hint; call with the lock held, after every change.
+    /// Publish the hints; call with the lock held, after every change.
     fn publish(&self, free: &LaneFree) {
         self.largest_hint
             .store(free.ranges.largest_len(), Ordering::Relaxed);
+        self.publish_recent(free);
+    }
+
+    /// Publish the recent-singles hint alone (after a push or pop, which
+    /// leave the ranges as they were).
+    fn publish_recent(&self, free: &LaneFree) {
+        self.recent_hint
+            .store(free.recent.len as u64, Ordering::Relaxed);
     }
 
     /// `free_count += n`; call with the lock held.
@@ -485,6 +497,7 @@ impl BlockAllocator {
                     free: Mutex::new(free),
                     largest_hint: AtomicU64::new(hint),
                     free_count: AtomicU64::new(count),
+                    recent_hint: AtomicU64::new(0),
                 }
             })
             .collect();
@@ -638,7 +651,7 @@ impl BlockAllocator {
         let ring = || (0..n).map(move |i| (home + i) % n);
 
         if want == 1 {
-            if let Some(b) = self.pop_recent(home) {
+            if let Some(b) = self.pop_recent_any(home) {
                 return Some((b, 1));
             }
         }
@@ -731,9 +744,27 @@ impl BlockAllocator {
     /// The block lane `idx` freed last, if it keeps one aside.
     fn pop_recent(&self, idx: usize) -> Option<u64> {
         let lane = &self.lanes[idx];
-        let b = lock(&lane.free).pop_recent()?;
+        let mut set = lock(&lane.free);
+        let b = set.pop_recent()?;
+        lane.publish_recent(&set);
+        drop(set);
         lane.count_taken(1);
         Some(b)
+    }
+
+    /// A recently freed single from lane `home`, or else from any lane
+    /// that has one. Blocks are freed to the lane that holds them and
+    /// taken from the taker's lane, so when FUSE threads on two CPUs
+    /// overwrite one file, one lane's singles pile up (past `RECENT_MAX`
+    /// into its range tree) while the other's run dry (and are cut from
+    /// its ranges): four B-tree edits a write, 4% of a FUSE server's time.
+    /// Taking the other lane's singles keeps both lists in balance.
+    fn pop_recent_any(&self, home: usize) -> Option<u64> {
+        let n = self.lanes.len();
+        (0..n).map(|i| (home + i) % n).find_map(|idx| {
+            let has = idx == home || self.lanes[idx].recent_hint.load(Ordering::Relaxed) > 0;
+            has.then(|| self.pop_recent(idx)).flatten()
+        })
     }
 
     /// Up to `want` blocks starting exactly at `goal` when that block is free
@@ -761,7 +792,7 @@ impl BlockAllocator {
         if want == 1 {
             // One block away from its neighbours (a copy-on-write overwrite
             // inside a file): contiguity is lost anyway, so recycle.
-            if let Some(b) = self.pop_recent(home) {
+            if let Some(b) = self.pop_recent_any(home) {
                 return Some((b, 1));
             }
         }
