@@ -105,6 +105,14 @@ impl FileMap {
     /// unmap them when `block == 0`. Blocks no longer referenced are passed
     /// to `released` (the caller frees them once the change is committed).
     pub fn map(&mut self, page: u64, pages: u64, block: u64, released: &mut impl FnMut(u64, u64)) {
+        // A write far past a table's pages (a sparse tail) would grow its
+        // top level by 8 bytes per 2 MiB of distance, up to 256 MiB for
+        // the largest file: go back to the tree first.
+        if let Index::Table(t) = &self.index {
+            if block != 0 && !table_stays_cheap(t, page, pages) {
+                self.switch_to_tree();
+            }
+        }
         match &mut self.index {
             Index::Tree(t) => t.map(page, pages, block, released),
             Index::Table(t) => t.map(page, pages, block, released),
@@ -135,28 +143,38 @@ impl FileMap {
                 }
                 self.next_check = extents * 2;
                 if tree_wants_table(t) {
-                    let mut table = PageTable::default();
-                    for e in t.iter() {
-                        table.map(e.page, e.pages, e.block, &mut |_, _| {
-                            unreachable!("a fresh table releases nothing")
-                        });
-                    }
-                    self.index = Index::Table(table);
+                    self.switch_to_table();
                 }
             }
             Index::Table(t) => {
                 if table_wants_tree(t) {
-                    let mut tree = ExtentTree::default();
-                    for e in t.iter() {
-                        tree.map(e.page, e.pages, e.block, &mut |_, _| {
-                            unreachable!("a fresh tree releases nothing")
-                        });
-                    }
-                    self.next_check = (tree.extent_count() as u64 * 2).max(TABLE_MIN_EXTENTS);
-                    self.index = Index::Tree(tree);
+                    self.switch_to_tree();
                 }
             }
         }
+    }
+
+    fn switch_to_table(&mut self) {
+        let Index::Tree(t) = &self.index else { return };
+        let mut table = PageTable::default();
+        for e in t.iter() {
+            table.map(e.page, e.pages, e.block, &mut |_, _| {
+                unreachable!("a fresh table releases nothing")
+            });
+        }
+        self.index = Index::Table(table);
+    }
+
+    fn switch_to_tree(&mut self) {
+        let Index::Table(t) = &self.index else { return };
+        let mut tree = ExtentTree::default();
+        for e in t.iter() {
+            tree.map(e.page, e.pages, e.block, &mut |_, _| {
+                unreachable!("a fresh tree releases nothing")
+            });
+        }
+        self.next_check = (tree.extent_count() as u64 * 2).max(TABLE_MIN_EXTENTS);
+        self.index = Index::Tree(tree);
     }
 
     /// Whether the structure's own invariants hold (tests, debug checks).
@@ -187,10 +205,21 @@ fn tree_wants_table(t: &ExtentTree) -> bool {
     leaves * LEAF_BYTES + span_leaves * 8 <= mapped * 16
 }
 
+/// DRAM a table may take per mapped page before the tree is preferred.
+const TABLE_BYTES_PER_PAGE_MAX: u64 = 64;
+
+/// Whether mapping `[page, page + pages)` keeps a table within its bound.
+fn table_stays_cheap(t: &PageTable, page: u64, pages: u64) -> bool {
+    let (top, leaves) = t.shape_after(page, pages);
+    leaves * LEAF_BYTES + top * 8 <= (t.mapped_pages() + pages) * TABLE_BYTES_PER_PAGE_MAX
+}
+
 /// Long runs again, sparse leaves, or few runs: the tree is the cheaper.
 fn table_wants_tree(t: &PageTable) -> bool {
     let (runs, mapped) = (t.runs(), t.mapped_pages());
-    runs < TABLE_MIN_EXTENTS / 4 || runs * 32 < mapped || t.bytes() > mapped * 64
+    runs < TABLE_MIN_EXTENTS / 4
+        || runs * 32 < mapped
+        || t.bytes() > mapped * TABLE_BYTES_PER_PAGE_MAX
 }
 
 pub enum Iter<'a> {
@@ -359,6 +388,23 @@ mod tests {
         }
         assert_eq!(m.index_kind(), IndexKind::ExtentTree);
         assert_eq!(m.extent_count(), 5000);
+    }
+
+    /// A page written far past a table's pages moves the file back to the
+    /// tree before the table's top level grows to span it.
+    #[test]
+    fn a_far_write_does_not_grow_the_table() {
+        let mut m = FileMap::default();
+        for p in 0..2048 {
+            m.map(p, 1, 10 + 2 * p, &mut |_, _| {});
+        }
+        assert_eq!(m.index_kind(), IndexKind::PageTable);
+        let far = (crate::format::MAX_FILE_BYTES / 4096) - 1;
+        m.map(far, 1, 99_999, &mut |_, _| panic!("nothing displaced"));
+        assert_eq!(m.index_kind(), IndexKind::ExtentTree);
+        assert_eq!(m.find(far).map(|e| e.block), Some(99_999));
+        assert_eq!(m.find(7).map(|e| e.block), Some(24));
+        assert_eq!(m.mapped_pages(), 2049);
     }
 
     #[test]

@@ -54,6 +54,15 @@ impl PageTable {
         self.leaves_used * LEAF_BYTES + self.leaves.len() as u64 * 8
     }
 
+    /// The table's size if `[page, page + pages)` were mapped: top-level
+    /// slots, and leaves at most (every leaf the range touches new).
+    pub fn shape_after(&self, page: u64, pages: u64) -> (u64, u64) {
+        let last_leaf = (page + pages - 1) >> LEAF_SHIFT;
+        let top = (self.leaves.len() as u64).max(last_leaf + 1);
+        let touched = last_leaf - (page >> LEAF_SHIFT) + 1;
+        (top, self.leaves_used + touched)
+    }
+
     fn get(&self, page: u64) -> u64 {
         match self.leaves.get((page >> LEAF_SHIFT) as usize) {
             Some(Some(leaf)) => leaf.blocks[(page & (LEAF_PAGES - 1)) as usize],
