@@ -186,7 +186,7 @@ impl FileMap {
     }
 }
 
-/// Short extents, and leaves that would be at least half full.
+/// Short extents, and leaves that would be at least half full (but one).
 fn tree_wants_table(t: &ExtentTree) -> bool {
     let extents = t.extent_count() as u64;
     let mapped = t.mapped_pages();
@@ -202,7 +202,10 @@ fn tree_wants_table(t: &ExtentTree) -> bool {
         last_leaf = Some(last);
         span_leaves = last + 1;
     }
-    leaves * LEAF_BYTES + span_leaves * 8 <= mapped * 16
+    // One leaf of slack: a file being rebuilt in page order (recovery's
+    // replay of a compacted log) is checked with its last leaf partly
+    // filled, and would otherwise stay a tree for a doubling more.
+    leaves * LEAF_BYTES + span_leaves * 8 <= mapped * 16 + LEAF_BYTES
 }
 
 /// DRAM a table may take per mapped page before the tree is preferred.
