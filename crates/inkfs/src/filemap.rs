@@ -393,15 +393,21 @@ mod tests {
         assert_eq!(m.extent_count(), 5000);
     }
 
+    /// `pages` pages, each its own extent (blocks two apart): a table.
+    fn one_page_extents(pages: u64) -> FileMap {
+        let mut m = FileMap::default();
+        for p in 0..pages {
+            m.map(p, 1, 10 + 2 * p, &mut |_, _| {});
+        }
+        assert_eq!(m.index_kind(), IndexKind::PageTable);
+        m
+    }
+
     /// A page written far past a table's pages moves the file back to the
     /// tree before the table's top level grows to span it.
     #[test]
     fn a_far_write_does_not_grow_the_table() {
-        let mut m = FileMap::default();
-        for p in 0..2048 {
-            m.map(p, 1, 10 + 2 * p, &mut |_, _| {});
-        }
-        assert_eq!(m.index_kind(), IndexKind::PageTable);
+        let mut m = one_page_extents(2048);
         let far = (crate::format::MAX_FILE_BYTES / 4096) - 1;
         m.map(far, 1, 99_999, &mut |_, _| panic!("nothing displaced"));
         assert_eq!(m.index_kind(), IndexKind::ExtentTree);
@@ -412,11 +418,7 @@ mod tests {
 
     #[test]
     fn truncate_to_zero_empties_a_table() {
-        let mut m = FileMap::default();
-        for p in 0..2048 {
-            m.map(p, 1, 10 + 2 * p, &mut |_, _| {});
-        }
-        assert_eq!(m.index_kind(), IndexKind::PageTable);
+        let mut m = one_page_extents(2048);
         let mut freed = 0;
         m.truncate(0, &mut |_, n| freed += n);
         assert_eq!(freed, 2048);
