@@ -345,20 +345,30 @@ impl LaneFree {
         self.bits[(i / 64) as usize] & (1 << (i % 64)) != 0
     }
 
+    /// Mark `[start, start + len)` free or in use, a word at a time (a
+    /// fresh lane is one range of up to billions of blocks).
     fn set_bits(&mut self, start: u64, len: u64, free: bool) {
-        for b in start - self.base..start - self.base + len {
-            let (word, bit) = ((b / 64) as usize, 1u64 << (b % 64));
-            debug_assert_eq!(
-                self.bits[word] & bit != 0,
-                !free,
-                "block {} state",
-                b + self.base
+        let (mut at, end) = (start - self.base, start - self.base + len);
+        while at < end {
+            let (word, shift) = ((at / 64) as usize, at % 64);
+            let n = (64 - shift).min(end - at);
+            let mask = if n == 64 {
+                !0
+            } else {
+                ((1u64 << n) - 1) << shift
+            };
+            debug_assert!(
+                self.bits[word] & mask == if free { 0 } else { mask },
+                "blocks {}+{n} were not all {}",
+                at + self.base,
+                if free { "in use" } else { "free" }
             );
             if free {
-                self.bits[word] |= bit;
+                self.bits[word] |= mask;
             } else {
-                self.bits[word] &= !bit;
+                self.bits[word] &= !mask;
             }
+            at += n;
         }
     }
 
