@@ -74,6 +74,20 @@ pub trait Engine: Send + Sync + 'static {
         false
     }
     fn fallocate(&self, fh: &Self::Handle, off: u64, len: u64, flags: FallocFlags) -> Result<()>;
+    /// copy_file_range inside the engine: up to `len` bytes of `src` at
+    /// `src_off` to `dst` at `dst_off`; the bytes copied (short at the
+    /// source's end). ENOSYS when the engine cannot (the kernel then copies
+    /// through READ and WRITE requests itself).
+    fn copy_range(
+        &self,
+        _src: &Self::Handle,
+        _src_off: u64,
+        _dst: &Self::Handle,
+        _dst_off: u64,
+        _len: u64,
+    ) -> Result<u64> {
+        Err(inkfs::Error::Errno(libc::ENOSYS))
+    }
     fn seek(&self, fh: &Self::Handle, off: u64, whence: Whence) -> Result<u64>;
     fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: XattrFlags) -> Result<()>;
     fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>>;

@@ -604,6 +604,35 @@ impl Engine for MemFs {
         let off = self.lock().node(fh.ino)?.attr.size;
         Ok((off, self.write(fh, off, data)?))
     }
+    fn copy_range(
+        &self,
+        src: &MemHandle,
+        src_off: u64,
+        dst: &MemHandle,
+        dst_off: u64,
+        len: u64,
+    ) -> Result<u64> {
+        self.writable()?;
+        // Not atomic (two lock acquisitions); good enough for a test double.
+        let data = {
+            let st = self.lock();
+            let n = st.node(src.ino)?;
+            if n.attr.kind == FileKind::Dir {
+                return errno(libc::EISDIR);
+            }
+            let k = len
+                .min(inkfs::file::COPY_MAX)
+                .min(n.attr.size.saturating_sub(src_off));
+            if k == 0 {
+                return Ok(0);
+            }
+            if src.ino == dst.ino && src_off < dst_off.saturating_add(k) && dst_off < src_off + k {
+                return errno(libc::EINVAL);
+            }
+            n.data[src_off as usize..(src_off + k) as usize].to_vec()
+        };
+        self.write(dst, dst_off, &data).map(|n| n as u64)
+    }
     fn fsync(&self, _fh: &MemHandle, _datasync: bool) -> Result<()> {
         Ok(())
     }

@@ -118,6 +118,16 @@ impl<P: Pmem> Engine for Fs<P> {
     fn fallocate(&self, fh: &FileHandle, off: u64, len: u64, flags: FallocFlags) -> Result<()> {
         Fs::fallocate(self, fh, off, len, flags)
     }
+    fn copy_range(
+        &self,
+        src: &FileHandle,
+        src_off: u64,
+        dst: &FileHandle,
+        dst_off: u64,
+        len: u64,
+    ) -> Result<u64> {
+        Fs::copy_range(self, src, src_off, dst, dst_off, len)
+    }
     fn seek(&self, fh: &FileHandle, off: u64, whence: Whence) -> Result<u64> {
         Fs::seek(self, fh, off, whence)
     }

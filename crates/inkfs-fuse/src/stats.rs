@@ -77,6 +77,7 @@ ops!(
     create,
     fallocate,
     lseek,
+    copy_file_range,
 );
 
 pub const OPS: usize = Op::ALL.len();

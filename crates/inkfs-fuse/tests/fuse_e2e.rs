@@ -941,6 +941,97 @@ fn fsync_costs_a_round_trip_only_in_posix_mode() {
     }
 }
 
+#[test]
+fn copy_file_range_is_served_in_the_pool() {
+    // One COPY_FILE_RANGE request per call (the engine copies pool to
+    // pool), where the kernel's fallback would send the bytes through READ
+    // and WRITE requests; `cp` (coreutils >= 9) uses it. The result must be
+    // byte-exact through the page cache, across a remount, in every mode.
+    use std::os::fd::AsRawFd;
+    for opts in ["mode=strict", "mode=sync", "mode=posix"] {
+        let pool = Pool::new("copyrange", 64);
+        let data: Vec<u8> = (0..3 * 1024 * 1024 + 777u32)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        {
+            let m = Mounted::new(&pool, opts);
+            fs::write(m.p("src"), &data).unwrap();
+            // Cache the old destination bytes: the copy must replace them.
+            fs::write(m.p("dst"), vec![9u8; 8192]).unwrap();
+            assert_eq!(fs::read(m.p("dst")).unwrap(), vec![9u8; 8192]);
+            let src = fs::File::open(m.p("src")).unwrap();
+            let dst = fs::OpenOptions::new().write(true).open(m.p("dst")).unwrap();
+            // The server counts a request just after answering it: wait
+            // until the count of the writes above has settled.
+            let mut writes_before = op_count(&m, "write");
+            loop {
+                std::thread::sleep(Duration::from_millis(50));
+                let now = op_count(&m, "write");
+                if now == writes_before {
+                    break;
+                }
+                writes_before = now;
+            }
+            let (mut a, mut b) = (1000i64, 100i64);
+            let mut left = data.len() - 1000;
+            let mut calls = 0;
+            while left > 0 {
+                let n = unsafe {
+                    libc::copy_file_range(src.as_raw_fd(), &mut a, dst.as_raw_fd(), &mut b, left, 0)
+                };
+                assert!(
+                    n > 0,
+                    "{opts}: copy_file_range: {}",
+                    std::io::Error::last_os_error()
+                );
+                left -= n as usize;
+                calls += 1;
+            }
+            drop((src, dst));
+            let mut want = vec![9u8; 100];
+            want.extend_from_slice(&data[1000..]);
+            assert!(
+                fs::read(m.p("dst")).unwrap() == want,
+                "{opts}: copy differs"
+            );
+            // cp's own path, whole file.
+            let out = Command::new("cp")
+                .arg(m.p("src"))
+                .arg(m.p("cp"))
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{opts}: cp: {out:?}");
+            assert!(fs::read(m.p("cp")).unwrap() == data, "{opts}: cp differs");
+            let t = Instant::now();
+            while op_count(&m, "copy_file_range") < calls + 1
+                && t.elapsed() < Duration::from_secs(10)
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            assert!(
+                op_count(&m, "copy_file_range") > calls,
+                "{opts}: copies served by the kernel"
+            );
+            assert_eq!(
+                op_count(&m, "write"),
+                writes_before,
+                "{opts}: copied bytes went through WRITE"
+            );
+        }
+        let m = Mounted::new(&pool, opts);
+        let mut want = vec![9u8; 100];
+        want.extend_from_slice(&data[1000..]);
+        assert!(
+            fs::read(m.p("dst")).unwrap() == want,
+            "{opts}: copy lost at remount"
+        );
+        assert!(
+            fs::read(m.p("cp")).unwrap() == data,
+            "{opts}: cp lost at remount"
+        );
+    }
+}
+
 /// How many requests of kind `op` the mounted server has answered (0 if
 /// none yet), from its live statistics.
 fn op_count(m: &Mounted, op: &str) -> u64 {

@@ -6,6 +6,7 @@
 //! flushed, one fence covers both, and only then does the tail move.
 
 use crate::error::{errno, Error, Result};
+use crate::filemap::FileMap;
 use crate::format::*;
 use crate::fs::{live, FileHandle, Fs};
 use crate::inode::{self, write, Inode, InodeState};
@@ -14,18 +15,33 @@ use crate::pmem::Pmem;
 use crate::time::now_ns;
 use crate::types::*;
 
-/// Bytes to lay over pages: caller data, or zeros.
+/// Bytes to lay over pages: caller data, zeros, or another file's bytes.
 #[derive(Clone, Copy)]
 enum Src<'a> {
-    Data { off: u64, data: &'a [u8] },
-    Zeros { off: u64, len: u64 },
+    Data {
+        off: u64,
+        data: &'a [u8],
+    },
+    Zeros {
+        off: u64,
+        len: u64,
+    },
+    /// Bytes of a file in the pool (copy_file_range): byte `off + i` is
+    /// the file's byte `from + i`, holes read as zeros. `map: None` is the
+    /// destination file itself, as its mapping stands before this write.
+    File {
+        off: u64,
+        len: u64,
+        from: u64,
+        map: Option<&'a FileMap>,
+    },
 }
 
 impl Src<'_> {
     fn range(&self) -> (u64, u64) {
         match *self {
             Src::Data { off, data } => (off, off + data.len() as u64),
-            Src::Zeros { off, len } => (off, off + len),
+            Src::Zeros { off, len } | Src::File { off, len, .. } => (off, off + len),
         }
     }
     /// The part of `[lo, hi)` this source covers.
@@ -127,6 +143,39 @@ fn write_entry(file_page: u64, block: u64, pages: u64, size: u64, mtime_ns: i64)
 /// Pages per FILE_WRITE entry at most (the entry's count is 32 bits).
 const MAX_PAGES_PER_ENTRY: u64 = 1 << 20;
 
+/// Bytes one `copy_range` call copies at most: one call is one write of
+/// the destination (atomic in strict mode, so its new blocks are all held
+/// at once); callers loop on short copies, as copy_file_range(2) allows.
+pub const COPY_MAX: u64 = 64 << 20;
+
+/// Walk a file's bytes `[pos, pos + n)` as runs: `f(rel, Some(at), len)`
+/// for `len` bytes mapped contiguously at pool offset `at`, `f(rel, None,
+/// len)` for a hole; `rel` is the run's offset from `pos`.
+fn runs(map: &FileMap, pos: u64, n: u64, mut f: impl FnMut(u64, Option<u64>, u64)) {
+    let mut done = 0;
+    while done < n {
+        let p = pos + done;
+        let page = p / BLOCK_SIZE;
+        let in_page = p % BLOCK_SIZE;
+        let (at, run) = match map.find(page) {
+            Some(e) => (
+                Some((e.block + (page - e.page)) * BLOCK_SIZE + in_page),
+                (e.end() - page) * BLOCK_SIZE - in_page,
+            ),
+            None => {
+                let hole_end = map
+                    .next_from(page)
+                    .map_or(u64::MAX, |e| e.page * BLOCK_SIZE);
+                (None, hole_end - p)
+            }
+        };
+        let take = run.min(n - done);
+        debug_assert!(take > 0, "a run never ends where it starts");
+        f(done, at, take);
+        done += take;
+    }
+}
+
 impl<P: Pmem> Fs<P> {
     fn file_state_check(inode: &Inode) -> Result<()> {
         match inode.kind {
@@ -149,29 +198,13 @@ impl<P: Pmem> Fs<P> {
         let Some(map) = st.file() else {
             return errno(libc::EINVAL);
         };
-        let mut done = 0usize;
-        while done < n {
-            let pos = off + done as u64;
-            let page = pos / BLOCK_SIZE;
-            let in_page = pos % BLOCK_SIZE;
-            match map.find(page) {
-                Some(e) => {
-                    let run = (e.end() - page) * BLOCK_SIZE - in_page;
-                    let take = run.min((n - done) as u64) as usize;
-                    let at = (e.block + (page - e.page)) * BLOCK_SIZE + in_page;
-                    self.pm.read(at, &mut buf[done..done + take]);
-                    done += take;
-                }
-                None => {
-                    let hole_end = map
-                        .next_from(page)
-                        .map_or(u64::MAX, |e| e.page * BLOCK_SIZE);
-                    let take = (hole_end - pos).min((n - done) as u64) as usize;
-                    buf[done..done + take].fill(0);
-                    done += take;
-                }
+        runs(map, off, n as u64, |rel, at, len| {
+            let part = &mut buf[rel as usize..(rel + len) as usize];
+            match at {
+                Some(at) => self.pm.read(at, part),
+                None => part.fill(0),
             }
-        }
+        });
         Ok(n)
     }
 
@@ -233,6 +266,76 @@ impl<P: Pmem> Fs<P> {
         Ok((off, data.len()))
     }
 
+    /// copy_file_range(2) inside the pool: copy up to `len` bytes of `src`
+    /// from `src_off` to `dst` at `dst_off`; the bytes never leave the pool.
+    /// Returns the bytes copied: short at the source's end of file and at
+    /// [`COPY_MAX`], 0 at or past it. The copy is one write of `dst` (atomic
+    /// in strict mode, durable on return in strict and sync mode); source
+    /// holes are written as zeros. Overlapping ranges of one file: EINVAL.
+    pub fn copy_range(
+        &self,
+        src: &FileHandle,
+        src_off: u64,
+        dst: &FileHandle,
+        dst_off: u64,
+        len: u64,
+    ) -> Result<u64> {
+        self.check_writable()?;
+        Self::file_state_check(&src.inode)?;
+        Self::file_state_check(&dst.inode)?;
+        // As the VFS checks copy_file_range(2): the count is cut at the
+        // source's end of file and at the largest file size first.
+        if dst_off >= MAX_FILE_BYTES {
+            return errno(libc::EFBIG);
+        }
+        let len = len.min(COPY_MAX).min(MAX_FILE_BYTES - dst_off);
+        let clip = |size: u64| len.min(size.saturating_sub(src_off));
+        if src.inode.ino == dst.inode.ino {
+            let mut st = write(&dst.inode.state);
+            let n = clip(st.attr.size);
+            if n > 0 && src_off < dst_off.saturating_add(n) && dst_off < src_off + n {
+                return errno(libc::EINVAL);
+            }
+            return self.copy_locked(&dst.inode, &mut st, None, src_off, dst_off, n);
+        }
+        // Two inodes: locked in inode-number order, as every operation on
+        // several inodes locks them (namei.rs, `Locked`).
+        let (from, mut to);
+        if src.inode.ino < dst.inode.ino {
+            from = inode::read(&src.inode.state);
+            to = write(&dst.inode.state);
+        } else {
+            to = write(&dst.inode.state);
+            from = inode::read(&src.inode.state);
+        }
+        let n = clip(from.attr.size);
+        let map = from.file().ok_or(Error::Errno(libc::EINVAL))?;
+        self.copy_locked(&dst.inode, &mut to, Some(map), src_off, dst_off, n)
+    }
+
+    fn copy_locked(
+        &self,
+        inode: &Inode,
+        st: &mut InodeState,
+        map: Option<&FileMap>,
+        from: u64,
+        off: u64,
+        len: u64,
+    ) -> Result<u64> {
+        if len == 0 {
+            return Ok(0);
+        }
+        off.checked_add(len).ok_or(Error::Errno(libc::EFBIG))?;
+        let src = Src::File {
+            off,
+            len,
+            from,
+            map,
+        };
+        self.write_src_locked(inode, st, src)?;
+        Ok(len)
+    }
+
     fn write_locked(
         &self,
         inode: &Inode,
@@ -240,10 +343,17 @@ impl<P: Pmem> Fs<P> {
         off: u64,
         data: &[u8],
     ) -> Result<()> {
-        live(st)?;
-        let end = off
-            .checked_add(data.len() as u64)
+        off.checked_add(data.len() as u64)
             .ok_or(Error::Errno(libc::EFBIG))?;
+        self.write_src_locked(inode, st, Src::Data { off, data })
+    }
+
+    /// Lay `src` over the file: the one write path of write, append and
+    /// copy_range. `src` must not be empty.
+    fn write_src_locked(&self, inode: &Inode, st: &mut InodeState, src: Src<'_>) -> Result<()> {
+        live(st)?;
+        let (off, end) = src.range();
+        debug_assert!(off < end, "callers skip empty writes");
         if end > MAX_FILE_BYTES {
             return errno(libc::EFBIG);
         }
@@ -253,7 +363,6 @@ impl<P: Pmem> Fs<P> {
         const STAMPED_BELOW: i64 = 0;
         let now = STAMPED_BELOW;
         let new_size = st.attr.size.max(end);
-        let src = Src::Data { off, data };
         let mut tx = DataTx::new(st);
         let r = match self.mode {
             Mode::Strict => self.cow_range(
@@ -303,6 +412,7 @@ impl<P: Pmem> Fs<P> {
         attr: Option<AttrEntry>,
         durable: bool,
     ) -> Result<()> {
+        let old_size = st.attr.size;
         let mut cur = st.log;
         let mut appended = Ok(());
         for w in tx.pieces.iter() {
@@ -360,6 +470,9 @@ impl<P: Pmem> Fs<P> {
         }
         if durable {
             st.attr_dirty = false;
+            st.unfenced_size = None;
+        } else if st.attr.size > old_size {
+            st.unfenced_size.get_or_insert(old_size);
         }
         self.maybe_compact(inode, st);
         if st.prealloc.1 > 0 {
@@ -527,11 +640,14 @@ impl<P: Pmem> Fs<P> {
         };
         let grows = size != st.attr.size;
         // Bytes past the old end of file must stay zero until the new size
-        // commits (a crash before it would otherwise leave them behind, to
-        // reappear when the file grows): pages written past the old end
-        // are copied on write even in these modes.
-        let cow_from = if src.range().1 > st.attr.size {
-            st.attr.size / BLOCK_SIZE
+        // is durable (a crash before it would otherwise leave them behind,
+        // to reappear when the file grows): pages written past the old end
+        // are copied on write even in these modes. In posix mode "old" is
+        // the size a crash may return to, which an unfenced extension
+        // leaves below the size in DRAM.
+        let eof = st.attr.size.min(st.unfenced_size.unwrap_or(u64::MAX));
+        let cow_from = if src.range().1 > eof {
+            eof / BLOCK_SIZE
         } else {
             u64::MAX
         };
@@ -552,6 +668,7 @@ impl<P: Pmem> Fs<P> {
                         let run_end = e.end().min(end).min(cow_from);
                         if in_place_pass {
                             self.overwrite_run(
+                                st,
                                 page,
                                 run_end,
                                 e.block + (page - e.page),
@@ -582,6 +699,7 @@ impl<P: Pmem> Fs<P> {
     #[allow(clippy::too_many_arguments)]
     fn overwrite_run(
         &self,
+        st: &InodeState,
         page: u64,
         run_end: u64,
         block: u64,
@@ -593,12 +711,7 @@ impl<P: Pmem> Fs<P> {
     ) {
         let (a, b) = src.clip(page * BLOCK_SIZE, run_end * BLOCK_SIZE);
         let at = block * BLOCK_SIZE + (a - page * BLOCK_SIZE);
-        match src {
-            Src::Data { off, data } => self
-                .pm
-                .copy_nt(at, &data[(a - off) as usize..(b - off) as usize]),
-            Src::Zeros { .. } => self.pm.zero_nt(at, b - a),
-        }
+        self.store_src(st, src, a, b, at);
         if self.mode == Mode::Sync || grows {
             tx.pieces
                 .push(write_entry(page, block, run_end - page, size, now));
@@ -612,12 +725,7 @@ impl<P: Pmem> Fs<P> {
         let (a, b) = src.clip(p0, p0 + BLOCK_SIZE);
         let dst = block * BLOCK_SIZE;
         if a == p0 && b == p0 + BLOCK_SIZE {
-            match src {
-                Src::Data { off, data } => self
-                    .pm
-                    .copy_nt(dst, &data[(a - off) as usize..(b - off) as usize]),
-                Src::Zeros { .. } => self.pm.zero_nt(dst, BLOCK_SIZE),
-            }
+            self.store_src(st, src, a, b, dst);
             return;
         }
         let mut buf = [0u8; BLOCK_SIZE as usize];
@@ -629,14 +737,69 @@ impl<P: Pmem> Fs<P> {
         }
         if a < b {
             let (lo, hi) = ((a - p0) as usize, (b - p0) as usize);
-            match src {
-                Src::Data { off, data } => {
-                    buf[lo..hi].copy_from_slice(&data[(a - off) as usize..(b - off) as usize])
-                }
-                Src::Zeros { .. } => buf[lo..hi].fill(0),
-            }
+            self.load_src(st, src, a, b, &mut buf[lo..hi]);
         }
         self.pm.copy_nt(dst, &buf);
+    }
+
+    /// Store bytes `[a, b)` of `src` at pool offset `at`, non-temporally.
+    /// `st` is the destination's state (the source of `Src::File` with no
+    /// map of its own).
+    fn store_src(&self, st: &InodeState, src: Src<'_>, a: u64, b: u64, at: u64) {
+        match src {
+            Src::Data { off, data } => self
+                .pm
+                .copy_nt(at, &data[(a - off) as usize..(b - off) as usize]),
+            Src::Zeros { .. } => self.pm.zero_nt(at, b - a),
+            Src::File { off, from, map, .. } => match map.or(st.file()) {
+                Some(map) => runs(map, from + (a - off), b - a, |rel, run, len| match run {
+                    Some(run) => self.copy_in_pool(run, at + rel, len),
+                    None => self.pm.zero_nt(at + rel, len),
+                }),
+                None => self.pm.zero_nt(at, b - a),
+            },
+        }
+    }
+
+    /// Bytes `[a, b)` of `src` into `buf` (DRAM); see `store_src`.
+    fn load_src(&self, st: &InodeState, src: Src<'_>, a: u64, b: u64, buf: &mut [u8]) {
+        debug_assert_eq!(buf.len() as u64, b - a);
+        match src {
+            Src::Data { off, data } => {
+                buf.copy_from_slice(&data[(a - off) as usize..(b - off) as usize])
+            }
+            Src::Zeros { .. } => buf.fill(0),
+            Src::File { off, from, map, .. } => match map.or(st.file()) {
+                Some(map) => runs(map, from + (a - off), b - a, |rel, run, len| {
+                    let part = &mut buf[rel as usize..(rel + len) as usize];
+                    match run {
+                        Some(run) => self.pm.read(run, part),
+                        None => part.fill(0),
+                    }
+                }),
+                None => buf.fill(0),
+            },
+        }
+    }
+
+    /// Copy `len` pool bytes from `from` to `to` non-temporally, straight
+    /// from the mapping when the pool is mapped.
+    fn copy_in_pool(&self, from: u64, to: u64, len: u64) {
+        // A copy reads blocks the write does not store to: another file's,
+        // or other bytes of the same file (overlapping ranges are refused).
+        debug_assert!(from + len <= to || to + len <= from, "copy overlaps itself");
+        if let Some(bytes) = self.pm.mapped(from, len) {
+            self.pm.copy_nt(to, bytes);
+            return;
+        }
+        let mut buf = [0u8; BLOCK_SIZE as usize];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(BLOCK_SIZE);
+            self.pm.read(from + done, &mut buf[..n as usize]);
+            self.pm.copy_nt(to + done, &buf[..n as usize]);
+            done += n;
+        }
     }
 
     /// Zero `[a, b)` inside one page (a partial page of truncate, punch or
@@ -878,6 +1041,7 @@ impl<P: Pmem> Fs<P> {
         self.pm
             .write_u64(inode.rec_off + INODE_TAIL_FIELD, st.log.tail);
         self.pm.persist(inode.rec_off + INODE_TAIL_FIELD, 8);
+        st.unfenced_size = None;
         Ok(())
     }
 

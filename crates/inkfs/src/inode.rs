@@ -48,6 +48,10 @@ pub struct InodeState {
     pub gone: bool,
     /// Posix mode: attributes (mtime) changed in DRAM only, persisted at fsync.
     pub attr_dirty: bool,
+    /// Posix mode: the size before the first extension committed without a
+    /// fence since this inode's last fence, i.e. the size a crash may still
+    /// bring back; `None` when the size in DRAM is durable.
+    pub unfenced_size: Option<u64>,
     /// Data blocks reserved in DRAM past the end of the file (start, count),
     /// see `file::PREALLOC_BLOCKS`. Never on media.
     pub prealloc: (u64, u64),
@@ -77,6 +81,7 @@ impl InodeState {
             orphan,
             gone: false,
             attr_dirty: false,
+            unfenced_size: None,
             prealloc: (0, 0),
         }
     }

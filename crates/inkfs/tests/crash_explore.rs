@@ -12,7 +12,7 @@
 use inkfs::crashtest::{self, CrashTestOptions};
 
 /// The CI budget: distinct crash states over the three modes. At one image
-/// per crash point the catalogue has about 51,000 points (5828 workloads ×
+/// per crash point the catalogue has about 61,000 points (7068 workloads ×
 /// 3 modes); this budget covers every workload, 1–2 images per point,
 /// in about a minute on the 2-core machine (~1,500 states/s with fsck and a
 /// clean remount per state; 2–3 minutes when the machine is loaded).
@@ -123,6 +123,28 @@ fn regression_posix_unfenced_commit_frees_displaced_blocks_late() {
             "write_bar_extend+write_foo_hole",
             "write_bar_extend+zero_range_foo",
             "append_hl_4k+zero_range_foo",
+        ],
+        inkfs::types::Mode::Posix,
+        64,
+    );
+}
+
+/// Posix mode: an extending write commits its new size without a fence;
+/// a later overwrite that stayed inside the new size, but reached past the
+/// size a crash could still bring back, went in place into the old
+/// end-of-file page. A crash that lost the extension then left that page's
+/// bytes past the end of file non-zero, to reappear if the file grew. Such
+/// pages are now copied on write until the size is durable
+/// (`InodeState::unfenced_size`).
+#[test]
+fn regression_posix_overwrite_past_unfenced_size() {
+    explore_exactly(
+        &[
+            "write_foo_hole+write_foo_mid",
+            "held:write_foo_hole+write_foo_mid",
+            "write_foo_hole+copy_bar_foo",
+            "append_foo+write_foo_unaligned",
+            "write_bar_extend+write_bar_aligned",
         ],
         inkfs::types::Mode::Posix,
         64,

@@ -556,6 +556,78 @@ fn writes() {
     );
 }
 
+/// copy_file_range in the pool: one write of the destination, so strict
+/// mode shows the whole copy or none of it, and sync/posix mode mix old and
+/// new bytes only where they overwrite in place (a write's guarantees).
+#[test]
+fn copy_ranges() {
+    let mut with_hole = data_op(
+        "copy_source_hole",
+        with_fsync(
+            |e| &e.fh_f2,
+            |fs, e| {
+                // Pages 1..5 of big, pages 2 and 3 a hole: 4 pages onto f2.
+                let n = fs
+                    .copy_range(&e.fh_big, 4096, &e.fh_f2, 0, 4 * 4096)
+                    .unwrap();
+                assert_eq!(n, 4 * 4096);
+            },
+        ),
+    );
+    with_hole.prep = Some(s(|fs, e| {
+        let punch = FallocFlags {
+            keep_size: true,
+            punch_hole: true,
+            zero_range: false,
+        };
+        fs.fallocate(&e.fh_big, 2 * 4096, 2 * 4096, punch).unwrap();
+    }));
+    run_group(
+        "copy_range",
+        vec![
+            data_op(
+                "copy_overwrite_extend",
+                with_fsync(
+                    |e| &e.fh_f2,
+                    |fs, e| {
+                        // Overwrites the tail of f2 from byte 2000 and extends it.
+                        let n = fs
+                            .copy_range(&e.fh_big, 4096, &e.fh_f2, 2000, 3 * 4096 + 500)
+                            .unwrap();
+                        assert_eq!(n, 3 * 4096 + 500);
+                    },
+                ),
+            ),
+            data_op(
+                "copy_within_file",
+                with_fsync(
+                    |e| &e.fh_big,
+                    |fs, e| {
+                        let n = fs
+                            .copy_range(&e.fh_big, 100, &e.fh_big, 50_000, 6000)
+                            .unwrap();
+                        assert_eq!(n, 6000);
+                    },
+                ),
+            ),
+            f1_open(op(
+                "copy_past_eof",
+                with_fsync(
+                    |e| e.f1h(),
+                    |fs, e| {
+                        // Short at f2's end; leaves a hole in f1 before it.
+                        let n = fs
+                            .copy_range(&e.fh_f2, 0, e.f1h(), 20_000, 1 << 20)
+                            .unwrap();
+                        assert_eq!(n, F2_LEN as u64);
+                    },
+                ),
+            )),
+            with_hole,
+        ],
+    );
+}
+
 fn size(sz: u64) -> SetAttr {
     SetAttr {
         size: Some(sz),

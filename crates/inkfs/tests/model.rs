@@ -84,6 +84,8 @@ enum Op {
     Write(usize, u64, usize, u8),
     Append(usize, usize, u8),
     Read(usize, u64, usize),
+    /// copy_file_range: handle in, offset in, handle out, offset out, length
+    CopyRange(usize, u64, usize, u64, usize),
     Ftruncate(usize, u64),
     /// mode: 0 default, 1 keep size, 2 punch hole, 3 zero range, 4 zero range + keep size
     Fallocate(usize, u8, u64, u64),
@@ -224,6 +226,8 @@ fn op_s() -> impl Strategy<Value = Op> {
         12 => (h.clone(), offset_s(), len_s(), any::<u8>()).prop_map(|(h, o, l, s)| Op::Write(h, o, l, s)),
         6 => (h.clone(), len_s(), any::<u8>()).prop_map(|(h, l, s)| Op::Append(h, l, s)),
         5 => (h.clone(), offset_s(), len_s()).prop_map(|(h, o, l)| Op::Read(h, o, l)),
+        5 => (h.clone(), offset_s(), h.clone(), offset_s(), len_s())
+            .prop_map(|(a, o, b, p, l)| Op::CopyRange(a, o, b, p, l)),
         4 => (h.clone(), size_s()).prop_map(|(h, s)| Op::Ftruncate(h, s)),
         4 => (h.clone(), 0u8..5, offset_s(), 1u64..65536).prop_map(|(h, m, o, l)| Op::Fallocate(h, m, o, l)),
         3 => (h.clone(), offset_s(), any::<bool>()).prop_map(|(h, o, w)| Op::Seek(h, o, w)),
@@ -584,6 +588,7 @@ impl Harness {
             Op::Write(..)
             | Op::Append(..)
             | Op::Read(..)
+            | Op::CopyRange(..)
             | Op::Ftruncate(..)
             | Op::Fallocate(..)
             | Op::Seek(..)
@@ -1007,6 +1012,7 @@ impl Harness {
             Op::Write(h, ..)
             | Op::Append(h, ..)
             | Op::Read(h, ..)
+            | Op::CopyRange(h, ..)
             | Op::Ftruncate(h, ..)
             | Op::Fallocate(h, ..)
             | Op::Seek(h, ..)
@@ -1064,6 +1070,16 @@ impl Harness {
                     b.truncate(n);
                     Out::Bytes(b)
                 });
+                (r, e)
+            }
+            Op::CopyRange(_, off_in, out, off_out, len) => {
+                let o = &self.handles[out % self.handles.len()];
+                let (mut a, mut b) = (*off_in as i64, *off_out as i64);
+                let r = cvt_isize(unsafe {
+                    libc::copy_file_range(fd, &mut a, o.fd.as_raw_fd(), &mut b, *len, 0)
+                } as isize)
+                .map(|n| Out::Num(n as u64));
+                let e = eng(fs.copy_range(fh, *off_in, &o.fh, *off_out, *len as u64)).map(Out::Num);
                 (r, e)
             }
             Op::Ftruncate(_, size) => {

@@ -40,6 +40,14 @@ pub enum OpKind {
         salt: u8,
     },
     Truncate(&'static str, u64),
+    /// copy_file_range of `len` bytes (fewer at the source's end).
+    Copy {
+        from: &'static str,
+        from_off: u64,
+        to: &'static str,
+        to_off: u64,
+        len: u64,
+    },
     Fallocate {
         path: &'static str,
         off: u64,
@@ -95,7 +103,7 @@ pub struct Op {
 impl Op {
     pub fn class(&self) -> OpClass {
         match self.kind {
-            OpKind::Write { .. } => OpClass::Data,
+            OpKind::Write { .. } | OpKind::Copy { .. } => OpClass::Data,
             OpKind::Truncate(..) | OpKind::Fallocate { .. } => OpClass::DurableData,
             OpKind::Fsync { .. } => OpClass::Sync,
             _ => OpClass::Meta,
@@ -118,6 +126,7 @@ impl Op {
     fn data_path(&self) -> Option<&'static str> {
         match self.kind {
             OpKind::Write { path, .. }
+            | OpKind::Copy { to: path, .. }
             | OpKind::Truncate(path, _)
             | OpKind::Fallocate { path, .. }
             | OpKind::Fsync { path, .. } => Some(path),
@@ -138,6 +147,26 @@ const fn write(name: &'static str, path: &'static str, at: At, len: usize, salt:
             at,
             len,
             salt,
+        },
+    )
+}
+
+const fn copy(
+    name: &'static str,
+    from: &'static str,
+    from_off: u64,
+    to: &'static str,
+    to_off: u64,
+    len: u64,
+) -> Op {
+    op(
+        name,
+        OpKind::Copy {
+            from,
+            from_off,
+            to,
+            to_off,
+            len,
         },
     )
 }
@@ -221,6 +250,14 @@ pub const OPS: &[Op] = &[
     write("write_new", "/A/new", At::Off(0), 5000, 17),
     write("append_new_4k", "/A/new", At::End, 4096, 18),
     write("append_al_8k", "/B/al", At::End, 8192, 19),
+    // Over the end of file, inside the size a preceding write_foo_hole
+    // set (posix: not yet durable).
+    write("write_foo_mid", "/A/foo", At::Off(1000), 6000, 20),
+    // copy_file_range: over and past the end, past the end with a hole,
+    // within one file.
+    copy("copy_bar_foo", "/bar", 0, "/A/foo", 1000, 6000),
+    copy("copy_foo_bar_hole", "/A/foo", 100, "/bar", 30_000, 3000),
+    copy("copy_foo_within", "/A/foo", 0, "/A/foo", 4000, 1000),
     // Truncate and fallocate.
     op("truncate_foo_1000", OpKind::Truncate("/A/foo", 1000)),
     op("truncate_bar_4096", OpKind::Truncate("/bar", 4096)),
@@ -544,6 +581,17 @@ pub fn exec<P: Pmem>(fs: &Fs<P>, op: &Op, held: &Held) -> Result<()> {
                 At::Off(off) => fs.write(fh, off, &data).map(|_| ()),
                 At::End => fs.append(fh, &data).map(|_| ()),
             }
+        })?,
+        OpKind::Copy {
+            from,
+            from_off,
+            to,
+            to_off,
+            len,
+        } => with_handle(fs, held, from, |src| {
+            with_handle(fs, held, to, |dst| {
+                fs.copy_range(src, from_off, dst, to_off, len).map(|_| ())
+            })
         })?,
         OpKind::Truncate(path, size) => {
             let ino = resolve(fs, path)?;

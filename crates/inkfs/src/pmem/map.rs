@@ -289,8 +289,8 @@ impl Pmem for MappedPool {
     #[inline]
     fn copy_nt(&self, off: u64, data: &[u8]) {
         self.check(off, data.len() as u64, self.write_limit_bytes);
-        // SAFETY: range checked and writable; `data` is not in the mapping
-        // (the engine copies from user buffers or DRAM).
+        // SAFETY: range checked and writable; `data` does not overlap it
+        // (user buffers, DRAM, or other pool bytes in a copy_range).
         unsafe { cpu::copy_nt(self.flush, self.ptr(off), data) };
         if self.flush == FlushMethod::Msync {
             // No fence will know this range: make it durable now.
