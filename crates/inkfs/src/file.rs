@@ -362,6 +362,17 @@ impl<P: Pmem> Fs<P> {
         // the copy; the entries are stamped then.
         const STAMPED_BELOW: i64 = 0;
         let now = STAMPED_BELOW;
+        if let Some(durable) = st.unfenced_size {
+            // Posix: an earlier extension is not durable yet, so a crash
+            // may bring back a smaller size, and the old end-of-file page
+            // (or blocks kept past it) with it. Bytes past that size must
+            // read as zeros then; an overwrite in place that reaches past
+            // it makes the extension durable first. (Appends start at the
+            // size in DRAM and copy on write from there: no fence.)
+            if off < st.attr.size && end.min(st.attr.size) > durable {
+                self.persist_tail(inode, st);
+            }
+        }
         let new_size = st.attr.size.max(end);
         let mut tx = DataTx::new(st);
         let r = match self.mode {
@@ -640,14 +651,18 @@ impl<P: Pmem> Fs<P> {
         };
         let grows = size != st.attr.size;
         // Bytes past the old end of file must stay zero until the new size
-        // is durable (a crash before it would otherwise leave them behind,
-        // to reappear when the file grows): pages written past the old end
-        // are copied on write even in these modes. In posix mode "old" is
-        // the size a crash may return to, which an unfenced extension
-        // leaves below the size in DRAM.
-        let eof = st.attr.size.min(st.unfenced_size.unwrap_or(u64::MAX));
-        let cow_from = if src.range().1 > eof {
-            eof / BLOCK_SIZE
+        // commits (a crash before it would otherwise leave them behind, to
+        // reappear when the file grows): pages written past the old end
+        // are copied on write even in these modes.
+        debug_assert!(
+            st.unfenced_size.is_none_or(|d| {
+                let (a, b) = src.range();
+                a >= st.attr.size || b.min(st.attr.size) <= d
+            }),
+            "no overwrite in place past a size a crash may undo"
+        );
+        let cow_from = if src.range().1 > st.attr.size {
+            st.attr.size / BLOCK_SIZE
         } else {
             u64::MAX
         };
@@ -1035,6 +1050,12 @@ impl<P: Pmem> Fs<P> {
             st.log_entries += 1;
             st.attr_dirty = false;
         }
+        self.persist_tail(inode, &mut st);
+        Ok(())
+    }
+
+    /// Posix mode: make every committed entry of the inode durable now.
+    fn persist_tail(&self, inode: &Inode, st: &mut InodeState) {
         // Another thread's posix write may have stored the tail without a
         // fence: write the line back again from here, then fence.
         self.pm.fence();
@@ -1042,7 +1063,6 @@ impl<P: Pmem> Fs<P> {
             .write_u64(inode.rec_off + INODE_TAIL_FIELD, st.log.tail);
         self.pm.persist(inode.rec_off + INODE_TAIL_FIELD, 8);
         st.unfenced_size = None;
-        Ok(())
     }
 
     /// A handle's inode state, for front ends that need the size under lock.

@@ -134,8 +134,8 @@ fn regression_posix_unfenced_commit_frees_displaced_blocks_late() {
 /// size a crash could still bring back, went in place into the old
 /// end-of-file page. A crash that lost the extension then left that page's
 /// bytes past the end of file non-zero, to reappear if the file grew. Such
-/// pages are now copied on write until the size is durable
-/// (`InodeState::unfenced_size`).
+/// an overwrite now makes the extension durable first
+/// (`InodeState::unfenced_size`, `Fs::persist_tail`).
 #[test]
 fn regression_posix_overwrite_past_unfenced_size() {
     explore_exactly(
