@@ -23,6 +23,7 @@ use std::fmt;
 use crate::alloc::{BlockAllocator, Refusal};
 use crate::dir::Child;
 use crate::error::{Error, Result};
+use crate::filemap::FileMap;
 use crate::format::*;
 use crate::fs::{rec, Fs};
 use crate::inode::{self, write};
@@ -87,6 +88,9 @@ pub enum ProblemKind {
     BlockLeak,
     /// An inode unlinked while open.
     Orphan,
+    /// A file's blocks hold non-zero bytes past its end of file (they
+    /// would show if the file grew).
+    PastEof,
     /// A repair step failed.
     Repair,
 }
@@ -112,6 +116,7 @@ impl ProblemKind {
             ProblemKind::BlockTwice => "block-twice",
             ProblemKind::BlockLeak => "block-leak",
             ProblemKind::Orphan => "orphan",
+            ProblemKind::PastEof => "past-eof",
             ProblemKind::Repair => "repair",
         }
     }
@@ -250,9 +255,20 @@ pub fn check_with_progress<P: Pmem>(
     let blocked = first.found.iter().any(|f| f.blocking());
 
     // Media-level fixes: superblocks, then journals (a replay after a log
-    // fix could roll a tail back).
+    // fix could roll a tail back), then bytes past files' ends (found with
+    // the journals applied, as the mount will see the files). Those are
+    // zeroed only on a pool without unrepairable damage: a block used
+    // twice may hold another file's data.
     for (i, fix) in &fixes {
         let done = match fix {
+            Fix::ZeroPastEof { .. } if blocked => continue,
+            Fix::ZeroPastEof { ranges } => {
+                for &(off, len) in ranges {
+                    pm.zero_nt(off, len);
+                }
+                pm.fence();
+                true
+            }
             Fix::CopySuperblock { from, to } => {
                 let sb: Superblock = read_pod(pm, from * BLOCK_SIZE);
                 write_pod(pm, to * BLOCK_SIZE, &sb);
@@ -364,11 +380,17 @@ enum Fix {
     SetParent { dir: u64, parent: u64 },
     /// Set a link count (LINK_CHANGE entry).
     SetNlink { ino: u64, nlink: u32 },
+    /// Zero pool bytes `(offset, len)` a file maps past its end of file.
+    /// No reader sees them, so the stores need no ordering beyond a fence.
+    ZeroPastEof { ranges: Vec<(u64, u64)> },
 }
 
 impl Fix {
     fn needs_mount(&self) -> bool {
-        !matches!(self, Fix::CopySuperblock { .. } | Fix::ReplayJournal { .. })
+        !matches!(
+            self,
+            Fix::CopySuperblock { .. } | Fix::ReplayJournal { .. } | Fix::ZeroPastEof { .. }
+        )
     }
     /// Order of the mounted repairs: names first, then reconnects, then
     /// attributes computed assuming both.
@@ -478,7 +500,9 @@ fn repair_mounted<P: Pmem>(pm: &P, fixes: &[(usize, Fix)]) -> Result<FixResults>
                 Fix::SetNlink { ino, nlink } => fs.fsck_put_attr(*ino, true, |a| a.nlink = *nlink),
                 // Done by the mount's rebuild and the unmount's save.
                 Fix::RebuildAllocator => Ok(()),
-                Fix::CopySuperblock { .. } | Fix::ReplayJournal { .. } => continue,
+                Fix::CopySuperblock { .. }
+                | Fix::ReplayJournal { .. }
+                | Fix::ZeroPastEof { .. } => continue,
             };
             results.push((*i, r));
         }
@@ -1022,6 +1046,42 @@ impl<'a, P: Pmem + ?Sized> Checker<'a, P> {
         }
     }
 
+    /// Bytes a file maps past its end of file must be zero: growing the
+    /// file (truncate, fallocate, a write past the end) shows them as the
+    /// file's contents (FORMAT.md, "Copy-on-write data"). Reads the tail of
+    /// the last page and every page mapped beyond it.
+    fn check_past_eof(&mut self, ino: u64, size: u64, map: &FileMap) {
+        let first = size / BLOCK_SIZE;
+        let mut dirty: Vec<(u64, u64)> = Vec::new();
+        let mut buf = [0u8; BLOCK_SIZE as usize];
+        for e in map.iter().filter(|e| e.end() > first) {
+            for page in e.page.max(first)..e.end() {
+                let block = e.block + (page - e.page);
+                if !self.geo.is_data_range(block, 1) {
+                    continue; // reported by `use_blocks`
+                }
+                let from = if page == first { size % BLOCK_SIZE } else { 0 };
+                let part = &mut buf[from as usize..];
+                self.pm.read(block * BLOCK_SIZE + from, part);
+                if part.iter().any(|&b| b != 0) {
+                    dirty.push((block * BLOCK_SIZE + from, BLOCK_SIZE - from));
+                }
+            }
+        }
+        if let Some(&(off, _)) = dirty.first() {
+            self.error(
+                ProblemKind::PastEof,
+                Some(ino),
+                format!(
+                    "{} page(s) hold non-zero bytes past the end of file (size {size}; first at pool \
+                     offset {off}); zeroed at repair",
+                    dirty.len()
+                ),
+                Some(Fix::ZeroPastEof { ranges: dirty }),
+            );
+        }
+    }
+
     fn scan_inodes(&mut self, phase: &'static str, progress: &mut dyn FnMut(Progress)) {
         let total: u64 = self
             .tables
@@ -1127,6 +1187,7 @@ impl<'a, P: Pmem + ?Sized> Checker<'a, P> {
                         for e in map.iter() {
                             self.use_blocks(e.block, e.pages, Use::Data(ino));
                         }
+                        self.check_past_eof(ino, st.attr.size, map);
                     }
                     inode::Body::Symlink { block, .. } if *block != 0 => {
                         self.use_blocks(*block, 1, Use::Symlink(ino))

@@ -859,3 +859,60 @@ fn broken_inode_table_chain_is_detected() {
     assert!(has_error(&r, ProblemKind::DanglingEntry));
     assert_eq!(repair(&pm).exit_code(), 4);
 }
+
+/// Non-zero bytes a file maps past its end (in its last page, and in a
+/// block kept past the end by fallocate KEEP_SIZE) are errors: they would
+/// show as the file's contents if it grew. Repair zeroes them and keeps
+/// the file's bytes.
+#[test]
+fn bytes_past_eof_are_detected_and_zeroed() {
+    let fs = fresh();
+    let (attr, fh) = fs.create(1, b"f", 0o644, 0, 0).unwrap();
+    let data = pattern(3, 5000);
+    fs.write(&fh, 0, &data).unwrap();
+    let keep = FallocFlags {
+        keep_size: true,
+        ..Default::default()
+    };
+    fs.fallocate(&fh, 0, 4 * 4096, keep).unwrap();
+    fs.release(fh);
+    let pm = fs.unmount().unwrap();
+    assert_clean(&check(&pm));
+    // The blocks of pages 1 (the last, 5000 % 4096 bytes used) and 3.
+    let block_of = |page: u64| {
+        log_entries(&pm, attr.ino)
+            .into_iter()
+            .filter(|(_, e)| e[0] == entry_type::FILE_WRITE)
+            .map(|(_, e)| WriteEntry::from_bytes(&e))
+            .rfind(|w| w.file_page <= page && page < w.file_page + w.pages as u64)
+            .map(|w| w.block + (page - w.file_page))
+            .unwrap()
+    };
+    pm.write(block_of(1) * BLOCK_SIZE + 5000 % 4096 + 7, &[0xab]);
+    pm.write(block_of(3) * BLOCK_SIZE + 4095, &[0xcd]);
+    let r = check(&pm);
+    let p = r
+        .errors()
+        .find(|p| p.kind == ProblemKind::PastEof)
+        .unwrap_or_else(|| panic!("{:#?}", r.problems));
+    assert_eq!(p.ino, Some(attr.ino));
+    assert!(p.message.starts_with("2 page(s)"), "{}", p.message);
+    assert_eq!(r.exit_code(), 4);
+    let r = repair(&pm);
+    assert_eq!(r.exit_code(), 1, "{:#?}", r.problems);
+    assert!(r.modified);
+    assert_clean(&check(&pm));
+    // The file's bytes are intact and growing it shows zeros.
+    let fs = mount(pm);
+    assert!(read_all(&fs, attr.ino) == data);
+    fs.setattr(
+        attr.ino,
+        &SetAttr {
+            size: Some(4 * 4096),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let grown = read_all(&fs, attr.ino);
+    assert!(grown[..5000] == data[..] && grown[5000..].iter().all(|&b| b == 0));
+}
