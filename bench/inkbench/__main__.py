@@ -33,7 +33,7 @@ def parse_args(argv):
                    help="run the harness's own tests (bench/tests)")
     m.add_argument("--cleanup", dest="mode", action="store_const", const="cleanup",
                    help="remove what a killed run left behind (mounts, loop devices, servers, files)")
-    ap.add_argument("--only", help="comma-separated workloads (micro,fio,filebench,sqlite,rocksdb,redis,meta)")
+    ap.add_argument("--only", help="comma-separated workloads (micro,fio,filebench,sqlite,rocksdb,redis,meta,copy)")
     ap.add_argument("--contenders", help="comma-separated, from: " + ",".join(C.ALL_NAMES))
     ap.add_argument("--reps", type=int, help="repetitions (overrides the mode's)")
     ap.add_argument("--out", help="output directory (default bench/results/MODE-DATE)")

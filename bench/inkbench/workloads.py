@@ -27,13 +27,13 @@ PROFILES = {
                   fb_files_div=100, fb_threads_div=10, fb_seconds=0.5,
                   sqlite_inserts=100, sqlite_seconds=5,
                   rocks_num={"sync1": 200, "sync0": 2000},
-                  redis_requests=500, tree_files=300),
+                  redis_requests=500, tree_files=300, copy_bytes=8 << 20),
     "quick": dict(reps=3, fs_size=2 << 30, micro_ops=1000,
                   fio_size="32m", fio_runtime="1s", fio_cases=None,
                   fb_files_div=5, fb_threads_div=1, fb_seconds=1.0,
                   sqlite_inserts=600, sqlite_seconds=5,
                   rocks_num={"sync1": 2000, "sync0": 50000},
-                  redis_requests=5000, tree_files=2000),
+                  redis_requests=5000, tree_files=2000, copy_bytes=64 << 20),
     # inkfs-lib gets 6 GiB: through the library the engine appends ~0.8 GB/s
     # to webserver's log, and a 4 GiB pool filled in the 6 s run (ENOSPC).
     # The others keep 4 GiB: a workload sets up every contender at once, and
@@ -43,7 +43,7 @@ PROFILES = {
                  fb_files_div=1, fb_threads_div=1, fb_seconds=6,
                  sqlite_inserts=5000, sqlite_seconds=20,
                  rocks_num={"sync1": 20000, "sync0": 200000},
-                 redis_requests=50000, tree_files=8000),
+                 redis_requests=50000, tree_files=8000, copy_bytes=256 << 20),
 }
 
 
@@ -536,5 +536,56 @@ class Meta(Workload):
         return out
 
 
+# ------------------------------------------------------------------ copy
+
+class Copy(Workload):
+    name = "copy"
+    title = "cp of a large file inside the file system"
+    stands_for = ("copying a file within one file system (`cp`, coreutils >= 9 uses copy_file_range): "
+                  "a file of random bytes laid out once per contender, copied once per repetition; "
+                  "the copy is compared with the source (untimed) and removed")
+    unit = "seconds"
+    higher_is_better = False
+    needs_any = [{POSIX, DATA}]
+
+    def __init__(self, ctx: Ctx) -> None:
+        super().__init__(ctx)
+        self.dirs: Dict[str, str] = {}
+
+    def unavailable(self) -> Optional[str]:
+        missing = [b for b in ("cp", "cmp") if not which(b)]
+        return f"{', '.join(missing)} not installed" if missing else None
+
+    def prepare(self) -> None:
+        self.dirs = {}
+
+    def steps(self) -> List[str]:
+        return ["cp"]
+
+    def params(self) -> dict:
+        return {"bytes": self.ctx.p["copy_bytes"], "command": "cp SRC DST", "check": "cmp SRC DST (untimed)"}
+
+    def run(self, c: Contender, step: str, rep: int) -> Dict[str, dict]:
+        d = self.dirs.get(c.name)
+        if d is None:
+            d = self.dirs[c.name] = self.ctx.scratch(c, "copy")
+            with open(os.path.join(d, "src"), "wb") as f:
+                left = self.ctx.p["copy_bytes"]
+                while left > 0:
+                    n = min(left, 1 << 20)
+                    f.write(os.urandom(n))
+                    left -= n
+        src, dst = os.path.join(d, "src"), os.path.join(d, "dst")
+        t0 = time.perf_counter()
+        run(["cp", src, dst], timeout=600)
+        el = time.perf_counter() - t0
+        p = run(["cmp", src, dst], timeout=600, check=False)
+        os.unlink(dst)
+        if p.returncode != 0:
+            raise CmdError(f"the copy differs from its source: {p.stdout[:200]}")
+        return {step: {"value": el, "raw": {"seconds": el}}}
+
+
 def all_workloads(ctx: Ctx, repo: str) -> List[Workload]:
-    return [Micro(ctx), Fio(ctx), Filebench(ctx), Sqlite(ctx), Rocksdb(ctx), Redis(ctx), Meta(ctx, repo)]
+    return [Micro(ctx), Fio(ctx), Filebench(ctx), Sqlite(ctx), Rocksdb(ctx), Redis(ctx), Meta(ctx, repo),
+            Copy(ctx)]
