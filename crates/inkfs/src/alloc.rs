@@ -757,8 +757,10 @@ impl BlockAllocator {
         let mut set = lock(&lane.free);
         let b = set.pop_recent()?;
         lane.publish_recent(&set);
-        drop(set);
+        // Under the lock: the count is a plain load and store, and a free
+        // finishing on another thread would otherwise lose its update.
         lane.count_taken(1);
+        drop(set);
         Some(b)
     }
 
