@@ -30,6 +30,8 @@ pub trait Backend: Sync + Send {
     /// Size as known to this handle (opened size plus its own writes).
     #[allow(dead_code)]
     fn size(&self, f: &Self::File) -> u64;
+    /// ftruncate(2) through this handle.
+    fn truncate(&self, f: &mut Self::File, size: u64) -> io::Result<()>;
     fn unlink(&self, dir: &Self::Dir, name: &str) -> io::Result<()>;
     /// stat(2) by name; returns the size.
     fn stat(&self, dir: &Self::Dir, name: &str) -> io::Result<u64>;
@@ -132,6 +134,11 @@ impl Backend for Posix {
     }
     fn size(&self, f: &PosixFile) -> u64 {
         f.size
+    }
+    fn truncate(&self, f: &mut PosixFile, size: u64) -> io::Result<()> {
+        f.f.set_len(size)?;
+        f.size = size;
+        Ok(())
     }
     fn unlink(&self, dir: &Self::Dir, name: &str) -> io::Result<()> {
         std::fs::remove_file(dir.join(name))
@@ -297,6 +304,15 @@ impl Backend for Lib {
     }
     fn size(&self, f: &LibFile) -> u64 {
         f.size
+    }
+    fn truncate(&self, f: &mut LibFile, size: u64) -> io::Result<()> {
+        let set = inkfs::types::SetAttr {
+            size: Some(size),
+            ..Default::default()
+        };
+        self.fs().setattr(f.fh.ino(), &set).map_err(e)?;
+        f.size = size;
+        Ok(())
     }
     fn unlink(&self, dir: &u64, name: &str) -> io::Result<()> {
         self.fs().unlink(*dir, name.as_bytes()).map_err(e)

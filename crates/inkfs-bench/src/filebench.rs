@@ -6,7 +6,7 @@
 //! op per flowop (openfile, readwholefile, appendfilerand, fsync, ...).
 
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -156,10 +156,17 @@ struct Slot {
     dir: usize,
 }
 
+/// Size at which webserver's shared log is rotated (truncated): far above
+/// what filebench's default run writes on a disk, far below any pool the
+/// suite uses (768 MiB in --smoke).
+pub const LOG_ROTATE_BYTES: u64 = 128 << 20;
+
 struct Fileset<B: Backend> {
     dirs: Vec<B::Dir>,
     slots: Vec<Slot>,
     log_dir: B::Dir,
+    /// Bytes appended to webserver's shared log since it was last rotated.
+    log_bytes: AtomicU64,
 }
 
 fn name(i: usize) -> String {
@@ -266,6 +273,7 @@ pub fn run<B: Backend>(b: &B, cfg: &FbCfg) -> io::Result<FbResult> {
         dirs,
         slots,
         log_dir,
+        log_bytes: AtomicU64::new(0),
     };
     let stop = AtomicBool::new(false);
     let failed: Mutex<Option<io::Error>> = Mutex::new(None);
@@ -484,10 +492,40 @@ fn webserver<B: Backend>(
         open_read_close(b, fs, rng, buf, st)?;
     }
     // appendfilerand on the shared log file (each thread its own descriptor)
-    if log.is_none() {
-        *log = Some(b.open_append(&fs.log_dir, "logfile")?);
+    let log = match log {
+        Some(f) => f,
+        None => log.insert(b.open_append(&fs.log_dir, "logfile")?),
+    };
+    let before = st.wb;
+    append_rand(b, log, cfg, rng, buf, st)?;
+    rotate_log(b, fs, log, st.wb - before)
+}
+
+/// Webserver's log grows as fast as the file system appends, so a
+/// time-bounded run on a fast contender (or a fast machine) would fill any
+/// fixed pool. Like a web server's logrotate, truncate it once it holds
+/// [`LOG_ROTATE_BYTES`]: the space a run needs no longer depends on speed.
+/// Every contender rotates at the same size.
+fn rotate_log<B: Backend>(
+    b: &B,
+    fs: &Fileset<B>,
+    log: &mut B::File,
+    appended: u64,
+) -> io::Result<()> {
+    let total = fs.log_bytes.fetch_add(appended, Ordering::Relaxed) + appended;
+    if total < LOG_ROTATE_BYTES {
+        return Ok(());
     }
-    append_rand(b, log.as_mut().unwrap(), cfg, rng, buf, st)
+    // One thread wins the rotation; appends racing with it land in the new
+    // log, whose bytes are not counted (a few appends' worth).
+    if fs
+        .log_bytes
+        .compare_exchange(total, 0, Ordering::Relaxed, Ordering::Relaxed)
+        .is_ok()
+    {
+        b.truncate(log, 0)?;
+    }
+    Ok(())
 }
 
 fn webproxy<B: Backend>(

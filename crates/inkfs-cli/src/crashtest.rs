@@ -17,7 +17,8 @@ triples, and the same with handles held open) over a small fixed namespace on
 the crash simulator, in each mode; at every fence, crash images are
 recovered and checked against the mode's promise (docs/MODES.md).
 
-  --states N      crash states (distinct images) to check (default 20000)
+  --states N      crash states (distinct images) to check at most (default
+                  20000; with --images, unlimited unless given)
   --seed S        exploration seed, decimal or 0x hex (default 0xace)
   --mode M        only this mode (repeatable, or comma-separated)
   --workload W    only the workload W (`op` or `op1+op2`), or those whose
@@ -41,10 +42,14 @@ fn parse_u64(flag: &str, v: Option<&String>) -> Result<u64, String> {
 pub fn main(args: &[String]) -> Result<(), String> {
     let mut opts = CrashTestOptions::default();
     let mut modes: Vec<Mode> = Vec::new();
+    let mut states_given = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--states" => opts.states_budget = parse_u64(a, it.next())?,
+            "--states" => {
+                opts.states_budget = parse_u64(a, it.next())?;
+                states_given = true;
+            }
             "--seed" => opts.seed = parse_u64(a, it.next())?,
             "--images" => opts.images = Some(parse_u64(a, it.next())?.max(1) as usize),
             "--max-images" => opts.max_images_per_point = parse_u64(a, it.next())?.max(1) as usize,
@@ -76,6 +81,11 @@ pub fn main(args: &[String]) -> Result<(), String> {
             other => return Err(format!("unknown argument '{other}'\n{USAGE}")),
         }
     }
+    if opts.images.is_some() && !states_given {
+        // Reproducing with exactly K images per point: every point, unless
+        // the user also capped the states.
+        opts.states_budget = u64::MAX;
+    }
     if !modes.is_empty() {
         modes.dedup();
         opts.modes = modes;
@@ -95,9 +105,13 @@ pub fn main(args: &[String]) -> Result<(), String> {
             .map(|m| m.name())
             .collect::<Vec<_>>()
             .join(","),
-        match opts.images {
-            Some(k) => format!("{k} images per crash point"),
-            None => format!("budget {} crash states", opts.states_budget),
+        match (opts.images, states_given) {
+            (Some(k), false) => format!("{k} images per crash point"),
+            (Some(k), true) => format!(
+                "{k} images per crash point, at most {} crash states",
+                opts.states_budget
+            ),
+            (None, _) => format!("budget {} crash states", opts.states_budget),
         }
     );
     let mut last = Instant::now();

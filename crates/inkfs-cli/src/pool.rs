@@ -64,7 +64,14 @@ fn parse_mkfs(args: &[String]) -> Result<MkfsArgs, String> {
             "--size" | "-s" => size = Some(parse_size(it.next().ok_or("--size needs a value")?)?),
             "--lanes" => {
                 let v = it.next().ok_or("--lanes needs a value")?;
-                lanes = v.parse().map_err(|_| format!("bad lane count '{v}'"))?;
+                let max = inkfs::format::LANES_MAX;
+                lanes = match v.parse::<u32>() {
+                    Ok(n) if (1..=max).contains(&n) => n,
+                    _ => {
+                        let why = "omit it for one per CPU, at least 4";
+                        return Err(format!("--lanes takes 1 to {max} ({why}), not '{v}'"));
+                    }
+                };
             }
             "--force" | "-f" => force = true,
             s if s.starts_with("--size=") => size = Some(parse_size(&s[7..])?),

@@ -197,6 +197,10 @@ fn hugetlbfs_with_free_pages(pages: u64) -> Option<PathBuf> {
 #[test]
 fn hugetlbfs_pool_is_dram_and_whole_pages() {
     let Some(dir) = hugetlbfs_with_free_pages(16) else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI: no hugetlbfs mount with 16 free 2 MiB pages (.ci/run sets one up)"
+        );
         eprintln!("skipped: no hugetlbfs mount with 16 free 2 MiB pages");
         return;
     };
@@ -215,4 +219,52 @@ fn hugetlbfs_pool_is_dram_and_whole_pages() {
         t.contains("DRAM") && t.contains("state:           clean"),
         "{t}"
     );
+}
+
+#[test]
+fn mkfs_refuses_lane_counts_out_of_range() {
+    let pool = Pool::new("lanes");
+    for bad in ["0", "257", "-1", "four"] {
+        let o = inkfs(&["mkfs", pool.s(), "--size", "16M", "--lanes", bad]);
+        assert!(!o.status.success(), "--lanes {bad} accepted: {}", text(&o));
+        assert!(text(&o).contains("--lanes takes 1 to 256"), "{}", text(&o));
+        assert!(!pool.0.exists(), "--lanes {bad} left a pool behind");
+    }
+    let o = inkfs(&["mkfs", pool.s(), "--size", "16M", "--lanes", "1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains(", 1 lanes,"), "{}", text(&o));
+}
+
+/// `--states` caps the exploration also when `--images` fixes the images
+/// per crash point (it used to run the whole catalogue).
+#[test]
+fn crashtest_images_honours_the_state_budget() {
+    let o = inkfs(&[
+        "crashtest",
+        "--images",
+        "1",
+        "--states",
+        "10",
+        "--mode",
+        "strict",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    let line = t
+        .lines()
+        .find(|l| l.contains("crash states checked"))
+        .unwrap_or_else(|| panic!("no summary line: {t}"));
+    let states: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in: {line}"));
+    assert_eq!(states, 10, "{line}");
+    let runs: u64 = line
+        .split(" runs)")
+        .next()
+        .and_then(|head| head.rsplit('(').next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no run count in: {line}"));
+    assert!(runs < 10, "{runs} runs for 10 states: {line}");
 }

@@ -53,37 +53,50 @@ pub fn stat_mountpoint(path: &Path, json: bool) -> Option<Result<String, String>
 pub const MOUNT_HELPER: &str = include_str!("../mount.fuse.inkfs");
 
 /// `inkfs install-helper [DIR]`: install the mount(8) helper (default
-/// /sbin) pointing at this very binary, so that `mount -t fuse.inkfs` and
-/// /etc/fstab lines work.
+/// /sbin), so that `mount -t fuse.inkfs` and /etc/fstab lines work. The
+/// helper finds `inkfs` on the standard PATH at mount time, not in the
+/// build tree (a `cargo clean` must not break fstab mounts); this says so
+/// when no installed `inkfs` is there yet.
 pub fn install_helper_main(args: &[String]) -> i32 {
     let dir = args
         .first()
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/sbin"));
-    let exe = match std::env::current_exe() {
-        Ok(e) => e,
-        Err(e) => {
-            eprintln!("inkfs install-helper: cannot find this program: {e}");
-            return 1;
-        }
-    };
-    let script = MOUNT_HELPER.replace(
-        "INKFS=${INKFS:-inkfs}",
-        &format!("INKFS=${{INKFS:-{}}}", exe.display()),
-    );
     let path = dir.join("mount.fuse.inkfs");
-    let res = std::fs::write(&path, script).and_then(|()| {
+    let res = std::fs::write(&path, MOUNT_HELPER).and_then(|()| {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
     });
-    match res {
-        Ok(()) => {
-            println!("installed {} (runs {})", path.display(), exe.display());
-            0
-        }
-        Err(e) => {
-            eprintln!("inkfs install-helper: {}: {e}", path.display());
-            1
-        }
+    if let Err(e) = res {
+        eprintln!("inkfs install-helper: {}: {e}", path.display());
+        return 1;
     }
+    match installed_inkfs() {
+        Some(bin) => println!("installed {} (runs {})", path.display(), bin.display()),
+        None => println!(
+            "installed {}; it runs `inkfs` from the standard PATH, where there is none yet:\n  \
+             install -m755 {} /usr/local/sbin/   (or: cargo install --path crates/inkfs-cli --root /usr/local)",
+            path.display(),
+            std::env::current_exe()
+                .map(|e| e.display().to_string())
+                .unwrap_or_else(|_| "target/release/inkfs".into())
+        ),
+    }
+    0
+}
+
+/// The `inkfs` the helper will run: the first on the PATH mount(8) and
+/// systemd give it.
+fn installed_inkfs() -> Option<PathBuf> {
+    [
+        "/usr/local/sbin",
+        "/usr/local/bin",
+        "/usr/sbin",
+        "/usr/bin",
+        "/sbin",
+        "/bin",
+    ]
+    .iter()
+    .map(|d| Path::new(d).join("inkfs"))
+    .find(|p| p.is_file())
 }

@@ -807,8 +807,13 @@ fn mount_t_fuse_inkfs() {
     require_tool("mount", "mount");
     let pool = Pool::new("helper", 64);
     run(Command::new(BIN).args(["install-helper", "/sbin"]));
+    // The helper names no build tree: `cargo clean` must not break fstab.
+    let helper = fs::read_to_string("/sbin/mount.fuse.inkfs").unwrap();
+    assert!(!helper.contains("/target/"), "{helper}");
     let dir = tempfile::tempdir().unwrap();
+    // This crate's binary stands in for an installed `inkfs` (same code).
     run(Command::new("mount")
+        .env("INKFS", BIN)
         .args(["-t", "fuse.inkfs"])
         .arg(&pool.path)
         .arg(dir.path())

@@ -1,4 +1,4 @@
-//! On-media format v1: every persistent structure, defined once.
+//! The on-media format (version in [`FORMAT_VERSION`]): every persistent structure, defined once.
 //!
 //! docs/FORMAT.md is the prose version of this file and states the persist
 //! order of every update path. All integers are little-endian (inkfs runs on

@@ -32,6 +32,7 @@ pub mod journal;
 pub mod log;
 pub mod namei;
 pub mod pagetable;
+pub mod perm;
 pub mod pmem;
 pub mod recovery;
 pub mod superblock;

@@ -11,11 +11,15 @@
 
 use inkfs::crashtest::{self, CrashTestOptions};
 
-/// The CI budget: distinct crash states over the three modes. At one image
-/// per crash point the catalogue has about 61,000 points (7068 workloads ×
-/// 3 modes); this budget covers every workload, 1–2 images per point,
-/// in about a minute on the 2-core machine (~1,500 states/s with fsck and a
-/// clean remount per state; 2–3 minutes when the machine is loaded).
+/// The CI budget: an upper bound on distinct crash states over the three
+/// modes. The catalogue has about 61,000 crash points (7068 workloads × 3
+/// modes); the budget's share gives each point 1–2 images, and many points
+/// have fewer distinct images than that, so the run checks every workload
+/// in every mode and ends below the bound (77,387 states at the default
+/// seed when this was written: all there are at this share). The test
+/// asserts that every workload ran to its end in every mode. About a minute
+/// on the 2-core machine (~1,500 states/s with fsck and a clean remount per
+/// state; 2–3 minutes when the machine is loaded).
 const CI_STATES: u64 = 80_000;
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -76,6 +80,21 @@ fn crash_exploration_ci_budget() {
         report.violations.len()
     );
     if opts.states_budget >= CI_STATES {
+        // The budget must not hide part of the catalogue: every workload
+        // ran to its end in every mode.
+        let per_mode = report.workloads_total;
+        assert_eq!(
+            report.workloads, report.workloads_total,
+            "workloads left out"
+        );
+        for (i, mode) in ["strict", "sync", "posix"].iter().enumerate() {
+            assert_eq!(
+                report.complete_runs_per_mode[i], per_mode,
+                "{mode}: {} of {per_mode} workloads ran to the end",
+                report.complete_runs_per_mode[i]
+            );
+            assert!(report.states_per_mode[i] > 0, "{mode}: no crash state");
+        }
         assert!(
             report.states_checked >= 20_000,
             "only {} crash states checked",
@@ -94,6 +113,7 @@ fn explore_exactly(workloads: &[&str], mode: inkfs::types::Mode, images: usize) 
             &CrashTestOptions {
                 modes: vec![mode],
                 images: Some(images),
+                states_budget: u64::MAX,
                 filter: Some(w.to_string()),
                 ..Default::default()
             },

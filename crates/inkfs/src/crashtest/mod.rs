@@ -47,14 +47,15 @@ use workload::{Workload, OPS};
 /// What to explore.
 #[derive(Clone, Debug)]
 pub struct CrashTestOptions {
-    /// Crash states (distinct recovered images) to check at most.
+    /// Crash states (distinct recovered images) to check at most: the
+    /// exploration stops at this count, with `images` set or not.
     pub states_budget: u64,
     pub seed: u64,
     pub modes: Vec<Mode>,
     /// Upper bound of images per crash point when the budget decides.
     pub max_images_per_point: usize,
-    /// Exactly this many images per crash point (reproduction); the budget
-    /// then does not limit anything.
+    /// Exactly this many images per crash point (reproduction) instead of
+    /// the budget's share; `states_budget` still caps the total.
     pub images: Option<usize>,
     /// Only the workload of this name (`op` or `op1+op2`), or, if no
     /// workload has that name, the workloads whose name contains it.
@@ -152,6 +153,9 @@ pub struct CrashTestReport {
     /// Workload × mode runs done, and planned.
     pub runs: u64,
     pub runs_total: u64,
+    /// Runs done per mode (strict, sync, posix) that checked every image
+    /// their crash points were given (not cut short by the budget).
+    pub complete_runs_per_mode: [u64; 3],
     pub violations: Vec<Violation>,
     pub elapsed: Duration,
 }
@@ -222,13 +226,15 @@ pub fn run(opts: &CrashTestOptions, mut progress: impl FnMut(&Progress<'_>)) -> 
         let name = w.name();
         let mut ran = false;
         for &mode in &opts.modes {
-            if opts.images.is_none() && report.states_checked >= opts.states_budget {
+            if report.states_checked >= opts.states_budget {
                 break 'outer;
             }
             let runs_left = (report.runs_total - report.runs).max(1);
             let budget_left = opts.states_budget.saturating_sub(report.states_checked);
             let share = budget_left as f64 / runs_left as f64;
-            run_one(opts, &base, w, &name, mode, share, &mut report);
+            if run_one(opts, &base, w, &name, mode, share, &mut report) {
+                report.complete_runs_per_mode[mode_index(mode)] += 1;
+            }
             report.runs += 1;
             ran = true;
             report.elapsed = t0.elapsed();
@@ -356,7 +362,7 @@ fn run_one(
     mode: Mode,
     share: f64,
     report: &mut CrashTestReport,
-) {
+) -> bool {
     let violation =
         |fence: usize, fences: usize, index: u64, images: usize, context: String, diff: String| {
             Violation {
@@ -383,7 +389,7 @@ fn run_one(
                 "while running the workload".into(),
                 format!("  {e}\n"),
             ));
-            return;
+            return true;
         }
     };
     let fences = rec.trace.fence_count();
@@ -417,6 +423,9 @@ fn run_one(
             .crash_images(point, images.max(2), seed)
             .take(images)
         {
+            if report.states_checked >= opts.states_budget {
+                return false;
+            }
             report.images_generated += 1;
             if !seen.insert(image_hash(&img.image)) {
                 continue;
@@ -439,6 +448,7 @@ fn run_one(
             }
         }
     }
+    true
 }
 
 /// Share `budget` over points that have `caps[i]` possible images each:
