@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use inkfs::pmem::{MappedPool, Pmem, PoolOpenOptions};
+use inkfs::pmem::{MappedPool, Pmem, PoolBusy, PoolOpenOptions};
 use inkfs::types::{
     Attr, DirEntry, FallocFlags, MountOptions, RenameFlags, SetAttr, StatFs, Whence, XattrFlags,
 };
@@ -168,9 +168,28 @@ impl<P: Pmem> Engine for Fs<P> {
     }
 }
 
-/// Open the pool of `cfg`, mount the engine and serve it on `mnt`.
-pub fn serve_pool(cfg: &MountConfig, mnt: &Path, notify: &mut Notify) -> i32 {
-    if cfg.pool.as_os_str() == MEMFS_POOL {
+/// Open and claim the pool of `cfg`: exclusively for a read-write mount,
+/// shared for `ro`.
+pub fn open_pool(cfg: &MountConfig) -> std::result::Result<MappedPool, String> {
+    let opts = PoolOpenOptions {
+        create_size_bytes: None,
+        read_only: cfg.read_only,
+    };
+    MappedPool::open(&cfg.pool, &opts).map_err(|e| match PoolBusy::of(&e) {
+        Some(_) => format!("{}: {e}; not mounting it", cfg.pool.display()),
+        None => format!("{}: {e}", cfg.pool.display()),
+    })
+}
+
+/// Mount the engine on `pm` (the pool of `cfg`, opened by [`open_pool`];
+/// None for memfs) and serve it on `mnt`.
+pub fn serve_pool(
+    cfg: &MountConfig,
+    mnt: &Path,
+    notify: &mut Notify,
+    pm: Option<MappedPool>,
+) -> i32 {
+    let Some(pm) = pm else {
         let info = vec![(
             "engine".to_string(),
             "memfs (in-memory reference, not persistent)".to_string(),
@@ -183,17 +202,6 @@ pub fn serve_pool(cfg: &MountConfig, mnt: &Path, notify: &mut Notify) -> i32 {
             notify,
             |_| Ok(()),
         );
-    }
-    let opts = PoolOpenOptions {
-        create_size_bytes: None,
-        read_only: cfg.read_only,
-    };
-    let pm = match MappedPool::open(&cfg.pool, &opts) {
-        Ok(p) => p,
-        Err(e) => {
-            notify.fail(&format!("{}: {e}", cfg.pool.display()));
-            return 1;
-        }
     };
     let backend = pm.info();
     let fs = match Fs::mount(
@@ -229,6 +237,9 @@ pub fn serve_pool(cfg: &MountConfig, mnt: &Path, notify: &mut Notify) -> i32 {
         ),
     ];
     run_engine(fs, cfg, mnt, info, notify, |fs| {
+        // The session is over: a new mount of this pool waits for the
+        // claim from here on instead of being refused.
+        fs.pmem().pool_file().finishing();
         fs.unmount().map(|_pool| ()).map_err(|e| e.to_string())
     })
 }
