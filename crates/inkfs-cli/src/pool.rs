@@ -7,6 +7,7 @@ use inkfs::pmem::{probe_pool, MappedPool, Pmem, PoolBusy, PoolFile, PoolOpenOpti
 use inkfs::superblock;
 use inkfs::types::{FormatOptions, MountOptions};
 use inkfs::Fs;
+use inkfs_fuse::stats::human_bytes;
 use serde_json::json;
 
 use crate::state::{held_json, holders_json, pool_state};
@@ -364,10 +365,7 @@ pub fn stat(args: &[String]) -> Result<(), String> {
         ("format version", sb.version.to_string()),
         ("backend", info.kind.describe().to_string()),
         ("flush method", info.flush.name().to_string()),
-        (
-            "size",
-            format!("{} ({} bytes)", human(sb.size_bytes), sb.size_bytes),
-        ),
+        ("size", human_bytes(sb.size_bytes)),
         ("lanes", sb.lane_count.to_string()),
         ("state", state.text),
     ];
@@ -397,9 +395,9 @@ pub fn stat(args: &[String]) -> Result<(), String> {
             lines.push((
                 "data blocks",
                 format!(
-                    "{blocks} total, {} used, {blocks_free} free ({} free, {block_size} bytes each)",
+                    "{blocks} total, {} used, {blocks_free} free ({block_size} B each; free: {})",
                     blocks - blocks_free,
-                    human(blocks_free * block_size)
+                    human_bytes(blocks_free * block_size)
                 ),
             ));
             lines.push(("inodes in use", inodes.to_string()));

@@ -15,7 +15,7 @@ use inkfs::types::Mode;
 
 use crate::engine::Engine;
 use crate::fs::InkFuse;
-use crate::stats::{Reporter, Stats, StatsServer};
+use crate::stats::{Access, Field, Handler, Request, Stats, StatsServer};
 
 pub const USAGE: &str = "usage: inkfs mount POOL MOUNTPOINT [-f] [-o OPTIONS]
 options (comma separated, mount(8) style):
@@ -28,6 +28,8 @@ options (comma separated, mount(8) style):
                            sleep after 2 ms without one (default nopoll: it
                            helps a single-threaded server only)
   fsname=NAME, subtype=NAME  shown in /proc/mounts (default POOL, inkfs)
+  stats=owner|all          who may read `inkfs stat MOUNTPOINT`: the mount's
+                           owner and root (default), or every local user
   dev, nodev, suid, nosuid, exec, noexec, atime, noatime, sync, async, dirsync
   ignored: defaults, auto, noauto, nofail, _netdev, user, nouser, users,
            relatime, strictatime, nodiratime, x-*, comment=*
@@ -57,6 +59,8 @@ pub struct MountConfig {
     pub poll: bool,
     pub fsname: Option<String>,
     pub subtype: String,
+    /// Who may read the statistics socket (`stats=owner|all`).
+    pub stats_access: Access,
     /// Kernel flags passed through (dev, suid, exec, noatime, ...).
     pub flags: Vec<MountOption>,
 }
@@ -80,6 +84,7 @@ impl MountConfig {
             poll: false,
             fsname: None,
             subtype: "inkfs".into(),
+            stats_access: Access::OwnerAndRoot,
             flags: Vec::new(),
         }
     }
@@ -112,6 +117,9 @@ impl MountConfig {
                 ("poll", None) => self.poll = true,
                 ("nopoll", None) => self.poll = false,
                 ("fsname", Some(v)) => self.fsname = Some(v.to_string()),
+                ("stats", Some("owner")) => self.stats_access = Access::OwnerAndRoot,
+                ("stats", Some("all")) => self.stats_access = Access::Everyone,
+                ("stats", Some(v)) => return Err(format!("stats={v}: expected owner or all")),
                 ("subtype", Some(v)) => self.subtype = v.to_string(),
                 ("dev", None) => self.flags.push(MountOption::Dev),
                 ("nodev", None) => self.flags.push(MountOption::NoDev),
@@ -498,13 +506,11 @@ pub fn prepare_mountpoint(mountpoint: &Path) -> Result<PathBuf, String> {
     }
     // Stacking a second server on a live one would hide it and take over
     // its statistics socket.
-    if let Some(Ok(report)) = crate::stat_mountpoint(&mnt, false) {
-        let pid = report
-            .lines()
-            .find_map(|l| l.strip_prefix("pid"))
-            .map(str::trim)
-            .unwrap_or("?")
-            .to_string();
+    if let Some(Ok(report)) = crate::stat_mountpoint(&mnt, true) {
+        let pid = serde_json::from_str::<serde_json::Value>(&report)
+            .ok()
+            .and_then(|v| v["pid"].as_u64())
+            .map_or("?".to_string(), |p| p.to_string());
         return Err(format!(
             "{}: already an inkfs mount (server pid {pid})",
             mnt.display()
@@ -513,45 +519,63 @@ pub fn prepare_mountpoint(mountpoint: &Path) -> Result<PathBuf, String> {
     Ok(mnt)
 }
 
-/// Serve `engine` per `cfg` (already locked, mount point prepared), then
-/// hand the engine to `finish` for its clean unmount. `info` lines go into
-/// the statistics report.
+/// What each consistency mode promises, in a few words (docs/MODES.md).
+fn mode_meaning(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Strict => "every call durable and atomic when it returns",
+        Mode::Sync => "every call durable when it returns; overwrites in place",
+        Mode::Posix => "writes durable at fsync, metadata on return",
+    }
+}
+
+/// Serve `engine` per `cfg` (pool claimed, mount point prepared), then
+/// hand the engine to `finish` for its clean unmount. `info` fields go
+/// into the statistics report.
 pub fn run_engine<E: Engine>(
     engine: E,
     cfg: &MountConfig,
     mnt: &Path,
-    info: Vec<(String, String)>,
+    info: Vec<Field>,
     notify: &mut Notify,
     finish: impl FnOnce(E) -> Result<(), String>,
 ) -> i32 {
     let engine = Arc::new(engine);
     let stats = Arc::new(Stats::default());
     let adapter = InkFuse::new(engine.clone(), stats.clone(), cfg.read_only);
-    let reporter: Reporter = {
+    let handler: Handler = {
         // Weak: the stats thread is never joined, and must not keep the
         // engine from its clean unmount.
         let engine = Arc::downgrade(&engine);
         let stats = stats.clone();
-        let mut info = info;
-        info.insert(0, ("mountpoint".into(), mnt.display().to_string()));
-        info.insert(1, ("pool".into(), cfg.pool.display().to_string()));
-        info.insert(2, ("pid".into(), std::process::id().to_string()));
-        info.insert(3, ("mode".into(), cfg.mode.name().to_string()));
-        info.insert(4, ("read_only".into(), cfg.read_only.to_string()));
-        info.insert(5, ("threads".into(), cfg.threads.to_string()));
-        Arc::new(move |json| {
-            let mut lines = info.clone();
+        let mut fields = vec![
+            Field::text("mountpoint", "mount point", mnt.display().to_string()),
+            Field::text("pool", "pool", cfg.pool.display().to_string()),
+            Field::count("pid", "server pid", std::process::id().into()),
+            Field::text("mode", "consistency mode", cfg.mode.name())
+                .explained(mode_meaning(cfg.mode)),
+            Field::flag("read_only", "read-only", cfg.read_only, "yes", "no"),
+            Field::count("threads", "FUSE threads", cfg.threads as u64),
+        ];
+        fields.extend(info);
+        let report = move |json: bool| {
+            let mut lines = fields.clone();
             if let Some(engine) = engine.upgrade() {
                 let s = engine.statfs();
                 let bs = s.block_size as u64;
-                lines.push(("block_size".into(), bs.to_string()));
-                lines.push(("bytes_total".into(), (s.blocks * bs).to_string()));
-                lines.push(("bytes_free".into(), (s.blocks_free * bs).to_string()));
-                lines.push(("inodes_total".into(), s.files.to_string()));
-                lines.push(("inodes_free".into(), s.files_free.to_string()));
+                lines.push(Field::bytes("block_size", "block size", bs));
+                lines.push(Field::bytes("bytes_total", "space total", s.blocks * bs));
+                lines.push(Field::bytes("bytes_free", "space free", s.blocks_free * bs));
+                lines.push(Field::count("inodes_total", "inodes total", s.files));
+                lines.push(Field::count("inodes_free", "inodes free", s.files_free));
                 lines.extend(engine.report_lines());
             }
             stats.report(&lines, json)
+        };
+        // One arm per request type (the protocol: stats.rs).
+        Arc::new(move |req: &Request| match req.word.as_str() {
+            "text" => Ok(report(false)),
+            "json" => Ok(report(true)),
+            other => Err(format!("unknown request '{other}' (known: text, json)")),
         })
     };
     let mut server = None;
@@ -561,7 +585,7 @@ pub fn run_engine<E: Engine>(
         &cfg.fuser_config(),
         cfg.poll.then(|| stats.requests.clone()),
         notify,
-        || match StatsServer::start(&run_dir(), mnt, reporter) {
+        || match StatsServer::start(&run_dir(), mnt, cfg.stats_access, handler) {
             Ok(s) => server = Some(s),
             Err(e) => eprintln!("inkfs: statistics socket: {e} (continuing without)"),
         },
