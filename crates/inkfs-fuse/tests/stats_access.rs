@@ -152,3 +152,39 @@ fn the_mount_leaves_no_lock_file_behind() {
     drop(m.unmount());
     assert!(!lock_file.exists(), "{} after unmount", lock_file.display());
 }
+
+/// `umount M && inkfs mount P M`: the old server may still be saving its
+/// allocator (holding the pool) when the new one starts; the new one
+/// waits for it, as the old server said it is finishing.
+#[test]
+fn a_mount_right_after_umount_waits_for_the_finishing_server() {
+    let pool = Pool::new("remount", 64);
+    let mut dir = tempfile::tempdir().unwrap();
+    for round in 0..3 {
+        let m = Mounted::at(&pool, dir, "");
+        std::fs::write(m.p("f"), format!("round {round}")).unwrap();
+        let old = m.pid;
+        let m = std::mem::ManuallyDrop::new(m);
+        run(Command::new("umount").arg(m.path()));
+        // No wait for the old server to exit.
+        // SAFETY: `m` is never used again and never dropped.
+        dir = unsafe { std::ptr::read(&m.dir) };
+        let out = mount_with(&pool.path, dir.path(), "");
+        assert!(
+            out.status.success(),
+            "round {round}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        wait_exit(old);
+        let m = Mounted {
+            pid: server_pid(dir.path()).expect("new server"),
+            dir,
+        };
+        assert!(mounted_clean(m.path()), "round {round}");
+        assert_eq!(
+            std::fs::read(m.p("f")).unwrap(),
+            format!("round {round}").as_bytes()
+        );
+        dir = m.unmount();
+    }
+}
