@@ -3,7 +3,7 @@
 //!
 //! Exit codes follow e2fsck: 0 clean, 1 errors corrected, 4 errors left
 //! uncorrected, 8 operational error (cannot open, not an inkfs pool, repair
-//! of a mounted pool refused), 16 usage error.
+//! of a pool that another process has open refused), 16 usage error.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};

@@ -9,7 +9,7 @@
 //!
 //! Module map: `engine` (the engine API the front end needs), `fs` (FUSE
 //! request handlers), `handles` (fh table), `stats` (counters, histograms,
-//! the stats socket), `mount` (options, daemon, pool lock, dead mounts),
+//! the stats socket), `mount` (options, daemon, dead mounts),
 //! `nullfs`, `memfs` (in-memory reference engine for tests).
 
 pub mod clock;
