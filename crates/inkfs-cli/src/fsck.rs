@@ -3,16 +3,18 @@
 //!
 //! Exit codes follow e2fsck: 0 clean, 1 errors corrected, 4 errors left
 //! uncorrected, 8 operational error (cannot open, not an inkfs pool, repair
-//! of a mounted pool refused), 16 usage error.
+//! of a pool that another process has open refused), 16 usage error.
 
 use std::io::{IsTerminal, Write};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use inkfs::format::{STATE_CLEAN, STATE_MOUNTED};
 use inkfs::fsck::{self, FsckOptions, FsckReport, Progress, Severity};
-use inkfs::pmem::{MappedPool, PoolOpenOptions};
+use inkfs::pmem::{MappedPool, PoolBusy, PoolFile, PoolOpenOptions};
+use serde_json::json;
+
+use crate::state::{holders_json, pool_state, PoolState};
 
 pub const EXIT_OPERATIONAL: i32 = 8;
 pub const EXIT_USAGE: i32 = 16;
@@ -70,57 +72,17 @@ pub fn fsck_main(args: &[String]) -> i32 {
         Ok(code) => code,
         Err(m) => {
             if a.json {
-                println!(
-                    "{{\"pool\":{},\"error\":{},\"exit_code\":{EXIT_OPERATIONAL}}}",
-                    json_str(&a.pool.display().to_string()),
-                    json_str(&m)
-                );
+                let v = json!({
+                    "pool": a.pool.display().to_string(),
+                    "error": m,
+                    "exit_code": EXIT_OPERATIONAL,
+                });
+                println!("{v}");
             }
             eprintln!("inkfs fsck: {}: {m}", a.pool.display());
             EXIT_OPERATIONAL
         }
     }
-}
-
-/// The lock file `inkfs mount` holds for `pool` (see inkfs_fuse::mount::PoolLock).
-fn lock_path(pool: &Path) -> Result<PathBuf, String> {
-    let meta = std::fs::metadata(pool).map_err(|e| e.to_string())?;
-    let ft = meta.mode() & libc::S_IFMT;
-    let key = if ft == libc::S_IFCHR || ft == libc::S_IFBLK {
-        format!("rdev-{:x}", meta.rdev())
-    } else {
-        format!("{:x}-{:x}", meta.dev(), meta.ino())
-    };
-    Ok(inkfs_fuse::mount::run_dir().join(format!("pool-{key}.lock")))
-}
-
-/// Whether a FUSE server holds the pool: a shared, non-blocking flock on
-/// its lock file fails while the server's exclusive one is held.
-fn is_mounted(pool: &Path) -> Result<Option<String>, String> {
-    let path = lock_path(pool)?;
-    let file = match std::fs::File::open(&path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
-    };
-    // SAFETY: flock on a descriptor we own; no memory is involved.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
-    if rc == 0 {
-        // SAFETY: as above.
-        unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
-        return Ok(None);
-    }
-    let e = std::io::Error::last_os_error();
-    if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-        return Err(format!("locking {}: {e}", path.display()));
-    }
-    let holder = std::fs::read_to_string(&path).unwrap_or_default();
-    let mut words = holder.split_whitespace();
-    Ok(Some(match (words.next(), words.collect::<Vec<_>>()) {
-        (Some(pid), mnt) if !mnt.is_empty() => format!("by pid {pid} on {}", mnt.join(" ")),
-        (Some(pid), _) => format!("by pid {pid}"),
-        _ => "by another process".into(),
-    }))
 }
 
 /// A progress bar on stderr, drawn once the check has run for a second.
@@ -176,39 +138,45 @@ impl Bar {
     }
 }
 
+/// Open the pool for the check: claimed exclusively for a repair (refused
+/// while anything else has it open), shared for a read-only check. A
+/// read-only check of a pool that a read-write holder has is allowed
+/// without a claim, and says so: the pool changes while it is read.
+fn open_for_check(path: &Path, repair: bool) -> Result<(MappedPool, Option<PoolBusy>), String> {
+    let opts = PoolOpenOptions {
+        create_size_bytes: None,
+        read_only: !repair,
+    };
+    match MappedPool::open(path, &opts) {
+        Ok(pm) => Ok((pm, None)),
+        Err(e) => match PoolBusy::of(&e) {
+            Some(busy) if repair => Err(format!(
+                "{busy}; refusing to repair it (unmount it, or let that process finish, first)"
+            )),
+            Some(busy) => {
+                let busy = busy.clone();
+                let pm = PoolFile::open_unlocked(path)
+                    .and_then(|f| MappedPool::map(f, &opts))
+                    .map_err(|e| e.to_string())?;
+                Ok((pm, Some(busy)))
+            }
+            None => Err(e.to_string()),
+        },
+    }
+}
+
 fn run(a: &Args) -> Result<i32, String> {
     let path = &a.pool;
     std::fs::metadata(path).map_err(|e| e.to_string())?;
-    let mounted = is_mounted(path)?;
-    // Held for the whole repair, so no mount can start meanwhile.
-    let _lock = if a.repair {
-        if let Some(by) = &mounted {
-            return Err(format!(
-                "the pool is mounted ({by}); refusing to repair it (unmount it first)"
-            ));
-        }
-        Some(
-            inkfs_fuse::mount::PoolLock::acquire(path)
-                .map_err(|e| format!("{e}; refusing to repair a mounted pool"))?,
-        )
-    } else {
-        if let Some(by) = &mounted {
-            eprintln!(
-                "inkfs fsck: warning: {} is mounted ({by}); it changes while being checked, \
-                 so the results may be inconsistent",
-                path.display()
-            );
-        }
-        None
-    };
-    let pm = MappedPool::open(
-        path,
-        &PoolOpenOptions {
-            create_size_bytes: None,
-            read_only: !a.repair,
-        },
-    )
-    .map_err(|e| e.to_string())?;
+    // Held for the whole check: no mount can start meanwhile.
+    let (pm, in_use) = open_for_check(path, a.repair)?;
+    if let Some(busy) = &in_use {
+        eprintln!(
+            "inkfs fsck: warning: {}: {busy}; checking it while it changes, so the results \
+             may be inconsistent",
+            path.display()
+        );
+    }
     let mut bar = Bar {
         start: Instant::now(),
         last: None,
@@ -222,19 +190,37 @@ fn run(a: &Args) -> Result<i32, String> {
     bar.finish();
     let report = result.map_err(|e| e.to_string())?;
     let elapsed = started.elapsed();
+    // The superblock's state as found before the check (a repair may mount
+    // and cleanly unmount the pool).
+    let sb_state = if report.was_clean {
+        STATE_CLEAN
+    } else {
+        STATE_MOUNTED
+    };
+    let state = pool_state(sb_state, in_use.as_ref());
     if a.json {
         println!(
             "{}",
-            json_report(path, &report, a.repair, mounted.is_some())
+            json_report(path, &report, a.repair, &state, in_use.as_ref())
         );
     } else {
-        print_human(path, &report, a, elapsed);
+        print_human(path, &report, a, &state, in_use.is_some(), elapsed);
     }
     Ok(report.exit_code())
 }
 
-fn print_human(path: &Path, r: &FsckReport, a: &Args, elapsed: Duration) {
+fn print_human(
+    path: &Path,
+    r: &FsckReport,
+    a: &Args,
+    state: &PoolState,
+    in_use: bool,
+    elapsed: Duration,
+) {
     let mut out = std::io::stdout().lock();
+    if !a.quiet || in_use {
+        let _ = writeln!(out, "{}: state: {}", path.display(), state.text);
+    }
     for p in &r.problems {
         if a.quiet && p.severity == Severity::Note {
             continue;
@@ -278,7 +264,7 @@ fn print_human(path: &Path, r: &FsckReport, a: &Args, elapsed: Duration) {
     );
     let found = r.errors_found();
     let verdict = if found == 0 {
-        "clean".to_string()
+        "no errors found".to_string()
     } else if a.repair {
         format!(
             "{found} error(s) found, {} fixed, {} left",
@@ -288,64 +274,65 @@ fn print_human(path: &Path, r: &FsckReport, a: &Args, elapsed: Duration) {
     } else {
         format!("{found} error(s) found, none fixed (run with -y to repair)")
     };
+    let caveat = if in_use {
+        "; checked while in use by another process, so it may be inconsistent"
+    } else {
+        ""
+    };
     let _ = writeln!(
         out,
-        "{}: {verdict} ({:.2} s)",
+        "{}: {verdict} ({:.2} s){caveat}",
         path.display(),
         elapsed.as_secs_f64()
     );
 }
 
-fn json_report(path: &Path, r: &FsckReport, repair: bool, mounted: bool) -> String {
-    let problems: Vec<String> = r
+fn json_report(
+    path: &Path,
+    r: &FsckReport,
+    repair: bool,
+    state: &PoolState,
+    in_use: Option<&PoolBusy>,
+) -> serde_json::Value {
+    let problems: Vec<serde_json::Value> = r
         .problems
         .iter()
         .map(|p| {
-            format!(
-                "{{\"kind\":{},\"severity\":{},\"inode\":{},\"message\":{},\"repairable\":{},\"repaired\":{}}}",
-                json_str(p.kind.name()),
-                json_str(if p.severity == Severity::Error { "error" } else { "note" }),
-                p.ino.map_or("null".to_string(), |i| i.to_string()),
-                json_str(&p.message),
-                p.repairable,
-                p.repaired
-            )
+            json!({
+                "kind": p.kind.name(),
+                "severity": if p.severity == Severity::Error { "error" } else { "note" },
+                "inode": p.ino,
+                "message": p.message,
+                "repairable": p.repairable,
+                "repaired": p.repaired,
+            })
         })
         .collect();
-    format!(
-        "{{\"pool\":{},\"clean\":{},\"was_clean\":{},\"mounted\":{mounted},\"repair\":{repair},\"modified\":{},\"inodes_checked\":{},\"directories\":{},\"files\":{},\"symlinks\":{},\"other\":{},\"orphans\":{},\"blocks_total\":{},\"blocks_used\":{},\"blocks_free\":{},\"errors_found\":{},\"errors_fixed\":{},\"errors_remaining\":{},\"exit_code\":{},\"problems\":[{}]}}",
-        json_str(&path.display().to_string()),
-        r.errors_remaining == 0,
-        r.was_clean,
-        r.modified,
-        r.inodes_checked,
-        r.directories,
-        r.files,
-        r.symlinks,
-        r.other,
-        r.orphans,
-        r.blocks_total,
-        r.blocks_used,
-        r.blocks_free,
-        r.errors_found(),
-        r.errors_fixed(),
-        r.errors_remaining,
-        r.exit_code(),
-        problems.join(",")
-    )
-}
-
-fn json_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+    json!({
+        "pool": path.display().to_string(),
+        "clean": r.errors_remaining == 0,
+        "was_clean": r.was_clean,
+        "state": state.word,
+        "state_text": state.text,
+        // Kept for scripts: true when a read-write holder had the pool.
+        "mounted": in_use.is_some_and(|b| b.exclusive),
+        "checked_while_in_use": in_use.is_some(),
+        "holders": holders_json(in_use),
+        "repair": repair,
+        "modified": r.modified,
+        "inodes_checked": r.inodes_checked,
+        "directories": r.directories,
+        "files": r.files,
+        "symlinks": r.symlinks,
+        "other": r.other,
+        "orphans": r.orphans,
+        "blocks_total": r.blocks_total,
+        "blocks_used": r.blocks_used,
+        "blocks_free": r.blocks_free,
+        "errors_found": r.errors_found(),
+        "errors_fixed": r.errors_fixed(),
+        "errors_remaining": r.errors_remaining,
+        "exit_code": r.exit_code(),
+        "problems": problems,
+    })
 }

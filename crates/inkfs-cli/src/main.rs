@@ -5,6 +5,7 @@ mod crashtest;
 mod fsck;
 mod pool;
 mod selftest;
+mod state;
 
 use std::process::ExitCode;
 

@@ -3,11 +3,14 @@
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
-use inkfs::format::{STATE_CLEAN, STATE_MOUNTED};
-use inkfs::pmem::{MappedPool, Pmem, PoolOpenOptions};
+use inkfs::pmem::{probe_pool, MappedPool, Pmem, PoolBusy, PoolFile, PoolOpenOptions};
 use inkfs::superblock;
 use inkfs::types::{FormatOptions, MountOptions};
 use inkfs::Fs;
+use inkfs_fuse::stats::human_bytes;
+use serde_json::json;
+
+use crate::state::{held_json, holders_json, pool_state};
 
 /// Parse "4G", "512M", "64k", "1T" or plain bytes.
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -111,10 +114,13 @@ fn existing(path: &Path) -> Result<Existing, String> {
     }
 }
 
-/// Describe non-empty contents in one phrase, or None if all zero.
-fn describe_contents(path: &Path) -> Result<Option<String>, String> {
-    let pm = MappedPool::open(
-        path,
+/// Describe non-empty contents in one phrase, or None if all zero. Reads
+/// through a second descriptor of `pool`, which shares its claim.
+fn describe_contents(pool: &PoolFile) -> Result<Option<String>, String> {
+    let path = pool.path();
+    let pm = MappedPool::map(
+        pool.try_clone()
+            .map_err(|e| format!("{}: {e}", path.display()))?,
         &PoolOpenOptions {
             create_size_bytes: None,
             read_only: true,
@@ -128,11 +134,8 @@ fn describe_contents(path: &Path) -> Result<Option<String>, String> {
                 sb.version,
                 human(sb.size_bytes),
                 sb.lane_count,
-                if sb.state == STATE_CLEAN {
-                    "cleanly unmounted"
-                } else {
-                    "not cleanly unmounted"
-                }
+                // The claim is ours: nobody else has it open.
+                pool_state(sb.state, None).text
             ),
             Err(e) => format!("a damaged inkfs pool ({e})"),
         }));
@@ -153,14 +156,16 @@ pub fn mkfs(args: &[String]) -> Result<(), String> {
     // A file this command creates is removed again if it cannot become a
     // pool (e.g. a size hugetlbfs cannot hold): no empty file left behind.
     let created = matches!(found, Existing::Nothing);
-    let create_size = match (found, a.size) {
+    // What to do, decided before anything is opened: whether the contents
+    // need --force, and the size to give an empty (or emptied) file.
+    let (guarded, create_size, empty_first) = match (found, a.size) {
         (Existing::Nothing, None) => {
             return Err(format!(
                 "{} does not exist; give --size to create it",
                 path.display()
             ))
         }
-        (Existing::Nothing | Existing::EmptyFile, Some(s)) => Some(s),
+        (Existing::Nothing | Existing::EmptyFile, Some(s)) => (false, Some(s), false),
         (Existing::EmptyFile, None) => {
             return Err(format!("{} is empty; give --size", path.display()))
         }
@@ -168,34 +173,46 @@ pub fn mkfs(args: &[String]) -> Result<(), String> {
             if size.is_some() {
                 eprintln!("inkfs mkfs: note: a DAX device is used whole; --size ignored");
             }
-            refuse_unless_forced(path, a.force)?;
-            None
+            (true, None, false)
         }
-        (Existing::File { bytes }, size) => {
-            refuse_unless_forced(path, a.force)?;
-            match size {
-                Some(s) if s != bytes => {
-                    // Forced, with a new size: start from an empty file.
-                    std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-                    Some(s)
-                }
-                _ => None,
-            }
-        }
+        // Forced, with a new size: start from an empty file.
+        (Existing::File { bytes }, Some(s)) if s != bytes => (true, Some(s), true),
+        (Existing::File { .. }, _) => (true, None, false),
     };
     if let Some(s) = create_size {
         if s % 4096 != 0 {
             return Err(format!("size {s} is not a multiple of 4096"));
         }
     }
+    // Claim the pool before reading or writing a byte of it: a pool that
+    // another process has open is refused here, --force or not.
+    let pool = PoolFile::open(
+        path,
+        &PoolOpenOptions {
+            create_size_bytes: created.then_some(create_size).flatten(),
+            read_only: false,
+        },
+    )
+    .map_err(|e| match PoolBusy::of(&e) {
+        Some(_) => format!("{}: {e}; not formatting it", path.display()),
+        None => format!("{}: {e}", path.display()),
+    })?;
     let undo = |e: String| {
         if created {
             let _ = std::fs::remove_file(path);
         }
         e
     };
-    let pm = MappedPool::open(
-        path,
+    if guarded {
+        refuse_unless_forced(&pool, a.force)?;
+    }
+    if empty_first {
+        pool.file()
+            .set_len(0)
+            .map_err(|e| format!("{}: emptying: {e}", path.display()))?;
+    }
+    let pm = MappedPool::map(
+        pool,
         &PoolOpenOptions {
             create_size_bytes: create_size,
             read_only: false,
@@ -226,16 +243,24 @@ pub fn mkfs(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-fn refuse_unless_forced(path: &Path, force: bool) -> Result<(), String> {
+fn refuse_unless_forced(pool: &PoolFile, force: bool) -> Result<(), String> {
     if force {
         return Ok(());
     }
-    match describe_contents(path)? {
+    match describe_contents(pool)? {
         Some(what) => Err(format!(
             "{} holds {what}; use --force to overwrite it",
-            path.display()
+            pool.path().display()
         )),
         None => Ok(()),
+    }
+}
+
+/// Print `(label, value)` lines with the values aligned, `label:` style.
+fn print_aligned(lines: &[(&str, String)]) {
+    let width = lines.iter().map(|(l, _)| l.len()).max().unwrap_or(0) + 1;
+    for (label, value) in lines {
+        println!("{:<width$} {value}", format!("{label}:"), width = width);
     }
 }
 
@@ -249,7 +274,7 @@ pub fn stat(args: &[String]) -> Result<(), String> {
             s => path = Some(PathBuf::from(s)),
         }
     }
-    let path = path.ok_or("usage: inkfs stat POOL [--json]")?;
+    let path = path.ok_or("usage: inkfs stat POOL|MOUNTPOINT [--json]")?;
     if path.is_dir() {
         return match inkfs_fuse::stat_mountpoint(&path, json) {
             Some(Ok(report)) => {
@@ -263,90 +288,159 @@ pub fn stat(args: &[String]) -> Result<(), String> {
             None => Err(format!("{} is not an inkfs mount point", path.display())),
         };
     }
-    let pm = MappedPool::open(
-        &path,
-        &PoolOpenOptions {
-            create_size_bytes: None,
-            read_only: true,
-        },
-    )
-    .map_err(|e| format!("{}: {e}", path.display()))?;
+    // Only ask who holds the pool, and read it without a claim: a shared
+    // lock held by stat would make a mount starting meanwhile fail.
+    let busy = probe_pool(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let pm = PoolFile::open_unlocked(&path)
+        .and_then(|f| {
+            MappedPool::map(
+                f,
+                &PoolOpenOptions {
+                    create_size_bytes: None,
+                    read_only: true,
+                },
+            )
+        })
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     let info = pm.info();
-    let fs = Fs::mount(
-        pm,
-        MountOptions {
-            read_only: true,
-            ..Default::default()
-        },
-    )
-    .map_err(|e| e.to_string())?;
-    let sb = fs.superblock();
-    let st = fs.statfs();
-    let rep = fs.mount_report();
-    let state = match sb.state {
-        STATE_CLEAN => "clean",
-        STATE_MOUNTED => "not clean (mounted now, or crashed)",
-        _ => "unknown",
-    };
-    let used = st.blocks - st.blocks_free;
-    let inodes = st.files - st.files_free;
-    if json {
-        println!(
-            "{{\"pool\":{},\"format_version\":{},\"backend\":{},\"flush\":{},\"size_bytes\":{},\"block_size\":{},\"lanes\":{},\"state\":{},\"blocks_total\":{},\"blocks_used\":{},\"blocks_free\":{},\"inodes\":{},\"used_backup_superblock\":{}}}",
-            json_str(&path.display().to_string()),
-            sb.version,
-            json_str(info.kind.describe()),
-            json_str(info.flush.name()),
-            sb.size_bytes,
-            st.block_size,
-            sb.lane_count,
-            json_str(if sb.state == STATE_CLEAN { "clean" } else { "not-clean" }),
-            st.blocks,
-            used,
-            st.blocks_free,
-            inodes,
-            rep.used_backup_superblock
-        );
+    let mounted_on = inkfs_fuse::mount::mountpoints_of_pool(&path);
+    // A read-write holder changes the logs under us: read nothing but the
+    // superblock (checksummed, with a backup copy), and point at the
+    // mount's own live figures.
+    let (sb, space) = if busy.as_ref().is_some_and(|b| b.exclusive) {
+        let (sb, source) =
+            superblock::read_superblock(&pm).map_err(|e| format!("{}: {e}", path.display()))?;
+        (sb, Space::Live(source == superblock::SuperSource::Backup))
     } else {
-        println!("pool:            {}", path.display());
-        println!("format version:  {}", sb.version);
-        println!("backend:         {}", info.kind.describe());
-        println!("flush method:    {}", info.flush.name());
-        println!(
-            "size:            {} ({} bytes)",
-            human(sb.size_bytes),
-            sb.size_bytes
-        );
-        println!("lanes:           {}", sb.lane_count);
-        println!("state:           {state}");
-        println!(
-            "data blocks:     {} total, {} used, {} free ({} free)",
-            st.blocks,
-            used,
-            st.blocks_free,
-            human(st.blocks_free * st.block_size as u64)
-        );
-        println!("inodes:          {inodes}");
-        if rep.used_backup_superblock {
-            println!(
-                "warning:         the primary superblock is damaged; the backup copy was used"
-            );
+        let fs = Fs::mount(
+            pm,
+            MountOptions {
+                read_only: true,
+                ..Default::default()
+            },
+        )
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+        let st = fs.statfs();
+        let space = Space::Counted {
+            block_size: st.block_size as u64,
+            blocks: st.blocks,
+            blocks_free: st.blocks_free,
+            inodes: st.files - st.files_free,
+            backup_superblock: fs.mount_report().used_backup_superblock,
+        };
+        (fs.superblock(), space)
+    };
+    let state = pool_state(sb.state, busy.as_ref());
+    if json {
+        let mut v = json!({
+            "pool": path.display().to_string(),
+            "format_version": sb.version,
+            "backend": info.kind.describe(),
+            "flush": info.flush.name(),
+            "size_bytes": sb.size_bytes,
+            "lanes": sb.lane_count,
+            "state": state.word,
+            "state_text": state.text,
+            "held": held_json(busy.as_ref()),
+            "holders": holders_json(busy.as_ref()),
+            "mounted_on": mounted_on.iter().map(|m| m.display().to_string()).collect::<Vec<_>>(),
+        });
+        match space {
+            Space::Counted {
+                block_size,
+                blocks,
+                blocks_free,
+                inodes,
+                backup_superblock,
+            } => {
+                v["block_size"] = block_size.into();
+                v["blocks_total"] = blocks.into();
+                v["blocks_used"] = (blocks - blocks_free).into();
+                v["blocks_free"] = blocks_free.into();
+                v["inodes"] = inodes.into();
+                v["used_backup_superblock"] = backup_superblock.into();
+            }
+            Space::Live(backup_superblock) => {
+                v["used_backup_superblock"] = backup_superblock.into();
+            }
         }
+        println!("{v}");
+        return Ok(());
     }
+    let mut lines = vec![
+        ("pool", path.display().to_string()),
+        ("format version", sb.version.to_string()),
+        ("backend", info.kind.describe().to_string()),
+        ("flush method", info.flush.name().to_string()),
+        ("size", human_bytes(sb.size_bytes)),
+        ("lanes", sb.lane_count.to_string()),
+        ("state", state.text),
+    ];
+    for m in &mounted_on {
+        let dead =
+            matches!(std::fs::metadata(m), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN));
+        lines.push((
+            "mounted on",
+            if dead {
+                format!(
+                    "{} (dead: its server is gone; the next inkfs mount there clears it)",
+                    m.display()
+                )
+            } else {
+                m.display().to_string()
+            },
+        ));
+    }
+    let backup = match space {
+        Space::Counted {
+            block_size,
+            blocks,
+            blocks_free,
+            inodes,
+            backup_superblock,
+        } => {
+            lines.push((
+                "data blocks",
+                format!(
+                    "{blocks} total, {} used, {blocks_free} free ({block_size} B each; free: {})",
+                    blocks - blocks_free,
+                    human_bytes(blocks_free * block_size)
+                ),
+            ));
+            lines.push(("inodes in use", inodes.to_string()));
+            backup_superblock
+        }
+        Space::Live(backup_superblock) => {
+            let at = mounted_on
+                .first()
+                .map_or("MOUNTPOINT".to_string(), |m| m.display().to_string());
+            lines.push((
+                "space, inodes",
+                format!("counted by the mount only: inkfs stat {at}"),
+            ));
+            backup_superblock
+        }
+    };
+    if backup {
+        lines.push((
+            "warning",
+            "the primary superblock is damaged; the backup copy was used".into(),
+        ));
+    }
+    print_aligned(&lines);
     Ok(())
 }
 
-fn json_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+/// Space and inodes of a pool, or why they are not counted here.
+enum Space {
+    Counted {
+        block_size: u64,
+        blocks: u64,
+        blocks_free: u64,
+        inodes: u64,
+        backup_superblock: bool,
+    },
+    /// In use by a read-write holder: only the mount knows (the flag: the
+    /// backup superblock was read).
+    Live(bool),
 }

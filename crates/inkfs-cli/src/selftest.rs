@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use inkfs::fsck::{self, FsckOptions};
-use inkfs::pmem::{MappedPool, Pmem, PoolOpenOptions};
+use inkfs::pmem::{MappedPool, Pmem, PoolBusy, PoolFile, PoolOpenOptions};
 use inkfs::types::{MountOptions, RenameFlags, SetAttr};
 use inkfs::Fs;
 
@@ -36,15 +36,23 @@ pub fn selftest(args: &[String]) -> Result<(), String> {
         [p] if !p.starts_with('-') => PathBuf::from(p),
         _ => return Err("usage: inkfs selftest POOL".into()),
     };
+    let rw = PoolOpenOptions {
+        create_size_bytes: None,
+        read_only: false,
+    };
+    // Claimed once for the whole test: a pool that another process has
+    // open is refused, and none can take it between the unmount and the
+    // remount. Each mapping goes through its own duplicate descriptor,
+    // which shares the claim.
+    let claim = PoolFile::open(&path, &rw).map_err(|err| match PoolBusy::of(&err) {
+        Some(_) => format!("{}: {err}; not testing it", path.display()),
+        None => format!("{}: {err}", path.display()),
+    })?;
     let open = || {
-        MappedPool::open(
-            &path,
-            &PoolOpenOptions {
-                create_size_bytes: None,
-                read_only: false,
-            },
-        )
-        .map_err(|err| format!("{}: {err}", path.display()))
+        claim
+            .try_clone()
+            .and_then(|f| MappedPool::map(f, &rw))
+            .map_err(|err| format!("{}: {err}", path.display()))
     };
     let pm = open()?;
     let info = pm.info();

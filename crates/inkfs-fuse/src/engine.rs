@@ -95,9 +95,9 @@ pub trait Engine: Send + Sync + 'static {
     fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()>;
     fn statfs(&self) -> StatFs;
     fn sync(&self) -> Result<()>;
-    /// Engine-specific (key, value) lines for the statistics report (log
-    /// and GC figures); none by default.
-    fn report_lines(&self) -> Vec<(String, String)> {
+    /// Engine-specific fields of the statistics report (log and GC
+    /// figures); none by default.
+    fn report_lines(&self) -> Vec<crate::stats::Field> {
         Vec::new()
     }
 }

@@ -9,7 +9,7 @@
 //!
 //! Module map: `engine` (the engine API the front end needs), `fs` (FUSE
 //! request handlers), `handles` (fh table), `stats` (counters, histograms,
-//! the stats socket), `mount` (options, daemon, pool lock, dead mounts),
+//! the stats socket), `mount` (options, daemon, dead mounts),
 //! `nullfs`, `memfs` (in-memory reference engine for tests).
 
 pub mod clock;
@@ -31,8 +31,15 @@ pub use nullfs::null_main;
 
 /// Statistics of the inkfs server mounted on `path`, as text or JSON.
 /// None: `path` is not the mount point of a running (or crashed) inkfs
-/// server; `Some(Err)`: it is one, but its server did not answer.
+/// server; `Some(Err)`: it is one, but its server did not answer (or does
+/// not serve this user).
 pub fn stat_mountpoint(path: &Path, json: bool) -> Option<Result<String, String>> {
+    request_mountpoint(path, if json { "json" } else { "text" })
+}
+
+/// Send one request line (`text`, `json`, ...; the protocol is described in
+/// `stats.rs`) to the server of the mount at `path`.
+pub fn request_mountpoint(path: &Path, request: &str) -> Option<Result<String, String>> {
     // A dead mount cannot be canonicalised (ENOTCONN): fall back to the
     // absolute path, which is what its server was started with in the
     // common case.
@@ -42,11 +49,15 @@ pub fn stat_mountpoint(path: &Path, json: bool) -> Option<Result<String, String>
     };
     // SAFETY: geteuid has no preconditions and cannot fail.
     let euid = unsafe { libc::geteuid() };
-    let dirs = [
+    let mut dirs = vec![
         PathBuf::from(stats::RUN_DIR),
         PathBuf::from(format!("/tmp/inkfs-{euid}")),
     ];
-    stats::query(&dirs, &abs, json)
+    // Root asking about a user's mount: that user's directory.
+    if let Some(owner) = stats::mount_owner(&abs).filter(|&o| o != 0 && o != euid) {
+        dirs.push(PathBuf::from(format!("/tmp/inkfs-{owner}")));
+    }
+    stats::query(&dirs, &abs, request)
 }
 
 /// The mount(8) helper script, installed as /sbin/mount.fuse.inkfs.

@@ -1,9 +1,9 @@
-//! `inkfs mount`: options, the pool lock, dead mounts, daemonising, signals,
+//! `inkfs mount`: options, dead mounts, daemonising, signals,
 //! and running a FUSE session until it is unmounted.
 
 use std::ffi::CString;
 use std::fs::File;
-use std::io::{Read, Seek, Write};
+use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
@@ -15,7 +15,7 @@ use inkfs::types::Mode;
 
 use crate::engine::Engine;
 use crate::fs::InkFuse;
-use crate::stats::{Reporter, Stats, StatsServer};
+use crate::stats::{Access, Field, Handler, Request, Stats, StatsServer};
 
 pub const USAGE: &str = "usage: inkfs mount POOL MOUNTPOINT [-f] [-o OPTIONS]
 options (comma separated, mount(8) style):
@@ -28,6 +28,8 @@ options (comma separated, mount(8) style):
                            sleep after 2 ms without one (default nopoll: it
                            helps a single-threaded server only)
   fsname=NAME, subtype=NAME  shown in /proc/mounts (default POOL, inkfs)
+  stats=owner|all          who may read `inkfs stat MOUNTPOINT`: the mount's
+                           owner and root (default), or every local user
   dev, nodev, suid, nosuid, exec, noexec, atime, noatime, sync, async, dirsync
   ignored: defaults, auto, noauto, nofail, _netdev, user, nouser, users,
            relatime, strictatime, nodiratime, x-*, comment=*
@@ -57,6 +59,8 @@ pub struct MountConfig {
     pub poll: bool,
     pub fsname: Option<String>,
     pub subtype: String,
+    /// Who may read the statistics socket (`stats=owner|all`).
+    pub stats_access: Access,
     /// Kernel flags passed through (dev, suid, exec, noatime, ...).
     pub flags: Vec<MountOption>,
 }
@@ -80,6 +84,7 @@ impl MountConfig {
             poll: false,
             fsname: None,
             subtype: "inkfs".into(),
+            stats_access: Access::OwnerAndRoot,
             flags: Vec::new(),
         }
     }
@@ -112,6 +117,9 @@ impl MountConfig {
                 ("poll", None) => self.poll = true,
                 ("nopoll", None) => self.poll = false,
                 ("fsname", Some(v)) => self.fsname = Some(v.to_string()),
+                ("stats", Some("owner")) => self.stats_access = Access::OwnerAndRoot,
+                ("stats", Some("all")) => self.stats_access = Access::Everyone,
+                ("stats", Some(v)) => return Err(format!("stats={v}: expected owner or all")),
                 ("subtype", Some(v)) => self.subtype = v.to_string(),
                 ("dev", None) => self.flags.push(MountOption::Dev),
                 ("nodev", None) => self.flags.push(MountOption::NoDev),
@@ -177,11 +185,15 @@ impl MountConfig {
     /// The fuser session configuration for this mount.
     pub fn fuser_config(&self) -> Config {
         let mut opts = vec![
-            MountOption::FSName(
-                self.fsname
-                    .clone()
-                    .unwrap_or_else(|| self.pool.display().to_string()),
-            ),
+            // The canonical pool path by default, so that `inkfs stat POOL`
+            // finds the mount whatever directory it was started from.
+            MountOption::FSName(self.fsname.clone().unwrap_or_else(|| {
+                self.pool
+                    .canonicalize()
+                    .unwrap_or_else(|_| self.pool.clone())
+                    .display()
+                    .to_string()
+            })),
             // fuser sends Subtype only through fusermount; as a kernel option
             // it works with the direct mount(2) too (/proc/mounts then says
             // fuse.inkfs, which is what `mount -t fuse.inkfs` and umount match).
@@ -220,127 +232,59 @@ pub fn run_dir() -> PathBuf {
     }
 }
 
-/// The exclusive claim on a pool: a flock'd file in [`run_dir`] named
-/// after the pool's identity (device and inode of a file, or the device
-/// number of /dev/daxX.Y), holding "PID MOUNTPOINT". Not a lock on the pool
-/// itself, so the engine remains free to open the pool however it likes.
-/// The kernel drops the lock when the holder dies, even by SIGKILL.
-pub struct PoolLock {
-    file: File,
-    pub path: PathBuf,
-}
-
-impl PoolLock {
-    pub fn acquire(pool: &Path) -> Result<PoolLock, String> {
-        let meta = std::fs::metadata(pool).map_err(|e| format!("{}: {e}", pool.display()))?;
-        let ft = meta.mode() & libc::S_IFMT;
-        let key = if ft == libc::S_IFCHR || ft == libc::S_IFBLK {
-            format!("rdev-{:x}", meta.rdev())
-        } else {
-            format!("{:x}-{:x}", meta.dev(), meta.ino())
-        };
-        let dir = run_dir();
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let path = dir.join(format!("pool-{key}.lock"));
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        // SAFETY: flock on a descriptor we own; no memory is involved.
-        let try_lock =
-            |f: &File| unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        let mut rc = try_lock(&file);
-        // A holder whose mount point is already gone is a server finishing
-        // its clean unmount (saving the allocator) right after `umount`
-        // returned: wait for it rather than fail a script's remount.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while rc != 0 && std::time::Instant::now() < deadline && holder_is_exiting(&mut file) {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-            rc = try_lock(&file);
-        }
-        if rc != 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                let _ = file.rewind();
-                let mut holder = String::new();
-                let _ = file.read_to_string(&mut holder);
-                let mut words = holder.split_whitespace();
-                let pid = words.next().unwrap_or("?");
-                let mnt = words.collect::<Vec<_>>().join(" ");
-                return Err(format!(
-                    "{}: pool already mounted by pid {pid}{} (lock {})",
-                    pool.display(),
-                    if mnt.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" on {mnt}")
-                    },
-                    path.display()
-                ));
-            }
-            return Err(format!("locking {}: {e}", path.display()));
-        }
-        Ok(PoolLock { file, path })
-    }
-
-    /// Record who holds the pool (call in the process that serves it).
-    pub fn record(&mut self, mountpoint: &Path) {
-        let _ = self.file.set_len(0);
-        let _ = self.file.rewind();
-        let _ = writeln!(self.file, "{} {}", std::process::id(), mountpoint.display());
-    }
-}
-
-/// True if the lock file names a holder whose mount point is not mounted
-/// any more (or no mount point at all while its process is alive).
-fn holder_is_exiting(file: &mut File) -> bool {
-    let mut holder = String::new();
-    let _ = file.rewind();
-    if file.read_to_string(&mut holder).is_err() {
-        return false;
-    }
-    let mut words = holder.split_whitespace();
-    let Some(pid) = words.next() else {
-        return true; // emptied: the holder is releasing the lock
+/// The mount points of the inkfs servers of `pool`: the FUSE mounts whose
+/// source (the `fsname`, by default the canonical pool path) is the same
+/// file as `pool`. Empty if none (or /proc/self/mounts is unreadable).
+pub fn mountpoints_of_pool(pool: &Path) -> Vec<PathBuf> {
+    let Ok(want) = std::fs::metadata(pool) else {
+        return Vec::new();
     };
-    if leader_gone(pid) {
-        // Killed: its remaining threads are tearing down, and the lock
-        // goes with the last of them.
-        return true;
-    }
-    let mnt = words.collect::<Vec<_>>().join(" ");
-    if mnt.is_empty() {
-        return false;
-    }
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-    // /proc/mounts escapes blanks as octal: compare escaped.
-    let escaped = mnt.replace(' ', "\\040").replace('\t', "\\011");
-    !mounts
+    let same = |m: &std::fs::Metadata| {
+        let ft = m.mode() & libc::S_IFMT;
+        if ft == libc::S_IFCHR || ft == libc::S_IFBLK {
+            m.rdev() == want.rdev() && m.mode() & libc::S_IFMT == want.mode() & libc::S_IFMT
+        } else {
+            m.dev() == want.dev() && m.ino() == want.ino()
+        }
+    };
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    mounts
         .lines()
-        .any(|l| l.split_whitespace().nth(1) == Some(escaped.as_str()))
+        .filter_map(|line| {
+            let mut f = line.split(' ');
+            let (source, target, fstype) = (f.next()?, f.next()?, f.next()?);
+            if !fstype.starts_with("fuse") {
+                return None;
+            }
+            let meta = std::fs::metadata(unescape_mount_field(source)).ok()?;
+            same(&meta).then(|| PathBuf::from(unescape_mount_field(target)))
+        })
+        .collect()
 }
 
-/// True if process `pid`'s main thread has exited (no such process, or a
-/// zombie leader whose other threads may still be exiting).
-fn leader_gone(pid: &str) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit(')')
-            .next()
-            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
-        Err(_) => true,
+/// /proc/mounts writes blanks, tabs, newlines and backslashes as `\ooo`.
+fn unescape_mount_field(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes.get(i + 1..i + 4).and_then(|d| {
+            std::str::from_utf8(d)
+                .ok()
+                .and_then(|d| u8::from_str_radix(d, 8).ok())
+        });
+        match (bytes[i], octal) {
+            (b'\\', Some(b)) => {
+                out.push(b);
+                i += 4;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
     }
-}
-
-impl Drop for PoolLock {
-    fn drop(&mut self) {
-        // Emptied, not removed: removing would race with a new server that
-        // has opened the same path but not yet locked it.
-        let _ = self.file.set_len(0);
-    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// If a previous server died, its mount point answers ENOTCONN: detach it
@@ -562,13 +506,11 @@ pub fn prepare_mountpoint(mountpoint: &Path) -> Result<PathBuf, String> {
     }
     // Stacking a second server on a live one would hide it and take over
     // its statistics socket.
-    if let Some(Ok(report)) = crate::stat_mountpoint(&mnt, false) {
-        let pid = report
-            .lines()
-            .find_map(|l| l.strip_prefix("pid"))
-            .map(str::trim)
-            .unwrap_or("?")
-            .to_string();
+    if let Some(Ok(report)) = crate::stat_mountpoint(&mnt, true) {
+        let pid = serde_json::from_str::<serde_json::Value>(&report)
+            .ok()
+            .and_then(|v| v["pid"].as_u64())
+            .map_or("?".to_string(), |p| p.to_string());
         return Err(format!(
             "{}: already an inkfs mount (server pid {pid})",
             mnt.display()
@@ -577,45 +519,63 @@ pub fn prepare_mountpoint(mountpoint: &Path) -> Result<PathBuf, String> {
     Ok(mnt)
 }
 
-/// Serve `engine` per `cfg` (already locked, mount point prepared), then
-/// hand the engine to `finish` for its clean unmount. `info` lines go into
-/// the statistics report.
+/// What each consistency mode promises, in a few words (docs/MODES.md).
+fn mode_meaning(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Strict => "every call durable and atomic when it returns",
+        Mode::Sync => "every call durable when it returns; overwrites in place",
+        Mode::Posix => "writes durable at fsync, metadata on return",
+    }
+}
+
+/// Serve `engine` per `cfg` (pool claimed, mount point prepared), then
+/// hand the engine to `finish` for its clean unmount. `info` fields go
+/// into the statistics report.
 pub fn run_engine<E: Engine>(
     engine: E,
     cfg: &MountConfig,
     mnt: &Path,
-    info: Vec<(String, String)>,
+    info: Vec<Field>,
     notify: &mut Notify,
     finish: impl FnOnce(E) -> Result<(), String>,
 ) -> i32 {
     let engine = Arc::new(engine);
     let stats = Arc::new(Stats::default());
     let adapter = InkFuse::new(engine.clone(), stats.clone(), cfg.read_only);
-    let reporter: Reporter = {
+    let handler: Handler = {
         // Weak: the stats thread is never joined, and must not keep the
         // engine from its clean unmount.
         let engine = Arc::downgrade(&engine);
         let stats = stats.clone();
-        let mut info = info;
-        info.insert(0, ("mountpoint".into(), mnt.display().to_string()));
-        info.insert(1, ("pool".into(), cfg.pool.display().to_string()));
-        info.insert(2, ("pid".into(), std::process::id().to_string()));
-        info.insert(3, ("mode".into(), cfg.mode.name().to_string()));
-        info.insert(4, ("read_only".into(), cfg.read_only.to_string()));
-        info.insert(5, ("threads".into(), cfg.threads.to_string()));
-        Arc::new(move |json| {
-            let mut lines = info.clone();
+        let mut fields = vec![
+            Field::text("mountpoint", "mount point", mnt.display().to_string()),
+            Field::text("pool", "pool", cfg.pool.display().to_string()),
+            Field::count("pid", "server pid", std::process::id().into()),
+            Field::text("mode", "consistency mode", cfg.mode.name())
+                .explained(mode_meaning(cfg.mode)),
+            Field::flag("read_only", "read-only", cfg.read_only, "yes", "no"),
+            Field::count("threads", "FUSE threads", cfg.threads as u64),
+        ];
+        fields.extend(info);
+        let report = move |json: bool| {
+            let mut lines = fields.clone();
             if let Some(engine) = engine.upgrade() {
                 let s = engine.statfs();
                 let bs = s.block_size as u64;
-                lines.push(("block_size".into(), bs.to_string()));
-                lines.push(("bytes_total".into(), (s.blocks * bs).to_string()));
-                lines.push(("bytes_free".into(), (s.blocks_free * bs).to_string()));
-                lines.push(("inodes_total".into(), s.files.to_string()));
-                lines.push(("inodes_free".into(), s.files_free.to_string()));
+                lines.push(Field::bytes("block_size", "block size", bs));
+                lines.push(Field::bytes("bytes_total", "space total", s.blocks * bs));
+                lines.push(Field::bytes("bytes_free", "space free", s.blocks_free * bs));
+                lines.push(Field::count("inodes_total", "inodes total", s.files));
+                lines.push(Field::count("inodes_free", "inodes free", s.files_free));
                 lines.extend(engine.report_lines());
             }
             stats.report(&lines, json)
+        };
+        // One arm per request type (the protocol: stats.rs).
+        Arc::new(move |req: &Request| match req.word.as_str() {
+            "text" => Ok(report(false)),
+            "json" => Ok(report(true)),
+            other => Err(format!("unknown request '{other}' (known: text, json)")),
         })
     };
     let mut server = None;
@@ -625,7 +585,7 @@ pub fn run_engine<E: Engine>(
         &cfg.fuser_config(),
         cfg.poll.then(|| stats.requests.clone()),
         notify,
-        || match StatsServer::start(&run_dir(), mnt, reporter) {
+        || match StatsServer::start(&run_dir(), mnt, cfg.stats_access, handler) {
             Ok(s) => server = Some(s),
             Err(e) => eprintln!("inkfs: statistics socket: {e} (continuing without)"),
         },
@@ -663,11 +623,14 @@ pub fn mount_main(args: &[String]) -> i32 {
     let foreground = cfg.foreground;
     daemonize(foreground, move |mut notify| {
         block_term_signals();
-        let mut lock = if cfg.pool.as_os_str() == crate::real::MEMFS_POOL {
+        // Claim the pool before touching the mount point: a pool that
+        // another process has open is refused, naming it. The claim lives
+        // in the mapped pool and goes with this process.
+        let pool = if cfg.pool.as_os_str() == crate::real::MEMFS_POOL {
             None
         } else {
-            match PoolLock::acquire(&cfg.pool) {
-                Ok(l) => Some(l),
+            match crate::real::open_pool(&cfg) {
+                Ok(p) => Some(p),
                 Err(e) => {
                     notify.fail(&e);
                     return 1;
@@ -681,11 +644,6 @@ pub fn mount_main(args: &[String]) -> i32 {
                 return 1;
             }
         };
-        if let Some(l) = lock.as_mut() {
-            l.record(&mnt);
-        }
-        let code = crate::real::serve_pool(&cfg, &mnt, &mut notify);
-        drop(lock);
-        code
+        crate::real::serve_pool(&cfg, &mnt, &mut notify, pool)
     })
 }

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use inkfs::pmem::{MappedPool, Pmem, PoolOpenOptions};
+use inkfs::pmem::{MappedPool, Pmem, PoolBusy, PoolOpenOptions};
 use inkfs::types::{
     Attr, DirEntry, FallocFlags, MountOptions, RenameFlags, SetAttr, StatFs, Whence, XattrFlags,
 };
@@ -11,6 +11,7 @@ use inkfs::{FileHandle, Fs, Result};
 use crate::engine::Engine;
 use crate::memfs::MemFs;
 use crate::mount::{run_engine, MountConfig, Notify};
+use crate::stats::Field;
 
 /// The pool name that mounts the in-memory reference engine instead of a
 /// pool (a testing aid: nothing is persisted).
@@ -149,31 +150,74 @@ impl<P: Pmem> Engine for Fs<P> {
     fn sync(&self) -> Result<()> {
         Fs::sync(self)
     }
-    fn report_lines(&self) -> Vec<(String, String)> {
+    fn report_lines(&self) -> Vec<Field> {
         let g = self.gc_stats();
         let (inodes, pages) = self.loaded_log_pages();
-        [
-            ("inodes_loaded", inodes),
-            ("log_pages_of_loaded_inodes", pages),
-            ("gc_fast_scans", g.fast_scans),
-            ("gc_fast_pages_freed", g.fast_pages_freed),
-            ("gc_fast_refused", g.fast_refused),
-            ("gc_compactions", g.compactions),
-            ("gc_compaction_pages_freed", g.compaction_pages_freed),
-            ("pool_populating", u64::from(self.pmem().populating())),
+        vec![
+            Field::count("inodes_loaded", "inodes in memory", inodes)
+                .explained("read from their logs since mount"),
+            Field::count(
+                "log_pages_of_loaded_inodes",
+                "log pages of those inodes",
+                pages,
+            ),
+            Field::count("gc_fast_scans", "log GC: fast scans", g.fast_scans)
+                .explained("logs searched for pages holding only dead entries"),
+            Field::count(
+                "gc_fast_pages_freed",
+                "log GC: fast pages freed",
+                g.fast_pages_freed,
+            ),
+            Field::count(
+                "gc_fast_refused",
+                "log GC: fast scans refused",
+                g.fast_refused,
+            ),
+            Field::count("gc_compactions", "log GC: compactions", g.compactions)
+                .explained("logs rewritten without their dead entries"),
+            Field::count(
+                "gc_compaction_pages_freed",
+                "log GC: compaction pages freed",
+                g.compaction_pages_freed,
+            ),
+            Field::flag(
+                "pool_populating",
+                "page pre-mapping",
+                self.pmem().populating(),
+                "running (a background thread maps the pool's pages; until it is done, \
+                 a first write to a page may take a page fault)",
+                "done, or not needed for this backend",
+            ),
         ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
     }
 }
 
-/// Open the pool of `cfg`, mount the engine and serve it on `mnt`.
-pub fn serve_pool(cfg: &MountConfig, mnt: &Path, notify: &mut Notify) -> i32 {
-    if cfg.pool.as_os_str() == MEMFS_POOL {
-        let info = vec![(
-            "engine".to_string(),
-            "memfs (in-memory reference, not persistent)".to_string(),
+/// Open and claim the pool of `cfg`: exclusively for a read-write mount,
+/// shared for `ro`.
+pub fn open_pool(cfg: &MountConfig) -> std::result::Result<MappedPool, String> {
+    let opts = PoolOpenOptions {
+        create_size_bytes: None,
+        read_only: cfg.read_only,
+    };
+    MappedPool::open(&cfg.pool, &opts).map_err(|e| match PoolBusy::of(&e) {
+        Some(_) => format!("{}: {e}; not mounting it", cfg.pool.display()),
+        None => format!("{}: {e}", cfg.pool.display()),
+    })
+}
+
+/// Mount the engine on `pm` (the pool of `cfg`, opened by [`open_pool`];
+/// None for memfs) and serve it on `mnt`.
+pub fn serve_pool(
+    cfg: &MountConfig,
+    mnt: &Path,
+    notify: &mut Notify,
+    pm: Option<MappedPool>,
+) -> i32 {
+    let Some(pm) = pm else {
+        let info = vec![Field::text(
+            "engine",
+            "engine",
+            "memfs (in-memory reference, not persistent)",
         )];
         return run_engine(
             MemFs::new(cfg.read_only),
@@ -183,17 +227,6 @@ pub fn serve_pool(cfg: &MountConfig, mnt: &Path, notify: &mut Notify) -> i32 {
             notify,
             |_| Ok(()),
         );
-    }
-    let opts = PoolOpenOptions {
-        create_size_bytes: None,
-        read_only: cfg.read_only,
-    };
-    let pm = match MappedPool::open(&cfg.pool, &opts) {
-        Ok(p) => p,
-        Err(e) => {
-            notify.fail(&format!("{}: {e}", cfg.pool.display()));
-            return 1;
-        }
     };
     let backend = pm.info();
     let fs = match Fs::mount(
@@ -214,21 +247,34 @@ pub fn serve_pool(cfg: &MountConfig, mnt: &Path, notify: &mut Notify) -> i32 {
     fs.pmem().populate_in_background();
     let r = fs.mount_report().clone();
     let info = vec![
-        ("engine".to_string(), "inkfs".to_string()),
-        ("backend".to_string(), backend.kind.describe().to_string()),
-        ("flush".to_string(), backend.flush.name().to_string()),
-        ("pool_bytes".to_string(), backend.size_bytes.to_string()),
-        ("mounted_clean".to_string(), r.was_clean.to_string()),
-        (
-            "journals_replayed".to_string(),
-            r.journals_replayed.to_string(),
+        Field::text("engine", "engine", "inkfs"),
+        Field::text("backend", "backend", backend.kind.describe()),
+        Field::text("flush", "flush method", backend.flush.name()),
+        Field::bytes("pool_bytes", "pool size", backend.size_bytes),
+        Field::flag(
+            "mounted_clean",
+            "state at mount",
+            r.was_clean,
+            "clean",
+            "crashed: recovered by this mount",
         ),
-        (
-            "orphans_reclaimed".to_string(),
-            r.orphans_reclaimed.to_string(),
-        ),
+        Field::count(
+            "journals_replayed",
+            "journals replayed at mount",
+            r.journals_replayed.into(),
+        )
+        .explained("operations on several inodes that a crash cut short, finished"),
+        Field::count(
+            "orphans_reclaimed",
+            "orphans freed at mount",
+            r.orphans_reclaimed,
+        )
+        .explained("files still open after their unlink when the pool was last used"),
     ];
     run_engine(fs, cfg, mnt, info, notify, |fs| {
+        // The session is over: a new mount of this pool waits for the
+        // claim from here on instead of being refused.
+        fs.pmem().pool_file().finishing();
         fs.unmount().map(|_pool| ()).map_err(|e| e.to_string())
     })
 }

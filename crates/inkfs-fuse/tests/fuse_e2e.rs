@@ -356,10 +356,7 @@ fn posix_walk_inkfs() {
         fs::metadata(m.p("null-dev")).unwrap().rdev(),
         libc::makedev(1, 3)
     );
-    let report = inkfs_fuse::stat_mountpoint(m.path(), false)
-        .unwrap()
-        .unwrap();
-    assert!(report.contains("mounted_clean    true"), "{report}");
+    assert!(mounted_clean(m.path()));
 }
 
 /// The same walk over the in-memory reference engine: if this passes and
@@ -721,10 +718,7 @@ fn kill9_keeps_fsynced_data_in(opts: &str) {
             "{opts}: w{i}: contents differ after the crash"
         );
     }
-    let report = inkfs_fuse::stat_mountpoint(m.path(), false)
-        .unwrap()
-        .unwrap();
-    assert!(report.contains("mounted_clean    false"), "{report}");
+    assert!(!mounted_clean(m.path()), "{opts}: a crash, recovered");
 }
 
 #[test]
@@ -790,13 +784,7 @@ fn signals_and_fusermount_unmount_cleanly() {
         };
         assert!(!is_mounted(&path), "{how}: still mounted");
         let m = Mounted::at(&pool, dir, "");
-        let report = inkfs_fuse::stat_mountpoint(m.path(), false)
-            .unwrap()
-            .unwrap();
-        assert!(
-            report.contains("mounted_clean    true"),
-            "after {how}: {report}"
-        );
+        assert!(mounted_clean(m.path()), "after {how}");
         assert_eq!(fs::read(m.p(how)).unwrap(), how.as_bytes());
         dir = m.unmount();
     }

@@ -173,12 +173,22 @@ impl Drop for Mounted {
     }
 }
 
+/// The server's JSON statistics report, parsed.
+pub fn stats_json(mnt: &Path) -> Option<serde_json::Value> {
+    let report = inkfs_fuse::stat_mountpoint(mnt, true)?.ok()?;
+    serde_json::from_str(&report).ok()
+}
+
 pub fn server_pid(mnt: &Path) -> Option<u32> {
-    let report = inkfs_fuse::stat_mountpoint(mnt, false)?.ok()?;
-    report
-        .lines()
-        .find_map(|l| l.strip_prefix("pid"))
-        .and_then(|v| v.trim().parse().ok())
+    stats_json(mnt)?["pid"].as_u64().map(|p| p as u32)
+}
+
+/// Whether the mount found the pool cleanly unmounted.
+pub fn mounted_clean(mnt: &Path) -> bool {
+    let report = stats_json(mnt).expect("statistics of the mount");
+    report["mounted_clean"]
+        .as_bool()
+        .unwrap_or_else(|| panic!("no mounted_clean in {report}"))
 }
 
 fn alive(pid: u32) -> bool {

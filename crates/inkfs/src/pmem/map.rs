@@ -13,15 +13,19 @@
 //! The hot path (read, write, flush, fence, copy_nt) is plain pointer
 //! arithmetic plus one `match` on the stored [`FlushMethod`]: no dynamic
 //! dispatch, no locks, no bookkeeping.
+//!
+//! Opening a pool claims it (`lock.rs`): one read-write open at a time, or
+//! any number of read-only ones.
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::FileTypeExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
 use super::cpu::{self, FlushMethod};
+use super::lock::PoolFile;
 use super::{BackendInfo, BackendKind, Pmem};
 
 /// `statfs.f_type` of tmpfs (and /dev/shm).
@@ -65,8 +69,9 @@ pub struct MappedPool {
     path: PathBuf,
     /// The background page-table populator, if started (DRAM pools).
     populator: std::sync::Mutex<Option<Populator>>,
-    /// Keeps the descriptor open as long as the mapping lives.
-    _file: File,
+    /// The open pool and its claim (the mapping holds the claim too: the
+    /// kernel drops the lock when both are gone).
+    file: PoolFile,
 }
 
 /// A thread that pre-faults a DRAM pool's mapping in chunks; stopped and
@@ -85,18 +90,37 @@ unsafe impl Send for MappedPool {}
 unsafe impl Sync for MappedPool {}
 
 impl MappedPool {
-    /// Open (and with `create_size_bytes`, create) a pool at `path`.
+    /// Open (and with `create_size_bytes`, create) a pool at `path`, and
+    /// claim it: exclusively for writing, shared when `read_only`
+    /// (see [`PoolFile`]). A pool in use by another open is refused with an
+    /// error of kind `WouldBlock` that names its holder ([`PoolBusy`]).
+    ///
+    /// [`PoolBusy`]: super::PoolBusy
     pub fn open(path: &Path, opts: &OpenOptions) -> io::Result<MappedPool> {
         if opts.read_only && opts.create_size_bytes.is_some() {
             return Err(invalid_input("cannot create a pool read-only"));
         }
-        let file = open_file(path, opts)?;
-        let meta = file.metadata()?;
+        MappedPool::map(PoolFile::open(path, opts)?, opts)
+    }
+
+    /// Map a pool that is already open (and claimed, unless it was opened
+    /// with [`PoolFile::open_unlocked`]): `opts.read_only` may map a
+    /// writable file read-only, not the reverse; `create_size_bytes` sizes
+    /// an empty file.
+    pub fn map(file: PoolFile, opts: &OpenOptions) -> io::Result<MappedPool> {
+        if opts.read_only && opts.create_size_bytes.is_some() {
+            return Err(invalid_input("cannot create a pool read-only"));
+        }
+        if file.is_read_only() && !opts.read_only {
+            return Err(invalid_input("the pool was opened read-only"));
+        }
+        let path = file.path().to_path_buf();
+        let meta = file.file().metadata()?;
         let ft = meta.file_type();
         if ft.is_char_device() {
-            open_device_dax(path, file, opts)
+            open_device_dax(&path, file, opts)
         } else if ft.is_file() {
-            open_regular(path, file, opts)
+            open_regular(&path, file, opts)
         } else {
             Err(invalid_input(&format!(
                 "{}: neither a regular file nor a device DAX character device",
@@ -119,6 +143,12 @@ impl MappedPool {
 
     pub fn is_read_only(&self) -> bool {
         self.read_only
+    }
+
+    /// The open pool file and its claim (to say [`PoolFile::finishing`],
+    /// or to pass the descriptor to another process).
+    pub fn pool_file(&self) -> &PoolFile {
+        &self.file
     }
 
     /// On a DRAM (tmpfs or hugetlbfs) pool, take the first-touch cost of
@@ -149,7 +179,7 @@ impl MappedPool {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = stop.clone();
         let (base, len) = (self.base as usize, self.map_len);
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&self._file);
+        let fd = self.file.file().as_raw_fd();
         let spawned = std::thread::Builder::new()
             .name("inkfs-populate".into())
             .spawn(move || {
@@ -260,7 +290,8 @@ impl Drop for MappedPool {
             let _ = p.thread.join();
         }
         // SAFETY: base/map_len are exactly what mmap returned; nothing can
-        // use the mapping after drop. The descriptor closes with `_file`.
+        // use the mapping after drop. The descriptor closes with `file`,
+        // and with the last of the two the kernel drops the claim.
         unsafe { libc::munmap(self.base.cast(), self.map_len) };
     }
 }
@@ -399,17 +430,6 @@ fn invalid_input(msg: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg.to_string())
 }
 
-fn open_file(path: &Path, opts: &OpenOptions) -> io::Result<File> {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(!opts.read_only)
-        .create(opts.create_size_bytes.is_some())
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(path)
-}
-
 fn page_size() -> usize {
     // SAFETY: sysconf has no memory-safety preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -455,8 +475,8 @@ fn usize_len(size_bytes: u64) -> io::Result<usize> {
 
 // ---------------------------------------------------------------- files
 
-fn open_regular(path: &Path, file: File, opts: &OpenOptions) -> io::Result<MappedPool> {
-    let size_bytes = size_regular(&file, opts)?;
+fn open_regular(path: &Path, file: PoolFile, opts: &OpenOptions) -> io::Result<MappedPool> {
+    let size_bytes = size_regular(file.file(), opts)?;
     let map_len = usize_len(size_bytes)?;
     let force_msync = std::env::var("INKFS_BACKEND").as_deref() == Ok("msync");
 
@@ -467,7 +487,7 @@ fn open_regular(path: &Path, file: File, opts: &OpenOptions) -> io::Result<Mappe
         // is on a DAX file system. Kernels without MAP_SHARED_VALIDATE
         // answer EINVAL.
         let flags = libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC;
-        match map(&file, map_len, opts.read_only, flags) {
+        match map(file.file(), map_len, opts.read_only, flags) {
             Ok(base) => {
                 let flush = cpu::detect_flush_method();
                 return Ok(pool(
@@ -486,8 +506,8 @@ fn open_regular(path: &Path, file: File, opts: &OpenOptions) -> io::Result<Mappe
         }
     }
 
-    let base = map(&file, map_len, opts.read_only, libc::MAP_SHARED)?;
-    let (kind, flush) = if !force_msync && is_memory_fs(&file)? {
+    let base = map(file.file(), map_len, opts.read_only, libc::MAP_SHARED)?;
+    let (kind, flush) = if !force_msync && is_memory_fs(file.file())? {
         // DRAM standing in for PM: the same instructions as real PM.
         (BackendKind::Dram, cpu::detect_flush_method())
     } else {
@@ -567,7 +587,7 @@ fn fs_type(file: &File) -> io::Result<(i64, u64)> {
 #[allow(clippy::too_many_arguments)]
 fn pool(
     path: &Path,
-    file: File,
+    file: PoolFile,
     base: *mut u8,
     size_bytes: u64,
     map_len: usize,
@@ -587,14 +607,14 @@ fn pool(
         msync_errno: AtomicI32::new(0),
         path: path.to_path_buf(),
         populator: std::sync::Mutex::new(None),
-        _file: file,
+        file,
     }
 }
 
 // ---------------------------------------------------------- device DAX
 
-fn open_device_dax(path: &Path, file: File, opts: &OpenOptions) -> io::Result<MappedPool> {
-    let sysfs = device_sysfs_dir(&file)?;
+fn open_device_dax(path: &Path, file: PoolFile, opts: &OpenOptions) -> io::Result<MappedPool> {
+    let sysfs = device_sysfs_dir(file.file())?;
     if !is_dax_device(&sysfs) {
         return Err(invalid_input(&format!(
             "{}: a character device, but not device DAX",
@@ -622,7 +642,7 @@ fn open_device_dax(path: &Path, file: File, opts: &OpenOptions) -> io::Result<Ma
     // Map the whole device: its size is a multiple of the alignment, which
     // device DAX requires of every mapping length and offset.
     let map_len = usize_len(size_bytes)?;
-    let base = map(&file, map_len, opts.read_only, libc::MAP_SHARED)?;
+    let base = map(file.file(), map_len, opts.read_only, libc::MAP_SHARED)?;
     let flush = cpu::detect_flush_method();
     Ok(pool(
         path,

@@ -17,10 +17,12 @@
 //!   atomicity: after a crash it holds the old or the new value, never a mix.
 
 mod cpu;
+mod lock;
 mod map;
 mod sim;
 
 pub use cpu::{detect_flush_method, FlushMethod};
+pub use lock::{probe as probe_pool, Holder, PoolBusy, PoolFile, FINISHING_WAIT};
 pub use map::{MappedPool, OpenOptions as PoolOpenOptions};
 pub use sim::{CrashImage, CrashImages, SimPool, SimTrace};
 
