@@ -45,7 +45,7 @@ impl Geometry {
     /// The largest inode number the pool can hold (`lane_slots_max` slots
     /// in each lane).
     pub fn ino_max(&self) -> u64 {
-        lane_slots_max(self.total_blocks - self.first_data_block)
+        lane_slots_max(self.total_blocks.saturating_sub(self.first_data_block))
             .saturating_mul(self.lane_count as u64)
     }
     /// True if `ino` can name an inode of this pool (1 ..= `ino_max`).
