@@ -28,8 +28,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::format::{
-    lane_first_block, lanes_end_block, Pod, SaveHeader, SavedRange, BLOCK_SIZE, LANES_MAX,
-    LANE_SAVE_BLOCKS, LANE_SAVE_FIRST_BLOCK, SAVE_MAGIC, SAVE_MAX_RANGES,
+    lane_first_block, lane_slots_max, lanes_end_block, Pod, SaveHeader, SavedRange, BLOCK_SIZE,
+    LANES_MAX, LANE_SAVE_BLOCKS, LANE_SAVE_FIRST_BLOCK, SAVE_MAGIC, SAVE_MAX_RANGES,
 };
 use crate::pmem::{read_pod, write_pod, Pmem};
 
@@ -1134,6 +1134,11 @@ impl BlockAllocator {
             block_lane.publish(&set);
             drop(set);
 
+            // The high water is bounded by what the lane's table can hold
+            // (a larger one would hand out slots no table block can take).
+            if header.inode_slots_used > lane_slots_max(total_blocks - first_block) {
+                return Err(Refusal::SlotRange { lane });
+            }
             let mut slots = lock(&inodes.lanes[lane as usize]);
             slots.high_water = header.inode_slots_used;
             for r in ranges {

@@ -40,6 +40,11 @@ pub const NAME_MAX: usize = 255;
 pub const SYMLINK_MAX: usize = 4095;
 /// Largest file size; writes beyond fail with EFBIG.
 pub const MAX_FILE_BYTES: u64 = 1 << 46;
+/// Pages of the largest file: a FILE_WRITE maps pages below this.
+pub const MAX_FILE_PAGES: u64 = MAX_FILE_BYTES / BLOCK_SIZE;
+/// Highest link count of a file (ext4's limit): link(2) fails with EMLINK
+/// there, and a larger count on media is corruption.
+pub const LINK_MAX: u32 = 65000;
 
 /// Plain old data: `#[repr(C)]` types without padding for which every bit
 /// pattern is a valid value, so they can be copied to and from media.
@@ -249,6 +254,21 @@ pub const INODE_STATE_FIELD: u64 = 0;
 pub const INODE_HEAD_FIELD: u64 = 8;
 pub const INODE_TAIL_FIELD: u64 = 16;
 
+/// The values `InodeRecord::state` may hold.
+pub fn inode_state_valid(state: u64) -> bool {
+    matches!(state, INODE_FREE | INODE_LIVE | INODE_ORPHAN)
+}
+
+/// Most inode slots one lane can have: its first table block, plus one
+/// table block per block of the data area (where tables grow), each
+/// holding `INODES_PER_TABLE_BLOCK` records. Saved high waters and inode
+/// numbers on media are bounded by it (`Geometry::ino_max`).
+pub fn lane_slots_max(data_blocks: u64) -> u64 {
+    data_blocks
+        .saturating_add(1)
+        .saturating_mul(INODES_PER_TABLE_BLOCK)
+}
+
 /// Trailer of an inode-table block.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -328,6 +348,9 @@ impl FileKind {
     }
 }
 
+/// The bits an attribute snapshot's mode may have: type and permissions.
+pub const MODE_BITS: u32 = libc::S_IFMT | 0o7777;
+
 // ---------------------------------------------------------------------------
 // Log pages and entries
 // ---------------------------------------------------------------------------
@@ -402,6 +425,35 @@ pub struct AttrEntry {
 }
 pod!(AttrEntry, 64);
 
+impl AttrEntry {
+    /// The ranges of a snapshot of an inode of `kind`: the mode holds the
+    /// kind's type bits and permissions only; at most `LINK_MAX` links (0
+    /// is what an orphan's snapshots hold); a file's size at most
+    /// `MAX_FILE_BYTES`, every other kind's 0 (their sizes are derived).
+    /// Times, owner and a device number may hold any value. A directory's
+    /// parent is checked against the pool's geometry (`Geometry::is_ino`).
+    pub fn check(&self, kind: FileKind) -> Result<(), String> {
+        if self.mode & !MODE_BITS != 0 || FileKind::from_mode(self.mode) != Some(kind) {
+            return Err(format!("mode {:o} disagrees with kind {kind:?}", self.mode));
+        }
+        if self.nlink > LINK_MAX {
+            return Err(format!("link count {} above {LINK_MAX}", self.nlink));
+        }
+        let size_max = if kind == FileKind::File {
+            MAX_FILE_BYTES
+        } else {
+            0
+        };
+        if self.size > size_max {
+            return Err(format!(
+                "size {} above {size_max}, the maximum for a {kind:?}",
+                self.size
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// FILE_WRITE: pages `[file_page, file_page + pages)` now live in blocks
 /// `[block, block + pages)`, or are a hole when `block == 0`.
 #[repr(C)]
@@ -420,6 +472,34 @@ pub struct WriteEntry {
 }
 pod!(WriteEntry, 64);
 
+impl WriteEntry {
+    /// At least one page, every page below `MAX_FILE_PAGES`, a size at most
+    /// `MAX_FILE_BYTES`. The block range is checked against the pool's
+    /// geometry (`Geometry::is_data_range`).
+    pub fn check(&self) -> Result<(), String> {
+        if self.pages == 0 {
+            return Err("write entry of zero pages".into());
+        }
+        if self
+            .file_page
+            .checked_add(self.pages as u64)
+            .is_none_or(|end| end > MAX_FILE_PAGES)
+        {
+            return Err(format!(
+                "write entry of pages {}+{} beyond the maximum file size",
+                self.file_page, self.pages
+            ));
+        }
+        if self.size > MAX_FILE_BYTES {
+            return Err(format!(
+                "write entry sets size {}, above the maximum {MAX_FILE_BYTES}",
+                self.size
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// DIR_ADD / DIR_REMOVE head; the name follows immediately.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -437,6 +517,51 @@ pub struct DirEntryHead {
 }
 pod!(DirEntryHead, 40);
 
+/// Readdir cookies are derived from `DirEntryHead::seq` with room to spare:
+/// a sequence at or above this is corruption.
+pub const DIR_SEQ_LIMIT: u64 = 1 << 63;
+
+/// A name a directory entry may hold: 1 to `NAME_MAX` bytes, neither '/'
+/// nor NUL, not "." or "..".
+pub fn dir_name_valid(name: &[u8]) -> bool {
+    !name.is_empty()
+        && name.len() <= NAME_MAX
+        && !name.contains(&b'/')
+        && !name.contains(&0)
+        && name != b"."
+        && name != b".."
+}
+
+impl DirEntryHead {
+    /// The child (an inode number, at least 1; its upper bound is the
+    /// pool's, `Geometry::is_ino`), the sequence number, the child kind and
+    /// the name (`name_len` bytes, already cut from the entry).
+    pub fn check(&self, name: &[u8]) -> Result<(), String> {
+        if self.ino == 0 {
+            return Err("directory entry names inode 0".into());
+        }
+        if self.seq >= DIR_SEQ_LIMIT {
+            return Err(format!(
+                "directory entry sequence {} out of range",
+                self.seq
+            ));
+        }
+        if FileKind::from_u32(self.child_kind as u32).is_none() {
+            return Err(format!(
+                "directory entry child kind {} invalid",
+                self.child_kind
+            ));
+        }
+        if !dir_name_valid(name) {
+            return Err(format!(
+                "directory entry name \"{}\" invalid",
+                String::from_utf8_lossy(name).escape_debug()
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// SYMLINK: the target is stored in one data block.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -447,6 +572,17 @@ pub struct SymlinkEntry {
     pub reserved: [u8; 44],
 }
 pod!(SymlinkEntry, 64);
+
+impl SymlinkEntry {
+    /// A target of 1 to `SYMLINK_MAX` bytes (the block is checked against
+    /// the pool's geometry).
+    pub fn check(&self) -> Result<(), String> {
+        if self.len == 0 || self.len as usize > SYMLINK_MAX {
+            return Err(format!("symlink length {} out of range", self.len));
+        }
+        Ok(())
+    }
+}
 
 /// XATTR_SET / XATTR_REMOVE head; name then value follow.
 #[repr(C)]
@@ -462,6 +598,37 @@ pod!(XattrHead, 24);
 
 /// Largest xattr value stored (ext4 without ea_inode stores about a block).
 pub const XATTR_VALUE_MAX: usize = LOG_PAGE_PAYLOAD as usize - size_of::<XattrHead>() - NAME_MAX;
+
+/// The xattr namespaces inkfs stores (system.* would need ACL support).
+pub const XATTR_PREFIXES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
+
+/// A name an xattr may have: 1 to `NAME_MAX` bytes, no NUL, a known
+/// namespace followed by at least one byte.
+pub fn xattr_name_valid(name: &[u8]) -> bool {
+    name.len() <= NAME_MAX
+        && !name.contains(&0)
+        && XATTR_PREFIXES
+            .iter()
+            .any(|p| name.len() > p.len() && name.starts_with(p))
+}
+
+impl XattrHead {
+    /// The name (`name_len` bytes, already cut from the entry) and the
+    /// value length: at most `XATTR_VALUE_MAX`, and 0 in XATTR_REMOVE.
+    pub fn check(&self, set: bool, name: &[u8]) -> Result<(), String> {
+        if !xattr_name_valid(name) {
+            return Err(format!(
+                "xattr name \"{}\" invalid",
+                String::from_utf8_lossy(name).escape_debug()
+            ));
+        }
+        let v = self.value_len as usize;
+        if v > XATTR_VALUE_MAX || !set && v != 0 {
+            return Err(format!("xattr value length {v} out of range"));
+        }
+        Ok(())
+    }
+}
 
 /// Size in bytes of an entry carrying `payload` bytes after a `head`-byte head.
 pub const fn entry_bytes(head: usize, payload: usize) -> u64 {

@@ -117,7 +117,7 @@ impl<P: Pmem> Fs<P> {
             ..MountReport::default()
         };
         for lane in 0..geo.lane_count {
-            match journal::recover(&pm, lane, opts.read_only, |off| {
+            match journal::recover(&pm, &geo, lane, opts.read_only, |off| {
                 tables.is_record_field(&pm, off).unwrap_or(false)
             })? {
                 JournalState::Empty => {}
@@ -262,7 +262,13 @@ impl<P: Pmem> Fs<P> {
                 .record_offset(&self.pm, ino)?
                 .ok_or(Error::Errno(libc::ENOENT))?;
             let rec: InodeRecord = read_pod(&self.pm, rec_off);
-            if rec.state != INODE_LIVE && rec.state != INODE_ORPHAN {
+            if !inode_state_valid(rec.state) {
+                return Err(Error::Corrupt(format!(
+                    "inode {ino}: record state {} invalid",
+                    rec.state
+                )));
+            }
+            if rec.state == INODE_FREE {
                 return errno(libc::ENOENT);
             }
             if rec.ino != ino {

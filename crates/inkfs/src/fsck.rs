@@ -70,8 +70,6 @@ pub enum ProblemKind {
     DanglingEntry,
     /// A directory entry's child kind disagrees with the inode.
     EntryKind,
-    /// A directory entry's name is invalid.
-    BadName,
     /// A directory has more than one name (or is its own ancestor).
     DirLinkedTwice,
     /// A directory's ".." disagrees with where it is found.
@@ -107,7 +105,6 @@ impl ProblemKind {
             ProblemKind::Root => "root",
             ProblemKind::DanglingEntry => "dangling-entry",
             ProblemKind::EntryKind => "entry-kind",
-            ProblemKind::BadName => "bad-name",
             ProblemKind::DirLinkedTwice => "dir-linked-twice",
             ProblemKind::DirParent => "dir-parent",
             ProblemKind::Unreachable => "unreachable",
@@ -275,7 +272,7 @@ pub fn check_with_progress<P: Pmem>(
                 pm.persist(to * BLOCK_SIZE, std::mem::size_of::<Superblock>() as u64);
                 true
             }
-            Fix::ReplayJournal { lane } => journal::recover(pm, *lane, false, |off| {
+            Fix::ReplayJournal { lane } => journal::recover(pm, &first.geo, *lane, false, |off| {
                 is_record_field(&first.table_blocks, off)
             })
             .is_ok(),
@@ -949,46 +946,32 @@ impl<'a, P: Pmem + ?Sized> Checker<'a, P> {
 
     fn check_journals(&mut self) {
         for lane in 0..self.geo.lane_count {
-            let off = (lane_first_block(lane) + LANE_JOURNAL_BLOCK) * BLOCK_SIZE;
-            let header: JournalHeader = read_pod(self.pm, off);
-            if header.commit == 0 {
-                continue;
-            }
-            let count = (header.commit & 0xffff_ffff) as usize;
-            let crc = (header.commit >> 32) as u32;
-            let records = if count == 0 || count > JOURNAL_MAX_RECORDS {
-                None
-            } else {
-                let rec_off = off + std::mem::size_of::<JournalHeader>() as u64;
-                let r: Vec<JournalRecord> = (0..count)
-                    .map(|i| read_pod(self.pm, rec_off + i as u64 * 16))
-                    .collect();
-                (journal_crc(header.seq, &r) == crc).then_some(r)
+            let records = match journal::pending(self.pm, lane) {
+                journal::Pending::Empty => continue,
+                journal::Pending::Torn => {
+                    self.note(
+                        ProblemKind::Journal,
+                        None,
+                        format!(
+                            "journal of lane {lane} holds an uncommitted (torn) transaction; \
+                             it will be discarded at mount"
+                        ),
+                        Some(Fix::ReplayJournal { lane }),
+                    );
+                    continue;
+                }
+                journal::Pending::Committed(records) => records,
             };
-            let Some(records) = records else {
-                self.note(
-                    ProblemKind::Journal,
-                    None,
-                    format!(
-                        "journal of lane {lane} holds an uncommitted (torn) transaction; \
-                         it will be discarded at mount"
-                    ),
-                    Some(Fix::ReplayJournal { lane }),
-                );
-                continue;
-            };
-            if let Some(bad) = records
-                .iter()
-                .find(|r| !is_record_field(&self.table_blocks, r.offset))
-            {
+            // The mount refuses the pool rather than apply any of these.
+            let bad = records.iter().find_map(|r| {
+                journal::check_record(r, &self.geo, |off| is_record_field(&self.table_blocks, off))
+                    .err()
+            });
+            if let Some(why) = bad {
                 self.error(
                     ProblemKind::Journal,
                     None,
-                    format!(
-                        "journal of lane {lane}: a committed record targets offset {}, \
-                         outside any inode record",
-                        bad.offset
-                    ),
+                    format!("journal of lane {lane}: a committed {why}"),
                     None,
                 );
                 continue;
@@ -1621,15 +1604,9 @@ impl Namespace<'_> {
             };
             for (name, cino, ckind) in &body.children {
                 let (name, cino, ckind) = (name.clone(), *cino, *ckind);
+                // Names were checked by the log decoder (`dir_name_valid`).
+                debug_assert!(dir_name_valid(&name));
                 let shown = show_name(&name);
-                if name.contains(&b'/') || name.contains(&0) || name == b"." || name == b".." {
-                    self.error(
-                        ProblemKind::BadName,
-                        d,
-                        format!("entry \"{shown}\" has an invalid name"),
-                        None,
-                    );
-                }
                 let child = inodes.get(&cino).filter(|i| i.state == INODE_LIVE);
                 let Some(child) = child else {
                     let what = match inodes.get(&cino) {

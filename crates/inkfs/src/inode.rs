@@ -149,19 +149,26 @@ pub fn load_with_pages<P: Pmem + ?Sized>(
     // that page once a newer attribute entry supersedes it: the log must
     // hold one somewhere.
     let mut seen_attr = false;
-    let summary = log::walk(pm, geo, ino, rec.log_head, rec.log_tail, |_, e| {
-        seen_attr |= matches!(e, Entry::Attr { .. });
-        apply_entry(pm, geo, &mut st, e, &mut |_, _| {}).map_err(corrupt)
+    let summary = log::walk(pm, geo, ino, rec.log_head, rec.log_tail, |off, e| {
+        // Every snapshot, not only the last: none the engine writes is out
+        // of range for the inode's kind (its mode, links and size).
+        let fits = match &e {
+            Entry::Attr { attr, .. } => {
+                seen_attr = true;
+                attr.check(kind)
+            }
+            _ => Ok(()),
+        };
+        fits.and_then(|()| apply_entry(pm, geo, &mut st, e, &mut |_, _| {}))
+            .map_err(|m| corrupt(format!("log offset {off}: {m}")))
     })?;
     if !seen_attr {
         return Err(corrupt("log holds no attribute entry".into()));
     }
-    if FileKind::from_mode(st.attr.mode) != Some(kind) {
-        return Err(corrupt(format!(
-            "mode {:o} disagrees with kind {kind:?}",
-            st.attr.mode
-        )));
+    if let Body::Symlink { block: 0, .. } = st.body {
+        return Err(corrupt("symlink without a target".into()));
     }
+    debug_assert_eq!(FileKind::from_mode(st.attr.mode), Some(kind));
     st.log.pages = summary.pages.len() as u64;
     st.log_entries = summary.entries;
     Ok((st, summary.pages))
@@ -178,6 +185,11 @@ pub fn apply_entry<P: Pmem + ?Sized>(
 ) -> std::result::Result<(), String> {
     match e {
         Entry::Attr { attr, .. } => {
+            if let Body::Dir(_) = st.body {
+                if !geo.is_ino(attr.rdev_or_parent) {
+                    return Err(format!("parent inode {} out of range", attr.rdev_or_parent));
+                }
+            }
             let shrink = attr.size < st.attr.size;
             st.attr = attr;
             if shrink {
@@ -196,15 +208,8 @@ pub fn apply_entry<P: Pmem + ?Sized>(
                     w.block, w.pages
                 ));
             }
-            if w.file_page
-                .checked_add(w.pages as u64)
-                .is_none_or(|end| end > MAX_FILE_BYTES / BLOCK_SIZE)
-            {
-                return Err(format!(
-                    "write entry at page {} beyond the maximum file size",
-                    w.file_page
-                ));
-            }
+            // `log::parse` checked the page range and the size.
+            debug_assert!(w.check().is_ok());
             map.map(w.file_page, w.pages as u64, w.block, released);
             st.attr.size = w.size;
             st.attr.mtime_ns = w.mtime_ns;
@@ -214,6 +219,12 @@ pub fn apply_entry<P: Pmem + ?Sized>(
             let Body::Dir(dir) = &mut st.body else {
                 return Err("directory entry in a non-directory log".into());
             };
+            if !geo.is_ino(head.ino) {
+                return Err(format!(
+                    "directory entry names inode {}, out of range",
+                    head.ino
+                ));
+            }
             let kind = FileKind::from_u32(head.child_kind as u32).ok_or("bad child kind")?;
             dir.add(
                 name,
@@ -230,6 +241,12 @@ pub fn apply_entry<P: Pmem + ?Sized>(
             let Body::Dir(dir) = &mut st.body else {
                 return Err("directory entry in a non-directory log".into());
             };
+            if !geo.is_ino(head.ino) {
+                return Err(format!(
+                    "directory entry names inode {}, out of range",
+                    head.ino
+                ));
+            }
             dir.note_seq(head.seq);
             dir.remove(name);
             st.attr.mtime_ns = head.mtime_ns;
@@ -277,6 +294,9 @@ pub struct InodeTables {
 struct LaneTable {
     blocks: Vec<u64>,
     seen: std::collections::HashSet<u64>,
+    /// Blocks (a prefix of `blocks`) whose trailer was read and checked:
+    /// no record is read from a block before its trailer is.
+    checked: usize,
     complete: bool,
 }
 
@@ -288,6 +308,7 @@ impl InodeTables {
                 Mutex::new(LaneTable {
                     blocks: vec![lane_first_block(lane) + LANE_INODE_TABLE_BLOCK],
                     seen: Default::default(),
+                    checked: 0,
                     complete: false,
                 })
             })
@@ -308,7 +329,8 @@ impl InodeTables {
         Ok(t)
     }
 
-    /// Walk `lane`'s chain until it has more than `index` blocks or ends.
+    /// Walk `lane`'s chain until it has more than `index` blocks or ends,
+    /// checking the trailer of every block up to `index`.
     fn extend<P: Pmem + ?Sized>(
         &self,
         pm: &P,
@@ -316,27 +338,37 @@ impl InodeTables {
         lt: &mut LaneTable,
         index: usize,
     ) -> Result<()> {
-        while !lt.complete && lt.blocks.len() <= index {
-            let last = lt.blocks[lt.blocks.len() - 1];
-            let trailer: TableTrailer = read_pod(pm, last * BLOCK_SIZE + TABLE_TRAILER_OFFSET);
+        while lt.checked <= index {
+            if lt.checked == lt.blocks.len() {
+                // Every block so far is checked: follow the last one's link.
+                if lt.complete {
+                    break;
+                }
+                let last = lt.blocks[lt.blocks.len() - 1];
+                let trailer: TableTrailer = read_pod(pm, last * BLOCK_SIZE + TABLE_TRAILER_OFFSET);
+                if trailer.next_block == 0 {
+                    lt.complete = true;
+                    break;
+                }
+                // A cycle revisits a block: the set finds it in O(1).
+                if !self.geo.is_data_range(trailer.next_block, 1)
+                    || !lt.seen.insert(trailer.next_block)
+                {
+                    return Err(Error::Corrupt(format!(
+                        "lane {lane} inode table links to bad block {}",
+                        trailer.next_block
+                    )));
+                }
+                lt.blocks.push(trailer.next_block);
+            }
+            let block = lt.blocks[lt.checked];
+            let trailer: TableTrailer = read_pod(pm, block * BLOCK_SIZE + TABLE_TRAILER_OFFSET);
             if trailer.magic != TABLE_MAGIC {
                 return Err(Error::Corrupt(format!(
-                    "lane {lane} inode table block {last} has a bad trailer"
+                    "lane {lane} inode table block {block} has a bad trailer"
                 )));
             }
-            if trailer.next_block == 0 {
-                lt.complete = true;
-                break;
-            }
-            // A cycle revisits a block: the set finds it in O(1).
-            if !self.geo.is_data_range(trailer.next_block, 1) || !lt.seen.insert(trailer.next_block)
-            {
-                return Err(Error::Corrupt(format!(
-                    "lane {lane} inode table links to bad block {}",
-                    trailer.next_block
-                )));
-            }
-            lt.blocks.push(trailer.next_block);
+            lt.checked += 1;
         }
         Ok(())
     }

@@ -17,6 +17,7 @@
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::pmem::{read_pod, Pmem};
+use crate::superblock::Geometry;
 
 /// One lane's journal (used under that lane's mutex).
 #[derive(Debug)]
@@ -43,7 +44,8 @@ impl Journal {
             .iter()
             .all(|r| r.offset % 8 == 0 && r.offset + 8 <= pm.size_bytes()));
         debug_assert_eq!(pm.read_u64(self.off + 8), 0, "journal busy");
-        let seq = self.seq + 1;
+        // The sequence only salts the crc: any value is valid, so it wraps.
+        let seq = self.seq.wrapping_add(1);
         let rec_off = self.off + std::mem::size_of::<JournalHeader>() as u64;
         for (i, r) in records.iter().enumerate() {
             pm.write(rec_off + i as u64 * 16, r.as_bytes());
@@ -86,46 +88,104 @@ pub enum JournalState {
     Discarded,
 }
 
-/// Replay or discard lane `lane`'s journal. `valid_offset` vets each record's
-/// target (it must be an inode record's state/head/tail field).
+/// What a lane's journal block holds (recovery and fsck read it alike).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pending {
+    /// The commit word is zero.
+    Empty,
+    /// A commit word whose count is out of range (1 ..=
+    /// `JOURNAL_MAX_RECORDS`) or whose crc does not match: not a commit.
+    Torn,
+    /// A committed transaction's records.
+    Committed(Vec<JournalRecord>),
+}
+
+/// Read lane `lane`'s journal block.
+pub fn pending<P: Pmem + ?Sized>(pm: &P, lane: u32) -> Pending {
+    let off = (lane_first_block(lane) + LANE_JOURNAL_BLOCK) * BLOCK_SIZE;
+    let header: JournalHeader = read_pod(pm, off);
+    if header.commit == 0 {
+        return Pending::Empty;
+    }
+    let count = (header.commit & 0xffff_ffff) as usize;
+    let crc = (header.commit >> 32) as u32;
+    if count == 0 || count > JOURNAL_MAX_RECORDS {
+        return Pending::Torn;
+    }
+    let rec_off = off + std::mem::size_of::<JournalHeader>() as u64;
+    let records: Vec<JournalRecord> = (0..count)
+        .map(|i| read_pod(pm, rec_off + i as u64 * 16))
+        .collect();
+    if journal_crc(header.seq, &records) != crc {
+        return Pending::Torn;
+    }
+    Pending::Committed(records)
+}
+
+/// Why committed record `r` may not be applied, if it may not: it must
+/// store into the state, head or tail field of an inode record
+/// (`is_record_field` vets the target) a value that field can hold: a
+/// known state, a head in the data area, a tail `Geometry::is_log_tail`
+/// accepts.
+pub fn check_record(
+    r: &JournalRecord,
+    geo: &Geometry,
+    is_record_field: impl Fn(u64) -> bool,
+) -> std::result::Result<(), String> {
+    if !is_record_field(r.offset) {
+        return Err(format!(
+            "record targets offset {} outside any inode record",
+            r.offset
+        ));
+    }
+    let (field, ok) = match r.offset % INODE_RECORD_SIZE {
+        INODE_STATE_FIELD => ("state", inode_state_valid(r.value)),
+        INODE_HEAD_FIELD => ("log head", geo.is_data_range(r.value, 1)),
+        INODE_TAIL_FIELD => ("log tail", geo.is_log_tail(r.value)),
+        _ => {
+            return Err(format!(
+                "record targets offset {}, not a state, head or tail field",
+                r.offset
+            ))
+        }
+    };
+    if !ok {
+        return Err(format!(
+            "record sets the {field} at offset {} to {}, out of range",
+            r.offset, r.value
+        ));
+    }
+    Ok(())
+}
+
+/// Replay or discard lane `lane`'s journal. Every record is vetted first
+/// (`check_record`, with `valid_offset` vetting its target): one out of
+/// range refuses the pool before anything is applied.
 pub fn recover<P: Pmem + ?Sized>(
     pm: &P,
+    geo: &Geometry,
     lane: u32,
     read_only: bool,
     valid_offset: impl Fn(u64) -> bool,
 ) -> Result<JournalState> {
-    let off = (lane_first_block(lane) + LANE_JOURNAL_BLOCK) * BLOCK_SIZE;
-    let header: JournalHeader = read_pod(pm, off);
-    if header.commit == 0 {
-        return Ok(JournalState::Empty);
-    }
-    let count = (header.commit & 0xffff_ffff) as usize;
-    let crc = (header.commit >> 32) as u32;
-    let state = if count == 0 || count > JOURNAL_MAX_RECORDS {
-        JournalState::Discarded
-    } else {
-        let rec_off = off + std::mem::size_of::<JournalHeader>() as u64;
-        let records: Vec<JournalRecord> = (0..count)
-            .map(|i| read_pod(pm, rec_off + i as u64 * 16))
-            .collect();
-        if journal_crc(header.seq, &records) != crc {
-            JournalState::Discarded
-        } else {
-            if let Some(bad) = records.iter().find(|r| !valid_offset(r.offset)) {
-                return Err(Error::Corrupt(format!(
-                    "lane {lane} journal record targets offset {} outside any inode record",
-                    bad.offset
-                )));
+    let state = match pending(pm, lane) {
+        Pending::Empty => return Ok(JournalState::Empty),
+        Pending::Torn => JournalState::Discarded,
+        Pending::Committed(records) => {
+            for r in &records {
+                check_record(r, geo, &valid_offset)
+                    .map_err(|m| Error::Corrupt(format!("lane {lane} journal: {m}")))?;
             }
             if !read_only {
                 apply(pm, &records);
             }
             JournalState::Replayed {
-                records: count as u32,
+                records: records.len() as u32,
             }
         }
     };
     if !read_only {
+        let off = (lane_first_block(lane) + LANE_JOURNAL_BLOCK) * BLOCK_SIZE;
         pm.write_u64(off + 8, 0);
         pm.persist(off + 8, 8);
     }

@@ -8,6 +8,7 @@
 //! it is ignored.
 
 use std::collections::HashSet;
+use std::mem::size_of;
 
 use crate::alloc::BlockAllocator;
 use crate::error::{Error, Result};
@@ -163,13 +164,29 @@ pub enum Entry<'a> {
     },
 }
 
-/// Decode one checksummed entry; anything inconsistent is corruption.
+/// Decode one checksummed entry; anything inconsistent is corruption. Every
+/// field is checked against the ranges docs/FORMAT.md gives ("Field
+/// ranges"), except those that need the pool's geometry or the inode's kind
+/// (`inode::load_with_pages`, `inode::apply_entry`). An entry is exactly as
+/// long as its fields make it, as the engine writes it.
 pub fn parse(bytes: &[u8]) -> std::result::Result<Entry<'_>, String> {
     if !entry_checksum_ok(bytes) {
         return Err("entry checksum mismatch".into());
     }
     let kind = bytes[0];
-    let fixed = |n: usize| -> std::result::Result<(), String> {
+    let length = |head: usize, payload: usize| -> std::result::Result<(), String> {
+        let want = entry_bytes(head, payload);
+        if bytes.len() as u64 != want {
+            Err(format!(
+                "entry type {kind} is {} bytes long, its fields make {want}",
+                bytes.len()
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    // The fixed part first: the name and value lengths are read from it.
+    let at_least = |n: usize| -> std::result::Result<(), String> {
         if bytes.len() < n {
             Err(format!(
                 "entry type {kind} too short ({} bytes)",
@@ -181,61 +198,58 @@ pub fn parse(bytes: &[u8]) -> std::result::Result<Entry<'_>, String> {
     };
     match kind {
         entry_type::SET_ATTR | entry_type::LINK_CHANGE => {
-            fixed(64)?;
+            length(size_of::<AttrEntry>(), 0)?;
             Ok(Entry::Attr {
                 link_change: kind == entry_type::LINK_CHANGE,
                 attr: AttrEntry::from_bytes(bytes),
             })
         }
         entry_type::FILE_WRITE => {
-            fixed(64)?;
+            length(size_of::<WriteEntry>(), 0)?;
             let w = WriteEntry::from_bytes(bytes);
-            if w.pages == 0 {
-                return Err("write entry of zero pages".into());
-            }
+            w.check()?;
             Ok(Entry::Write(w))
         }
         entry_type::DIR_ADD | entry_type::DIR_REMOVE => {
-            fixed(40)?;
+            const HEAD: usize = size_of::<DirEntryHead>();
+            at_least(HEAD)?;
             let head = DirEntryHead::from_bytes(bytes);
             let n = head.name_len as usize;
-            if n == 0 || n > NAME_MAX || 40 + n > bytes.len() {
+            if n == 0 || n > NAME_MAX || HEAD + n > bytes.len() {
                 return Err(format!("directory entry name length {n} out of range"));
             }
-            let name = &bytes[40..40 + n];
+            length(HEAD, n)?;
+            let name = &bytes[HEAD..HEAD + n];
+            head.check(name)?;
             if kind == entry_type::DIR_ADD {
-                if FileKind::from_u32(head.child_kind as u32).is_none() {
-                    return Err(format!(
-                        "directory entry child kind {} invalid",
-                        head.child_kind
-                    ));
-                }
                 Ok(Entry::DirAdd { head, name })
             } else {
                 Ok(Entry::DirRemove { head, name })
             }
         }
         entry_type::SYMLINK => {
-            fixed(64)?;
+            length(size_of::<SymlinkEntry>(), 0)?;
             let s = SymlinkEntry::from_bytes(bytes);
-            if s.len as usize > SYMLINK_MAX || s.len == 0 {
-                return Err(format!("symlink length {} out of range", s.len));
-            }
+            s.check()?;
             Ok(Entry::Symlink(s))
         }
         entry_type::XATTR_SET | entry_type::XATTR_REMOVE => {
-            fixed(24)?;
+            const HEAD: usize = size_of::<XattrHead>();
+            at_least(HEAD)?;
             let head = XattrHead::from_bytes(bytes);
             let (n, v) = (head.name_len as usize, head.value_len as usize);
-            if n == 0 || n > NAME_MAX || 24 + n + v > bytes.len() {
+            if n == 0 || n > NAME_MAX || HEAD + n + v > bytes.len() {
                 return Err("xattr entry lengths out of range".into());
             }
-            let name = &bytes[24..24 + n];
-            if kind == entry_type::XATTR_SET {
+            length(HEAD, n + v)?;
+            let name = &bytes[HEAD..HEAD + n];
+            let set = kind == entry_type::XATTR_SET;
+            head.check(set, name)?;
+            if set {
                 Ok(Entry::XattrSet {
                     head,
                     name,
-                    value: &bytes[24 + n..24 + n + v],
+                    value: &bytes[HEAD + n..HEAD + n + v],
                 })
             } else {
                 Ok(Entry::XattrRemove { head, name })
@@ -269,10 +283,7 @@ pub fn walk<P: Pmem + ?Sized>(
     if !geo.is_data_range(head, 1) {
         return Err(corrupt(format!("head block {head} out of range")));
     }
-    if tail / BLOCK_SIZE >= geo.total_blocks
-        || !tail.is_multiple_of(ENTRY_UNIT)
-        || tail % BLOCK_SIZE > LOG_PAGE_PAYLOAD
-    {
+    if !geo.is_log_tail(tail) {
         return Err(corrupt(format!("tail offset {tail} invalid")));
     }
     let mut summary = WalkSummary::default();

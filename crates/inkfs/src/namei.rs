@@ -18,9 +18,6 @@ use crate::pmem::{write_pod, Pmem};
 use crate::time::now_ns;
 use crate::types::*;
 
-/// Highest link count of a file (ext4's limit).
-pub const LINK_MAX: u32 = 65000;
-
 /// Names that can be created or removed.
 fn check_name(name: &[u8]) -> Result<()> {
     if name.len() > NAME_MAX {
@@ -325,7 +322,8 @@ impl<P: Pmem> Fs<P> {
                 "inode slot {ino} handed out while in use"
             )));
         }
-        let generation = old.generation + 1;
+        // Any value is valid on media: the count wraps rather than overflows.
+        let generation = old.generation.wrapping_add(1);
         let now = now_ns();
         let attr = AttrEntry {
             hdr: EntryHeader::default_zero(),

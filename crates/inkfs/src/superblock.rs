@@ -42,6 +42,23 @@ impl Geometry {
                 .checked_add(len)
                 .is_some_and(|end| end <= self.total_blocks)
     }
+    /// The largest inode number the pool can hold (`lane_slots_max` slots
+    /// in each lane).
+    pub fn ino_max(&self) -> u64 {
+        lane_slots_max(self.total_blocks.saturating_sub(self.first_data_block))
+            .saturating_mul(self.lane_count as u64)
+    }
+    /// True if `ino` can name an inode of this pool (1 ..= `ino_max`).
+    pub fn is_ino(&self, ino: u64) -> bool {
+        (1..=self.ino_max()).contains(&ino)
+    }
+    /// True if `tail` can be a log's tail: in a page of the data area, at
+    /// an entry boundary, not inside the page's footer.
+    pub fn is_log_tail(&self, tail: u64) -> bool {
+        self.is_data_range(tail / BLOCK_SIZE, 1)
+            && tail.is_multiple_of(ENTRY_UNIT)
+            && tail % BLOCK_SIZE <= LOG_PAGE_PAYLOAD
+    }
 }
 
 pub fn default_lanes() -> u32 {
@@ -238,7 +255,15 @@ pub fn check_one(sb: &Superblock, pool_bytes: u64) -> std::result::Result<(), St
     if sb.lane_count == 0 || sb.lane_count > LANES_MAX {
         return Err(format!("lane count {} out of range", sb.lane_count));
     }
+    if sb.state != STATE_CLEAN && sb.state != STATE_MOUNTED {
+        return Err(format!("state {} invalid", sb.state));
+    }
+    // Every mount adds one: the last value is out of range.
+    if sb.mount_epoch == u64::MAX {
+        return Err(format!("mount epoch {} out of range", sb.mount_epoch));
+    }
     if sb.first_data_block != lanes_end_block(sb.lane_count)
+        || !sb.size_bytes.is_multiple_of(BLOCK_SIZE)
         || sb.total_blocks != sb.size_bytes / BLOCK_SIZE
         || sb.total_blocks < sb.first_data_block + MIN_DATA_BLOCKS
     {

@@ -18,9 +18,15 @@ fn check_name(name: &[u8]) -> Result<()> {
     if name.is_empty() || name.len() > NAME_MAX {
         return errno(libc::ERANGE);
     }
-    let known = [&b"user."[..], b"trusted.", b"security."];
-    match known.iter().find(|p| name.starts_with(p)) {
-        Some(p) if name.len() > p.len() => Ok(()),
+    // A C string cannot carry NUL; the log's decoder refuses it too.
+    if name.contains(&0) {
+        return errno(libc::EINVAL);
+    }
+    match XATTR_PREFIXES.iter().find(|p| name.starts_with(p)) {
+        Some(p) if name.len() > p.len() => {
+            debug_assert!(xattr_name_valid(name));
+            Ok(())
+        }
         Some(_) => errno(libc::EINVAL),
         None => errno(libc::EOPNOTSUPP),
     }
