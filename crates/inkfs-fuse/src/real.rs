@@ -201,6 +201,7 @@ pub fn serve_pool(cfg: &MountConfig, mnt: &Path, notify: &mut Notify) -> i32 {
         MountOptions {
             mode: cfg.mode,
             read_only: cfg.read_only,
+            ..Default::default()
         },
     ) {
         Ok(f) => f,
