@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use inkfs::format::{STATE_CLEAN, STATE_MOUNTED};
 use inkfs::pmem::{MappedPool, Pmem, PoolOpenOptions};
 use inkfs::superblock;
-use inkfs::types::{FormatOptions, MountOptions};
+use inkfs::types::{ErrorEvent, ErrorRecord, FormatOptions, MountOptions};
 use inkfs::Fs;
 
 /// Parse "4G", "512M", "64k", "1T" or plain bytes.
@@ -283,9 +283,19 @@ pub fn stat(args: &[String]) -> Result<(), String> {
     };
     let used = st.blocks - st.blocks_free;
     let inodes = st.files - st.files_free;
+    let errors = ErrorRecord::of(&sb);
     if json {
+        let event = |e: Option<ErrorEvent>| match e {
+            None => "null".to_string(),
+            Some(e) => format!(
+                "{{\"unix_ns\":{},\"inode\":{},\"reason\":{}}}",
+                e.unix_ns,
+                e.ino.map_or("null".to_string(), |i| i.to_string()),
+                json_str(e.reason().map_or("unknown", |r| r.name()))
+            ),
+        };
         println!(
-            "{{\"pool\":{},\"format_version\":{},\"backend\":{},\"flush\":{},\"size_bytes\":{},\"block_size\":{},\"lanes\":{},\"state\":{},\"blocks_total\":{},\"blocks_used\":{},\"blocks_free\":{},\"inodes\":{},\"used_backup_superblock\":{}}}",
+            "{{\"pool\":{},\"format_version\":{},\"backend\":{},\"flush\":{},\"size_bytes\":{},\"block_size\":{},\"lanes\":{},\"state\":{},\"blocks_total\":{},\"blocks_used\":{},\"blocks_free\":{},\"inodes\":{},\"used_backup_superblock\":{},\"errors_count\":{},\"first_error\":{},\"last_error\":{}}}",
             json_str(&path.display().to_string()),
             sb.version,
             json_str(info.kind.describe()),
@@ -298,7 +308,10 @@ pub fn stat(args: &[String]) -> Result<(), String> {
             used,
             st.blocks_free,
             inodes,
-            rep.used_backup_superblock
+            rep.used_backup_superblock,
+            errors.count,
+            event(errors.first),
+            event(errors.last)
         );
     } else {
         println!("pool:            {}", path.display());
@@ -320,6 +333,14 @@ pub fn stat(args: &[String]) -> Result<(), String> {
             human(st.blocks_free * st.block_size as u64)
         );
         println!("inodes:          {inodes}");
+        if errors.is_clear() {
+            println!("errors:          none recorded");
+        } else {
+            println!(
+                "errors:          {}; a read-write mount needs `inkfs fsck -y` first",
+                errors.describe()
+            );
+        }
         if rep.used_backup_superblock {
             println!(
                 "warning:         the primary superblock is damaged; the backup copy was used"

@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use inkfs::pmem::{MappedPool, Pmem, PoolOpenOptions};
+use inkfs::scrub::{ScrubProgress, ScrubReport};
 use inkfs::types::{
     Attr, DirEntry, FallocFlags, MountOptions, RenameFlags, SetAttr, StatFs, Whence, XattrFlags,
 };
@@ -112,8 +113,10 @@ impl<P: Pmem> Engine for Fs<P> {
     }
     fn fsync_is_noop(&self) -> bool {
         // Strict and sync modes persist every call before it returns (see
-        // `Fs::fsync`); a read-only mount has nothing to persist.
-        self.mode() != inkfs::types::Mode::Posix || self.is_read_only()
+        // `Fs::fsync`); a read-only mount has nothing to persist. (A mount
+        // turned read-only by errors=remount-ro still may: posix fsync
+        // makes its committed writes durable.)
+        self.mode() != inkfs::types::Mode::Posix || self.is_mounted_read_only()
     }
     fn fallocate(&self, fh: &FileHandle, off: u64, len: u64, flags: FallocFlags) -> Result<()> {
         Fs::fallocate(self, fh, off, len, flags)
@@ -151,8 +154,9 @@ impl<P: Pmem> Engine for Fs<P> {
     }
     fn report_lines(&self) -> Vec<(String, String)> {
         let g = self.gc_stats();
+        let e = self.error_stats();
         let (inodes, pages) = self.loaded_log_pages();
-        [
+        let mut lines: Vec<(String, String)> = [
             ("inodes_loaded", inodes),
             ("log_pages_of_loaded_inodes", pages),
             ("gc_fast_scans", g.fast_scans),
@@ -161,10 +165,25 @@ impl<P: Pmem> Engine for Fs<P> {
             ("gc_compactions", g.compactions),
             ("gc_compaction_pages_freed", g.compaction_pages_freed),
             ("pool_populating", u64::from(self.pmem().populating())),
+            // Corruption met while mounted (errors=), this mount's count.
+            ("fs_errors", e.count),
+            ("fs_errors_recorded", e.recorded.count),
+            ("remounted_read_only", u64::from(e.remounted_ro)),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+        .collect();
+        lines.push(("errors_policy".into(), e.policy.name().into()));
+        if let Some(last) = e.recorded.last {
+            lines.push(("last_error".into(), last.describe()));
+        }
+        lines
+    }
+    fn is_read_only(&self) -> bool {
+        Fs::is_read_only(self)
+    }
+    fn scrub(&self, progress: &mut dyn FnMut(ScrubProgress) -> bool) -> Result<ScrubReport> {
+        Ok(Fs::scrub(self, progress))
     }
 }
 
@@ -201,7 +220,7 @@ pub fn serve_pool(cfg: &MountConfig, mnt: &Path, notify: &mut Notify) -> i32 {
         MountOptions {
             mode: cfg.mode,
             read_only: cfg.read_only,
-            ..Default::default()
+            errors: cfg.errors,
         },
     ) {
         Ok(f) => f,
@@ -210,6 +229,16 @@ pub fn serve_pool(cfg: &MountConfig, mnt: &Path, notify: &mut Notify) -> i32 {
             return 1;
         }
     };
+    let recorded = fs.error_stats().recorded;
+    if !recorded.is_clear() {
+        // Only a read-only mount gets here with a record (the engine
+        // refuses a read-write one): say why the pool needs fsck.
+        eprintln!(
+            "inkfs: warning: {}: {}; mounted read-only, run `inkfs fsck -y` on it after unmounting",
+            cfg.pool.display(),
+            recorded.describe()
+        );
+    }
     // DRAM pools: take tmpfs's first-touch page faults in the background
     // now rather than one per fresh block inside write requests.
     fs.pmem().populate_in_background();

@@ -378,10 +378,13 @@ pub struct StatsServer {
 }
 
 impl StatsServer {
+    /// `scrub`: serves the `scrub` request (see scrub.rs), if the engine
+    /// has one; every other request gets the report.
     pub fn start(
         dir: &Path,
         mountpoint: &Path,
         reporter: Reporter,
+        scrub: Option<crate::scrub::Handler>,
     ) -> std::io::Result<StatsServer> {
         std::fs::create_dir_all(dir)?;
         let path = socket_path(dir, mountpoint);
@@ -409,6 +412,14 @@ impl StatsServer {
                     let _ = conn.set_write_timeout(Some(Duration::from_secs(2)));
                     let mut req = [0u8; 16];
                     let n = conn.read(&mut req).unwrap_or(0);
+                    if let Some(scrub) = scrub
+                        .as_ref()
+                        .filter(|_| req[..n].starts_with(crate::scrub::REQUEST))
+                    {
+                        // Runs on its own thread: the report stays available.
+                        scrub(conn);
+                        continue;
+                    }
                     let json = req[..n].starts_with(b"json");
                     let _ = conn.write_all(reporter(json).as_bytes());
                 }

@@ -247,6 +247,11 @@ impl<P: Pmem> Fs<P> {
     pub fn pmem(&self) -> &P {
         &self.pm
     }
+    /// Mounted read-only (`MountOptions::read_only`): nothing is written,
+    /// not even an error record.
+    pub fn is_mounted_read_only(&self) -> bool {
+        self.read_only
+    }
     /// Mounted read-only, or turned read-only by `errors=remount-ro`.
     pub fn is_read_only(&self) -> bool {
         !self.may_write()
