@@ -15,7 +15,8 @@
 //! allocator by scanning, which also frees orphans), the namespace fixes go
 //! through the engine's normal commit paths (log entries committed by a tail
 //! store or the journal), and a clean unmount saves fresh free lists. A
-//! second check then tells what is left.
+//! second check then tells what is left. Last, the superblock's record of
+//! errors met while mounted is cleared if that check found nothing else.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -974,7 +975,7 @@ impl<'a, P: Pmem + ?Sized> Checker<'a, P> {
         }
         self.error(
             ProblemKind::ErrorsRecorded,
-            record.last.and_then(|e| e.ino),
+            None,
             format!(
                 "the superblock records {}; a read-write mount refuses the pool until a \
                  check finds nothing else wrong (-y then clears the record)",
