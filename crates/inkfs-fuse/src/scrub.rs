@@ -84,8 +84,10 @@ impl ScrubService {
     /// Stop a running scrub and wait (bounded) until it has let go of the
     /// engine; refuse new ones.
     pub fn shutdown(&self) {
-        self.state.stop.store(true, Ordering::Relaxed);
         let running = self.state.running.lock().unwrap_or_else(|e| e.into_inner());
+        // Under the mutex: a request either registered as running before
+        // (and is waited for) or sees `stop` and never takes the engine.
+        self.state.stop.store(true, Ordering::Relaxed);
         let _ = self
             .state
             .ended
@@ -104,6 +106,10 @@ fn serve<E: Engine>(engine: &Weak<E>, st: &State, mut conn: UnixStream) {
     }
     {
         let mut running = st.running.lock().unwrap_or_else(|e| e.into_inner());
+        if st.stop.load(Ordering::Relaxed) {
+            let _ = writeln!(conn, "error the file system is being unmounted");
+            return;
+        }
         if *running {
             let _ = writeln!(conn, "error a scrub of this file system is already running");
             return;
@@ -116,10 +122,8 @@ fn serve<E: Engine>(engine: &Weak<E>, st: &State, mut conn: UnixStream) {
 }
 
 fn run<E: Engine>(engine: &Weak<E>, st: &State, conn: &mut UnixStream) {
-    let Some(engine) = engine
-        .upgrade()
-        .filter(|_| !st.stop.load(Ordering::Relaxed))
-    else {
+    // Gone only if the unmount took it back already (not while running).
+    let Some(engine) = engine.upgrade() else {
         let _ = writeln!(conn, "error the file system is being unmounted");
         return;
     };
