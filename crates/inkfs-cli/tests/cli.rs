@@ -46,7 +46,8 @@ fn mkfs_then_stat() {
     let o = inkfs(&["stat", pool.s()]);
     assert!(o.status.success(), "{}", text(&o));
     let t = text(&o);
-    assert!(t.contains("format version:  2"), "{t}");
+    assert!(t.contains("format version:  3"), "{t}");
+    assert!(t.contains("errors:          none recorded"), "{t}");
     assert!(
         t.contains("DRAM"),
         "a /dev/shm pool is the DRAM backend: {t}"
@@ -58,6 +59,10 @@ fn mkfs_then_stat() {
     assert!(t.starts_with('{') && t.trim_end().ends_with('}'), "{t}");
     assert!(t.contains("\"size_bytes\":67108864"), "{t}");
     assert!(t.contains("\"state\":\"clean\""), "{t}");
+    assert!(
+        t.contains("\"errors_count\":0,\"first_error\":null,\"last_error\":null"),
+        "{t}"
+    );
 }
 
 #[test]

@@ -393,8 +393,12 @@ mod tests {
         assert!(lines[2].starts_with(
             "json {\"clean\":false,\"cancelled\":false,\"read_only\":true,\"inodes\":3,"
         ));
-        assert!(lines[2].ends_with(
-            "\"problems\":[{\"reason\":\"log\",\"inode\":7,\"message\":\"inode 7 log: \\\"bad\\\"\\nentry\"}]}"
-        ));
+        assert!(
+            lines[2].ends_with(
+                "\"problems\":[{\"reason\":\"log\",\"inode\":7,\"message\":\"inode 7 log: \\\"bad\\\"\\u000aentry\"}]}"
+            ),
+            "{}",
+            lines[2]
+        );
     }
 }

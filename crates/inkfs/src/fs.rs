@@ -488,7 +488,9 @@ impl<P: Pmem> Fs<P> {
         st.open_count = st.open_count.saturating_sub(1);
         if st.open_count == 0 {
             self.drop_prealloc(&mut st);
-            // Read-only (also by errors=remount-ro): the next mount frees it.
+            // Read-only: after errors=remount-ro the unmount frees it (a
+            // read-only mount never has one: a crash's are freed by the
+            // next read-write mount).
             if st.orphan && !st.gone && self.may_write() {
                 self.free_inode_now(&fh.inode, &mut st);
             }
