@@ -317,6 +317,35 @@ fn damage_met_by_unlink_is_counted() {
     assert_eq!(s.recorded.first.unwrap().ino, Some(victim));
 }
 
+/// Damage log GC meets (a loaded inode's page chain broken since it was
+/// loaded) goes through the same path; GC leaves that log alone.
+#[test]
+fn damage_met_by_log_gc_is_counted() {
+    let (pm, victim, _, _) = pool();
+    let fs = Fs::mount(pm, opts(ErrorsPolicy::Continue)).unwrap();
+    let fh = fs.open(victim).unwrap();
+    // Two pages of entries, all but the last dead (one hot page).
+    for i in 0..70u32 {
+        fs.write(&fh, 0, &[i as u8; 100]).unwrap();
+    }
+    assert!(fs.log_pages(victim).unwrap() >= 2);
+    assert_eq!(fs.error_stats().count, 0);
+    // Break the head page's link to the next page.
+    let rec: InodeRecord = read_pod(fs.pmem(), rec_off(fs.pmem(), victim));
+    let link = rec.log_head * BLOCK_SIZE + LOG_FOOTER_OFFSET;
+    fs.pmem().write_u64(link, 1);
+    fs.pmem().persist(link, 8);
+    // Enough appends for compaction (and fast GC) to come due.
+    for i in 0..200u32 {
+        fs.write(&fh, 0, &[i as u8; 100]).unwrap();
+    }
+    fs.release(fh);
+    let s = fs.error_stats();
+    assert!(s.count >= 1, "{s:?}");
+    assert_eq!(s.recorded.first.unwrap().ino, Some(victim));
+    assert_eq!(s.recorded.first.unwrap().reason(), Some(ErrorReason::Log));
+}
+
 /// A read-only mount counts and reports, and writes nothing.
 #[test]
 fn read_only_mount_counts_but_does_not_write() {
