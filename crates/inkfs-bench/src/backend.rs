@@ -201,6 +201,7 @@ impl Lib {
             MountOptions {
                 mode,
                 read_only: false,
+                ..Default::default()
             },
         )
         .map_err(e)?;

@@ -4,6 +4,7 @@
 mod crashtest;
 mod fsck;
 mod pool;
+mod scrub;
 mod selftest;
 mod state;
 
@@ -21,10 +22,16 @@ commands:
                       running mount (live per-operation statistics)
   mount POOL MOUNTPOINT [-f] [-o mode=strict|sync|posix,ro,threads=N,...]
                       mount with FUSE; returns once the mount is live
+                      (errors=remount-ro|continue: on corruption met while
+                      mounted, turn read-only, the default, or keep serving)
   fsck POOL [-y|--repair] [--json] [-q] [--progress]
                       check a pool (read-only unless -y, which repairs what
                       is safely repairable); exit 0 clean, 1 errors fixed,
                       4 errors left, 8 operational error
+  scrub MOUNTPOINT [--json] [-q]
+                      check every checksum of a mounted pool while it keeps
+                      serving; exit 0 clean, 4 damage found, 8 operational
+                      error
   selftest POOL       write a tree through the library, unmount, remount,
                       verify every byte, fsck, clean up (for new hardware)
   null-fs MOUNTPOINT  a do-nothing FUSE file system (benchmark floor)
@@ -44,11 +51,12 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     let rest = &args[1..];
-    const COMMANDS: [&str; 8] = [
+    const COMMANDS: [&str; 9] = [
         "mkfs",
         "stat",
         "mount",
         "fsck",
+        "scrub",
         "selftest",
         "null-fs",
         "install-helper",
@@ -67,6 +75,7 @@ fn main() -> ExitCode {
         "stat" => pool::stat(rest),
         "crashtest" => crashtest::main(rest),
         "fsck" => return exit_code(fsck::fsck_main(rest)),
+        "scrub" => return exit_code(scrub::scrub_main(rest)),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(())

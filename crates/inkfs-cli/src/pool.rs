@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use inkfs::pmem::{probe_pool, MappedPool, Pmem, PoolBusy, PoolFile, PoolOpenOptions};
 use inkfs::superblock;
-use inkfs::types::{FormatOptions, MountOptions};
+use inkfs::types::{ErrorEvent, ErrorRecord, FormatOptions, MountOptions};
 use inkfs::Fs;
 use inkfs_fuse::stats::human_bytes;
 use serde_json::json;
@@ -331,7 +331,16 @@ pub fn stat(args: &[String]) -> Result<(), String> {
         (fs.superblock(), space)
     };
     let state = pool_state(sb.state, busy.as_ref());
+    let errors = ErrorRecord::of(&sb);
     if json {
+        let event = |e: Option<ErrorEvent>| match e {
+            None => serde_json::Value::Null,
+            Some(e) => json!({
+                "unix_ns": e.unix_ns,
+                "inode": e.ino,
+                "reason": e.reason().map_or("unknown", |r| r.name()),
+            }),
+        };
         let mut v = json!({
             "pool": path.display().to_string(),
             "format_version": sb.version,
@@ -344,6 +353,9 @@ pub fn stat(args: &[String]) -> Result<(), String> {
             "held": held_json(busy.as_ref()),
             "holders": holders_json(busy.as_ref()),
             "mounted_on": mounted_on.iter().map(|m| m.display().to_string()).collect::<Vec<_>>(),
+            "errors_count": errors.count,
+            "first_error": event(errors.first),
+            "last_error": event(errors.last),
         });
         match space {
             Space::Counted {
@@ -375,6 +387,17 @@ pub fn stat(args: &[String]) -> Result<(), String> {
         ("size", human_bytes(sb.size_bytes)),
         ("lanes", sb.lane_count.to_string()),
         ("state", state.text),
+        (
+            "errors",
+            if errors.is_clear() {
+                "none recorded".to_string()
+            } else {
+                format!(
+                    "{}; a read-write mount needs `inkfs fsck -y` first",
+                    errors.describe()
+                )
+            },
+        ),
     ];
     for m in &mounted_on {
         let dead =

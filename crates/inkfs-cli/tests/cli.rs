@@ -55,6 +55,8 @@ fn mkfs_then_stat() {
     let o = inkfs(&["stat", pool.s()]);
     assert!(o.status.success(), "{}", text(&o));
     let t = text(&o);
+    assert_eq!(field(&t, "format version"), "3", "{t}");
+    assert_eq!(field(&t, "errors"), "none recorded", "{t}");
     assert!(
         field(&t, "format version").parse::<u32>().unwrap() >= 2,
         "{t}"
@@ -77,6 +79,10 @@ fn mkfs_then_stat() {
     assert!(t.starts_with('{') && t.trim_end().ends_with('}'), "{t}");
     assert!(t.contains("\"size_bytes\":67108864"), "{t}");
     assert!(t.contains("\"state\":\"clean\""), "{t}");
+    assert!(
+        t.contains("\"errors_count\":0,\"first_error\":null,\"last_error\":null"),
+        "{t}"
+    );
 }
 
 #[test]

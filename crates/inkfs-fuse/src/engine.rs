@@ -6,6 +6,7 @@
 //! front-end bug from an engine bug. The methods mirror `inkfs::Fs` one for
 //! one; generics keep the real path monomorphised (no dynamic dispatch).
 
+use inkfs::scrub::{ScrubProgress, ScrubReport};
 use inkfs::types::{Attr, DirEntry, FallocFlags, RenameFlags, SetAttr, StatFs, Whence, XattrFlags};
 use inkfs::Result;
 
@@ -99,5 +100,15 @@ pub trait Engine: Send + Sync + 'static {
     /// figures); none by default.
     fn report_lines(&self) -> Vec<crate::stats::Field> {
         Vec::new()
+    }
+    /// Whether mutating calls are refused now: a read-only mount, or an
+    /// engine that turned read-only on corruption (`errors=remount-ro`).
+    fn is_read_only(&self) -> bool {
+        false
+    }
+    /// An online check of every checksum (`inkfs scrub`); `progress`
+    /// returns false to stop it. ENOSYS for engines without one.
+    fn scrub(&self, _progress: &mut dyn FnMut(ScrubProgress) -> bool) -> Result<ScrubReport> {
+        Err(inkfs::Error::Errno(libc::ENOSYS))
     }
 }

@@ -99,6 +99,17 @@ pub struct InkFuse<E: Engine> {
     read_only: bool,
 }
 
+/// The attributes a readdirplus entry carries when its inode cannot be read:
+/// its number and the type from the directory entry, nothing else.
+fn unreadable_attr(ino: u64, kind: FileKind) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(ino),
+        kind: file_type(kind),
+        nlink: 1,
+        ..negative_attr()
+    }
+}
+
 /// The attributes of a negative lookup reply: only node 0 matters.
 fn negative_attr() -> FileAttr {
     FileAttr {
@@ -759,18 +770,24 @@ impl<E: Engine> Filesystem for InkFuse<E> {
             return;
         }
         for e in batch {
-            let attr = match self.fs.getattr(e.ino) {
-                Ok(a) => a,
+            let (attr, generation, ttl) = match self.fs.getattr(e.ino) {
+                Ok(a) => (file_attr(&a), a.generation, TTL),
                 // Removed since readdir saw it: skip the entry.
-                Err(_) => continue,
+                Err(err) if err.errno() == libc::ENOENT => continue,
+                // Unreadable (a damaged inode: the engine counted and
+                // reported it). Listed as ext4 lists a name whose inode it
+                // cannot read: the name shows, and with nothing cached
+                // (zero timeouts) a stat or open of it asks again and gets
+                // the error. Skipping it would hide the damage.
+                Err(_) => (unreadable_attr(e.ino, e.kind), 0, Duration::ZERO),
             };
             if reply.add(
                 INodeNo(e.ino),
                 e.cookie,
                 OsStr::from_bytes(&e.name),
-                &TTL,
-                &file_attr(&attr),
-                Generation(attr.generation),
+                &ttl,
+                &attr,
+                Generation(generation),
             ) {
                 break;
             }
@@ -916,7 +933,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
             if mask == 0 {
                 return Ok(());
             }
-            if mask & libc::W_OK != 0 && self.read_only {
+            if mask & libc::W_OK != 0 && (self.read_only || self.fs.is_read_only()) {
                 return Err(inkfs::Error::Errno(libc::EROFS));
             }
             let granted = if req.uid() == 0 {

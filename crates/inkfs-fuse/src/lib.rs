@@ -2,6 +2,8 @@
 //!
 //! - [`mount_main`]: `inkfs mount POOL MOUNTPOINT [-f] [-o OPTIONS]`
 //! - [`stat_mountpoint`]: live statistics of a running server (`inkfs stat`)
+//! - [`scrub::request`]: an online check run by a running server
+//!   (`inkfs scrub`)
 //! - [`null_main`]: a do-nothing FUSE file system, FUSE's own floor for
 //!   benchmarks (`inkfs null-fs MOUNTPOINT`)
 //! - [`install_helper_main`]: installs `/sbin/mount.fuse.inkfs` so that
@@ -9,7 +11,8 @@
 //!
 //! Module map: `engine` (the engine API the front end needs), `fs` (FUSE
 //! request handlers), `handles` (fh table), `stats` (counters, histograms,
-//! the stats socket), `mount` (options, daemon, dead mounts),
+//! the stats socket), `scrub` (scrub requests on that socket, both ends),
+//! `mount` (options, daemon, dead mounts),
 //! `nullfs`, `memfs` (in-memory reference engine for tests).
 
 pub mod clock;
@@ -22,6 +25,7 @@ pub mod mount;
 pub mod nullfs;
 pub mod poll;
 mod real;
+pub mod scrub;
 pub mod stats;
 
 use std::path::{Path, PathBuf};
@@ -40,6 +44,13 @@ pub fn stat_mountpoint(path: &Path, json: bool) -> Option<Result<String, String>
 /// Send one request line (`text`, `json`, ...; the protocol is described in
 /// `stats.rs`) to the server of the mount at `path`.
 pub fn request_mountpoint(path: &Path, request: &str) -> Option<Result<String, String>> {
+    let (dirs, abs) = socket_dirs(path)?;
+    stats::query(&dirs, &abs, request)
+}
+
+/// Where the server of mount point `path` may have its socket: the run
+/// directories to look in, and the absolute mount point it is named after.
+fn socket_dirs(path: &Path) -> Option<(Vec<PathBuf>, PathBuf)> {
     // A dead mount cannot be canonicalised (ENOTCONN): fall back to the
     // absolute path, which is what its server was started with in the
     // common case.
@@ -57,7 +68,15 @@ pub fn request_mountpoint(path: &Path, request: &str) -> Option<Result<String, S
     if let Some(owner) = stats::mount_owner(&abs).filter(|&o| o != 0 && o != euid) {
         dirs.push(PathBuf::from(format!("/tmp/inkfs-{owner}")));
     }
-    stats::query(&dirs, &abs, request)
+    Some((dirs, abs))
+}
+
+/// The socket of the inkfs server mounted on `path`, if there is one.
+pub(crate) fn server_socket(path: &Path) -> Option<PathBuf> {
+    let (dirs, abs) = socket_dirs(path)?;
+    dirs.iter()
+        .map(|d| stats::socket_path(d, &abs))
+        .find(|p| p.exists())
 }
 
 /// The mount(8) helper script, installed as /sbin/mount.fuse.inkfs.

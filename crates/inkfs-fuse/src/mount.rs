@@ -11,16 +11,21 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use fuser::{Config, Filesystem, MountOption, Session, SessionACL};
-use inkfs::types::Mode;
+use inkfs::types::{ErrorsPolicy, Mode};
 
 use crate::engine::Engine;
 use crate::fs::InkFuse;
+use crate::scrub::ScrubService;
 use crate::stats::{Access, Field, Handler, Request, Stats, StatsServer};
 
 pub const USAGE: &str = "usage: inkfs mount POOL MOUNTPOINT [-f] [-o OPTIONS]
 options (comma separated, mount(8) style):
   mode=strict|sync|posix   consistency mode (default strict)
   ro / rw                  read-only or read-write (default rw)
+  errors=remount-ro|continue  on corruption met while mounted: turn
+                           read-only (default) or keep serving; either way
+                           it is counted, logged and recorded, and the next
+                           read-write mount needs `inkfs fsck -y` first
   allow_other / noallow_other            (default: allow_other when root)
   default_permissions / nodefault_permissions  kernel permission checks (default on)
   threads=N                FUSE worker threads (default 2, 1 on a 1-CPU machine)
@@ -52,6 +57,8 @@ pub struct MountConfig {
     pub foreground: bool,
     pub mode: Mode,
     pub read_only: bool,
+    /// What the engine does on corruption met while mounted (`errors=`).
+    pub errors: ErrorsPolicy,
     pub allow_other: bool,
     pub default_permissions: bool,
     pub threads: usize,
@@ -78,6 +85,7 @@ impl MountConfig {
             foreground: false,
             mode: Mode::default(),
             read_only: false,
+            errors: ErrorsPolicy::default(),
             allow_other: is_root(),
             default_permissions: true,
             threads: default_threads(),
@@ -100,6 +108,10 @@ impl MountConfig {
                 ("mode", Some(v)) => {
                     self.mode = Mode::parse(v)
                         .ok_or_else(|| format!("mode={v}: expected strict, sync or posix"))?
+                }
+                ("errors", Some(v)) => {
+                    self.errors = ErrorsPolicy::parse(v)
+                        .ok_or_else(|| format!("errors={v}: expected remount-ro or continue"))?
                 }
                 ("ro", None) => self.read_only = true,
                 ("rw", None) => self.read_only = false,
@@ -578,6 +590,7 @@ pub fn run_engine<E: Engine>(
             other => Err(format!("unknown request '{other}' (known: text, json)")),
         })
     };
+    let scrubs = ScrubService::new(&engine);
     let mut server = None;
     let code = serve_session(
         adapter,
@@ -585,12 +598,20 @@ pub fn run_engine<E: Engine>(
         &cfg.fuser_config(),
         cfg.poll.then(|| stats.requests.clone()),
         notify,
-        || match StatsServer::start(&run_dir(), mnt, cfg.stats_access, handler) {
+        || match StatsServer::start(
+            &run_dir(),
+            mnt,
+            cfg.stats_access,
+            handler,
+            Some(scrubs.handler()),
+        ) {
             Ok(s) => server = Some(s),
             Err(e) => eprintln!("inkfs: statistics socket: {e} (continuing without)"),
         },
     );
     drop(server);
+    // A running scrub holds the engine: stop it before taking it back.
+    scrubs.shutdown();
     // The session and the stats server are gone: this is the last reference.
     let engine = match Arc::try_unwrap(engine) {
         Ok(e) => e,

@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use inkfs::pmem::{MappedPool, Pmem, PoolBusy, PoolOpenOptions};
+use inkfs::scrub::{ScrubProgress, ScrubReport};
 use inkfs::types::{
     Attr, DirEntry, FallocFlags, MountOptions, RenameFlags, SetAttr, StatFs, Whence, XattrFlags,
 };
@@ -113,8 +114,10 @@ impl<P: Pmem> Engine for Fs<P> {
     }
     fn fsync_is_noop(&self) -> bool {
         // Strict and sync modes persist every call before it returns (see
-        // `Fs::fsync`); a read-only mount has nothing to persist.
-        self.mode() != inkfs::types::Mode::Posix || self.is_read_only()
+        // `Fs::fsync`); a read-only mount has nothing to persist. (A mount
+        // turned read-only by errors=remount-ro still may: posix fsync
+        // makes its committed writes durable.)
+        self.mode() != inkfs::types::Mode::Posix || self.is_mounted_read_only()
     }
     fn fallocate(&self, fh: &FileHandle, off: u64, len: u64, flags: FallocFlags) -> Result<()> {
         Fs::fallocate(self, fh, off, len, flags)
@@ -152,8 +155,9 @@ impl<P: Pmem> Engine for Fs<P> {
     }
     fn report_lines(&self) -> Vec<Field> {
         let g = self.gc_stats();
+        let e = self.error_stats();
         let (inodes, pages) = self.loaded_log_pages();
-        vec![
+        let mut fields = vec![
             Field::count("inodes_loaded", "inodes in memory", inodes)
                 .explained("read from their logs since mount"),
             Field::count(
@@ -188,7 +192,35 @@ impl<P: Pmem> Engine for Fs<P> {
                  a first write to a page may take a page fault)",
                 "done, or not needed for this backend",
             ),
-        ]
+            // Corruption met while mounted (errors=), this mount's count.
+            Field::count("fs_errors", "errors met while mounted", e.count)
+                .explained("corruption found by operations or scrub since mount"),
+            Field::count(
+                "fs_errors_recorded",
+                "errors in the pool's record",
+                e.recorded.count,
+            )
+            .explained("kept in the superblock until inkfs fsck -y clears them"),
+            Field::flag(
+                "remounted_read_only",
+                "turned read-only",
+                e.remounted_ro,
+                "yes: errors=remount-ro met corruption; writes get EROFS",
+                "no",
+            ),
+            Field::text("errors_policy", "on errors", e.policy.name())
+                .explained("errors= mount option"),
+        ];
+        if let Some(last) = e.recorded.last {
+            fields.push(Field::text("last_error", "last error", last.describe()));
+        }
+        fields
+    }
+    fn is_read_only(&self) -> bool {
+        Fs::is_read_only(self)
+    }
+    fn scrub(&self, progress: &mut dyn FnMut(ScrubProgress) -> bool) -> Result<ScrubReport> {
+        Ok(Fs::scrub(self, progress))
     }
 }
 
@@ -234,6 +266,7 @@ pub fn serve_pool(
         MountOptions {
             mode: cfg.mode,
             read_only: cfg.read_only,
+            errors: cfg.errors,
         },
     ) {
         Ok(f) => f,
@@ -242,6 +275,16 @@ pub fn serve_pool(
             return 1;
         }
     };
+    let recorded = fs.error_stats().recorded;
+    if !recorded.is_clear() {
+        // Only a read-only mount gets here with a record (the engine
+        // refuses a read-write one): say why the pool needs fsck.
+        eprintln!(
+            "inkfs: warning: {}: {}; mounted read-only, run `inkfs fsck -y` on it after unmounting",
+            cfg.pool.display(),
+            recorded.describe()
+        );
+    }
     // DRAM pools: take tmpfs's first-touch page faults in the background
     // now rather than one per fresh block inside write requests.
     fs.pmem().populate_in_background();

@@ -18,7 +18,9 @@
 //! - the client sends one line, at most [`REQUEST_BYTES_MAX`] bytes: a
 //!   request word, then blank-separated arguments, then `\n` (or it shuts
 //!   its side down). Words today: `text` (the report for people), `json`
-//!   (the same for scripts).
+//!   (the same for scripts), and `scrub`, after which the connection
+//!   belongs to the scrub's own line protocol (`scrub.rs`) instead of the
+//!   status line below.
 //! - the server answers with a status line and closes: `ok\n` followed by
 //!   the body, or `error MESSAGE\n`. The client reads to the end.
 //!
@@ -644,11 +646,15 @@ pub struct StatsServer {
 }
 
 impl StatsServer {
+    /// `handler` answers the requests of the module comment; `scrub`
+    /// takes the connections that ask for a scrub (scrub.rs), if the
+    /// engine has one.
     pub fn start(
         dir: &Path,
         mountpoint: &Path,
         access: Access,
         handler: Handler,
+        scrub: Option<crate::scrub::Handler>,
     ) -> std::io::Result<StatsServer> {
         prepare_dir(dir)?;
         let path = socket_path(dir, mountpoint);
@@ -674,7 +680,7 @@ impl StatsServer {
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name("inkfs-stats".into())
-            .spawn(move || accept_loop(&listener, &stop2, &admission, &handler))?;
+            .spawn(move || accept_loop(&listener, &stop2, &admission, &handler, &scrub))?;
         Ok(StatsServer {
             path,
             ino,
@@ -710,6 +716,7 @@ fn accept_loop(
     stop: &AtomicBool,
     admission: &Arc<Admission>,
     handler: &Handler,
+    scrub: &Option<crate::scrub::Handler>,
 ) {
     for conn in listener.incoming() {
         if stop.load(Relaxed) {
@@ -727,12 +734,13 @@ fn accept_loop(
             Err(msg) => refuse(conn, &msg),
             Ok(slot) => {
                 let handler = handler.clone();
+                let scrub = scrub.clone();
                 // If the thread cannot start, the closure (the connection
                 // and the slot) is dropped: the client sees the end.
                 let _ = std::thread::Builder::new()
                     .name("inkfs-stats-client".into())
                     .spawn(move || {
-                        serve_client(conn, &handler);
+                        serve_client(conn, &handler, scrub.as_ref());
                         drop(slot);
                     });
             }
@@ -750,10 +758,18 @@ fn error_line(msg: &str) -> String {
     format!("error {}\n", msg.replace('\n', " "))
 }
 
-fn serve_client(mut conn: UnixStream, handler: &Handler) {
-    let answer = read_request(&mut conn, Instant::now() + REQUEST_TIMEOUT)
-        .and_then(|line| Request::parse(&line))
-        .and_then(|req| handler(&req));
+fn serve_client(mut conn: UnixStream, handler: &Handler, scrub: Option<&crate::scrub::Handler>) {
+    let request = read_request(&mut conn, Instant::now() + REQUEST_TIMEOUT)
+        .and_then(|line| Request::parse(&line));
+    if let (Ok(req), Some(scrub)) = (&request, scrub) {
+        if req.word.as_bytes() == crate::scrub::REQUEST {
+            // A scrub streams its own protocol (scrub.rs) from its own
+            // thread, and checks who may ask itself.
+            scrub(conn);
+            return;
+        }
+    }
+    let answer = request.and_then(|req| handler(&req));
     let out = match answer {
         Ok(body) => format!("ok\n{body}"),
         Err(msg) => error_line(&msg),
@@ -942,8 +958,8 @@ mod tests {
             "text" => Ok(format!("report {}\n", req.args.join(" "))),
             other => Err(format!("unknown request '{other}'")),
         });
-        let server =
-            StatsServer::start(&dir.path().join("run"), &mnt, access, handler).expect("start");
+        let server = StatsServer::start(&dir.path().join("run"), &mnt, access, handler, None)
+            .expect("start");
         (dir, mnt, server)
     }
 

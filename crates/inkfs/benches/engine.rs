@@ -124,6 +124,7 @@ fn run(pool: &std::path::Path, tmp: &std::path::Path, cfg: &Cfg) -> Result<(), S
             MountOptions {
                 mode,
                 read_only: false,
+                ..Default::default()
             },
         )
         .map_err(|e| e.to_string())?;

@@ -116,6 +116,7 @@ fn setup(path: &std::path::Path, cfg: &Cfg, chunk: &[u8]) -> Result<Pool, String
         MountOptions {
             mode: Mode::Strict,
             read_only: false,
+            ..Default::default()
         },
     )
     .map_err(err("mount"))?;

@@ -1034,6 +1034,17 @@ impl<P: Pmem> Fs<P> {
         if st.gone {
             return Ok(());
         }
+        if !self.may_write() {
+            // errors=remount-ro: what was committed is made durable (the
+            // tail rewritten with its own value, written back, fenced), but
+            // a pending mtime would need a log entry: say it was not.
+            self.persist_tail(inode, &mut st);
+            return if st.attr_dirty && !datasync {
+                errno(libc::EROFS)
+            } else {
+                Ok(())
+            };
+        }
         if st.attr_dirty && !datasync {
             let mut cur: LogCursor = st.log;
             let mut pages = NewPages::default();

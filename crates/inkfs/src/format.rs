@@ -16,9 +16,10 @@ pub const BLOCK_SHIFT: u32 = 12;
 pub const MAGIC: [u8; 8] = *b"INKFSpm1";
 /// 2: a log may begin with any entry (fast GC unlinks the page holding the
 /// first attribute snapshot once a newer one supersedes it); it must hold
-/// one somewhere. Version 1 pools are read as they are and marked 2 by the
-/// first read-write mount.
-pub const FORMAT_VERSION: u32 = 2;
+/// one somewhere. 3: the superblock records corruption met while mounted
+/// (the `errors_*` fields, zero in older pools). Older pools are read as
+/// they are and marked 3 by the first read-write mount.
+pub const FORMAT_VERSION: u32 = 3;
 
 /// Block numbers of the two superblock copies.
 pub const SUPER_PRIMARY_BLOCK: u64 = 0;
@@ -110,11 +111,85 @@ pub struct Superblock {
     pub created_unix_ns: u64,
     /// Last clean unmount time (0 if never).
     pub unmounted_unix_ns: u64,
-    pub reserved: [u8; 164],
+    /// Corruption met while mounted (version 3; ext4's `s_error_count` and
+    /// first/last error fields): how many times since mkfs or the last
+    /// fsck that cleared it. Non-zero: a read-write mount refuses the pool
+    /// until `inkfs fsck -y` finds it clean (docs/FORMAT.md, "Errors
+    /// record"). Zero in pools of older versions.
+    pub errors_count: u64,
+    /// When the first and the last of those errors were met (unix ns).
+    pub first_error_unix_ns: u64,
+    /// The inode concerned (0: none, e.g. a superblock or journal).
+    pub first_error_ino: u64,
+    pub last_error_unix_ns: u64,
+    pub last_error_ino: u64,
+    /// What was damaged: an [`ErrorReason`] code.
+    pub first_error_reason: u32,
+    pub last_error_reason: u32,
+    pub reserved: [u8; 116],
     /// crc32c of every byte before this field.
     pub checksum: u32,
 }
 pod!(Superblock, 256);
+// The offsets docs/FORMAT.md gives for the version 3 fields.
+const _: () = assert!(std::mem::offset_of!(Superblock, unmounted_unix_ns) == 80);
+const _: () = assert!(std::mem::offset_of!(Superblock, errors_count) == 88);
+const _: () = assert!(std::mem::offset_of!(Superblock, first_error_unix_ns) == 96);
+const _: () = assert!(std::mem::offset_of!(Superblock, first_error_ino) == 104);
+const _: () = assert!(std::mem::offset_of!(Superblock, last_error_unix_ns) == 112);
+const _: () = assert!(std::mem::offset_of!(Superblock, last_error_ino) == 120);
+const _: () = assert!(std::mem::offset_of!(Superblock, first_error_reason) == 128);
+const _: () = assert!(std::mem::offset_of!(Superblock, last_error_reason) == 132);
+const _: () = assert!(std::mem::offset_of!(Superblock, reserved) == 136);
+const _: () = assert!(std::mem::offset_of!(Superblock, checksum) == 252);
+
+/// What a runtime error found damaged (`Superblock::*_error_reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum ErrorReason {
+    /// An inode's log: page chain, footer, entry length, checksum or fields.
+    Log = 1,
+    /// An inode record: state, number, kind, or a head/tail that disagrees
+    /// with the loaded inode.
+    InodeRecord = 2,
+    /// An inode-table chain: trailer magic or link.
+    InodeTable = 3,
+    /// The directory tree: a parent chain that misses the root, an inode
+    /// slot handed out while its record is in use.
+    Namespace = 4,
+    /// A superblock copy that differs from the mounted one.
+    Superblock = 5,
+    /// A lane journal holding a commit word while no transaction runs.
+    Journal = 6,
+}
+
+impl ErrorReason {
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+    pub fn from_code(code: u32) -> Option<ErrorReason> {
+        Some(match code {
+            1 => ErrorReason::Log,
+            2 => ErrorReason::InodeRecord,
+            3 => ErrorReason::InodeTable,
+            4 => ErrorReason::Namespace,
+            5 => ErrorReason::Superblock,
+            6 => ErrorReason::Journal,
+            _ => return None,
+        })
+    }
+    /// A short name for messages and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorReason::Log => "log",
+            ErrorReason::InodeRecord => "inode-record",
+            ErrorReason::InodeTable => "inode-table",
+            ErrorReason::Namespace => "namespace",
+            ErrorReason::Superblock => "superblock",
+            ErrorReason::Journal => "journal",
+        }
+    }
+}
 
 impl Superblock {
     pub fn compute_checksum(&self) -> u32 {

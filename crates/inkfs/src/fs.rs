@@ -49,12 +49,14 @@ pub struct Fs<P: Pmem> {
     pub(crate) geo: Geometry,
     pub(crate) mode: Mode,
     pub(crate) read_only: bool,
-    sb: Mutex<Superblock>,
+    /// The superblock as last written (its mutex orders every superblock
+    /// write of a mounted pool: mount, error record, unmount).
+    pub(crate) sb: Mutex<Superblock>,
     pub(crate) blocks: BlockAllocator,
     pub(crate) slots: InodeSlots,
     pub(crate) tables: InodeTables,
     pub(crate) cache: InodeCache,
-    journals: Vec<Mutex<Journal>>,
+    pub(crate) journals: Vec<Mutex<Journal>>,
     /// Serialises cross-directory renames of directories, so the
     /// "not into its own descendant" check cannot race (as Linux's
     /// s_vfs_rename_mutex).
@@ -63,6 +65,8 @@ pub struct Fs<P: Pmem> {
     /// return to the allocator at the last close, and are free after a crash).
     reserved_blocks: LaneCounter,
     pub(crate) gc: crate::gc::GcCounters,
+    /// Corruption met while mounted: count, `errors=` policy, read-only.
+    pub(crate) health: crate::health::Health,
     report: MountReport,
 }
 
@@ -106,9 +110,29 @@ impl<P: Pmem> Fs<P> {
     }
 
     /// Open a formatted pool: instant after a clean unmount, a journal
-    /// replay plus a scan of every live log after a crash.
+    /// replay plus a scan of every live log after a crash. A pool whose
+    /// superblock records errors met while mounted is refused read-write
+    /// (BadPool, saying to run `inkfs fsck -y`); read-only is allowed.
     pub fn mount(pm: P, opts: MountOptions) -> Result<Fs<P>> {
+        Self::mount_inner(pm, opts, false)
+    }
+
+    /// `mount` for fsck's repairs, which run on a pool whose error record
+    /// is still set (fsck clears it only once a check finds the pool clean).
+    pub(crate) fn mount_for_repair(pm: P, opts: MountOptions) -> Result<Fs<P>> {
+        Self::mount_inner(pm, opts, true)
+    }
+
+    fn mount_inner(pm: P, opts: MountOptions, allow_recorded_errors: bool) -> Result<Fs<P>> {
         let (mut sb, source) = superblock::read_superblock(&pm)?;
+        // Refused before anything is written (journal replay, recovery).
+        if sb.errors_count != 0 && !opts.read_only && !allow_recorded_errors {
+            return Err(Error::BadPool(format!(
+                "{}; run `inkfs fsck -y` on it: a read-write mount needs a check that \
+                 finds it clean first (a read-only mount is allowed)",
+                ErrorRecord::of(&sb).describe()
+            )));
+        }
         let geo = Geometry::of(&sb);
         let tables = InodeTables::open(&geo);
         let mut report = MountReport {
@@ -174,12 +198,16 @@ impl<P: Pmem> Fs<P> {
             rename_lock: Mutex::new(()),
             reserved_blocks: LaneCounter::new(geo.lane_count),
             gc: Default::default(),
+            health: crate::health::Health::new(opts.errors),
             report,
         };
         let root = fs.iget(ROOT_INO)?;
         if root.kind != FileKind::Dir {
             return Err(Error::Corrupt("the root inode is not a directory".into()));
         }
+        // From here on damage is met while mounted; before, it failed the
+        // mount itself, which says so to its caller.
+        fs.health.arm();
         Ok(fs)
     }
 
@@ -189,6 +217,11 @@ impl<P: Pmem> Fs<P> {
         if self.read_only {
             return Ok(self.pm);
         }
+        // Also after errors=remount-ro: every call committed atomically, so
+        // the allocator is consistent and is saved, and the pool is marked
+        // clean (the error record stays). A clean pool mounts read-only
+        // without a scan, which a scan-refusing damaged log would forbid:
+        // the user can copy data off before fsck.
         for inode in self.cache.all() {
             let mut st = write(&inode.state);
             self.drop_prealloc(&mut st);
@@ -214,8 +247,14 @@ impl<P: Pmem> Fs<P> {
     pub fn pmem(&self) -> &P {
         &self.pm
     }
-    pub fn is_read_only(&self) -> bool {
+    /// Mounted read-only (`MountOptions::read_only`): nothing is written,
+    /// not even an error record.
+    pub fn is_mounted_read_only(&self) -> bool {
         self.read_only
+    }
+    /// Mounted read-only, or turned read-only by `errors=remount-ro`.
+    pub fn is_read_only(&self) -> bool {
+        !self.may_write()
     }
     pub fn mode(&self) -> Mode {
         self.mode
@@ -242,12 +281,20 @@ impl<P: Pmem> Fs<P> {
         raw % self.geo.lane_count
     }
 
+    /// EROFS for a mutating call on a read-only mount or after
+    /// `errors=remount-ro` turned the file system read-only.
     pub(crate) fn check_writable(&self) -> Result<()> {
-        if self.read_only {
-            errno(libc::EROFS)
-        } else {
+        if self.may_write() {
             Ok(())
+        } else {
+            errno(libc::EROFS)
         }
+    }
+
+    /// Whether anything but an error record may be written.
+    #[inline]
+    pub(crate) fn may_write(&self) -> bool {
+        !self.read_only && !self.health.is_remounted_ro()
     }
 
     // -----------------------------------------------------------------------
@@ -255,11 +302,14 @@ impl<P: Pmem> Fs<P> {
     // -----------------------------------------------------------------------
 
     /// The loaded inode `ino`, reading its log on first access.
+    /// Damage met on the way (its table, record or log) goes through the
+    /// errors= path ([`Fs::corruption`]).
     pub(crate) fn iget(&self, ino: u64) -> Result<Arc<Inode>> {
         self.cache.get_or_load(ino, || {
             let rec_off = self
                 .tables
-                .record_offset(&self.pm, ino)?
+                .record_offset(&self.pm, ino)
+                .map_err(|e| self.corruption(ErrorReason::InodeTable, Some(ino), e))?
                 .ok_or(Error::Errno(libc::ENOENT))?;
             let rec: InodeRecord = read_pod(&self.pm, rec_off);
             if !inode_state_valid(rec.state) {
@@ -271,15 +321,18 @@ impl<P: Pmem> Fs<P> {
             if rec.state == INODE_FREE {
                 return errno(libc::ENOENT);
             }
+            let bad_record =
+                |m: String| self.corruption(ErrorReason::InodeRecord, Some(ino), Error::Corrupt(m));
             if rec.ino != ino {
-                return Err(Error::Corrupt(format!(
+                return Err(bad_record(format!(
                     "inode record at {rec_off} names inode {}, expected {ino}",
                     rec.ino
                 )));
             }
-            let st = inode::load(&self.pm, &self.geo, ino, &rec)?;
             let kind = FileKind::from_u32(rec.kind)
-                .ok_or_else(|| Error::Corrupt(format!("inode {ino} kind")))?;
+                .ok_or_else(|| bad_record(format!("inode {ino}: unknown kind {}", rec.kind)))?;
+            let st = inode::load(&self.pm, &self.geo, ino, &rec)
+                .map_err(|e| self.corruption(ErrorReason::Log, Some(ino), e))?;
             Ok(Arc::new(Inode {
                 ino,
                 kind,
@@ -441,7 +494,10 @@ impl<P: Pmem> Fs<P> {
         st.open_count = st.open_count.saturating_sub(1);
         if st.open_count == 0 {
             self.drop_prealloc(&mut st);
-            if st.orphan && !st.gone && !self.read_only {
+            // Read-only: after errors=remount-ro the unmount frees it (a
+            // read-only mount never has one: a crash's are freed by the
+            // next read-write mount).
+            if st.orphan && !st.gone && self.may_write() {
                 self.free_inode_now(&fh.inode, &mut st);
             }
         }
@@ -479,7 +535,7 @@ impl<P: Pmem> Fs<P> {
         self.drop_prealloc(st);
         st.gone = true;
         st.orphan = false;
-        if let Ok(summary) = log::walk(
+        match log::walk(
             &self.pm,
             &self.geo,
             inode.ino,
@@ -487,8 +543,16 @@ impl<P: Pmem> Fs<P> {
             st.log.tail,
             |_, _| Ok(()),
         ) {
-            for p in summary.pages {
-                self.free_blocks(p, 1);
+            Ok(summary) => {
+                for p in summary.pages {
+                    self.free_blocks(p, 1);
+                }
+            }
+            // The log was readable when the inode was loaded: damaged since.
+            // Its pages stay allocated (a later scan frees them); the record
+            // is already FREE.
+            Err(e) => {
+                self.corruption(ErrorReason::Log, Some(inode.ino), e);
             }
         }
         match &mut st.body {

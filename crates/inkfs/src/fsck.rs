@@ -15,7 +15,8 @@
 //! allocator by scanning, which also frees orphans), the namespace fixes go
 //! through the engine's normal commit paths (log entries committed by a tail
 //! store or the journal), and a clean unmount saves fresh free lists. A
-//! second check then tells what is left.
+//! second check then tells what is left. Last, the superblock's record of
+//! errors met while mounted is cleared if that check found nothing else.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -32,7 +33,7 @@ use crate::log::{EntryBuf, NewPages};
 use crate::pmem::{read_pod, write_pod, BackendInfo, Pmem};
 use crate::superblock::{self, Geometry};
 use crate::time::now_ns;
-use crate::types::{Mode, MountOptions};
+use crate::types::{ErrorRecord, Mode, MountOptions};
 
 /// What fsck may do.
 #[derive(Clone, Debug, Default)]
@@ -89,6 +90,9 @@ pub enum ProblemKind {
     /// A file's blocks hold non-zero bytes past its end of file (they
     /// would show if the file grew).
     PastEof,
+    /// The superblock records corruption met while mounted (errors=); the
+    /// mount refuses the pool read-write until a check finds it clean.
+    ErrorsRecorded,
     /// A repair step failed.
     Repair,
 }
@@ -114,6 +118,7 @@ impl ProblemKind {
             ProblemKind::BlockLeak => "block-leak",
             ProblemKind::Orphan => "orphan",
             ProblemKind::PastEof => "past-eof",
+            ProblemKind::ErrorsRecorded => "errors-recorded",
             ProblemKind::Repair => "repair",
         }
     }
@@ -330,7 +335,8 @@ pub fn check_with_progress<P: Pmem>(
 
     // What is left.
     let second = Checker::run(pm, "verify", progress)?;
-    let after = second.report();
+    let mut after = second.report();
+    settle_error_record(pm, &mut report, &mut after)?;
     let same = |a: &Problem, b: &Problem| a.kind == b.kind && a.ino == b.ino;
     for p in report.problems.iter_mut() {
         if p.repaired && after.errors().any(|q| same(p, q) && q.message == p.message) {
@@ -347,6 +353,58 @@ pub fn check_with_progress<P: Pmem>(
     }
     report.errors_remaining = after.errors_found();
     Ok(report)
+}
+
+/// The record of errors met while mounted is cleared (the mount then takes
+/// the pool again) only by a repair whose final check found nothing else
+/// wrong: that check is the full check e2fsck makes of a file system with
+/// ERROR_FS set. Otherwise it stays, and a note says why.
+fn settle_error_record<P: Pmem>(
+    pm: &P,
+    report: &mut FsckReport,
+    after: &mut FsckReport,
+) -> Result<()> {
+    let is_record = |p: &Problem| p.kind == ProblemKind::ErrorsRecorded;
+    if !after.problems.iter().any(is_record) {
+        return Ok(());
+    }
+    if after.errors().any(|p| !is_record(p)) {
+        report.problems.push(Problem {
+            kind: ProblemKind::Repair,
+            severity: Severity::Note,
+            ino: None,
+            message: "the record of errors met while mounted is kept: other errors remain, \
+                      and the mount refuses the pool read-write until a check finds none"
+                .into(),
+            repairable: false,
+            repaired: false,
+        });
+        return Ok(());
+    }
+    // Primary then backup, each persisted: a crash leaves one intact copy,
+    // cleared or not (a torn primary falls back to the uncleared backup,
+    // and the next fsck clears it again).
+    let (mut sb, _) = superblock::read_superblock(pm)?;
+    clear_error_fields(&mut sb);
+    sb.seal();
+    superblock::write_superblocks(pm, &sb);
+    after.problems.retain(|p| !is_record(p));
+    report.modified = true;
+    for p in report.problems.iter_mut().filter(|p| is_record(p)) {
+        p.repaired = true;
+    }
+    Ok(())
+}
+
+/// The superblock without an error record.
+fn clear_error_fields(sb: &mut Superblock) {
+    sb.errors_count = 0;
+    sb.first_error_unix_ns = 0;
+    sb.first_error_ino = 0;
+    sb.first_error_reason = 0;
+    sb.last_error_unix_ns = 0;
+    sb.last_error_ino = 0;
+    sb.last_error_reason = 0;
 }
 
 // ---------------------------------------------------------------------------
@@ -380,13 +438,19 @@ enum Fix {
     /// Zero pool bytes `(offset, len)` a file maps past its end of file.
     /// No reader sees them, so the stores need no ordering beyond a fence.
     ZeroPastEof { ranges: Vec<(u64, u64)> },
+    /// Clear the superblock's record of errors met while mounted: done last,
+    /// and only when the check after every other repair finds nothing else.
+    ClearErrorRecord,
 }
 
 impl Fix {
     fn needs_mount(&self) -> bool {
         !matches!(
             self,
-            Fix::CopySuperblock { .. } | Fix::ReplayJournal { .. } | Fix::ZeroPastEof { .. }
+            Fix::CopySuperblock { .. }
+                | Fix::ReplayJournal { .. }
+                | Fix::ZeroPastEof { .. }
+                | Fix::ClearErrorRecord
         )
     }
     /// Order of the mounted repairs: names first, then reconnects, then
@@ -471,11 +535,13 @@ fn repair_mounted<P: Pmem>(pm: &P, fixes: &[(usize, Fix)]) -> Result<FixResults>
         write_pod(pm, off, &SaveHeader::zeroed());
         pm.persist(off, std::mem::size_of::<SaveHeader>() as u64);
     }
-    let fs = Fs::mount(
+    // The error record, if set, stays until the check after these repairs.
+    let fs = Fs::mount_for_repair(
         Borrowed(pm as *const P),
         MountOptions {
             mode: Mode::Strict,
             read_only: false,
+            ..Default::default()
         },
     )?;
     let mut results = Vec::new();
@@ -499,7 +565,8 @@ fn repair_mounted<P: Pmem>(pm: &P, fixes: &[(usize, Fix)]) -> Result<FixResults>
                 Fix::RebuildAllocator => Ok(()),
                 Fix::CopySuperblock { .. }
                 | Fix::ReplayJournal { .. }
-                | Fix::ZeroPastEof { .. } => continue,
+                | Fix::ZeroPastEof { .. }
+                | Fix::ClearErrorRecord => continue,
             };
             results.push((*i, r));
         }
@@ -841,6 +908,7 @@ impl<'a, P: Pmem + ?Sized> Checker<'a, P> {
             blocks: BlockMap::default(),
             counts: [0; 6],
         };
+        c.check_error_record();
         c.load_tables();
         c.check_journals();
         c.scan_inodes(phase, progress);
@@ -893,6 +961,25 @@ impl<'a, P: Pmem + ?Sized> Checker<'a, P> {
             modified: false,
             errors_remaining: 0,
         }
+    }
+
+    /// Corruption met while mounted, recorded by the errors= path: an error
+    /// until a repair's final check finds nothing else and clears it.
+    fn check_error_record(&mut self) {
+        let record = ErrorRecord::of(&self.sb);
+        if record.is_clear() {
+            return;
+        }
+        self.error(
+            ProblemKind::ErrorsRecorded,
+            None,
+            format!(
+                "the superblock records {}; a read-write mount refuses the pool until a \
+                 check finds nothing else wrong (-y then clears the record)",
+                record.describe()
+            ),
+            Some(Fix::ClearErrorRecord),
+        );
     }
 
     /// Every lane's table chain: trailer magic, bounds, cycles.
@@ -1502,12 +1589,20 @@ fn check_superblocks<P: Pmem + ?Sized>(pm: &P, found: &mut Vec<Found>) -> Result
     ) {
         (Ok(()), Ok(())) => {
             if primary != backup {
-                // The mount updates state, epoch and unmount time, primary
-                // first: a crash in between leaves exactly this.
+                // The mount updates state, epoch and unmount time, the
+                // errors= path and fsck the error record, primary first: a
+                // crash in between leaves exactly this.
                 let mut b2 = backup;
                 b2.state = primary.state;
                 b2.mount_epoch = primary.mount_epoch;
                 b2.unmounted_unix_ns = primary.unmounted_unix_ns;
+                b2.errors_count = primary.errors_count;
+                b2.first_error_unix_ns = primary.first_error_unix_ns;
+                b2.first_error_ino = primary.first_error_ino;
+                b2.first_error_reason = primary.first_error_reason;
+                b2.last_error_unix_ns = primary.last_error_unix_ns;
+                b2.last_error_ino = primary.last_error_ino;
+                b2.last_error_reason = primary.last_error_reason;
                 b2.checksum = primary.checksum;
                 if b2 == primary {
                     push(

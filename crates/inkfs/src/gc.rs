@@ -73,19 +73,30 @@ const FAST_MIN_PAGES: u64 = 4;
 /// its cost O(1) per appended page; it pays off on logs too live to compact
 /// whose dead entries cluster (a hot page, name churn, a hot xattr).
 pub fn maybe_collect<P: Pmem>(fs: &Fs<P>, inode: &Inode, st: &mut InodeState) {
-    if fs.read_only || st.gone {
+    // Read-only, also once errors=remount-ro has stopped writes.
+    if !fs.may_write() || st.gone {
         return;
     }
     if st.log_entries >= MIN_ENTRIES && st.log_entries >= 2 * live_entries(st) {
-        // Failure (ENOSPC) just leaves the old log.
-        if compact(fs, inode, st).is_ok() {
-            return;
+        // Failure (ENOSPC) just leaves the old log; damage found in the old
+        // chain goes through the errors= path.
+        match compact(fs, inode, st) {
+            Ok(()) => return,
+            Err(e) => {
+                fs.corruption(ErrorReason::Log, Some(inode.ino), e);
+                if !fs.may_write() {
+                    return;
+                }
+            }
         }
     }
     if st.log.pages >= st.fast_gc_at.max(FAST_MIN_PAGES) {
-        // An error (a log fast GC cannot read) leaves the log as it is:
-        // GC is an optimisation, and the next mount reports the damage.
-        let _ = fast_collect(fs, inode, st);
+        // An error (a log fast GC cannot read) leaves the log as it is: GC
+        // is an optimisation. The damage itself goes through the errors=
+        // path (the log was readable when the inode was loaded).
+        if let Err(e) = fast_collect(fs, inode, st) {
+            fs.corruption(ErrorReason::Log, Some(inode.ino), e);
+        }
         st.fast_gc_at = next_scan(st.log.pages);
     }
 }

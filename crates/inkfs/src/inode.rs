@@ -384,6 +384,46 @@ impl InodeTables {
         Ok(lt.blocks.clone())
     }
 
+    /// Re-read every trailer of `lane`'s chain (scrub), under the lane's
+    /// mutex so a chain growing meanwhile is seen whole: the magic, and each
+    /// link equal to the chain walked before. Returns the blocks found good
+    /// (in order) and the first problem.
+    pub fn verify_chain<P: Pmem + ?Sized>(&self, pm: &P, lane: u32) -> (Vec<u64>, Option<String>) {
+        let mut lt = lock(&self.lanes[lane as usize]);
+        if let Err(e) = self.extend(pm, lane, &mut lt, usize::MAX) {
+            // `extend` stopped at the damage; the blocks before it are good.
+            let msg = match e {
+                Error::Corrupt(m) => m,
+                other => other.to_string(),
+            };
+            return (lt.blocks.clone(), Some(msg));
+        }
+        debug_assert!(lt.complete);
+        for (i, &block) in lt.blocks.iter().enumerate() {
+            let trailer: TableTrailer = read_pod(pm, block * BLOCK_SIZE + TABLE_TRAILER_OFFSET);
+            if trailer.magic != TABLE_MAGIC {
+                return (
+                    lt.blocks[..i].to_vec(),
+                    Some(format!(
+                        "lane {lane} inode table block {block} has a bad trailer"
+                    )),
+                );
+            }
+            let next = lt.blocks.get(i + 1).copied().unwrap_or(0);
+            if trailer.next_block != next {
+                return (
+                    lt.blocks[..=i].to_vec(),
+                    Some(format!(
+                        "lane {lane} inode table block {block} links to block {}, \
+                         but the chain continues at {next}",
+                        trailer.next_block
+                    )),
+                );
+            }
+        }
+        (lt.blocks.clone(), None)
+    }
+
     /// Record offset of an inode number, if its slot exists.
     pub fn record_offset<P: Pmem + ?Sized>(&self, pm: &P, ino: u64) -> Result<Option<u64>> {
         if ino == 0 {

@@ -13,6 +13,8 @@
 //! - [`fs`]: mount/unmount, attributes, handles, commit helpers
 //! - [`namei`]: namespace operations; [`file`]: data operations; [`xattr`]
 //! - [`gc`]: log compaction; [`recovery`]: crash rebuild
+//! - [`health`]: corruption met while mounted (errors= policy, error record)
+//! - [`scrub`]: online check of a mounted pool
 //! - [`fsck`]: offline consistency check and repair
 //! - [`crashtest`]: crash exploration (ACE-style workloads on the simulator)
 
@@ -27,6 +29,7 @@ pub mod format;
 pub mod fs;
 pub mod fsck;
 pub mod gc;
+pub mod health;
 pub mod inode;
 pub mod journal;
 pub mod log;
@@ -35,6 +38,7 @@ pub mod pagetable;
 pub mod perm;
 pub mod pmem;
 pub mod recovery;
+pub mod scrub;
 pub mod superblock;
 pub mod time;
 pub mod types;

@@ -315,12 +315,15 @@ impl<P: Pmem> Fs<P> {
     ) -> Result<(u64, LogCursor, u64, AttrEntry)> {
         let rec_off = self
             .tables
-            .ensure_slot(&self.pm, &self.blocks, lane, slot)?;
+            .ensure_slot(&self.pm, &self.blocks, lane, slot)
+            .map_err(|e| self.corruption(ErrorReason::InodeTable, Some(ino), e))?;
         let old: InodeRecord = crate::pmem::read_pod(&self.pm, rec_off);
         if old.state != INODE_FREE {
-            return Err(Error::Corrupt(format!(
-                "inode slot {ino} handed out while in use"
-            )));
+            return Err(self.corruption(
+                ErrorReason::Namespace,
+                Some(ino),
+                Error::Corrupt(format!("inode slot {ino} handed out while in use")),
+            ));
         }
         // Any value is valid on media: the count wraps rather than overflows.
         let generation = old.generation.wrapping_add(1);
@@ -713,9 +716,13 @@ impl<P: Pmem> Fs<P> {
             let inode = self.iget(cur)?;
             cur = read(&inode.state).attr.rdev_or_parent;
         }
-        Err(Error::Corrupt(format!(
-            "directory parent chain from {dir} does not reach the root"
-        )))
+        Err(self.corruption(
+            ErrorReason::Namespace,
+            Some(dir),
+            Error::Corrupt(format!(
+                "directory parent chain from {dir} does not reach the root"
+            )),
+        ))
     }
 
     #[allow(clippy::too_many_arguments)]

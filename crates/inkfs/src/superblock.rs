@@ -141,7 +141,14 @@ pub fn format<P: Pmem + ?Sized>(pm: &P, opts: &FormatOptions) -> Result<Superblo
         uuid: new_uuid(now),
         created_unix_ns: now as u64,
         unmounted_unix_ns: now as u64,
-        reserved: [0; 164],
+        errors_count: 0,
+        first_error_unix_ns: 0,
+        first_error_ino: 0,
+        last_error_unix_ns: 0,
+        last_error_ino: 0,
+        first_error_reason: 0,
+        last_error_reason: 0,
+        reserved: [0; 116],
         checksum: 0,
     };
     let saved = blocks

@@ -1,7 +1,8 @@
 //! The types of the public engine API (shared by the FUSE mount, the C ABI
 //! and the preload library).
 
-pub use crate::format::FileKind;
+use crate::format::Superblock;
+pub use crate::format::{ErrorReason, FileKind};
 
 /// Consistency mode, chosen when a pool is opened (docs/MODES.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -37,6 +38,133 @@ impl Mode {
 pub struct MountOptions {
     pub mode: Mode,
     pub read_only: bool,
+    /// What to do on corruption met while mounted (ext4's `errors=`).
+    pub errors: ErrorsPolicy,
+}
+
+/// What the engine does when it meets corruption while mounted, besides
+/// failing the call with EIO, counting it, saying so on stderr and in the
+/// system log, and recording it in the superblock (ext4's `errors=`;
+/// docs/DESIGN.md "Errors met while mounted").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ErrorsPolicy {
+    /// Turn read-only: every later mutating call fails with EROFS (reads go
+    /// on), log GC stops, so the damage cannot spread before `inkfs fsck`
+    /// has looked at it. The unmount still saves the allocator and marks
+    /// the pool clean, so that it can be mounted read-only to copy data off.
+    #[default]
+    RemountRo,
+    /// Keep serving; only the damaged objects fail.
+    Continue,
+}
+
+impl ErrorsPolicy {
+    pub fn parse(s: &str) -> Option<ErrorsPolicy> {
+        match s {
+            "remount-ro" => Some(ErrorsPolicy::RemountRo),
+            "continue" => Some(ErrorsPolicy::Continue),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorsPolicy::RemountRo => "remount-ro",
+            ErrorsPolicy::Continue => "continue",
+        }
+    }
+}
+
+/// One error of the superblock's record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ErrorEvent {
+    pub unix_ns: u64,
+    pub ino: Option<u64>,
+    /// The on-media reason code; [`ErrorReason::from_code`] names it.
+    pub reason_code: u32,
+}
+
+impl ErrorEvent {
+    pub fn reason(&self) -> Option<ErrorReason> {
+        ErrorReason::from_code(self.reason_code)
+    }
+    /// "2026-11-22T10:31:07Z, inode 12, log".
+    pub fn describe(&self) -> String {
+        let what = self.reason().map_or_else(
+            || format!("reason {}", self.reason_code),
+            |r| r.name().into(),
+        );
+        match self.ino {
+            Some(ino) => format!(
+                "{}, inode {ino}, {what}",
+                crate::time::utc_string(self.unix_ns)
+            ),
+            None => format!("{}, {what}", crate::time::utc_string(self.unix_ns)),
+        }
+    }
+}
+
+/// The superblock's record of errors met while mounted (format version 3).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ErrorRecord {
+    /// Errors since mkfs or the last fsck that cleared the record; 0: none.
+    pub count: u64,
+    pub first: Option<ErrorEvent>,
+    pub last: Option<ErrorEvent>,
+}
+
+impl ErrorRecord {
+    pub fn of(sb: &Superblock) -> ErrorRecord {
+        if sb.errors_count == 0 {
+            return ErrorRecord::default();
+        }
+        let event = |unix_ns, ino, reason_code| ErrorEvent {
+            unix_ns,
+            ino: (ino != 0).then_some(ino),
+            reason_code,
+        };
+        ErrorRecord {
+            count: sb.errors_count,
+            first: Some(event(
+                sb.first_error_unix_ns,
+                sb.first_error_ino,
+                sb.first_error_reason,
+            )),
+            last: Some(event(
+                sb.last_error_unix_ns,
+                sb.last_error_ino,
+                sb.last_error_reason,
+            )),
+        }
+    }
+    pub fn is_clear(&self) -> bool {
+        self.count == 0
+    }
+    /// "3 errors met while mounted (first: ...; last: ...)", or "none".
+    pub fn describe(&self) -> String {
+        match (self.first, self.last) {
+            (Some(f), Some(l)) if self.count > 1 => format!(
+                "{} errors met while mounted (first: {}; last: {})",
+                self.count,
+                f.describe(),
+                l.describe()
+            ),
+            (Some(f), _) => format!("1 error met while mounted ({})", f.describe()),
+            _ => "none".into(),
+        }
+    }
+}
+
+/// Corruption met while mounted (`Fs::error_stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ErrorStats {
+    pub policy: ErrorsPolicy,
+    /// Errors met during this mount.
+    pub count: u64,
+    /// The superblock's record (this mount's errors included, unless the
+    /// mount is read-only: a read-only mount writes nothing).
+    pub recorded: ErrorRecord,
+    /// The `remount-ro` policy turned the file system read-only.
+    pub remounted_ro: bool,
 }
 
 #[derive(Clone, Debug)]

@@ -37,6 +37,7 @@ fn fresh(mode: Mode, bytes: u64) -> F {
         MountOptions {
             mode,
             read_only: false,
+            ..Default::default()
         },
     )
     .unwrap()
@@ -226,6 +227,7 @@ fn check_and_remount(fs: F, mode: Mode) -> F {
         MountOptions {
             mode,
             read_only: false,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -250,6 +252,7 @@ fn check_and_remount(fs: F, mode: Mode) -> F {
         MountOptions {
             mode,
             read_only: false,
+            ..Default::default()
         },
     )
     .unwrap();

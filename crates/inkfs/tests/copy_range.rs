@@ -43,7 +43,15 @@ fn open(path: &PoolPath, create: Option<u64>, mode: Mode, read_only: bool) -> Fs
     if create.is_some() {
         Fs::format(&pm, &FormatOptions::default()).unwrap();
     }
-    Fs::mount(pm, MountOptions { mode, read_only }).unwrap()
+    Fs::mount(
+        pm,
+        MountOptions {
+            mode,
+            read_only,
+            ..Default::default()
+        },
+    )
+    .unwrap()
 }
 
 /// Deterministic bytes, different per `seed`.

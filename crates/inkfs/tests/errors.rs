@@ -27,6 +27,7 @@ fn fresh_sized(mode: Mode, bytes: u64) -> F {
         MountOptions {
             mode,
             read_only: false,
+            ..Default::default()
         },
     )
     .unwrap()
@@ -68,6 +69,7 @@ fn remount(fs: F, mode: Mode) -> F {
         MountOptions {
             mode,
             read_only: false,
+            ..Default::default()
         },
     )
     .unwrap()
@@ -491,6 +493,7 @@ fn erofs() {
         MountOptions {
             mode: Mode::Strict,
             read_only: true,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -639,6 +642,7 @@ fn enospc(mode: Mode) {
         MountOptions {
             mode,
             read_only: false,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -773,11 +777,19 @@ fn no_panic<T>(what: &str, f: impl FnOnce() -> T) -> T {
     }
 }
 
-/// Accessing the corrupted inode is an error; the rest still works.
+/// Accessing the corrupted inode is an error; the rest still works (with
+/// errors=continue: the default, remount-ro, refuses every later write with
+/// EROFS; tests/runtime_errors.rs checks that policy).
 fn check_lazy_detection(img: Vec<u8>, victim: u64, what: &str) {
     no_panic(what, || {
-        let fs = Fs::mount(SimPool::from_image(img.clone()), MountOptions::default())
-            .expect("a clean mount does not read every log");
+        let fs = Fs::mount(
+            SimPool::from_image(img.clone()),
+            MountOptions {
+                errors: ErrorsPolicy::Continue,
+                ..Default::default()
+            },
+        )
+        .expect("a clean mount does not read every log");
         let r = fs.getattr(victim);
         match &r {
             Err(Error::Corrupt(m)) => {
@@ -810,6 +822,9 @@ fn check_lazy_detection(img: Vec<u8>, victim: u64, what: &str) {
         })
         .unwrap();
         assert_eq!(names.len(), 5);
+        // Every failure above went through the errors= path.
+        assert_eq!(fs.error_stats().count, 6, "{what}");
+        assert!(!fs.is_read_only());
         drop(fs);
         // A crash-mode mount (state MOUNTED: drop without unmount above)
         // scans every log and must refuse with Corrupt.

@@ -245,5 +245,5 @@ fn version_1_pools_mount_and_are_upgraded_by_a_read_write_mount() {
     fs.release(fh);
     let pm = fs.unmount().unwrap();
     assert_eq!(read_superblock(&pm).unwrap().0.version, FORMAT_VERSION);
-    assert_eq!(FORMAT_VERSION, 2);
+    assert_eq!(FORMAT_VERSION, 3);
 }

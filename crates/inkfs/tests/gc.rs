@@ -65,6 +65,7 @@ fn strict() -> MountOptions {
     MountOptions {
         mode: Mode::Strict,
         read_only: false,
+        ..Default::default()
     }
 }
 
@@ -888,6 +889,7 @@ fn random_file_ops(seed: u64, mode: Mode) {
     let opts = MountOptions {
         mode,
         read_only: false,
+        ..Default::default()
     };
     let mut rng = Rng(seed);
     let mut fs = common::fresh(mode, 4 << 20);

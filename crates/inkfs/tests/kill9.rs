@@ -364,6 +364,7 @@ fn kill9_child() {
         MountOptions {
             mode,
             read_only: false,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -540,6 +541,7 @@ fn mount(path: &Path, mode: Mode) -> Fs<MappedPool> {
         MountOptions {
             mode,
             read_only: false,
+            ..Default::default()
         },
     )
     .unwrap_or_else(|e| panic!("mount {} failed: {e:?}", path.display()))

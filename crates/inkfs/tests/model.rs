@@ -408,6 +408,7 @@ impl Harness {
             MountOptions {
                 mode,
                 read_only: false,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -1212,6 +1213,7 @@ impl Harness {
             MountOptions {
                 mode: self.mode,
                 read_only: false,
+                ..Default::default()
             },
         )
         .map_err(|e| TestCaseError::fail(format!("clean remount: {e}")))?;
@@ -1246,6 +1248,7 @@ impl Harness {
             MountOptions {
                 mode: self.mode,
                 read_only: false,
+                ..Default::default()
             },
         )
         .map_err(|e| TestCaseError::fail(format!("crash remount: {e}")))?;

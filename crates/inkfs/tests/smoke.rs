@@ -17,6 +17,7 @@ fn fresh(mode: Mode) -> Fs<SimPool> {
         MountOptions {
             mode,
             read_only: false,
+            ..Default::default()
         },
     )
     .unwrap()
@@ -53,6 +54,7 @@ fn create_write_read_remount() {
             MountOptions {
                 mode,
                 read_only: false,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -75,6 +77,7 @@ fn create_write_read_remount() {
             MountOptions {
                 mode,
                 read_only: false,
+                ..Default::default()
             },
         )
         .unwrap();

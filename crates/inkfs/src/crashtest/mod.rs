@@ -286,6 +286,7 @@ fn record(base: &[u8], w: &Workload, mode: Mode, torn: bool) -> Result<Recorded,
         MountOptions {
             mode,
             read_only: false,
+            ..Default::default()
         },
     )
     .map_err(|e| format!("mount the base image: {e:?}"))?;
@@ -480,6 +481,7 @@ fn check_image(
     let mopts = MountOptions {
         mode,
         read_only: false,
+        ..Default::default()
     };
     let pm = SimPool::from_image(image);
     // fsck sees the crash image as the next mount will: pending journals

@@ -16,6 +16,7 @@ pub fn opts(mode: Mode) -> MountOptions {
     MountOptions {
         mode,
         read_only: false,
+        ..Default::default()
     }
 }
 
