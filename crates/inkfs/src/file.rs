@@ -500,10 +500,9 @@ impl<P: Pmem> Fs<P> {
         Ok(())
     }
 
-    /// Apply a committed entry to DRAM and collect the blocks it displaced
-    /// in `displaced` (never the blocks it maps itself: an in-place entry
-    /// remaps them), for the caller to free once the commit is durable.
-    /// Displaced blocks are freed at once when the commit was durable, or
+    /// Apply a committed entry to DRAM and free the blocks it displaced
+    /// (never the blocks it maps itself: an in-place entry remaps them; a
+    /// hole entry maps none): at once when the commit was durable, else
     /// collected in `deferred` to be freed after the next fence.
     fn apply_committed(
         &self,
@@ -511,18 +510,12 @@ impl<P: Pmem> Fs<P> {
         e: Entry<'_>,
         deferred: &mut Option<Vec<(u64, u64)>>,
     ) {
-        let own = match &e {
-            Entry::Write(w) => (w.block, w.block + w.pages as u64),
-            _ => (0, 0),
-        };
         let geo = self.geo;
-        let mut released = |b: u64, n: u64| {
-            if !(b >= own.0 && b < own.1) {
-                match deferred {
-                    Some(list) => list.push((b, n)),
-                    None => self.free_blocks(b, n),
-                }
-            }
+        // `released` gets only blocks nothing maps any more: an in-place
+        // entry's own blocks are cut out by the file map.
+        let mut released = |b: u64, n: u64| match deferred {
+            Some(list) => list.push((b, n)),
+            None => self.free_blocks(b, n),
         };
         let r = inode::apply_entry(&self.pm, &geo, st, e, &mut released);
         debug_assert!(r.is_ok(), "a committed entry must apply: {r:?}");

@@ -105,6 +105,25 @@ impl FileMap {
     /// unmap them when `block == 0`. Blocks no longer referenced are passed
     /// to `released` (the caller frees them once the change is committed).
     pub fn map(&mut self, page: u64, pages: u64, block: u64, released: &mut impl FnMut(u64, u64)) {
+        // A page mapped again to the block it has (a sync- or posix-mode
+        // overwrite in place, logged for its size and mtime) keeps that
+        // block: the structures below report every displaced mapping, so
+        // the new range is cut out of what they report here, once, for
+        // every caller. A hole (`block == 0`) keeps nothing.
+        let kept = if block == 0 {
+            0..0
+        } else {
+            block..block + pages
+        };
+        let displaced = &mut |b: u64, n: u64| {
+            let (lo, hi) = (b, b + n);
+            if lo < kept.start.min(hi) {
+                released(lo, kept.start.min(hi) - lo);
+            }
+            if kept.end.max(lo) < hi {
+                released(kept.end.max(lo), hi - kept.end.max(lo));
+            }
+        };
         // A write far past a table's pages (a sparse tail) would grow its
         // top level by 8 bytes per 2 MiB of distance, up to 256 MiB for
         // the largest file: go back to the tree first.
@@ -114,8 +133,8 @@ impl FileMap {
             }
         }
         match &mut self.index {
-            Index::Tree(t) => t.map(page, pages, block, released),
-            Index::Table(t) => t.map(page, pages, block, released),
+            Index::Tree(t) => t.map(page, pages, block, displaced),
+            Index::Table(t) => t.map(page, pages, block, displaced),
         }
         self.reconsider();
     }
@@ -425,5 +444,48 @@ mod tests {
         assert_eq!(m.mapped_pages(), 0);
         assert_eq!(m.index_kind(), IndexKind::ExtentTree);
         assert!(m.iter().next().is_none());
+    }
+
+    /// `released` gets exactly the blocks no longer mapped, in both
+    /// structures: none for a page mapped again to its own block (an
+    /// in-place overwrite's entry), every one for a hole, whatever the
+    /// block numbers (a hole over more pages than a block's number once
+    /// kept that block from being freed: issue 17).
+    #[test]
+    fn released_blocks_are_exactly_the_unmapped_ones() {
+        for table in [false, true] {
+            let mut m = one_page_extents(300);
+            if !table {
+                m.switch_to_tree();
+            }
+            let released = |m: &mut FileMap, page, pages, block| {
+                if table {
+                    m.switch_to_table();
+                }
+                let mut got = Vec::new();
+                m.map(page, pages, block, &mut |b, n| got.extend(b..b + n));
+                got.sort_unstable();
+                got
+            };
+            // Page p is at block 10 + 2p. In place: nothing.
+            assert_eq!(
+                released(&mut m, 5, 1, 20),
+                Vec::<u64>::new(),
+                "table {table}"
+            );
+            // Copy on write: the old block.
+            assert_eq!(released(&mut m, 6, 1, 5000), vec![22], "table {table}");
+            // A hole of 300 pages over blocks numbered 10..608: all of them.
+            let mut want: Vec<u64> = (0..300).map(|p| 10 + 2 * p).filter(|&b| b != 22).collect();
+            want.push(5000);
+            want.sort_unstable();
+            assert_eq!(released(&mut m, 0, 300, 0), want, "table {table}");
+            assert_eq!(m.mapped_pages(), 0);
+        }
+        // A run mapped again to its own blocks, inside a longer extent.
+        let mut m = FileMap::default();
+        m.map(0, 64, 100, &mut |_, _| {});
+        m.map(10, 20, 110, &mut |b, n| panic!("released {b}+{n}"));
+        assert_eq!(m.find(15).map(|e| e.block + (15 - e.page)), Some(115));
     }
 }
