@@ -488,4 +488,36 @@ mod tests {
         m.map(10, 20, 110, &mut |b, n| panic!("released {b}+{n}"));
         assert_eq!(m.find(15).map(|e| e.block + (15 - e.page)), Some(115));
     }
+
+    /// A hole entry of 2^20 pages over a table: only the leaves that exist
+    /// are visited (across empty leaves and past the last one), and the
+    /// counters, runs and released blocks are those of a page-by-page
+    /// unmap.
+    #[test]
+    fn a_long_hole_over_a_table_unmaps_leaf_by_leaf() {
+        let mut m = one_page_extents(2048);
+        let mut model: BTreeMap<u64, u64> = (0..2048).map(|p| (p, 10 + 2 * p)).collect();
+        // Leaf 1 gone, a run of linked pages inside leaf 3.
+        m.map(512, 512, 0, &mut |_, _| {});
+        m.map(1600, 8, 90_000, &mut |_, _| {});
+        for p in 512..1024 {
+            model.remove(&p);
+        }
+        for i in 0..8 {
+            model.insert(1600 + i, 90_000 + i);
+        }
+        m.switch_to_table();
+        assert_eq!(m.index_kind(), IndexKind::PageTable);
+        let mut freed: Vec<u64> = Vec::new();
+        m.map(700, 1 << 20, 0, &mut |b, n| freed.extend(b..b + n));
+        freed.sort_unstable();
+        let mut gone: Vec<u64> = model.range(700..).map(|(_, &b)| b).collect();
+        gone.sort_unstable();
+        model.retain(|&p, _| p < 700);
+        assert_eq!(freed, gone);
+        agrees(&m, &model, 2100);
+        m.map(0, 1 << 20, 0, &mut |_, _| {});
+        assert_eq!(m.mapped_pages(), 0);
+        assert!(m.iter().next().is_none());
+    }
 }

@@ -648,3 +648,87 @@ fn releases_concurrent_with_writes_and_punches_leak_nothing() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// Punches far past the end of file
+// ---------------------------------------------------------------------------
+
+/// A punch logs hole entries only over the pages it unmaps: one of 1 TiB
+/// past the end of a file cut into one-page extents (a page table in
+/// DRAM), and one up to the largest file size past the end of a short
+/// file, add at most one log page and run no log GC; punches over the
+/// same ranges from inside the files read, recover and check as expected.
+/// (Each hole entry covers at most 4 GiB: the 64 TiB punch logged 16,384
+/// of them, 1 MiB of log, and a 1 TiB one over a page table walked 2^28
+/// slots.)
+#[test]
+fn a_punch_far_past_the_end_logs_only_what_it_unmaps() {
+    let fs = fresh(Mode::Strict);
+    let punch = FallocFlags {
+        keep_size: true,
+        punch_hole: true,
+        zero_range: false,
+    };
+    let pages = 512u64;
+    let (a, t) = fs.create(1, b"t", 0o644, 0, 0).expect("create");
+    let mut model = vec![1u8; (pages * PAGE) as usize];
+    fs.write(&t, 0, &model).expect("write");
+    let mut rng = Rng(7);
+    for i in 0..2 * pages {
+        let p = rng.below(pages);
+        let byte = (i % 250) as u8 + 2;
+        fs.write(&t, p * PAGE, &[byte; PAGE as usize])
+            .expect("overwrite");
+        model[(p * PAGE) as usize..((p + 1) * PAGE) as usize].fill(byte);
+    }
+    assert_eq!(
+        fs.file_index(a.ino).expect("index").0,
+        inkfs::filemap::IndexKind::PageTable
+    );
+    // Past the end (as fsstress's punches often are): nothing to unmap,
+    // so no hole entry; a SET_ATTR at most. (Compaction would hide a long
+    // append: it must not have run either.)
+    let quiet = |fh: &FileHandle, ino: u64, off: u64, len: u64, what: &str| {
+        let (before, gc) = (fs.log_pages(ino).expect("log"), fs.gc_stats());
+        fs.fallocate(fh, off, len, punch).expect("punch");
+        let after = fs.log_pages(ino).expect("log");
+        assert_eq!(fs.gc_stats(), gc, "{what} ran log GC");
+        assert!(
+            after <= before + 1,
+            "{what} took the log from {before} to {after} pages"
+        );
+    };
+    quiet(
+        &t,
+        a.ino,
+        pages * PAGE,
+        1 << 40,
+        "a 1 TiB punch past a page table's end",
+    );
+    let half = pages / 2 * PAGE;
+    fs.fallocate(&t, half, 1 << 40, punch).expect("punch 1 TiB");
+    model[half as usize..].fill(0);
+
+    let (b, u) = fs.create(1, b"u", 0o644, 0, 0).expect("create");
+    fs.write(&u, 0, &[9u8; 65536]).expect("write");
+    let max = inkfs::format::MAX_FILE_BYTES;
+    quiet(
+        &u,
+        b.ino,
+        65536,
+        max - 65536,
+        "a punch to the largest size past the end",
+    );
+    fs.fallocate(&u, 0, max, punch).expect("punch everything");
+    fs.release(t);
+    fs.release(u);
+
+    let expect: View = [(b"t".to_vec(), model), (b"u".to_vec(), vec![0u8; 65536])].into();
+    assert_eq!(view_of(&fs), expect);
+    assert_accounting(&fs, "far punches");
+    let img = fs.pmem().current_image();
+    let rec = Fs::mount(SimPool::from_image(img), opts(Mode::Strict)).expect("recovery");
+    assert_eq!(view_of(&rec), expect, "after recovery");
+    let pm = fs.unmount().expect("unmount");
+    fsck_ok(&pm, false, "far punches");
+}
