@@ -176,6 +176,20 @@ fn runs(map: &FileMap, pos: u64, n: u64, mut f: impl FnMut(u64, Option<u64>, u64
     }
 }
 
+/// The pages `[lo, hi)` from the first to the last mapped page of `[first,
+/// end)`, if any is mapped. A punch logs hole entries for these only: the
+/// rest is a hole already, and a punch far past the end of file (up to
+/// 64 TiB) would otherwise log one entry per 4 GiB of it.
+fn mapped_span(map: &FileMap, first: u64, end: u64) -> Option<(u64, u64)> {
+    let e = map.next_from(first).filter(|e| e.page < end)?;
+    let lo = e.page.max(first);
+    let mut hi = e.end();
+    while let Some(e) = map.next_from(hi).filter(|e| e.page < end) {
+        hi = e.end();
+    }
+    Some((lo, hi.min(end)))
+}
+
 impl<P: Pmem> Fs<P> {
     fn file_state_check(inode: &Inode) -> Result<()> {
         match inode.kind {
@@ -500,10 +514,9 @@ impl<P: Pmem> Fs<P> {
         Ok(())
     }
 
-    /// Apply a committed entry to DRAM and collect the blocks it displaced
-    /// in `displaced` (never the blocks it maps itself: an in-place entry
-    /// remaps them), for the caller to free once the commit is durable.
-    /// Displaced blocks are freed at once when the commit was durable, or
+    /// Apply a committed entry to DRAM and free the blocks it displaced
+    /// (never the blocks it maps itself: an in-place entry remaps them; a
+    /// hole entry maps none): at once when the commit was durable, else
     /// collected in `deferred` to be freed after the next fence.
     fn apply_committed(
         &self,
@@ -511,18 +524,12 @@ impl<P: Pmem> Fs<P> {
         e: Entry<'_>,
         deferred: &mut Option<Vec<(u64, u64)>>,
     ) {
-        let own = match &e {
-            Entry::Write(w) => (w.block, w.block + w.pages as u64),
-            _ => (0, 0),
-        };
         let geo = self.geo;
-        let mut released = |b: u64, n: u64| {
-            if !(b >= own.0 && b < own.1) {
-                match deferred {
-                    Some(list) => list.push((b, n)),
-                    None => self.free_blocks(b, n),
-                }
-            }
+        // `released` gets only blocks nothing maps any more: an in-place
+        // entry's own blocks are cut out by the file map.
+        let mut released = |b: u64, n: u64| match deferred {
+            Some(list) => list.push((b, n)),
+            None => self.free_blocks(b, n),
         };
         let r = inode::apply_entry(&self.pm, &geo, st, e, &mut released);
         debug_assert!(r.is_ok(), "a committed entry must apply: {r:?}");
@@ -976,10 +983,12 @@ impl<P: Pmem> Fs<P> {
                     len: (end_full - first_full) * BLOCK_SIZE,
                 };
                 self.cow_range(st, first_full, end_full, src, size, now, tx)?;
-            } else {
-                let mut page = first_full;
-                while page < end_full {
-                    let n = (end_full - page).min(MAX_PAGES_PER_ENTRY);
+            } else if let Some((lo, hi)) =
+                st.file().and_then(|m| mapped_span(m, first_full, end_full))
+            {
+                let mut page = lo;
+                while page < hi {
+                    let n = (hi - page).min(MAX_PAGES_PER_ENTRY);
                     tx.pieces.push(write_entry(page, 0, n, size, now));
                     page += n;
                 }

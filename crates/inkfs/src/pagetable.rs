@@ -118,6 +118,41 @@ impl PageTable {
     /// `block == 0`; blocks no longer referenced go to `released`, in runs.
     pub fn map(&mut self, page: u64, pages: u64, block: u64, released: &mut impl FnMut(u64, u64)) {
         debug_assert!(pages > 0);
+        if block == 0 {
+            self.unmap(page, pages, released);
+        } else {
+            self.map_slots(page, pages, block, released);
+        }
+    }
+
+    /// Unmap `[page, page + pages)` leaf by leaf, visiting only leaves that
+    /// exist: a hole entry may span up to 2^20 pages (a punch far past the
+    /// end of file, replayed at every log load), and walking those slots
+    /// one by one took seconds for a punch of a few TiB.
+    fn unmap(&mut self, page: u64, pages: u64, released: &mut impl FnMut(u64, u64)) {
+        let end = page
+            .saturating_add(pages)
+            .min((self.leaves.len() as u64) << LEAF_SHIFT);
+        let mut at = page;
+        while at < end {
+            let leaf_no = at >> LEAF_SHIFT;
+            let chunk_end = ((leaf_no + 1) << LEAF_SHIFT).min(end);
+            // (Emptying a leaf may drop it and the empty ones after it.)
+            if matches!(self.leaves.get(leaf_no as usize), Some(Some(_))) {
+                self.map_slots(at, chunk_end - at, 0, released);
+            }
+            at = chunk_end;
+        }
+    }
+
+    /// Set every slot of `[page, page + pages)`, keeping the counters.
+    fn map_slots(
+        &mut self,
+        page: u64,
+        pages: u64,
+        block: u64,
+        released: &mut impl FnMut(u64, u64),
+    ) {
         let mut freed = Coalesce::default();
         self.unlink_around(page, pages);
         for i in 0..pages {
