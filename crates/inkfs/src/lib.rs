@@ -12,6 +12,7 @@
 //! - [`extents`], [`dir`]: DRAM indexes of files and directories
 //! - [`fs`]: mount/unmount, attributes, handles, commit helpers
 //! - [`namei`]: namespace operations; [`file`]: data operations; [`xattr`]
+//! - [`shift`]: collapse and insert range; [`fiemap`]: extent reports
 //! - [`gc`]: log compaction; [`recovery`]: crash rebuild
 //! - [`fsck`]: offline consistency check and repair
 //! - [`crashtest`]: crash exploration (ACE-style workloads on the simulator)
@@ -21,6 +22,7 @@ pub mod crashtest;
 pub mod dir;
 pub mod error;
 pub mod extents;
+pub mod fiemap;
 pub mod file;
 pub mod filemap;
 pub mod format;
@@ -34,6 +36,7 @@ pub mod namei;
 pub mod pagetable;
 pub mod pmem;
 pub mod recovery;
+pub mod shift;
 pub mod superblock;
 pub mod time;
 pub mod types;

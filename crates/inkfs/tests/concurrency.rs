@@ -440,6 +440,7 @@ fn namespace_storm(mode: Mode, seed: u64) {
                                     RenameFlags {
                                         exchange: true,
                                         noreplace: false,
+                                        ..Default::default()
                                     },
                                 ),
                                 &[ENOENT, EINVAL],
@@ -453,6 +454,7 @@ fn namespace_storm(mode: Mode, seed: u64) {
                                     RenameFlags {
                                         exchange: false,
                                         noreplace: true,
+                                        ..Default::default()
                                     },
                                 ),
                                 &[ENOENT, EEXIST, EINVAL],
@@ -549,6 +551,7 @@ fn rename_cycles() {
                             RenameFlags {
                                 exchange: true,
                                 noreplace: false,
+                                ..Default::default()
                             },
                         ),
                     };
