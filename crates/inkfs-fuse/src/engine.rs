@@ -42,6 +42,9 @@ pub trait Engine: Send + Sync + 'static {
     fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr>;
     fn unlink(&self, parent: u64, name: &[u8]) -> Result<()>;
     fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()>;
+    /// renameat2 by a caller with file-system ids `uid`/`gid`, which own
+    /// the whiteout RENAME_WHITEOUT leaves behind (`inkfs::Fs::rename_as`).
+    #[allow(clippy::too_many_arguments)]
     fn rename(
         &self,
         parent: u64,
@@ -49,6 +52,8 @@ pub trait Engine: Send + Sync + 'static {
         newparent: u64,
         newname: &[u8],
         flags: RenameFlags,
+        uid: u32,
+        gid: u32,
     ) -> Result<()>;
     fn readdir(&self, ino: u64, cookie: u64, f: &mut dyn FnMut(DirEntry) -> bool) -> Result<()>;
     fn open(&self, ino: u64) -> Result<Self::Handle>;

@@ -489,7 +489,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -502,12 +502,21 @@ impl<E: Engine> Filesystem for InkFuse<E> {
             .rofs()
             .and_then(|()| RenameFlags::from_bits(flags.bits()))
             .and_then(|f| {
+                // A whiteout (RENAME_WHITEOUT, overlayfs) is a new inode in
+                // the old directory, owned as a mknod there would be.
+                let (uid, gid, _) = if f.whiteout {
+                    self.new_owner(parent.0, req, 0, false)
+                } else {
+                    (req.uid(), req.gid(), 0)
+                };
                 self.fs.rename(
                     parent.0,
                     name_bytes(name),
                     newparent.0,
                     name_bytes(newname),
                     f,
+                    uid,
+                    gid,
                 )
             });
         self.reply_empty(Op::rename, t, r, reply);

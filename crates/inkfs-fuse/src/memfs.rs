@@ -435,8 +435,13 @@ impl Engine for MemFs {
         newparent: u64,
         newname: &[u8],
         flags: RenameFlags,
+        uid: u32,
+        gid: u32,
     ) -> Result<()> {
         self.writable()?;
+        if flags.exchange && (flags.noreplace || flags.whiteout) {
+            return errno(libc::EINVAL);
+        }
         let mut st = self.lock();
         let src = st.child(parent, name)?;
         if newname.len() > NAME_MAX {
@@ -511,6 +516,10 @@ impl Engine for MemFs {
         let n = st.node_mut(src)?;
         n.parent = newparent;
         n.attr.ctime_ns = now_ns();
+        if flags.whiteout {
+            // A character device 0/0, mode 0, at the old name.
+            st.new_node(parent, name, libc::S_IFCHR, uid, gid)?;
+        }
         Ok(())
     }
     fn readdir(&self, ino: u64, cookie: u64, f: &mut dyn FnMut(DirEntry) -> bool) -> Result<()> {
@@ -638,6 +647,11 @@ impl Engine for MemFs {
     }
     fn fallocate(&self, fh: &MemHandle, off: u64, len: u64, flags: FallocFlags) -> Result<()> {
         self.writable()?;
+        if flags.shifts() {
+            // Not in the reference engine: the kernel's FUSE never sends
+            // collapse or insert range (fuse_file_fallocate refuses them).
+            return errno(libc::EOPNOTSUPP);
+        }
         let mut st = self.lock();
         let n = st.node_mut(fh.ino)?;
         let end = off

@@ -79,8 +79,10 @@ impl<P: Pmem> Engine for Fs<P> {
         newparent: u64,
         newname: &[u8],
         flags: RenameFlags,
+        uid: u32,
+        gid: u32,
     ) -> Result<()> {
-        Fs::rename(self, parent, name, newparent, newname, flags)
+        Fs::rename_as(self, parent, name, newparent, newname, flags, uid, gid)
     }
     fn readdir(&self, ino: u64, cookie: u64, f: &mut dyn FnMut(DirEntry) -> bool) -> Result<()> {
         Fs::readdir(self, ino, cookie, f)

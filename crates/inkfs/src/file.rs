@@ -871,7 +871,9 @@ impl<P: Pmem> Fs<P> {
         self.commit_data(inode, st, &mut tx, Some(a), true)
     }
 
-    /// fallocate: preallocate (zeroed blocks), punch a hole, or zero a range.
+    /// fallocate: preallocate (zeroed blocks), punch a hole, zero a range,
+    /// or collapse or insert a range (`shift.rs`). Atomic and durable on
+    /// return in every mode.
     pub fn fallocate(&self, fh: &FileHandle, off: u64, len: u64, flags: FallocFlags) -> Result<()> {
         self.check_writable()?;
         Self::file_state_check(&fh.inode)?;
@@ -882,9 +884,13 @@ impl<P: Pmem> Fs<P> {
         if end > MAX_FILE_BYTES {
             return errno(libc::EFBIG);
         }
+        flags.check()?;
         let inode = &fh.inode;
         let mut st = write(&inode.state);
         live(&st)?;
+        if flags.shifts() {
+            return self.shift_range(inode, &mut st, off, len, flags.collapse_range);
+        }
         let now = now_ns();
         let old_size = st.attr.size;
         let size = if flags.keep_size || flags.punch_hole {

@@ -150,10 +150,12 @@ enum Key {
         cut: Option<u64>,
     },
     /// File pages `[start, end)` mapped to blocks, or punched when `hole`.
+    /// `shrinks`: its size is below the size before it (collapse range).
     Write {
         start: u64,
         end: u64,
         hole: bool,
+        shrinks: bool,
     },
     Dir {
         name: Box<[u8]>,
@@ -309,7 +311,15 @@ pub fn fast_collect<P: Pmem>(fs: &Fs<P>, inode: &Inode, st: &mut InodeState) -> 
     // rules above are exact. A shrink's effect depends on the size before
     // it, which dropping entries can change: then the drop set is checked
     // by replaying the log with and without it.
-    let has_shrink = keys.iter().any(|k| matches!(k, Key::Attr { cut: Some(_) }));
+    // A collapse's FILE_WRITE entries lower the size without unmapping
+    // anything; dropping them could turn a later snapshot into a shrink,
+    // so they are checked the same way.
+    let has_shrink = keys.iter().any(|k| {
+        matches!(
+            k,
+            Key::Attr { cut: Some(_) } | Key::Write { shrinks: true, .. }
+        )
+    });
     let check = has_shrink || ALWAYS_CHECK.load(Relaxed);
     if check && !replays_the_same(fs, inode, st, &pages, &keep)? {
         fs.gc.fast_refused.fetch_add(1, Relaxed);
@@ -389,6 +399,7 @@ fn key_of(e: &Entry<'_>, size: u64) -> Key {
             start: w.file_page,
             end: w.file_page + w.pages as u64,
             hole: w.block == 0,
+            shrinks: w.size < size,
         },
         Entry::DirAdd { name, .. } => Key::Dir {
             name: (*name).into(),
@@ -500,6 +511,7 @@ fn pages_to_keep(keys: &[Key], v: &Verdicts, first_entry: &[usize]) -> Vec<bool>
                             start,
                             end,
                             hole: true,
+                            ..
                         } => !present.pages.intersects(*start, *end),
                         Key::Dir { name, add: false } => !present.names.contains(&name[..]),
                         Key::Xattr { name, set: false } => !present.xattrs.contains(&name[..]),
@@ -514,6 +526,7 @@ fn pages_to_keep(keys: &[Key], v: &Verdicts, first_entry: &[usize]) -> Vec<bool>
                         start,
                         end,
                         hole: false,
+                        ..
                     } => present.pages.insert(*start, *end),
                     Key::Dir { name, add: true } => {
                         present.names.insert(name);

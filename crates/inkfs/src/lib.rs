@@ -12,6 +12,7 @@
 //! - [`extents`], [`dir`]: DRAM indexes of files and directories
 //! - [`fs`]: mount/unmount, attributes, handles, commit helpers
 //! - [`namei`]: namespace operations; [`file`]: data operations; [`xattr`]
+//! - [`shift`]: collapse and insert range; [`fiemap`]: extent reports
 //! - [`gc`]: log compaction; [`recovery`]: crash rebuild
 //! - [`health`]: corruption met while mounted (errors= policy, error record)
 //! - [`scrub`]: online check of a mounted pool
@@ -23,6 +24,7 @@ pub mod crashtest;
 pub mod dir;
 pub mod error;
 pub mod extents;
+pub mod fiemap;
 pub mod file;
 pub mod filemap;
 pub mod format;
@@ -39,6 +41,7 @@ pub mod perm;
 pub mod pmem;
 pub mod recovery;
 pub mod scrub;
+pub mod shift;
 pub mod superblock;
 pub mod time;
 pub mod types;

@@ -372,6 +372,51 @@ impl<P: Pmem> Fs<P> {
         Ok((rec_off, cur, generation, attr))
     }
 
+    /// A whiteout for RENAME_WHITEOUT: a character device 0/0 with mode 0
+    /// (what Linux's vfs_whiteout and ext4/shmem create), its record and
+    /// first log page written, its state still FREE. Its log page is in
+    /// `pages`; on a later failure the caller releases them and frees the
+    /// slot.
+    fn prepare_whiteout(
+        &self,
+        parent: u64,
+        (uid, gid): (u32, u32),
+        pages: &mut NewPages,
+    ) -> Result<NewNode> {
+        let lane = self.lane();
+        let slot = self.slots.alloc(lane);
+        let ino = lane_slot_to_ino(lane, slot, self.geo.lane_count);
+        let mut no_block = 0;
+        match self.prepare_node(
+            ino,
+            lane,
+            slot,
+            parent,
+            FileKind::CharDev,
+            0,
+            0,
+            uid,
+            gid,
+            None,
+            pages,
+            &mut no_block,
+        ) {
+            Ok((rec_off, cur, generation, attr)) => Ok(NewNode {
+                ino,
+                lane,
+                slot,
+                rec_off,
+                cur,
+                generation,
+                attr,
+            }),
+            Err(e) => {
+                let _ = self.slots.free(lane, slot);
+                Err(e)
+            }
+        }
+    }
+
     pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
         self.check_writable()?;
         check_name(newname)?;
@@ -607,6 +652,8 @@ impl<P: Pmem> Fs<P> {
         }
     }
 
+    /// rename(2)/renameat2(2). RENAME_WHITEOUT creates an inode, which
+    /// needs an owner: it is EINVAL here, use [`Fs::rename_as`].
     pub fn rename(
         &self,
         parent: u64,
@@ -615,7 +662,35 @@ impl<P: Pmem> Fs<P> {
         newname: &[u8],
         flags: RenameFlags,
     ) -> Result<()> {
+        if flags.whiteout {
+            return errno(libc::EINVAL);
+        }
+        self.rename_as(parent, name, newparent, newname, flags, 0, 0)
+    }
+
+    /// renameat2(2) by a caller whose file-system uid and gid are `uid` and
+    /// `gid`: they own the whiteout RENAME_WHITEOUT leaves at the old name
+    /// (as Linux creates it with the caller's credentials; the front end
+    /// applies a set-group-ID directory's group). The whiteout, a character
+    /// device 0/0 with mode 0, is created in the rename's own journal
+    /// transaction: a crash shows the rename not done, or done with the
+    /// whiteout in place.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rename_as(
+        &self,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: RenameFlags,
+        uid: u32,
+        gid: u32,
+    ) -> Result<()> {
         self.check_writable()?;
+        // As renameat2(2) checks its flags, before any lookup.
+        if flags.exchange && (flags.noreplace || flags.whiteout) {
+            return errno(libc::EINVAL);
+        }
         check_name(name)?;
         check_name(newname)?;
         if is_dot_or_dotdot(name) || is_dot_or_dotdot(newname) {
@@ -699,7 +774,18 @@ impl<P: Pmem> Fs<P> {
                     continue;
                 }
             }
-            return self.rename_locked(&sp, name, &dp, newname, &m, v.as_ref(), flags, &mut locked);
+            let owner = (uid, gid);
+            return self.rename_locked(
+                &sp,
+                name,
+                &dp,
+                newname,
+                &m,
+                v.as_ref(),
+                flags,
+                owner,
+                &mut locked,
+            );
         }
     }
 
@@ -735,6 +821,7 @@ impl<P: Pmem> Fs<P> {
         m: &Arc<Inode>,
         v: Option<&Arc<Inode>>,
         flags: RenameFlags,
+        owner: (u32, u32),
         locked: &mut Locked<'_>,
     ) -> Result<()> {
         for ino in [sp.ino, dp.ino] {
@@ -772,6 +859,19 @@ impl<P: Pmem> Fs<P> {
         let now = now_ns();
         let mut pages = NewPages::default();
         let mut records = Vec::new();
+        // The whiteout's record and first log page are written (state FREE)
+        // before the journal makes it LIVE with the directories' new tails.
+        let whiteout = if flags.whiteout {
+            match self.prepare_whiteout(sp.ino, owner, &mut pages) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    pages.release(&self.blocks);
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
         let r = self.rename_entries(
             sp,
             name,
@@ -780,6 +880,7 @@ impl<P: Pmem> Fs<P> {
             m,
             v,
             flags,
+            whiteout.as_ref(),
             now,
             locked,
             &mut pages,
@@ -789,9 +890,18 @@ impl<P: Pmem> Fs<P> {
             Ok(x) => x,
             Err(e) => {
                 pages.release(&self.blocks);
+                if let Some(w) = whiteout {
+                    let _ = self.slots.free(w.lane, w.slot);
+                }
                 return Err(e);
             }
         };
+        // Cached before the record turns LIVE (see make_node).
+        let wh_child = whiteout.map(|w| {
+            let ino = w.ino;
+            self.cache.insert(Arc::new(w.into_inode()));
+            ino
+        });
         self.commit_journal(&records);
         // DRAM follows the committed media state.
         for p in &pending {
@@ -799,7 +909,7 @@ impl<P: Pmem> Fs<P> {
             st.log = p.cur;
             st.log_entries += p.entries;
         }
-        self.rename_apply_dram(sp, name, dp, newname, m, v, flags, now, locked);
+        self.rename_apply_dram(sp, name, dp, newname, m, v, flags, wh_child, now, locked);
         if let (Some(v), Some(o)) = (v, outcome) {
             self.finish_drop_link(v, locked.get(v.ino), o);
         }
@@ -820,6 +930,7 @@ impl<P: Pmem> Fs<P> {
         m: &Arc<Inode>,
         v: Option<&Arc<Inode>>,
         flags: RenameFlags,
+        whiteout: Option<&NewNode>,
         now: i64,
         locked: &mut Locked<'_>,
         pages: &mut NewPages,
@@ -840,17 +951,23 @@ impl<P: Pmem> Fs<P> {
             locked.get(dp.ino).dir().map_or(0, |d| d.next_seq())
         };
 
-        // Source directory: the old name goes (or, for exchange, points at v).
-        let src_entry = match (flags.exchange, v) {
-            (true, Some(v)) => {
-                let e = EntryBuf::dir(true, v.ino, next_seq_sp, now, v.kind, name);
+        // Source directory: the old name goes (or, for exchange, points at
+        // v; with a whiteout, at the whiteout).
+        let replacement = match (flags.exchange, v, whiteout) {
+            (true, Some(v), _) => Some((v.ino, v.kind)),
+            (false, _, Some(w)) => Some((w.ino, FileKind::CharDev)),
+            _ => None,
+        };
+        let src_entry = match replacement {
+            Some((ino, kind)) => {
+                let e = EntryBuf::dir(true, ino, next_seq_sp, now, kind, name);
                 next_seq_sp += 1;
                 if dp.ino == sp.ino {
                     next_seq_dp = next_seq_sp;
                 }
                 e
             }
-            _ => EntryBuf::dir(false, m.ino, m_seq, now, m.kind, name),
+            None => EntryBuf::dir(false, m.ino, m_seq, now, m.kind, name),
         };
         self.append_pending(&mut pending, sp, locked.get(sp.ino), &src_entry, pages)?;
 
@@ -890,6 +1007,9 @@ impl<P: Pmem> Fs<P> {
         for p in &pending {
             records.push(rec(p.rec_off, INODE_TAIL_FIELD, p.cur.tail));
         }
+        if let Some(w) = whiteout {
+            records.push(rec(w.rec_off, INODE_STATE_FIELD, INODE_LIVE));
+        }
         Ok((pending, outcome))
     }
 
@@ -903,6 +1023,7 @@ impl<P: Pmem> Fs<P> {
         m: &Arc<Inode>,
         v: Option<&Arc<Inode>>,
         flags: RenameFlags,
+        whiteout: Option<u64>,
         now: i64,
         locked: &mut Locked<'_>,
     ) {
@@ -913,12 +1034,17 @@ impl<P: Pmem> Fs<P> {
             st.attr.ctime_ns = now;
             let d = st.dir_mut().expect("directory");
             d.remove(name);
-            if let (true, Some(v)) = (flags.exchange, v) {
+            let replacement = match (flags.exchange, v, whiteout) {
+                (true, Some(v), _) => Some((v.ino, v.kind)),
+                (false, _, Some(w)) => Some((w, FileKind::CharDev)),
+                _ => None,
+            };
+            if let Some((ino, kind)) = replacement {
                 d.add(
                     name,
                     Child {
-                        ino: v.ino,
-                        kind: v.kind,
+                        ino,
+                        kind,
                         seq: sp_seq,
                     },
                 );
@@ -1031,6 +1157,35 @@ fn moved_attr(inode: &Inode, st: &InodeState, new_parent: u64, now: i64) -> Attr
         a.rdev_or_parent = new_parent;
     }
     a
+}
+
+/// An inode whose record and first log page are written (state FREE), to
+/// turn LIVE in the caller's journal transaction.
+struct NewNode {
+    ino: u64,
+    lane: u32,
+    slot: u64,
+    rec_off: u64,
+    cur: LogCursor,
+    generation: u64,
+    attr: AttrEntry,
+}
+
+impl NewNode {
+    /// Its DRAM inode, as replaying its one-entry log would build it.
+    fn into_inode(self) -> Inode {
+        let kind = FileKind::from_mode(self.attr.mode).unwrap_or(FileKind::CharDev);
+        let mut st = InodeState::empty(kind, self.generation, false);
+        st.attr = self.attr;
+        st.log = self.cur;
+        st.log_entries = 1;
+        Inode {
+            ino: self.ino,
+            kind,
+            rec_off: self.rec_off,
+            state: std::sync::RwLock::new(st),
+        }
+    }
 }
 
 /// The victim's or unlinked child's fate, decided before the commit and

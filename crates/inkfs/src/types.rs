@@ -240,19 +240,30 @@ pub struct SetAttr {
 pub struct RenameFlags {
     pub noreplace: bool,
     pub exchange: bool,
+    /// RENAME_WHITEOUT: the old name is left holding a whiteout (a
+    /// character device 0/0, mode 0), created in the same transaction as
+    /// the rename and owned by the caller ([`crate::Fs::rename_as`]).
+    pub whiteout: bool,
 }
 
 impl RenameFlags {
-    /// From the Linux RENAME_* bits; unknown bits (RENAME_WHITEOUT) → EINVAL.
+    /// From the Linux RENAME_* bits, checked as renameat2(2) checks them:
+    /// unknown bits, and EXCHANGE with NOREPLACE or WHITEOUT, are EINVAL.
+    /// WHITEOUT needs no privilege (Linux dropped the CAP_MKNOD check in
+    /// 5.8: a whiteout is a device no one can open).
     pub fn from_bits(bits: u32) -> crate::Result<RenameFlags> {
-        const NOREPLACE: u32 = 1;
-        const EXCHANGE: u32 = 2;
-        if bits & !(NOREPLACE | EXCHANGE) != 0 || bits == NOREPLACE | EXCHANGE {
+        const NOREPLACE: u32 = libc::RENAME_NOREPLACE;
+        const EXCHANGE: u32 = libc::RENAME_EXCHANGE;
+        const WHITEOUT: u32 = libc::RENAME_WHITEOUT;
+        if bits & !(NOREPLACE | EXCHANGE | WHITEOUT) != 0
+            || (bits & EXCHANGE != 0 && bits & (NOREPLACE | WHITEOUT) != 0)
+        {
             return crate::error::errno(libc::EINVAL);
         }
         Ok(RenameFlags {
             noreplace: bits & NOREPLACE != 0,
             exchange: bits & EXCHANGE != 0,
+            whiteout: bits & WHITEOUT != 0,
         })
     }
 }
@@ -319,25 +330,90 @@ pub struct FallocFlags {
     pub keep_size: bool,
     pub punch_hole: bool,
     pub zero_range: bool,
+    /// FALLOC_FL_COLLAPSE_RANGE: remove the range, the rest of the file
+    /// moves down (offset and length block-aligned, the range ends before
+    /// the end of file).
+    pub collapse_range: bool,
+    /// FALLOC_FL_INSERT_RANGE: insert a hole, the rest of the file moves
+    /// up (offset and length block-aligned, offset inside the file).
+    pub insert_range: bool,
 }
 
 impl FallocFlags {
-    /// From FALLOC_FL_* bits; unsupported combinations → EOPNOTSUPP/EINVAL as Linux.
+    /// From FALLOC_FL_* bits, checked as vfs_fallocate (Linux 6.18) checks
+    /// them: one mode (allocate, punch, zero, collapse, insert), KEEP_SIZE
+    /// required by punch and refused by collapse and insert; anything else
+    /// (unknown bits, UNSHARE_RANGE, WRITE_ZEROES, two modes) is EOPNOTSUPP.
     pub fn from_bits(bits: i32) -> crate::Result<FallocFlags> {
-        let known =
-            libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
-        if bits & !known != 0 {
+        let modes = libc::FALLOC_FL_PUNCH_HOLE
+            | libc::FALLOC_FL_ZERO_RANGE
+            | libc::FALLOC_FL_COLLAPSE_RANGE
+            | libc::FALLOC_FL_INSERT_RANGE;
+        if bits & !(modes | libc::FALLOC_FL_KEEP_SIZE) != 0 {
             return crate::error::errno(libc::EOPNOTSUPP);
         }
         let f = FallocFlags {
             keep_size: bits & libc::FALLOC_FL_KEEP_SIZE != 0,
             punch_hole: bits & libc::FALLOC_FL_PUNCH_HOLE != 0,
             zero_range: bits & libc::FALLOC_FL_ZERO_RANGE != 0,
+            collapse_range: bits & libc::FALLOC_FL_COLLAPSE_RANGE != 0,
+            insert_range: bits & libc::FALLOC_FL_INSERT_RANGE != 0,
         };
-        if f.punch_hole && (!f.keep_size || f.zero_range) {
-            return crate::error::errno(libc::EINVAL);
-        }
+        f.check()?;
         Ok(f)
+    }
+
+    /// The combinations Linux accepts (see `from_bits`); EOPNOTSUPP else.
+    pub fn check(&self) -> crate::Result<()> {
+        let modes = [
+            self.punch_hole,
+            self.zero_range,
+            self.collapse_range,
+            self.insert_range,
+        ];
+        if modes.iter().filter(|&&m| m).count() > 1
+            || (self.punch_hole && !self.keep_size)
+            || (self.shifts() && self.keep_size)
+        {
+            return crate::error::errno(libc::EOPNOTSUPP);
+        }
+        Ok(())
+    }
+
+    /// Collapse or insert: the call moves the file's pages.
+    pub fn shifts(&self) -> bool {
+        self.collapse_range || self.insert_range
+    }
+}
+
+/// One extent of a file's data, as FIEMAP reports it (`Fs::fiemap`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FiemapExtent {
+    /// Byte offset in the file.
+    pub logical: u64,
+    /// Byte offset in the pool.
+    pub physical: u64,
+    /// Bytes (a multiple of the block size).
+    pub length: u64,
+    pub flags: FiemapFlags,
+}
+
+/// FIEMAP_EXTENT_* flags inkfs can report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FiemapFlags {
+    /// FIEMAP_EXTENT_LAST: the file's last extent.
+    pub last: bool,
+}
+
+impl FiemapFlags {
+    /// The FIEMAP_EXTENT_* bits (linux/fiemap.h).
+    pub fn bits(&self) -> u32 {
+        const FIEMAP_EXTENT_LAST: u32 = 0x1;
+        if self.last {
+            FIEMAP_EXTENT_LAST
+        } else {
+            0
+        }
     }
 }
 

@@ -443,6 +443,7 @@ fn namespace_storm(mode: Mode, seed: u64) {
                                     RenameFlags {
                                         exchange: true,
                                         noreplace: false,
+                                        ..Default::default()
                                     },
                                 ),
                                 &[ENOENT, EINVAL],
@@ -456,6 +457,7 @@ fn namespace_storm(mode: Mode, seed: u64) {
                                     RenameFlags {
                                         exchange: false,
                                         noreplace: true,
+                                        ..Default::default()
                                     },
                                 ),
                                 &[ENOENT, EEXIST, EINVAL],
@@ -552,6 +554,7 @@ fn rename_cycles() {
                             RenameFlags {
                                 exchange: true,
                                 noreplace: false,
+                                ..Default::default()
                             },
                         ),
                     };

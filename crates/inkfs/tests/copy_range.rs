@@ -119,6 +119,7 @@ fn copies_match_a_model_and_survive_remount() {
             keep_size: true,
             punch_hole: true,
             zero_range: false,
+            ..Default::default()
         };
         fs.fallocate(&fhs[0], 10 * 4096 + 5, 3 * 4096, punch)
             .unwrap();

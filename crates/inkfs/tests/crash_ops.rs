@@ -164,6 +164,7 @@ fn rf(noreplace: bool, exchange: bool) -> RenameFlags {
     RenameFlags {
         noreplace,
         exchange,
+        ..Default::default()
     }
 }
 
@@ -579,6 +580,7 @@ fn copy_ranges() {
             keep_size: true,
             punch_hole: true,
             zero_range: false,
+            ..Default::default()
         };
         fs.fallocate(&e.fh_big, 2 * 4096, 2 * 4096, punch).unwrap();
     }));
@@ -641,6 +643,7 @@ fn truncate_fallocate() {
         keep_size,
         punch_hole,
         zero_range,
+        ..Default::default()
     };
     run_group(
         "truncate/fallocate",
@@ -694,6 +697,99 @@ fn truncate_fallocate() {
                 "fallocate_zero_range",
                 vec![s(move |fs, e| {
                     fs.fallocate(&e.fh_big, 5000, 3 * 4096, ff(false, false, true))
+                        .unwrap();
+                })],
+            ),
+        ],
+    );
+}
+
+/// RENAME_WHITEOUT (one journal transaction with the rename), and
+/// collapse and insert range on a file with a hole and blocks kept past
+/// its end (one commit of several FILE_WRITE entries).
+#[test]
+fn whiteout_collapse_insert() {
+    let wo = RenameFlags {
+        whiteout: true,
+        ..Default::default()
+    };
+    let shift = |collapse: bool| FallocFlags {
+        collapse_range: collapse,
+        insert_range: !collapse,
+        ..Default::default()
+    };
+    // /big: a hole at pages 6..8, two blocks past its end.
+    let shape = || -> Option<Step> {
+        Some(s(|fs, e| {
+            let punch = FallocFlags {
+                keep_size: true,
+                punch_hole: true,
+                ..Default::default()
+            };
+            fs.fallocate(&e.fh_big, 6 * 4096, 2 * 4096, punch).unwrap();
+            let keep = FallocFlags {
+                keep_size: true,
+                ..Default::default()
+            };
+            fs.fallocate(&e.fh_big, BIG_LEN as u64, 2 * 4096, keep)
+                .unwrap();
+        }))
+    };
+    let mut collapse_big = op(
+        "collapse_big",
+        vec![s(move |fs, e| {
+            fs.fallocate(&e.fh_big, 4 * 4096, 5 * 4096, shift(true))
+                .unwrap();
+        })],
+    );
+    collapse_big.prep = shape();
+    let mut insert_big = op(
+        "insert_big",
+        vec![s(move |fs, e| {
+            fs.fallocate(&e.fh_big, 3 * 4096, 4 * 4096, shift(false))
+                .unwrap();
+        })],
+    );
+    insert_big.prep = shape();
+    run_group(
+        "whiteout/collapse/insert",
+        vec![
+            op(
+                "whiteout_new_name",
+                vec![s(move |fs, e| {
+                    fs.rename_as(e.a, b"f1", e.b, b"new", wo, 5, 6).unwrap()
+                })],
+            ),
+            op(
+                "whiteout_over_file",
+                vec![s(move |fs, e| {
+                    fs.rename_as(e.a, b"f1", e.b, b"h", wo, 5, 6).unwrap()
+                })],
+            ),
+            op(
+                "whiteout_over_hard_link",
+                vec![s(move |fs, e| {
+                    fs.rename_as(e.a, b"f1", e.b, b"hl", wo, 5, 6).unwrap()
+                })],
+            ),
+            op(
+                "whiteout_dir_over_empty",
+                vec![s(move |fs, e| {
+                    fs.rename_as(e.a, b"sub", e.b, b"empty", wo, 5, 6).unwrap()
+                })],
+            ),
+            collapse_big,
+            insert_big,
+            op(
+                "collapse_f2_first_page",
+                vec![s(move |fs, e| {
+                    fs.fallocate(&e.fh_f2, 0, 4096, shift(true)).unwrap();
+                })],
+            ),
+            op(
+                "insert_f2_many",
+                vec![s(move |fs, e| {
+                    fs.fallocate(&e.fh_f2, 4096, 64 * 4096, shift(false))
                         .unwrap();
                 })],
             ),

@@ -154,6 +154,7 @@ fn eexist() {
     let nr = RenameFlags {
         noreplace: true,
         exchange: false,
+        ..Default::default()
     };
     expect_errno!(fs.rename(R, b"f", R, b"d", nr), libc::EEXIST);
     // Another name of the same inode exists too (Linux: EEXIST).
@@ -269,6 +270,7 @@ fn einval() {
     let ex = RenameFlags {
         exchange: true,
         noreplace: false,
+        ..Default::default()
     };
     expect_errno!(fs.rename(b, b"c", R, b"a", ex), libc::EINVAL);
     // "." and ".." (the VFS answers EBUSY for rename(2); the engine EINVAL).
@@ -293,11 +295,15 @@ fn einval() {
         libc::EINVAL
     );
     expect_errno!(RenameFlags::from_bits(3), libc::EINVAL);
-    expect_errno!(RenameFlags::from_bits(4), libc::EINVAL);
+    // RENAME_WHITEOUT with EXCHANGE, and unknown bits (as renameat2(2)).
+    expect_errno!(RenameFlags::from_bits(6), libc::EINVAL);
+    expect_errno!(RenameFlags::from_bits(7), libc::EINVAL);
+    expect_errno!(RenameFlags::from_bits(8), libc::EINVAL);
     expect_errno!(XattrFlags::from_bits(3), libc::EINVAL);
+    // Linux 6.18's vfs_fallocate: a punch without KEEP_SIZE is EOPNOTSUPP.
     expect_errno!(
         FallocFlags::from_bits(libc::FALLOC_FL_PUNCH_HOLE),
-        libc::EINVAL
+        libc::EOPNOTSUPP
     );
     expect_errno!(FallocFlags::from_bits(0x40), libc::EOPNOTSUPP);
     let fh = fs.open(f).unwrap();
@@ -375,7 +381,8 @@ fn enoent() {
             b"x",
             RenameFlags {
                 exchange: true,
-                noreplace: false
+                noreplace: false,
+                ..Default::default()
             }
         ),
         libc::ENOENT
@@ -686,6 +693,7 @@ fn namespace_churn_does_not_fill_the_pool() {
     let ex = RenameFlags {
         exchange: true,
         noreplace: false,
+        ..Default::default()
     };
     file(&fs, b, b"h");
     for i in 0..20_000u64 {

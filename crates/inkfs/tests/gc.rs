@@ -584,6 +584,7 @@ fn crash_during_compaction_of_a_page_table_file() {
                     keep_size: true,
                     punch_hole: true,
                     zero_range: false,
+                    ..Default::default()
                 };
                 let pages = 1 + rng.below(3);
                 fs.fallocate(
@@ -683,6 +684,7 @@ fn crash_during_truncate_and_punch_fast_gc() {
                         keep_size: true,
                         punch_hole: true,
                         zero_range: false,
+                        ..Default::default()
                     },
                 )
                 .unwrap();
@@ -929,6 +931,7 @@ fn random_file_ops(seed: u64, mode: Mode) {
                         keep_size: true,
                         punch_hole: true,
                         zero_range: false,
+                        ..Default::default()
                     };
                     fs.fallocate(&fh, off, len, punch).unwrap();
                     let end = ((off + len) as usize).min(model.len());

@@ -209,7 +209,7 @@ fn op_s() -> impl Strategy<Value = Op> {
         3 => (node_s(), dir_s(), name_s()).prop_map(|((a, b), c, d)| Op::Link(a, b, c, d)),
         4 => node_s().prop_map(|(d, n)| Op::Unlink(d, n)),
         3 => node_s().prop_map(|(d, n)| Op::Rmdir(d, n)),
-        6 => (node_s(), dir_s(), name_s(), prop_oneof![2 => Just(0u32), 1 => Just(1), 1 => Just(2)])
+        6 => (node_s(), dir_s(), name_s(), prop_oneof![2 => Just(0u32), 1 => Just(1), 1 => Just(2), 1 => Just(4), 1 => Just(5)])
             .prop_map(|((a, b), c, d, f)| Op::Rename(a, b, c, d, f)),
         5 => node_s().prop_map(|(d, n)| Op::Open(d, n)),
         2 => node_s().prop_map(|(d, n)| Op::Stat(d, n)),
@@ -909,7 +909,8 @@ impl Harness {
                 let a = self.eng_dir_checked(d1)?;
                 let b = self.eng_dir_checked(d2)?;
                 let flags = eng(RenameFlags::from_bits(*f))?;
-                eng(fs.rename(a, &name_bytes(*n1), b, &name_bytes(*n2), flags))?;
+                // The harness runs as root: a whiteout is root's on tmpfs.
+                eng(fs.rename_as(a, &name_bytes(*n1), b, &name_bytes(*n2), flags, 0, 0))?;
                 Ok(Out::Unit)
             }
             Op::Open(d, n) => {

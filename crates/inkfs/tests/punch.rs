@@ -71,6 +71,7 @@ fn opts(mode: Mode) -> MountOptions {
     MountOptions {
         mode,
         read_only: false,
+        ..Default::default()
     }
 }
 
@@ -272,6 +273,7 @@ impl World {
                     keep_size: true,
                     punch_hole: true,
                     zero_range: false,
+                    ..Default::default()
                 };
                 self.with_handle(i, |fs, fh| {
                     fs.fallocate(fh, off, len, flags).expect("punch");
@@ -296,6 +298,7 @@ impl World {
                     keep_size,
                     punch_hole: false,
                     zero_range: true,
+                    ..Default::default()
                 };
                 self.with_handle(i, |fs, fh| {
                     fs.fallocate(fh, off, len, flags).expect("zero range");
@@ -563,6 +566,7 @@ fn churn(fs: &Fs<SimPool>, inos: &[u64], seed: u64, ops: usize) {
                     keep_size: true,
                     punch_hole: true,
                     zero_range: false,
+                    ..Default::default()
                 };
                 fs.fallocate(&fh, off, len, flags).expect("punch");
             }
@@ -578,6 +582,7 @@ fn churn(fs: &Fs<SimPool>, inos: &[u64], seed: u64, ops: usize) {
                     keep_size: rng.chance(50),
                     punch_hole: false,
                     zero_range: true,
+                    ..Default::default()
                 };
                 let len = 1 + rng.below(64 << 10);
                 fs.fallocate(&fh, off, len, flags).expect("zero range");
@@ -668,6 +673,7 @@ fn a_punch_far_past_the_end_logs_only_what_it_unmaps() {
         keep_size: true,
         punch_hole: true,
         zero_range: false,
+        ..Default::default()
     };
     let pages = 512u64;
     let (a, t) = fs.create(1, b"t", 0o644, 0, 0).expect("create");

@@ -52,18 +52,16 @@ pub enum OpKind {
         path: &'static str,
         off: u64,
         len: u64,
-        keep_size: bool,
-        punch_hole: bool,
-        zero_range: bool,
+        flags: FallocFlags,
     },
     Link(&'static str, &'static str),
     Unlink(&'static str),
     Rmdir(&'static str),
+    /// renameat2; a whiteout is owned by uid/gid 1000.
     Rename {
         from: &'static str,
         to: &'static str,
-        noreplace: bool,
-        exchange: bool,
+        flags: RenameFlags,
     },
     SetXattr {
         path: &'static str,
@@ -184,9 +182,32 @@ const fn falloc(
             path,
             off,
             len,
-            keep_size: flags.0,
-            punch_hole: flags.1,
-            zero_range: flags.2,
+            flags: FallocFlags {
+                keep_size: flags.0,
+                punch_hole: flags.1,
+                zero_range: flags.2,
+                collapse_range: false,
+                insert_range: false,
+            },
+        },
+    )
+}
+
+/// fallocate COLLAPSE_RANGE (`collapse`) or INSERT_RANGE.
+const fn shift(name: &'static str, path: &'static str, off: u64, len: u64, collapse: bool) -> Op {
+    op(
+        name,
+        OpKind::Fallocate {
+            path,
+            off,
+            len,
+            flags: FallocFlags {
+                keep_size: false,
+                punch_hole: false,
+                zero_range: false,
+                collapse_range: collapse,
+                insert_range: !collapse,
+            },
         },
     )
 }
@@ -195,22 +216,23 @@ const fn rename(
     name: &'static str,
     from: &'static str,
     to: &'static str,
-    flags: (bool, bool),
+    flags: RenameFlags,
 ) -> Op {
-    op(
-        name,
-        OpKind::Rename {
-            from,
-            to,
-            noreplace: flags.0,
-            exchange: flags.1,
-        },
-    )
+    op(name, OpKind::Rename { from, to, flags })
 }
 
-const PLAIN: (bool, bool) = (false, false);
-const NOREPLACE: (bool, bool) = (true, false);
-const EXCHANGE: (bool, bool) = (false, true);
+const fn rename_flags(noreplace: bool, exchange: bool, whiteout: bool) -> RenameFlags {
+    RenameFlags {
+        noreplace,
+        exchange,
+        whiteout,
+    }
+}
+
+const PLAIN: RenameFlags = rename_flags(false, false, false);
+const NOREPLACE: RenameFlags = rename_flags(true, false, false);
+const EXCHANGE: RenameFlags = rename_flags(false, true, false);
+const WHITEOUT: RenameFlags = rename_flags(false, false, true);
 
 /// The fixed namespace every workload starts from (see [`setup`]):
 ///
@@ -279,6 +301,10 @@ pub const OPS: &[Op] = &[
     ),
     falloc("punch_bar", "/bar", 1000, 5000, (true, true, false)),
     falloc("zero_range_foo", "/A/foo", 100, 4400, (false, false, true)),
+    // Collapse and insert range: every later page moves (one commit of
+    // several FILE_WRITE entries); collapse frees the removed blocks.
+    shift("collapse_bar_mid", "/bar", 4096, 4096, true),
+    shift("insert_foo_start", "/A/foo", 0, 4096, false),
     // Links.
     op("link_foo_B_foo2", OpKind::Link("/A/foo", "/B/foo2")),
     op("link_bar_A_bar2", OpKind::Link("/bar", "/A/bar2")),
@@ -309,6 +335,12 @@ pub const OPS: &[Op] = &[
     rename("exchange_bar_foo", "/bar", "/A/foo", EXCHANGE),
     rename("exchange_A_B", "/A", "/B", EXCHANGE),
     rename("exchange_sym_sub", "/sym", "/A/sub", EXCHANGE),
+    // RENAME_WHITEOUT (overlayfs): the old name becomes a whiteout in the
+    // same transaction; to a new name, over a file (its last link goes),
+    // a directory across directories.
+    rename("whiteout_bar_A_bar", "/bar", "/A/bar", WHITEOUT),
+    rename("whiteout_foo_over_al", "/A/foo", "/B/al", WHITEOUT),
+    rename("whiteout_sub_B_sub", "/A/sub", "/B/sub", WHITEOUT),
     // Removing directories.
     op("rmdir_sub", OpKind::Rmdir("/A/sub")),
     op("rmdir_A_notempty", OpKind::Rmdir("/A")),
@@ -607,21 +639,8 @@ pub fn exec<P: Pmem>(fs: &Fs<P>, op: &Op, held: &Held) -> Result<()> {
             path,
             off,
             len,
-            keep_size,
-            punch_hole,
-            zero_range,
-        } => with_handle(fs, held, path, |fh| {
-            fs.fallocate(
-                fh,
-                off,
-                len,
-                FallocFlags {
-                    keep_size,
-                    punch_hole,
-                    zero_range,
-                },
-            )
-        })?,
+            flags,
+        } => with_handle(fs, held, path, |fh| fs.fallocate(fh, off, len, flags))?,
         OpKind::Link(from, to) => {
             let ino = resolve(fs, from)?;
             let (dir, name) = parent(fs, to)?;
@@ -635,24 +654,10 @@ pub fn exec<P: Pmem>(fs: &Fs<P>, op: &Op, held: &Held) -> Result<()> {
             let (dir, name) = parent(fs, path)?;
             fs.rmdir(dir, name)?;
         }
-        OpKind::Rename {
-            from,
-            to,
-            noreplace,
-            exchange,
-        } => {
+        OpKind::Rename { from, to, flags } => {
             let (sd, sn) = parent(fs, from)?;
             let (dd, dn) = parent(fs, to)?;
-            fs.rename(
-                sd,
-                sn,
-                dd,
-                dn,
-                RenameFlags {
-                    noreplace,
-                    exchange,
-                },
-            )?;
+            fs.rename_as(sd, sn, dd, dn, flags, 1000, 1000)?;
         }
         OpKind::SetXattr {
             path,
@@ -706,5 +711,47 @@ pub fn result_name(r: &std::result::Result<(), Error>) -> String {
         Ok(()) => "ok".into(),
         Err(Error::Errno(e)) => format!("errno {e}"),
         Err(e) => format!("{e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The whiteout, collapse and insert operations do what their names
+    /// say on the fixed namespace (a failing one would only explore the
+    /// error path).
+    #[test]
+    fn whiteout_and_shift_ops_succeed_on_the_namespace() {
+        for name in [
+            "whiteout_bar_A_bar",
+            "whiteout_foo_over_al",
+            "whiteout_sub_B_sub",
+            "collapse_bar_mid",
+            "insert_foo_start",
+        ] {
+            let op = OPS
+                .iter()
+                .find(|o| o.name == name)
+                .expect("in the catalogue");
+            let fs = Fs::mount(SimPool::from_image(base_image()), MountOptions::default()).unwrap();
+            exec(&fs, op, &Held::default()).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+            if let OpKind::Rename { from, .. } = op.kind {
+                let w = fs.getattr(resolve(&fs, from).unwrap()).unwrap();
+                assert_eq!(
+                    (w.kind, w.mode, w.rdev),
+                    (FileKind::CharDev, libc::S_IFCHR, 0)
+                );
+            }
+            if let OpKind::Fallocate { path, .. } = op.kind {
+                let size = fs.getattr(resolve(&fs, path).unwrap()).unwrap().size;
+                let want = if name == "collapse_bar_mid" {
+                    BAR_LEN as u64 - 4096
+                } else {
+                    FOO_LEN as u64 + 4096
+                };
+                assert_eq!(size, want, "{name}");
+            }
+        }
     }
 }
