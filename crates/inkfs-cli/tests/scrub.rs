@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use inkfs::format::*;
-use inkfs::pmem::{read_pod, MappedPool, PoolOpenOptions};
+use inkfs::pmem::{read_pod, MappedPool, PoolFile, PoolOpenOptions};
 use inkfs::types::MountOptions;
 use inkfs::Fs;
 
@@ -80,6 +80,19 @@ impl Setup {
     fn m(&self) -> &str {
         self.mnt.path().to_str().unwrap()
     }
+    /// A read-only view of the pool that takes no claim: the pool may be
+    /// mounted (the damage goes in under the server, as a media error would).
+    fn peek(&self) -> MappedPool {
+        let file = PoolFile::open_unlocked(&self.pool).unwrap();
+        MappedPool::map(
+            file,
+            &PoolOpenOptions {
+                create_size_bytes: None,
+                read_only: true,
+            },
+        )
+        .unwrap()
+    }
     fn open(&self) -> MappedPool {
         MappedPool::open(
             &self.pool,
@@ -111,7 +124,7 @@ impl Setup {
     /// the kernel never asked for, so the server never loaded it).
     fn damage(&self, i: usize) -> u64 {
         let ino = self.files[i];
-        let pm = self.open();
+        let pm = self.peek();
         let sb: Superblock = read_pod(&pm, 0);
         let (lane, slot) = ino_to_lane_slot(ino, sb.lane_count);
         let table = lane_first_block(lane) + LANE_INODE_TABLE_BLOCK;

@@ -15,7 +15,7 @@ use std::process::Command;
 
 use common::*;
 use inkfs::format::*;
-use inkfs::pmem::{read_pod, MappedPool, PoolOpenOptions};
+use inkfs::pmem::{read_pod, MappedPool, PoolFile, PoolOpenOptions};
 use inkfs::types::MountOptions;
 use inkfs::Fs;
 
@@ -49,7 +49,16 @@ fn populate(pool: &Pool) -> (u64, u64) {
 
 /// Pool offset of a byte inside the first log entry of `ino`.
 fn entry_byte(pool: &Pool, ino: u64) -> u64 {
-    let pm = open_pool(&pool.path);
+    // No claim: the pool may be mounted.
+    let file = PoolFile::open_unlocked(&pool.path).expect("open pool");
+    let pm = MappedPool::map(
+        file,
+        &PoolOpenOptions {
+            create_size_bytes: None,
+            read_only: true,
+        },
+    )
+    .expect("map pool");
     let sb: Superblock = read_pod(&pm, 0);
     let (lane, slot) = ino_to_lane_slot(ino, sb.lane_count);
     assert!(slot < INODES_PER_TABLE_BLOCK);
@@ -71,19 +80,13 @@ fn flip(pool: &Pool, off: u64) {
     f.write_all_at(&[b[0] ^ 0x5a], off).unwrap();
 }
 
-fn stat_text(m: &Mounted) -> String {
-    String::from_utf8_lossy(&run(Command::new(BIN).arg("stat").arg(m.path())).stdout).into_owned()
-}
-
-/// The value of `key` in `inkfs stat MOUNTPOINT`'s text report.
-fn stat_value(m: &Mounted, key: &str) -> String {
-    let text = stat_text(m);
-    text.lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(' ')?;
-            (k == key).then(|| v.trim().to_string())
-        })
-        .unwrap_or_else(|| panic!("no {key} in:\n{text}"))
+/// One value of the server's JSON statistics (`inkfs stat MOUNTPOINT --json`).
+fn stat_value(m: &Mounted, key: &str) -> serde_json::Value {
+    let report = stats_json(m.path()).expect("statistics of the mount");
+    report
+        .get(key)
+        .cloned()
+        .unwrap_or_else(|| panic!("no {key} in {report}"))
 }
 
 fn errno_of(r: std::io::Result<()>) -> i32 {
@@ -99,7 +102,7 @@ fn remount_ro_surfaces_the_damage_counts_it_and_refuses_writes() {
     let (victim, _) = populate(&pool);
     flip(&pool, entry_byte(&pool, victim));
     let m = Mounted::new(&pool, "");
-    assert_eq!(stat_value(&m, "fs_errors"), "0");
+    assert_eq!(stat_value(&m, "fs_errors"), 0);
 
     // ls -l: the name is listed and the error said (it was left out).
     let out = Command::new("ls").arg("-l").arg(m.path()).output().unwrap();
@@ -118,10 +121,12 @@ fn remount_ro_surfaces_the_damage_counts_it_and_refuses_writes() {
     assert_eq!(e.raw_os_error(), Some(libc::EIO));
 
     // Counted, and the file system is read-only now.
-    assert_ne!(stat_value(&m, "fs_errors"), "0");
-    assert_eq!(stat_value(&m, "remounted_read_only"), "1");
+    assert_ne!(stat_value(&m, "fs_errors"), 0);
+    assert_eq!(stat_value(&m, "remounted_read_only"), true);
     assert_eq!(stat_value(&m, "errors_policy"), "remount-ro");
-    assert!(stat_value(&m, "last_error").contains(&format!("inode {victim}, log")));
+    assert!(stat_value(&m, "last_error")
+        .as_str()
+        .is_some_and(|e| e.contains(&format!("inode {victim}, log"))));
     assert_eq!(
         errno_of(fs::write(m.p("new"), b"x")),
         libc::EROFS,
@@ -155,8 +160,8 @@ fn continue_keeps_serving() {
     let m = Mounted::new(&pool, "errors=continue");
     let e = fs::metadata(m.p("victim")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EIO));
-    assert_ne!(stat_value(&m, "fs_errors"), "0");
-    assert_eq!(stat_value(&m, "remounted_read_only"), "0");
+    assert_ne!(stat_value(&m, "fs_errors"), 0);
+    assert_eq!(stat_value(&m, "remounted_read_only"), false);
     assert_eq!(stat_value(&m, "errors_policy"), "continue");
     fs::write(m.p("new"), b"still writable").unwrap();
     assert_eq!(fs::read(m.p("new")).unwrap(), b"still writable");
@@ -198,7 +203,7 @@ fn scrub_finds_damage_nobody_touched() {
     assert_eq!(found.findings[0].reason, "log");
     assert_eq!(found.count("read_only"), 1);
     // Into the same errors= path as any other error.
-    assert_eq!(stat_value(&m, "remounted_read_only"), "1");
+    assert_eq!(stat_value(&m, "remounted_read_only"), true);
     assert_eq!(errno_of(fs::write(m.p("x"), b"x")), libc::EROFS);
     // Not a mount point: no server to ask.
     let plain = tempfile::tempdir().unwrap();

@@ -312,8 +312,10 @@ impl<P: Pmem> Fs<P> {
                 .map_err(|e| self.corruption(ErrorReason::InodeTable, Some(ino), e))?
                 .ok_or(Error::Errno(libc::ENOENT))?;
             let rec: InodeRecord = read_pod(&self.pm, rec_off);
+            let bad_record =
+                |m: String| self.corruption(ErrorReason::InodeRecord, Some(ino), Error::Corrupt(m));
             if !inode_state_valid(rec.state) {
-                return Err(Error::Corrupt(format!(
+                return Err(bad_record(format!(
                     "inode {ino}: record state {} invalid",
                     rec.state
                 )));
@@ -321,8 +323,6 @@ impl<P: Pmem> Fs<P> {
             if rec.state == INODE_FREE {
                 return errno(libc::ENOENT);
             }
-            let bad_record =
-                |m: String| self.corruption(ErrorReason::InodeRecord, Some(ino), Error::Corrupt(m));
             if rec.ino != ino {
                 return Err(bad_record(format!(
                     "inode record at {rec_off} names inode {}, expected {ino}",

@@ -1325,7 +1325,14 @@ fn run_case(base: &RangeBase, c: &Case) {
 
 fn mount_and_serve(base: &RangeBase, c: &Case, img: Vec<u8>, refused: bool, how: &str) {
     let what = format!("{}: {how}", c.what);
-    let r = Fs::mount(SimPool::from_image(img), MountOptions::default());
+    // errors=continue: the damaged inodes are counted and the rest is
+    // served read-write (remount-ro, the default, would refuse the creates
+    // below once the walk met the damage; tests/runtime_errors.rs covers it).
+    let opts = MountOptions {
+        errors: ErrorsPolicy::Continue,
+        ..Default::default()
+    };
+    let r = Fs::mount(SimPool::from_image(img), opts);
     if refused {
         match r {
             Err(Error::Corrupt(m)) | Err(Error::BadPool(m)) => assert_one_line(&what, &m),
@@ -1338,6 +1345,11 @@ fn mount_and_serve(base: &RangeBase, c: &Case, img: Vec<u8>, refused: bool, how:
     let got = describe_tree(&fs, &c.bad, &what, None);
     let want = expected_tree(base, &c.bad);
     assert!(got == want, "{what}: served {got:#?}\nexpected {want:#?}");
+    assert_eq!(
+        fs.error_stats().count > 0,
+        !c.bad.is_empty(),
+        "{what}: damage met while mounted is counted"
+    );
     // The rest of the pool still takes writes.
     match fs.create(ROOT_INO, b"new-file", 0o644, 0, 0) {
         Ok((_, fh)) => {
