@@ -354,6 +354,8 @@ impl<P: Pmem> Fs<P> {
         live(st)?;
         let (off, end) = src.range();
         debug_assert!(off < end, "callers skip empty writes");
+        // Under the lock: a chattr cannot slip between check and write.
+        crate::flags::deny_write(st, off)?;
         if end > MAX_FILE_BYTES {
             return errno(libc::EFBIG);
         }
@@ -871,13 +873,15 @@ impl<P: Pmem> Fs<P> {
         if len == 0 {
             return errno(libc::EINVAL);
         }
+        let inode = &fh.inode;
+        let mut st = write(&inode.state);
+        live(&st)?;
+        // As vfs_fallocate: what the flags forbid before the size limit.
+        crate::flags::deny_fallocate(&st, &flags)?;
         let end = off.checked_add(len).ok_or(Error::Errno(libc::EFBIG))?;
         if end > MAX_FILE_BYTES {
             return errno(libc::EFBIG);
         }
-        let inode = &fh.inode;
-        let mut st = write(&inode.state);
-        live(&st)?;
         let now = now_ns();
         let old_size = st.attr.size;
         let size = if flags.keep_size || flags.punch_hole {

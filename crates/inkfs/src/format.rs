@@ -1,4 +1,5 @@
-//! On-media format v1: every persistent structure, defined once.
+//! On-media format (version [`FORMAT_VERSION`]): every persistent
+//! structure, defined once.
 //!
 //! docs/FORMAT.md is the prose version of this file and states the persist
 //! order of every update path. All integers are little-endian (inkfs runs on
@@ -16,9 +17,11 @@ pub const BLOCK_SHIFT: u32 = 12;
 pub const MAGIC: [u8; 8] = *b"INKFSpm1";
 /// 2: a log may begin with any entry (fast GC unlinks the page holding the
 /// first attribute snapshot once a newer one supersedes it); it must hold
-/// one somewhere. Version 1 pools are read as they are and marked 2 by the
-/// first read-write mount.
-pub const FORMAT_VERSION: u32 = 2;
+/// one somewhere. 3: an inode record's `flags` field (formerly reserved,
+/// hence zero in older pools) holds its `chattr` flags, which older
+/// software would ignore instead of enforcing. Older pools are read as they
+/// are and marked with this version by the first read-write mount.
+pub const FORMAT_VERSION: u32 = 3;
 
 /// Block numbers of the two superblock copies.
 pub const SUPER_PRIMARY_BLOCK: u64 = 0;
@@ -238,7 +241,12 @@ pub struct InodeRecord {
     /// `FileKind` as u32, fixed at creation.
     pub kind: u32,
     pub reserved0: u32,
-    pub reserved: [u8; 80],
+    /// `inode_flags` bits (the Linux `FS_*_FL` values of `chattr`); no
+    /// other bit may be set. Changed together with the log tail through the
+    /// journal (the change also logs the new ctime). Zero in a version 2
+    /// pool, where these bytes were reserved.
+    pub flags: u64,
+    pub reserved: [u8; 72],
 }
 pod!(InodeRecord, 128);
 
@@ -248,6 +256,33 @@ pub const INODES_PER_TABLE_BLOCK: u64 = BLOCK_SIZE / INODE_RECORD_SIZE - 1;
 pub const INODE_STATE_FIELD: u64 = 0;
 pub const INODE_HEAD_FIELD: u64 = 8;
 pub const INODE_TAIL_FIELD: u64 = 16;
+pub const INODE_FLAGS_FIELD: u64 = 48;
+const _: () = assert!(std::mem::offset_of!(InodeRecord, flags) as u64 == INODE_FLAGS_FIELD);
+
+/// Inode flags, as `FS_IOC_GETFLAGS`/`FS_IOC_SETFLAGS` (`chattr`) name
+/// them: the Linux `FS_*_FL` values, stored as they are in
+/// `InodeRecord::flags`.
+pub mod inode_flags {
+    /// `chattr +i`: no change to the inode's data, attributes, xattrs or
+    /// names (for a directory: its entries), by anyone.
+    pub const IMMUTABLE: u32 = 0x10;
+    /// `chattr +a`: a file is written only at its end; a directory gains
+    /// entries but loses none; neither is renamed, unlinked or re-owned.
+    pub const APPEND: u32 = 0x20;
+    /// `chattr +d`: a hint to backup programs (dump(8)); nothing enforced.
+    pub const NODUMP: u32 = 0x40;
+    /// `chattr +A`: no atime updates. inkfs never updates atime on access
+    /// (only setattr sets it), so this holds for every inode; the flag is
+    /// kept so that it reads back as set.
+    pub const NOATIME: u32 = 0x80;
+    /// Every bit inkfs stores; anything else is refused (EOPNOTSUPP) or, on
+    /// media, corruption.
+    pub const KNOWN: u32 = IMMUTABLE | APPEND | NODUMP | NOATIME;
+    /// Changing these needs privilege (CAP_LINUX_IMMUTABLE).
+    pub const PRIVILEGED: u32 = IMMUTABLE | APPEND;
+    /// A new inode takes these from its directory (as ext4 and tmpfs).
+    pub const INHERITED: u32 = NODUMP | NOATIME;
+}
 
 /// Trailer of an inode-table block.
 #[repr(C)]

@@ -1,5 +1,6 @@
 //! The lite redo journal: makes several 8-byte stores (log tails, inode
-//! states) atomic, for operations that touch more than one inode.
+//! states and flags) atomic, for operations that touch more than one inode
+//! or more than one field of an inode record.
 //!
 //! Protocol (docs/FORMAT.md "Redo journal"), for one lane's journal block:
 //! 1. the log entries of every inode involved are already written past
@@ -87,7 +88,7 @@ pub enum JournalState {
 }
 
 /// Replay or discard lane `lane`'s journal. `valid_offset` vets each record's
-/// target (it must be an inode record's state/head/tail field).
+/// target (it must be an inode record's state, head, tail or flags field).
 pub fn recover<P: Pmem + ?Sized>(
     pm: &P,
     lane: u32,

@@ -12,6 +12,7 @@
 //! - [`extents`], [`dir`]: DRAM indexes of files and directories
 //! - [`fs`]: mount/unmount, attributes, handles, commit helpers
 //! - [`namei`]: namespace operations; [`file`]: data operations; [`xattr`]
+//! - [`flags`]: inode flags (chattr): storage and the immutable/append-only rules
 //! - [`gc`]: log compaction; [`recovery`]: crash rebuild
 //! - [`fsck`]: offline consistency check and repair
 //! - [`crashtest`]: crash exploration (ACE-style workloads on the simulator)
@@ -23,6 +24,7 @@ pub mod error;
 pub mod extents;
 pub mod file;
 pub mod filemap;
+pub mod flags;
 pub mod format;
 pub mod fs;
 pub mod fsck;

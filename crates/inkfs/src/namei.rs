@@ -213,6 +213,9 @@ impl<P: Pmem> Fs<P> {
         if is_dot_or_dotdot(name) || dst.dir().is_some_and(|d| d.get(name).is_some()) {
             return errno(libc::EEXIST);
         }
+        // An immutable directory gains no entry (may_create: after EEXIST).
+        crate::flags::deny_if_immutable(&dst)?;
+        let flags = crate::flags::inherited(dst.flags, kind);
         let lane = self.lane();
         let slot = self.slots.alloc(lane);
         let ino = lane_slot_to_ino(lane, slot, self.geo.lane_count);
@@ -229,6 +232,7 @@ impl<P: Pmem> Fs<P> {
             uid,
             gid,
             target,
+            flags,
             &mut new_pages,
             &mut target_block,
         );
@@ -261,6 +265,7 @@ impl<P: Pmem> Fs<P> {
         }
         let mut st = InodeState::empty(kind, generation, false);
         st.attr = attr;
+        st.flags = flags;
         st.log = child_cur;
         if let Some(t) = target {
             st.body = Body::Symlink {
@@ -299,7 +304,9 @@ impl<P: Pmem> Fs<P> {
         Ok(inode)
     }
 
-    /// Write a new inode's first log page and its record (state FREE).
+    /// Write a new inode's first log page and its record (state FREE, with
+    /// its inherited `flags`: they become the inode's when the state turns
+    /// LIVE, in the creating journal transaction).
     #[allow(clippy::too_many_arguments)]
     fn prepare_node(
         &self,
@@ -313,6 +320,7 @@ impl<P: Pmem> Fs<P> {
         uid: u32,
         gid: u32,
         target: Option<&[u8]>,
+        flags: u32,
         new_pages: &mut NewPages,
         target_block: &mut u64,
     ) -> Result<(u64, LogCursor, u64, AttrEntry)> {
@@ -364,7 +372,8 @@ impl<P: Pmem> Fs<P> {
             ino,
             kind: kind as u32,
             reserved0: 0,
-            reserved: [0; 80],
+            flags: flags as u64,
+            reserved: [0; 72],
         };
         write_pod(&self.pm, rec_off, &record);
         self.pm.flush(rec_off, INODE_RECORD_SIZE);
@@ -386,7 +395,11 @@ impl<P: Pmem> Fs<P> {
             if is_dot_or_dotdot(newname) || d.dir().is_some_and(|x| x.get(newname).is_some()) {
                 return errno(libc::EEXIST);
             }
+            crate::flags::deny_if_immutable(d)?;
         }
+        // As vfs_link: no link to an append-only or immutable inode, after
+        // the directory's checks and before refusing directories.
+        crate::flags::deny_if_immutable_or_append(locked.get(ino))?;
         // After EEXIST, as Linux (vfs_link refuses directories last).
         if inode.kind == FileKind::Dir {
             return errno(libc::EPERM);
@@ -478,12 +491,6 @@ impl<P: Pmem> Fs<P> {
                 return errno(if want_dir { libc::EINVAL } else { libc::EISDIR });
             }
             let child = self.iget(child_ino)?;
-            if want_dir && child.kind != FileKind::Dir {
-                return errno(libc::ENOTDIR);
-            }
-            if !want_dir && child.kind == FileKind::Dir {
-                return errno(libc::EISDIR);
-            }
             let mut locked = Locked::new(&[&dir, &child]);
             // The name may have moved while nothing was locked: retry.
             if locked
@@ -498,6 +505,16 @@ impl<P: Pmem> Fs<P> {
                 || locked.get(child_ino).gone
             {
                 continue;
+            }
+            // As may_delete: the flags of the directory (it loses an entry)
+            // and of the victim (it loses a name), then the kinds.
+            crate::flags::deny_if_immutable_or_append(locked.get(parent))?;
+            crate::flags::deny_if_immutable_or_append(locked.get(child_ino))?;
+            if want_dir && child.kind != FileKind::Dir {
+                return errno(libc::ENOTDIR);
+            }
+            if !want_dir && child.kind == FileKind::Dir {
+                return errno(libc::EISDIR);
             }
             return self.remove_locked(&dir, &child, name, &mut locked);
         }
@@ -751,6 +768,21 @@ impl<P: Pmem> Fs<P> {
             if v.ino == m.ino {
                 return Ok(()); // two names of one inode: POSIX says do nothing
             }
+        } else if flags.exchange {
+            return errno(libc::ENOENT);
+        }
+        // As vfs_rename: may_delete of the source, then may_create or
+        // may_delete of the target, each checking flags before kinds.
+        crate::flags::deny_if_immutable_or_append(locked.get(sp.ino))?;
+        crate::flags::deny_if_immutable_or_append(locked.get(m.ino))?;
+        match v {
+            None => crate::flags::deny_if_immutable(locked.get(dp.ino))?,
+            Some(v) => {
+                crate::flags::deny_if_immutable_or_append(locked.get(dp.ino))?;
+                crate::flags::deny_if_immutable_or_append(locked.get(v.ino))?;
+            }
+        }
+        if let Some(v) = v {
             if !flags.exchange {
                 match (m.kind == FileKind::Dir, v.kind == FileKind::Dir) {
                     (true, false) => return errno(libc::ENOTDIR),
@@ -761,8 +793,6 @@ impl<P: Pmem> Fs<P> {
                     _ => {}
                 }
             }
-        } else if flags.exchange {
-            return errno(libc::ENOENT);
         }
         let now = now_ns();
         let mut pages = NewPages::default();

@@ -1,6 +1,7 @@
 //! The types of the public engine API (shared by the FUSE mount, the C ABI
 //! and the preload library).
 
+pub use crate::format::inode_flags;
 pub use crate::format::FileKind;
 
 /// Consistency mode, chosen when a pool is opened (docs/MODES.md).

@@ -260,6 +260,7 @@ mod tests {
             content: content.to_vec(),
             target: Vec::new(),
             xattrs: BTreeMap::new(),
+            flags: 0,
             atime: 0,
             mtime: 0,
         }

@@ -55,6 +55,8 @@ pub struct Node {
     pub content: Vec<u8>,
     pub target: Vec<u8>,
     pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// Inode flags (chattr): a lost or torn flag change shows here.
+    pub flags: u32,
     pub atime: i64,
     pub mtime: i64,
 }
@@ -205,6 +207,9 @@ fn node_of<P: Pmem>(fs: &Fs<P>, a: &Attr, path: &str) -> Result<Node, String> {
             .map_err(|e| format!("getxattr {path}: {}", e2s(e)))?;
         xattrs.insert(name, v);
     }
+    let flags = fs
+        .get_flags(a.ino)
+        .map_err(|e| format!("get_flags {path}: {}", e2s(e)))?;
     Ok(Node {
         ino: a.ino,
         generation: a.generation,
@@ -218,6 +223,7 @@ fn node_of<P: Pmem>(fs: &Fs<P>, a: &Attr, path: &str) -> Result<Node, String> {
         content,
         target,
         xattrs,
+        flags,
         atime: a.atime_ns,
         mtime: a.mtime_ns,
     })
@@ -279,6 +285,7 @@ pub fn diff(a: &Snap, b: &Snap) -> String {
                 f!(gid);
                 f!(rdev);
                 f!(size);
+                f!(flags);
                 f!(atime);
                 f!(mtime);
                 if n.content != m.content {
