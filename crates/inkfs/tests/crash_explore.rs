@@ -12,7 +12,7 @@
 use inkfs::crashtest::{self, CrashTestOptions};
 
 /// The CI budget: distinct crash states over the three modes. At one image
-/// per crash point the catalogue has about 61,000 points (7068 workloads ×
+/// per crash point the catalogue has about 69,000 points (7788 workloads ×
 /// 3 modes); this budget covers every workload, 1–2 images per point,
 /// in about a minute on the 2-core machine (~1,500 states/s with fsck and a
 /// clean remount per state; 2–3 minutes when the machine is loaded).

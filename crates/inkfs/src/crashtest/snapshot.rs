@@ -59,6 +59,9 @@ pub struct Node {
     pub flags: u32,
     pub atime: i64,
     pub mtime: i64,
+    /// Changed with every change of the inode (a chattr changes only the
+    /// flags and this: a torn one shows here).
+    pub ctime: i64,
 }
 
 /// Canonical state of a file system: path → node. Timestamps are recorded
@@ -226,6 +229,7 @@ fn node_of<P: Pmem>(fs: &Fs<P>, a: &Attr, path: &str) -> Result<Node, String> {
         flags,
         atime: a.atime_ns,
         mtime: a.mtime_ns,
+        ctime: a.ctime_ns,
     })
 }
 
@@ -236,6 +240,7 @@ impl Snap {
         for n in s.nodes.values_mut() {
             n.atime = 0;
             n.mtime = 0;
+            n.ctime = 0;
             n.generation = 0;
         }
         s
@@ -288,6 +293,7 @@ pub fn diff(a: &Snap, b: &Snap) -> String {
                 f!(flags);
                 f!(atime);
                 f!(mtime);
+                f!(ctime);
                 if n.content != m.content {
                     let first = n
                         .content
