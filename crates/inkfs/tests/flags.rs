@@ -103,787 +103,111 @@ const PLAIN: RenameFlags = RenameFlags {
     noreplace: false,
     exchange: false,
 };
+const EXCHANGE: RenameFlags = RenameFlags {
+    noreplace: false,
+    exchange: true,
+};
+const NOREPLACE: RenameFlags = RenameFlags {
+    noreplace: true,
+    exchange: false,
+};
 
+/// copy_file_range of 50 bytes from `src` at `src_off` to `dst` at `dst_off`.
+fn copy(fs: &Fs<SimPool>, src: u64, src_off: u64, dst: u64, dst_off: u64) -> R {
+    let from = fs.open(src)?;
+    let r = with_fh(fs, dst, |to| {
+        fs.copy_range(&from, src_off, to, dst_off, 50).map(|_| ())
+    });
+    fs.release(from);
+    r
+}
+
+/// The table, one operation per line (left unformatted to stay a table).
+#[rustfmt::skip]
 fn rows() -> Vec<Row> {
     use Target::*;
-    let row = |name, target, op: OpFn, base, immutable, append| Row {
-        name,
-        target,
-        op,
-        base,
-        immutable,
-        append,
-    };
+    let row = |name, target, op: OpFn, base, immutable, append| Row { name, target, op, base, immutable, append };
     vec![
         // ---- a file: its data
-        row(
-            "write at 0",
-            File,
-            |fs, e| with_fh(fs, e.f, |h| fs.write(h, 0, b"x").map(|_| ())),
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "write at end",
-            File,
-            |fs, e| with_fh(fs, e.f, |h| fs.write(h, F_LEN, b"x").map(|_| ())),
-            0,
-            EPERM,
-            0,
-        ),
-        row(
-            "write past end",
-            File,
-            |fs, e| with_fh(fs, e.f, |h| fs.write(h, F_LEN + 1, b"x").map(|_| ())),
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "append",
-            File,
-            |fs, e| with_fh(fs, e.f, |h| fs.append(h, b"x").map(|_| ())),
-            0,
-            EPERM,
-            0,
-        ),
-        row(
-            "copy into, at end",
-            File,
-            |fs, e| {
-                let src = fs.open(e.g)?;
-                let r = with_fh(fs, e.f, |h| {
-                    fs.copy_range(&src, 0, h, F_LEN, 50).map(|_| ())
-                });
-                fs.release(src);
-                r
-            },
-            0,
-            EPERM,
-            0,
-        ),
-        row(
-            "copy into, at 0",
-            File,
-            |fs, e| {
-                let src = fs.open(e.g)?;
-                let r = with_fh(fs, e.f, |h| fs.copy_range(&src, 0, h, 0, 50).map(|_| ()));
-                fs.release(src);
-                r
-            },
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "copy out of",
-            File,
-            |fs, e| {
-                let dst = fs.open(e.g)?;
-                let r = with_fh(fs, e.f, |h| fs.copy_range(h, 0, &dst, 0, 50).map(|_| ()));
-                fs.release(dst);
-                r
-            },
-            0,
-            0,
-            0,
-        ),
-        row(
-            "read",
-            File,
-            |fs, e| with_fh(fs, e.f, |h| fs.read(h, 0, &mut [0; 100]).map(|_| ())),
-            0,
-            0,
-            0,
-        ),
-        row(
-            "truncate shrink",
-            File,
-            |fs, e| {
-                set(
-                    fs,
-                    e.f,
-                    SetAttr {
-                        size: Some(100),
-                        ..Default::default()
-                    },
-                )
-            },
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "truncate grow",
-            File,
-            |fs, e| {
-                set(
-                    fs,
-                    e.f,
-                    SetAttr {
-                        size: Some(9000),
-                        ..Default::default()
-                    },
-                )
-            },
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "truncate to its size",
-            File,
-            |fs, e| {
-                set(
-                    fs,
-                    e.f,
-                    SetAttr {
-                        size: Some(F_LEN),
-                        ..Default::default()
-                    },
-                )
-            },
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "fallocate",
-            File,
-            |fs, e| falloc(fs, e.f, F_LEN, 4096, 0),
-            0,
-            EPERM,
-            0,
-        ),
-        row(
-            "fallocate keep size",
-            File,
-            |fs, e| falloc(fs, e.f, 0, 16384, libc::FALLOC_FL_KEEP_SIZE),
-            0,
-            EPERM,
-            0,
-        ),
-        row(
-            "fallocate punch hole",
-            File,
-            |fs, e| {
-                falloc(
-                    fs,
-                    e.f,
-                    0,
-                    4096,
-                    libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE,
-                )
-            },
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "fallocate zero range",
-            File,
-            |fs, e| falloc(fs, e.f, 0, 100, libc::FALLOC_FL_ZERO_RANGE),
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "fsync",
-            File,
-            |fs, e| with_fh(fs, e.f, |h| fs.fsync(h, false)),
-            0,
-            0,
-            0,
-        ),
+        row("write at 0", File, |fs, e| with_fh(fs, e.f, |h| fs.write(h, 0, b"x").map(|_| ())), 0, EPERM, EPERM),
+        row("write at end", File, |fs, e| with_fh(fs, e.f, |h| fs.write(h, F_LEN, b"x").map(|_| ())), 0, EPERM, 0),
+        row("write past end", File, |fs, e| with_fh(fs, e.f, |h| fs.write(h, F_LEN + 1, b"x").map(|_| ())), 0, EPERM, EPERM),
+        row("append", File, |fs, e| with_fh(fs, e.f, |h| fs.append(h, b"x").map(|_| ())), 0, EPERM, 0),
+        row("copy into, at end", File, |fs, e| copy(fs, e.g, 0, e.f, F_LEN), 0, EPERM, 0),
+        row("copy into, at 0", File, |fs, e| copy(fs, e.g, 0, e.f, 0), 0, EPERM, EPERM),
+        row("copy out of", File, |fs, e| copy(fs, e.f, 0, e.g, 0), 0, 0, 0),
+        row("read", File, |fs, e| with_fh(fs, e.f, |h| fs.read(h, 0, &mut [0; 100]).map(|_| ())), 0, 0, 0),
+        row("truncate shrink", File, |fs, e| set(fs, e.f, SetAttr { size: Some(100), ..Default::default() }), 0, EPERM, EPERM),
+        row("truncate grow", File, |fs, e| set(fs, e.f, SetAttr { size: Some(9000), ..Default::default() }), 0, EPERM, EPERM),
+        row("truncate to its size", File, |fs, e| set(fs, e.f, SetAttr { size: Some(F_LEN), ..Default::default() }), 0, EPERM, EPERM),
+        row("fallocate", File, |fs, e| falloc(fs, e.f, F_LEN, 4096, 0), 0, EPERM, 0),
+        row("fallocate keep size", File, |fs, e| falloc(fs, e.f, 0, 16384, libc::FALLOC_FL_KEEP_SIZE), 0, EPERM, 0),
+        row("fallocate punch hole", File, |fs, e| falloc(fs, e.f, 0, 4096, libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE), 0, EPERM, EPERM),
+        row("fallocate zero range", File, |fs, e| falloc(fs, e.f, 0, 100, libc::FALLOC_FL_ZERO_RANGE), 0, EPERM, EPERM),
+        row("fsync", File, |fs, e| with_fh(fs, e.f, |h| fs.fsync(h, false)), 0, 0, 0),
         // ---- a file: its attributes and xattrs
-        row(
-            "chmod",
-            File,
-            |fs, e| {
-                set(
-                    fs,
-                    e.f,
-                    SetAttr {
-                        mode: Some(0o600),
-                        ..Default::default()
-                    },
-                )
-            },
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "chown",
-            File,
-            |fs, e| {
-                set(
-                    fs,
-                    e.f,
-                    SetAttr {
-                        uid: Some(7),
-                        gid: Some(7),
-                        ..Default::default()
-                    },
-                )
-            },
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "utimes to a time",
-            File,
-            |fs, e| {
-                set(
-                    fs,
-                    e.f,
-                    SetAttr {
-                        mtime: Some(TimeSet::At(5)),
-                        ..Default::default()
-                    },
-                )
-            },
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "utimes to now",
-            File,
-            |fs, e| {
-                set(
-                    fs,
-                    e.f,
-                    SetAttr {
-                        atime: Some(TimeSet::Now),
-                        mtime: Some(TimeSet::Now),
-                        ..Default::default()
-                    },
-                )
-            },
-            0,
-            EPERM,
-            0,
-        ),
-        row(
-            "setxattr",
-            File,
-            |fs, e| fs.setxattr(e.f, b"user.y", b"v", XattrFlags::Any),
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "setxattr replace",
-            File,
-            |fs, e| fs.setxattr(e.f, b"user.x", b"two", XattrFlags::Replace),
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "setxattr, unknown namespace",
-            File,
-            |fs, e| fs.setxattr(e.f, b"foo.y", b"v", XattrFlags::Any),
-            libc::EOPNOTSUPP,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "removexattr",
-            File,
-            |fs, e| fs.removexattr(e.f, b"user.x"),
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "removexattr, absent",
-            File,
-            |fs, e| fs.removexattr(e.f, b"user.none"),
-            libc::ENODATA,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "getxattr",
-            File,
-            |fs, e| fs.getxattr(e.f, b"user.x").map(|_| ()),
-            0,
-            0,
-            0,
-        ),
-        row(
-            "chattr +d (privileged)",
-            File,
-            |fs, e| {
-                let old = fs.get_flags(e.f)?;
-                fs.set_flags(e.f, old | NODUMP, true)
-            },
-            0,
-            EPERM,
-            0,
-        ),
+        row("chmod", File, |fs, e| set(fs, e.f, SetAttr { mode: Some(0o600), ..Default::default() }), 0, EPERM, EPERM),
+        row("chown", File, |fs, e| set(fs, e.f, SetAttr { uid: Some(7), gid: Some(7), ..Default::default() }), 0, EPERM, EPERM),
+        row("utimes to a time", File, |fs, e| set(fs, e.f, SetAttr { mtime: Some(TimeSet::At(5)), ..Default::default() }), 0, EPERM, EPERM),
+        row("utimes to now", File, |fs, e| set(fs, e.f, SetAttr { atime: Some(TimeSet::Now), mtime: Some(TimeSet::Now), ..Default::default() }), 0, EPERM, 0),
+        row("setxattr", File, |fs, e| fs.setxattr(e.f, b"user.y", b"v", XattrFlags::Any), 0, EPERM, EPERM),
+        row("setxattr replace", File, |fs, e| fs.setxattr(e.f, b"user.x", b"two", XattrFlags::Replace), 0, EPERM, EPERM),
+        row("setxattr, unknown namespace", File, |fs, e| fs.setxattr(e.f, b"foo.y", b"v", XattrFlags::Any), libc::EOPNOTSUPP, EPERM, EPERM),
+        row("removexattr", File, |fs, e| fs.removexattr(e.f, b"user.x"), 0, EPERM, EPERM),
+        row("removexattr, absent", File, |fs, e| fs.removexattr(e.f, b"user.none"), libc::ENODATA, EPERM, EPERM),
+        row("getxattr", File, |fs, e| fs.getxattr(e.f, b"user.x").map(|_| ()), 0, 0, 0),
+        row("chattr +d (privileged)", File, |fs, e| fs.set_flags(e.f, fs.get_flags(e.f)? | NODUMP, true), 0, EPERM, 0),
         // ---- a file: its names
-        row(
-            "link",
-            File,
-            |fs, e| fs.link(e.f, e.e, b"l").map(|_| ()),
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "unlink",
-            File,
-            |fs, e| fs.unlink(e.d, b"f"),
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "rename in its directory",
-            File,
-            |fs, e| rename(fs, (e.d, b"f"), (e.d, b"f2"), PLAIN),
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "rename to another directory",
-            File,
-            |fs, e| rename(fs, (e.d, b"f"), (e.e, b"f"), PLAIN),
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "rename over another file",
-            File,
-            |fs, e| rename(fs, (e.d, b"f"), (1, b"g"), PLAIN),
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "rename another file over it",
-            File,
-            |fs, e| rename(fs, (1, b"g"), (e.d, b"f"), PLAIN),
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "exchange with another file",
-            File,
-            |fs, e| {
-                rename(
-                    fs,
-                    (1, b"g"),
-                    (e.d, b"f"),
-                    RenameFlags {
-                        exchange: true,
-                        noreplace: false,
-                    },
-                )
-            },
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "rename over a directory",
-            File,
-            |fs, e| rename(fs, (e.d, b"f"), (e.d, b"sub"), PLAIN),
-            libc::EISDIR,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "rename noreplace onto a name",
-            File,
-            |fs, e| {
-                rename(
-                    fs,
-                    (e.d, b"f"),
-                    (1, b"g"),
-                    RenameFlags {
-                        noreplace: true,
-                        exchange: false,
-                    },
-                )
-            },
-            libc::EEXIST,
-            libc::EEXIST,
-            libc::EEXIST,
-        ),
-        row(
-            "create over its name",
-            File,
-            |fs, e| {
-                fs.create(e.d, b"f", 0o644, 0, 0)
-                    .map(|(_, h)| fs.release(h))
-            },
-            libc::EEXIST,
-            libc::EEXIST,
-            libc::EEXIST,
-        ),
+        row("link", File, |fs, e| fs.link(e.f, e.e, b"l").map(|_| ()), 0, EPERM, EPERM),
+        row("unlink", File, |fs, e| fs.unlink(e.d, b"f"), 0, EPERM, EPERM),
+        row("rename in its directory", File, |fs, e| rename(fs, (e.d, b"f"), (e.d, b"f2"), PLAIN), 0, EPERM, EPERM),
+        row("rename to another directory", File, |fs, e| rename(fs, (e.d, b"f"), (e.e, b"f"), PLAIN), 0, EPERM, EPERM),
+        row("rename over another file", File, |fs, e| rename(fs, (e.d, b"f"), (1, b"g"), PLAIN), 0, EPERM, EPERM),
+        row("rename another file over it", File, |fs, e| rename(fs, (1, b"g"), (e.d, b"f"), PLAIN), 0, EPERM, EPERM),
+        row("exchange with another file", File, |fs, e| rename(fs, (1, b"g"), (e.d, b"f"), EXCHANGE), 0, EPERM, EPERM),
+        row("rename over a directory", File, |fs, e| rename(fs, (e.d, b"f"), (e.d, b"sub"), PLAIN), libc::EISDIR, EPERM, EPERM),
+        row("rename noreplace onto a name", File, |fs, e| rename(fs, (e.d, b"f"), (1, b"g"), NOREPLACE), libc::EEXIST, libc::EEXIST, libc::EEXIST),
+        row("create over its name", File, |fs, e| fs.create(e.d, b"f", 0o644, 0, 0).map(|(_, h)| fs.release(h)), libc::EEXIST, libc::EEXIST, libc::EEXIST),
         // ---- a file: open(2)
-        row(
-            "open O_RDONLY",
-            File,
-            |fs, e| open_flags(fs, e.f, libc::O_RDONLY),
-            0,
-            0,
-            0,
-        ),
-        row(
-            "open O_WRONLY",
-            File,
-            |fs, e| open_flags(fs, e.f, libc::O_WRONLY),
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "open O_RDWR",
-            File,
-            |fs, e| open_flags(fs, e.f, libc::O_RDWR),
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "open O_WRONLY|O_APPEND",
-            File,
-            |fs, e| open_flags(fs, e.f, libc::O_WRONLY | libc::O_APPEND),
-            0,
-            EPERM,
-            0,
-        ),
-        row(
-            "open O_RDWR|O_APPEND",
-            File,
-            |fs, e| open_flags(fs, e.f, libc::O_RDWR | libc::O_APPEND),
-            0,
-            EPERM,
-            0,
-        ),
-        row(
-            "open O_RDONLY|O_TRUNC",
-            File,
-            |fs, e| open_flags(fs, e.f, libc::O_RDONLY | libc::O_TRUNC),
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "open O_WRONLY|O_APPEND|O_TRUNC",
-            File,
-            |fs, e| open_flags(fs, e.f, libc::O_WRONLY | libc::O_APPEND | libc::O_TRUNC),
-            0,
-            EPERM,
-            EPERM,
-        ),
+        row("open O_RDONLY", File, |fs, e| open_flags(fs, e.f, libc::O_RDONLY), 0, 0, 0),
+        row("open O_WRONLY", File, |fs, e| open_flags(fs, e.f, libc::O_WRONLY), 0, EPERM, EPERM),
+        row("open O_RDWR", File, |fs, e| open_flags(fs, e.f, libc::O_RDWR), 0, EPERM, EPERM),
+        row("open O_WRONLY|O_APPEND", File, |fs, e| open_flags(fs, e.f, libc::O_WRONLY | libc::O_APPEND), 0, EPERM, 0),
+        row("open O_RDWR|O_APPEND", File, |fs, e| open_flags(fs, e.f, libc::O_RDWR | libc::O_APPEND), 0, EPERM, 0),
+        row("open O_RDONLY|O_TRUNC", File, |fs, e| open_flags(fs, e.f, libc::O_RDONLY | libc::O_TRUNC), 0, EPERM, EPERM),
+        row("open O_WRONLY|O_APPEND|O_TRUNC", File, |fs, e| open_flags(fs, e.f, libc::O_WRONLY | libc::O_APPEND | libc::O_TRUNC), 0, EPERM, EPERM),
         // ---- a directory: its entries
-        row(
-            "create in it",
-            Dir,
-            |fs, e| {
-                fs.create(e.d, b"new", 0o644, 0, 0)
-                    .map(|(_, h)| fs.release(h))
-            },
-            0,
-            EPERM,
-            0,
-        ),
-        row(
-            "create over a name in it",
-            Dir,
-            |fs, e| {
-                fs.create(e.d, b"f", 0o644, 0, 0)
-                    .map(|(_, h)| fs.release(h))
-            },
-            libc::EEXIST,
-            libc::EEXIST,
-            libc::EEXIST,
-        ),
-        row(
-            "mkdir in it",
-            Dir,
-            |fs, e| fs.mkdir(e.d, b"nd", 0o755, 0, 0).map(|_| ()),
-            0,
-            EPERM,
-            0,
-        ),
-        row(
-            "mknod in it",
-            Dir,
-            |fs, e| {
-                fs.mknod(e.d, b"p", libc::S_IFIFO | 0o644, 0, 0, 0)
-                    .map(|_| ())
-            },
-            0,
-            EPERM,
-            0,
-        ),
-        row(
-            "symlink in it",
-            Dir,
-            |fs, e| fs.symlink(e.d, b"s", b"f", 0, 0).map(|_| ()),
-            0,
-            EPERM,
-            0,
-        ),
-        row(
-            "link into it",
-            Dir,
-            |fs, e| fs.link(e.g, e.d, b"l").map(|_| ()),
-            0,
-            EPERM,
-            0,
-        ),
-        row(
-            "unlink in it",
-            Dir,
-            |fs, e| fs.unlink(e.d, b"f"),
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "unlink an absent name",
-            Dir,
-            |fs, e| fs.unlink(e.d, b"none"),
-            libc::ENOENT,
-            libc::ENOENT,
-            libc::ENOENT,
-        ),
-        row(
-            "unlink a directory in it",
-            Dir,
-            |fs, e| fs.unlink(e.d, b"sub"),
-            libc::EISDIR,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "rmdir in it",
-            Dir,
-            |fs, e| fs.rmdir(e.d, b"sub"),
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "rmdir a file in it",
-            Dir,
-            |fs, e| fs.rmdir(e.d, b"f"),
-            libc::ENOTDIR,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "rename within it",
-            Dir,
-            |fs, e| rename(fs, (e.d, b"f"), (e.d, b"f2"), PLAIN),
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "rename out of it",
-            Dir,
-            |fs, e| rename(fs, (e.d, b"f"), (e.e, b"f"), PLAIN),
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "rename into it",
-            Dir,
-            |fs, e| rename(fs, (1, b"g"), (e.d, b"g"), PLAIN),
-            0,
-            EPERM,
-            0,
-        ),
-        row(
-            "rename into it over a name",
-            Dir,
-            |fs, e| rename(fs, (1, b"g"), (e.d, b"f"), PLAIN),
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "exchange into it",
-            Dir,
-            |fs, e| {
-                rename(
-                    fs,
-                    (1, b"g"),
-                    (e.d, b"f"),
-                    RenameFlags {
-                        exchange: true,
-                        noreplace: false,
-                    },
-                )
-            },
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "write a file in it",
-            Dir,
-            |fs, e| with_fh(fs, e.f, |h| fs.write(h, 0, b"x").map(|_| ())),
-            0,
-            0,
-            0,
-        ),
-        row(
-            "chmod a file in it",
-            Dir,
-            |fs, e| {
-                set(
-                    fs,
-                    e.f,
-                    SetAttr {
-                        mode: Some(0o600),
-                        ..Default::default()
-                    },
-                )
-            },
-            0,
-            0,
-            0,
-        ),
-        row(
-            "readdir",
-            Dir,
-            |fs, e| fs.readdir(e.d, 0, &mut |_| true),
-            0,
-            0,
-            0,
-        ),
-        row(
-            "lookup",
-            Dir,
-            |fs, e| fs.lookup(e.d, b"f").map(|_| ()),
-            0,
-            0,
-            0,
-        ),
-        row(
-            "open O_RDONLY|O_DIRECTORY",
-            Dir,
-            |fs, e| open_flags(fs, e.d, libc::O_RDONLY | libc::O_DIRECTORY),
-            0,
-            0,
-            0,
-        ),
+        row("create in it", Dir, |fs, e| fs.create(e.d, b"new", 0o644, 0, 0).map(|(_, h)| fs.release(h)), 0, EPERM, 0),
+        row("create over a name in it", Dir, |fs, e| fs.create(e.d, b"f", 0o644, 0, 0).map(|(_, h)| fs.release(h)), libc::EEXIST, libc::EEXIST, libc::EEXIST),
+        row("mkdir in it", Dir, |fs, e| fs.mkdir(e.d, b"nd", 0o755, 0, 0).map(|_| ()), 0, EPERM, 0),
+        row("mknod in it", Dir, |fs, e| fs.mknod(e.d, b"p", libc::S_IFIFO | 0o644, 0, 0, 0).map(|_| ()), 0, EPERM, 0),
+        row("symlink in it", Dir, |fs, e| fs.symlink(e.d, b"s", b"f", 0, 0).map(|_| ()), 0, EPERM, 0),
+        row("link into it", Dir, |fs, e| fs.link(e.g, e.d, b"l").map(|_| ()), 0, EPERM, 0),
+        row("unlink in it", Dir, |fs, e| fs.unlink(e.d, b"f"), 0, EPERM, EPERM),
+        row("unlink an absent name", Dir, |fs, e| fs.unlink(e.d, b"none"), libc::ENOENT, libc::ENOENT, libc::ENOENT),
+        row("unlink a directory in it", Dir, |fs, e| fs.unlink(e.d, b"sub"), libc::EISDIR, EPERM, EPERM),
+        row("rmdir in it", Dir, |fs, e| fs.rmdir(e.d, b"sub"), 0, EPERM, EPERM),
+        row("rmdir a file in it", Dir, |fs, e| fs.rmdir(e.d, b"f"), libc::ENOTDIR, EPERM, EPERM),
+        row("rename within it", Dir, |fs, e| rename(fs, (e.d, b"f"), (e.d, b"f2"), PLAIN), 0, EPERM, EPERM),
+        row("rename out of it", Dir, |fs, e| rename(fs, (e.d, b"f"), (e.e, b"f"), PLAIN), 0, EPERM, EPERM),
+        row("rename into it", Dir, |fs, e| rename(fs, (1, b"g"), (e.d, b"g"), PLAIN), 0, EPERM, 0),
+        row("rename into it over a name", Dir, |fs, e| rename(fs, (1, b"g"), (e.d, b"f"), PLAIN), 0, EPERM, EPERM),
+        row("exchange into it", Dir, |fs, e| rename(fs, (1, b"g"), (e.d, b"f"), EXCHANGE), 0, EPERM, EPERM),
+        row("write a file in it", Dir, |fs, e| with_fh(fs, e.f, |h| fs.write(h, 0, b"x").map(|_| ())), 0, 0, 0),
+        row("chmod a file in it", Dir, |fs, e| set(fs, e.f, SetAttr { mode: Some(0o600), ..Default::default() }), 0, 0, 0),
+        row("readdir", Dir, |fs, e| fs.readdir(e.d, 0, &mut |_| true), 0, 0, 0),
+        row("lookup", Dir, |fs, e| fs.lookup(e.d, b"f").map(|_| ()), 0, 0, 0),
+        row("open O_RDONLY|O_DIRECTORY", Dir, |fs, e| open_flags(fs, e.d, libc::O_RDONLY | libc::O_DIRECTORY), 0, 0, 0),
         // ---- a directory: itself
-        row(
-            "rmdir it, not empty",
-            Dir,
-            |fs, _| fs.rmdir(1, b"d"),
-            libc::ENOTEMPTY,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "rename it",
-            Dir,
-            |fs, e| rename(fs, (1, b"d"), (e.e, b"d"), PLAIN),
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "rename a directory over it",
-            Dir,
-            |fs, _| rename(fs, (1, b"e"), (1, b"d"), PLAIN),
-            libc::ENOTEMPTY,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "chmod it",
-            Dir,
-            |fs, e| {
-                set(
-                    fs,
-                    e.d,
-                    SetAttr {
-                        mode: Some(0o700),
-                        ..Default::default()
-                    },
-                )
-            },
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "utimes it to now",
-            Dir,
-            |fs, e| {
-                set(
-                    fs,
-                    e.d,
-                    SetAttr {
-                        mtime: Some(TimeSet::Now),
-                        ..Default::default()
-                    },
-                )
-            },
-            0,
-            EPERM,
-            0,
-        ),
-        row(
-            "truncate it",
-            Dir,
-            |fs, e| {
-                set(
-                    fs,
-                    e.d,
-                    SetAttr {
-                        size: Some(0),
-                        ..Default::default()
-                    },
-                )
-            },
-            libc::EISDIR,
-            libc::EISDIR,
-            libc::EISDIR,
-        ),
-        row(
-            "setxattr on it",
-            Dir,
-            |fs, e| fs.setxattr(e.d, b"user.y", b"v", XattrFlags::Any),
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "removexattr on it",
-            Dir,
-            |fs, e| fs.removexattr(e.d, b"user.x"),
-            0,
-            EPERM,
-            EPERM,
-        ),
-        row(
-            "link it",
-            Dir,
-            |fs, e| fs.link(e.d, e.e, b"dl").map(|_| ()),
-            EPERM,
-            EPERM,
-            EPERM,
-        ),
+        row("rmdir it, not empty", Dir, |fs, _| fs.rmdir(1, b"d"), libc::ENOTEMPTY, EPERM, EPERM),
+        row("rename it", Dir, |fs, e| rename(fs, (1, b"d"), (e.e, b"d"), PLAIN), 0, EPERM, EPERM),
+        row("rename a directory over it", Dir, |fs, _| rename(fs, (1, b"e"), (1, b"d"), PLAIN), libc::ENOTEMPTY, EPERM, EPERM),
+        row("chmod it", Dir, |fs, e| set(fs, e.d, SetAttr { mode: Some(0o700), ..Default::default() }), 0, EPERM, EPERM),
+        row("utimes it to now", Dir, |fs, e| set(fs, e.d, SetAttr { mtime: Some(TimeSet::Now), ..Default::default() }), 0, EPERM, 0),
+        row("truncate it", Dir, |fs, e| set(fs, e.d, SetAttr { size: Some(0), ..Default::default() }), libc::EISDIR, libc::EISDIR, libc::EISDIR),
+        row("setxattr on it", Dir, |fs, e| fs.setxattr(e.d, b"user.y", b"v", XattrFlags::Any), 0, EPERM, EPERM),
+        row("removexattr on it", Dir, |fs, e| fs.removexattr(e.d, b"user.x"), 0, EPERM, EPERM),
+        row("link it", Dir, |fs, e| fs.link(e.d, e.e, b"dl").map(|_| ()), EPERM, EPERM, EPERM),
     ]
 }
 
