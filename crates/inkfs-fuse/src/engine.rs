@@ -57,6 +57,12 @@ pub trait Engine: Send + Sync + 'static {
     ) -> Result<()>;
     fn readdir(&self, ino: u64, cookie: u64, f: &mut dyn FnMut(DirEntry) -> bool) -> Result<()>;
     fn open(&self, ino: u64) -> Result<Self::Handle>;
+    /// open(2): `open` plus the checks that immutable and append-only
+    /// inodes make of the open flags (`inkfs::Fs::open_with`). Engines
+    /// without inode flags just open.
+    fn open_with(&self, ino: u64, _flags: i32) -> Result<Self::Handle> {
+        self.open(ino)
+    }
     fn release(&self, fh: Self::Handle);
     fn read(&self, fh: &Self::Handle, off: u64, buf: &mut [u8]) -> Result<usize>;
     /// Serve a read without copying: call `reply` with the bytes in place
@@ -99,6 +105,16 @@ pub trait Engine: Send + Sync + 'static {
     fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>>;
     fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>>;
     fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()>;
+    /// FS_IOC_GETFLAGS (`inkfs::types::inode_flags` bits); ENOTTY where
+    /// the engine has no inode flags.
+    fn get_flags(&self, _ino: u64) -> Result<u32> {
+        Err(inkfs::Error::Errno(libc::ENOTTY))
+    }
+    /// FS_IOC_SETFLAGS; `privileged`: the caller may change immutable and
+    /// append-only (CAP_LINUX_IMMUTABLE).
+    fn set_flags(&self, _ino: u64, _flags: u32, _privileged: bool) -> Result<()> {
+        Err(inkfs::Error::Errno(libc::ENOTTY))
+    }
     fn statfs(&self) -> StatFs;
     fn sync(&self) -> Result<()>;
     /// Engine-specific fields of the statistics report (log and GC

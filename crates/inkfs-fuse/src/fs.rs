@@ -256,7 +256,7 @@ impl<E: Engine> InkFuse<E> {
         if flags & libc::O_TRUNC != 0 && flags & libc::O_ACCMODE != libc::O_RDONLY {
             // FUSE_ATOMIC_O_TRUNC: the kernel leaves the truncation to us.
             self.rofs()?;
-            let h = self.fs.open(ino)?;
+            let h = self.fs.open_with(ino, flags)?;
             if let Err(e) = self.fs.setattr(
                 ino,
                 &SetAttr {
@@ -269,7 +269,7 @@ impl<E: Engine> InkFuse<E> {
             }
             return Ok(self.handles.insert(h, flags));
         }
-        let h = self.fs.open(ino)?;
+        let h = self.fs.open_with(ino, flags)?;
         Ok(self.handles.insert(h, flags))
     }
 
@@ -1109,6 +1109,39 @@ impl<E: Engine> Filesystem for InkFuse<E> {
             Err(e) => {
                 reply.error(errno(e));
                 self.done(Op::copy_file_range, t, false);
+            }
+        }
+    }
+
+    /// The inode-flag ioctls (`crate::fileattr`); any other command is
+    /// ENOTTY ("not a typewriter": no such ioctl here), as Linux answers.
+    /// The caller's uid decides privilege (root may change immutable and
+    /// append-only; the kernel checked CAP_LINUX_IMMUTABLE already).
+    #[allow(clippy::too_many_arguments)]
+    fn ioctl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        let t = clock::now();
+        let privileged = req.uid() == 0;
+        // A read-only mount: the engine refuses a change with EROFS.
+        let r = crate::fileattr::serve(&*self.fs, ino.0, cmd, in_data, out_size, privileged)
+            .unwrap_or(Err(inkfs::Error::Errno(libc::ENOTTY)));
+        match r {
+            Ok(data) => {
+                reply.ioctl(0, &data);
+                self.done(Op::ioctl, t, true);
+            }
+            Err(e) => {
+                reply.error(errno(e));
+                self.done(Op::ioctl, t, false);
             }
         }
     }

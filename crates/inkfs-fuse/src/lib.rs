@@ -10,13 +10,14 @@
 //!   `mount -t fuse.inkfs` and /etc/fstab work
 //!
 //! Module map: `engine` (the engine API the front end needs), `fs` (FUSE
-//! request handlers), `handles` (fh table), `stats` (counters, histograms,
-//! the stats socket), `scrub` (scrub requests on that socket, both ends),
-//! `mount` (options, daemon, dead mounts),
+//! request handlers), `fileattr` (the chattr/lsattr ioctls), `handles` (fh
+//! table), `stats` (counters, histograms, the stats socket), `scrub` (scrub
+//! requests on that socket, both ends), `mount` (options, daemon, dead mounts),
 //! `nullfs`, `memfs` (in-memory reference engine for tests).
 
 pub mod clock;
 pub mod engine;
+pub mod fileattr;
 pub mod fs;
 pub mod handles;
 #[doc(hidden)]

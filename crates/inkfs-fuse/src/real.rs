@@ -90,6 +90,15 @@ impl<P: Pmem> Engine for Fs<P> {
     fn open(&self, ino: u64) -> Result<FileHandle> {
         Fs::open(self, ino)
     }
+    fn open_with(&self, ino: u64, flags: i32) -> Result<FileHandle> {
+        Fs::open_with(self, ino, flags)
+    }
+    fn get_flags(&self, ino: u64) -> Result<u32> {
+        Fs::get_flags(self, ino)
+    }
+    fn set_flags(&self, ino: u64, flags: u32, privileged: bool) -> Result<()> {
+        Fs::set_flags(self, ino, flags, privileged)
+    }
     fn release(&self, fh: FileHandle) {
         Fs::release(self, fh)
     }

@@ -112,6 +112,7 @@ ops!(
     fallocate,
     lseek,
     copy_file_range,
+    ioctl,
 );
 
 pub const OPS: usize = Op::ALL.len();

@@ -368,6 +368,8 @@ impl<P: Pmem> Fs<P> {
         live(st)?;
         let (off, end) = src.range();
         debug_assert!(off < end, "callers skip empty writes");
+        // Under the lock: a chattr cannot slip between check and write.
+        crate::flags::deny_write(st, off)?;
         if end > MAX_FILE_BYTES {
             return errno(libc::EFBIG);
         }
@@ -880,14 +882,17 @@ impl<P: Pmem> Fs<P> {
         if len == 0 {
             return errno(libc::EINVAL);
         }
-        let end = off.checked_add(len).ok_or(Error::Errno(libc::EFBIG))?;
-        if end > MAX_FILE_BYTES {
-            return errno(libc::EFBIG);
-        }
+        // vfs_fallocate's order: the mode, then what the flags forbid, then
+        // the size limit.
         flags.check()?;
         let inode = &fh.inode;
         let mut st = write(&inode.state);
         live(&st)?;
+        crate::flags::deny_fallocate(&st, &flags)?;
+        let end = off.checked_add(len).ok_or(Error::Errno(libc::EFBIG))?;
+        if end > MAX_FILE_BYTES {
+            return errno(libc::EFBIG);
+        }
         if flags.shifts() {
             return self.shift_range(inode, &mut st, off, len, flags.collapse_range);
         }

@@ -17,8 +17,10 @@ pub const MAGIC: [u8; 8] = *b"INKFSpm1";
 /// 2: a log may begin with any entry (fast GC unlinks the page holding the
 /// first attribute snapshot once a newer one supersedes it); it must hold
 /// one somewhere. 3: the superblock records corruption met while mounted
-/// (the `errors_*` fields, zero in older pools). Older pools are read as
-/// they are and marked 3 by the first read-write mount.
+/// (the `errors_*` fields), and an inode record's `flags` field holds its
+/// `chattr` flags, which older software would ignore instead of enforcing
+/// (both formerly reserved, hence zero in older pools). Older pools are read
+/// as they are and marked 3 by the first read-write mount.
 pub const FORMAT_VERSION: u32 = 3;
 
 /// Block numbers of the two superblock copies.
@@ -318,7 +320,12 @@ pub struct InodeRecord {
     /// `FileKind` as u32, fixed at creation.
     pub kind: u32,
     pub reserved0: u32,
-    pub reserved: [u8; 80],
+    /// `inode_flags` bits (the Linux `FS_*_FL` values of `chattr`); no
+    /// other bit may be set. Changed together with the log tail through the
+    /// journal (the change also logs the new ctime). Zero in a version 2
+    /// pool, where these bytes were reserved.
+    pub flags: u64,
+    pub reserved: [u8; 72],
 }
 pod!(InodeRecord, 128);
 
@@ -328,6 +335,33 @@ pub const INODES_PER_TABLE_BLOCK: u64 = BLOCK_SIZE / INODE_RECORD_SIZE - 1;
 pub const INODE_STATE_FIELD: u64 = 0;
 pub const INODE_HEAD_FIELD: u64 = 8;
 pub const INODE_TAIL_FIELD: u64 = 16;
+pub const INODE_FLAGS_FIELD: u64 = 48;
+const _: () = assert!(std::mem::offset_of!(InodeRecord, flags) as u64 == INODE_FLAGS_FIELD);
+
+/// Inode flags, as `FS_IOC_GETFLAGS`/`FS_IOC_SETFLAGS` (`chattr`) name
+/// them: the Linux `FS_*_FL` values, stored as they are in
+/// `InodeRecord::flags`.
+pub mod inode_flags {
+    /// `chattr +i`: no change to the inode's data, attributes, xattrs or
+    /// names (for a directory: its entries), by anyone.
+    pub const IMMUTABLE: u32 = 0x10;
+    /// `chattr +a`: a file is written only at its end; a directory gains
+    /// entries but loses none; neither is renamed, unlinked or re-owned.
+    pub const APPEND: u32 = 0x20;
+    /// `chattr +d`: a hint to backup programs (dump(8)); nothing enforced.
+    pub const NODUMP: u32 = 0x40;
+    /// `chattr +A`: no atime updates. inkfs never updates atime on access
+    /// (only setattr sets it), so this holds for every inode; the flag is
+    /// kept so that it reads back as set.
+    pub const NOATIME: u32 = 0x80;
+    /// Every bit inkfs stores; anything else is refused (EOPNOTSUPP) or, on
+    /// media, corruption.
+    pub const KNOWN: u32 = IMMUTABLE | APPEND | NODUMP | NOATIME;
+    /// Changing these needs privilege (CAP_LINUX_IMMUTABLE).
+    pub const PRIVILEGED: u32 = IMMUTABLE | APPEND;
+    /// A new inode takes these from its directory (as ext4 and tmpfs).
+    pub const INHERITED: u32 = NODUMP | NOATIME;
+}
 
 /// The values `InodeRecord::state` may hold.
 pub fn inode_state_valid(state: u64) -> bool {

@@ -420,6 +420,15 @@ impl<P: Pmem> Fs<P> {
     pub(crate) fn setattr_inode(&self, inode: &Arc<Inode>, set: &SetAttr) -> Result<Attr> {
         let mut st = write(&inode.state);
         live(&st)?;
+        // As truncate(2): the kind first, then what the flags forbid.
+        if set.size.is_some() {
+            match inode.kind {
+                FileKind::File => {}
+                FileKind::Dir => return errno(libc::EISDIR),
+                _ => return errno(libc::EINVAL),
+            }
+        }
+        crate::flags::deny_setattr(&st, set)?;
         let now = now_ns();
         let mut a = st.attr;
         if let Some(mode) = set.mode {
@@ -443,11 +452,6 @@ impl<P: Pmem> Fs<P> {
         }
         a.ctime_ns = now;
         if let Some(size) = set.size {
-            match inode.kind {
-                FileKind::File => {}
-                FileKind::Dir => return errno(libc::EISDIR),
-                _ => return errno(libc::EINVAL),
-            }
             if size > MAX_FILE_BYTES {
                 return errno(libc::EFBIG);
             }
@@ -477,7 +481,10 @@ impl<P: Pmem> Fs<P> {
     // -----------------------------------------------------------------------
 
     /// Open any inode (files for I/O, directories for fsync/readdir).
-    /// Keeps an unlinked inode alive until `release`.
+    /// Keeps an unlinked inode alive until `release`. No access check: an
+    /// open(2) front end uses `open_with`, which applies the open flags'
+    /// rules for immutable and append-only inodes (writes are checked
+    /// again at each call either way).
     pub fn open(&self, ino: u64) -> Result<FileHandle> {
         let inode = self.iget(ino)?;
         let mut st = write(&inode.state);

@@ -281,6 +281,13 @@ pub fn check_with_progress<P: Pmem>(
                 is_record_field(&first.table_blocks, off)
             })
             .is_ok(),
+            // After the journals (found first, so earlier here): a replay
+            // must not bring the bad value back.
+            Fix::MaskFlags { off, value } => {
+                pm.write_u64(*off, *value);
+                pm.persist(*off, 8);
+                true
+            }
             _ => continue,
         };
         report.modified = true;
@@ -441,6 +448,9 @@ enum Fix {
     /// Clear the superblock's record of errors met while mounted: done last,
     /// and only when the check after every other repair finds nothing else.
     ClearErrorRecord,
+    /// Store `value` (the known flags) in the inode flags field at `off`,
+    /// clearing bits that mean nothing: one persisted 8-byte store.
+    MaskFlags { off: u64, value: u64 },
 }
 
 impl Fix {
@@ -451,6 +461,7 @@ impl Fix {
                 | Fix::ReplayJournal { .. }
                 | Fix::ZeroPastEof { .. }
                 | Fix::ClearErrorRecord
+                | Fix::MaskFlags { .. }
         )
     }
     /// Order of the mounted repairs: names first, then reconnects, then
@@ -566,7 +577,8 @@ fn repair_mounted<P: Pmem>(pm: &P, fixes: &[(usize, Fix)]) -> Result<FixResults>
                 Fix::CopySuperblock { .. }
                 | Fix::ReplayJournal { .. }
                 | Fix::ZeroPastEof { .. }
-                | Fix::ClearErrorRecord => continue,
+                | Fix::ClearErrorRecord
+                | Fix::MaskFlags { .. } => continue,
             };
             results.push((*i, r));
         }
@@ -871,7 +883,7 @@ fn is_record_field(table_blocks: &HashSet<u64>, off: u64) -> bool {
     in_block < TABLE_TRAILER_OFFSET
         && matches!(
             in_block % INODE_RECORD_SIZE,
-            INODE_STATE_FIELD | INODE_HEAD_FIELD | INODE_TAIL_FIELD
+            INODE_STATE_FIELD | INODE_HEAD_FIELD | INODE_TAIL_FIELD | INODE_FLAGS_FIELD
         )
         && table_blocks.contains(&(off / BLOCK_SIZE))
 }
@@ -1092,6 +1104,9 @@ impl<'a, P: Pmem + ?Sized> Checker<'a, P> {
             if let Some(&v) = self.overlay.get(&(off + INODE_TAIL_FIELD)) {
                 r.log_tail = v;
             }
+            if let Some(&v) = self.overlay.get(&(off + INODE_FLAGS_FIELD)) {
+                r.flags = v;
+            }
         }
         r
     }
@@ -1217,6 +1232,7 @@ impl<'a, P: Pmem + ?Sized> Checker<'a, P> {
             );
             return;
         };
+        let rec = self.check_flags(ino, rec_off, rec);
         self.counts[C_INODES] += 1;
         self.counts[match kind {
             FileKind::Dir => C_DIRS,
@@ -1284,6 +1300,29 @@ impl<'a, P: Pmem + ?Sized> Checker<'a, P> {
                 body,
             },
         );
+    }
+
+    /// Inode flags must be bits inkfs knows (the mount refuses the inode
+    /// otherwise). Returns the record with them masked, so that the rest
+    /// of the inode is still checked.
+    fn check_flags(&mut self, ino: u64, rec_off: u64, rec: InodeRecord) -> InodeRecord {
+        let Err(m) = inode::record_flags(&rec) else {
+            return rec;
+        };
+        let value = rec.flags & inode_flags::KNOWN as u64;
+        self.error(
+            ProblemKind::InodeRecord,
+            Some(ino),
+            format!("{m}; the unknown bits are cleared at repair"),
+            Some(Fix::MaskFlags {
+                off: rec_off + INODE_FLAGS_FIELD,
+                value,
+            }),
+        );
+        InodeRecord {
+            flags: value,
+            ..rec
+        }
     }
 
     fn check_namespace(&mut self) {

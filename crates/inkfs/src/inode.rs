@@ -31,6 +31,8 @@ pub enum Body {
 pub struct InodeState {
     /// Latest attribute snapshot (the header field is unused in DRAM).
     pub attr: AttrEntry,
+    /// `inode_flags` bits, as the inode record holds them.
+    pub flags: u32,
     pub generation: u64,
     pub log: LogCursor,
     pub body: Body,
@@ -63,6 +65,7 @@ impl InodeState {
     pub fn empty(kind: FileKind, generation: u64, orphan: bool) -> InodeState {
         InodeState {
             attr: AttrEntry::from_bytes(&[0u8; 64]),
+            flags: 0,
             generation,
             log: LogCursor::default(),
             body: match kind {
@@ -143,6 +146,7 @@ pub fn load_with_pages<P: Pmem + ?Sized>(
     let kind = FileKind::from_u32(rec.kind)
         .ok_or_else(|| corrupt(format!("unknown kind {}", rec.kind)))?;
     let mut st = InodeState::empty(kind, rec.generation, rec.state == INODE_ORPHAN);
+    st.flags = record_flags(rec).map_err(corrupt)?;
     st.log.head = rec.log_head;
     st.log.tail = rec.log_tail;
     // A log starts with an attribute entry, but fast GC may later unlink
@@ -172,6 +176,14 @@ pub fn load_with_pages<P: Pmem + ?Sized>(
     st.log.pages = summary.pages.len() as u64;
     st.log_entries = summary.entries;
     Ok((st, summary.pages))
+}
+
+/// The flags of an inode record, if they are ones inkfs knows.
+pub fn record_flags(rec: &InodeRecord) -> std::result::Result<u32, String> {
+    if rec.flags & !(inode_flags::KNOWN as u64) != 0 {
+        return Err(format!("unknown inode flags {:#x}", rec.flags));
+    }
+    Ok(rec.flags as u32)
 }
 
 /// Apply one log entry to DRAM state (replay, and after a commit).
@@ -477,14 +489,14 @@ impl InodeTables {
         Ok(lt.blocks[index] * BLOCK_SIZE + (slot % INODES_PER_TABLE_BLOCK) * INODE_RECORD_SIZE)
     }
 
-    /// True if `off` is the state, head or tail field of some inode record
-    /// (the only targets the journal may write).
+    /// True if `off` is the state, head, tail or flags field of some inode
+    /// record (the only targets the journal may write).
     pub fn is_record_field<P: Pmem + ?Sized>(&self, pm: &P, off: u64) -> Result<bool> {
         let in_block = off % BLOCK_SIZE;
         if in_block >= TABLE_TRAILER_OFFSET
             || !matches!(
                 in_block % INODE_RECORD_SIZE,
-                INODE_STATE_FIELD | INODE_HEAD_FIELD | INODE_TAIL_FIELD
+                INODE_STATE_FIELD | INODE_HEAD_FIELD | INODE_TAIL_FIELD | INODE_FLAGS_FIELD
             )
         {
             return Ok(false);

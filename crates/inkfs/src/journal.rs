@@ -1,5 +1,6 @@
 //! The lite redo journal: makes several 8-byte stores (log tails, inode
-//! states) atomic, for operations that touch more than one inode.
+//! states and flags) atomic, for operations that touch more than one inode
+//! or more than one field of an inode record.
 //!
 //! Protocol (docs/FORMAT.md "Redo journal"), for one lane's journal block:
 //! 1. the log entries of every inode involved are already written past
@@ -123,10 +124,10 @@ pub fn pending<P: Pmem + ?Sized>(pm: &P, lane: u32) -> Pending {
 }
 
 /// Why committed record `r` may not be applied, if it may not: it must
-/// store into the state, head or tail field of an inode record
+/// store into the state, head, tail or flags field of an inode record
 /// (`is_record_field` vets the target) a value that field can hold: a
 /// known state, a head in the data area, a tail `Geometry::is_log_tail`
-/// accepts.
+/// accepts, known flag bits.
 pub fn check_record(
     r: &JournalRecord,
     geo: &Geometry,
@@ -142,9 +143,10 @@ pub fn check_record(
         INODE_STATE_FIELD => ("state", inode_state_valid(r.value)),
         INODE_HEAD_FIELD => ("log head", geo.is_data_range(r.value, 1)),
         INODE_TAIL_FIELD => ("log tail", geo.is_log_tail(r.value)),
+        INODE_FLAGS_FIELD => ("flags", r.value & !(inode_flags::KNOWN as u64) == 0),
         _ => {
             return Err(format!(
-                "record targets offset {}, not a state, head or tail field",
+                "record targets offset {}, not a state, head, tail or flags field",
                 r.offset
             ))
         }

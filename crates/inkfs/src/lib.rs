@@ -13,6 +13,7 @@
 //! - [`fs`]: mount/unmount, attributes, handles, commit helpers
 //! - [`namei`]: namespace operations; [`file`]: data operations; [`xattr`]
 //! - [`shift`]: collapse and insert range; [`fiemap`]: extent reports
+//! - [`flags`]: inode flags (chattr): storage and the immutable/append-only rules
 //! - [`gc`]: log compaction; [`recovery`]: crash rebuild
 //! - [`health`]: corruption met while mounted (errors= policy, error record)
 //! - [`scrub`]: online check of a mounted pool
@@ -27,6 +28,7 @@ pub mod extents;
 pub mod fiemap;
 pub mod file;
 pub mod filemap;
+pub mod flags;
 pub mod format;
 pub mod fs;
 pub mod fsck;

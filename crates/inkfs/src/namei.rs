@@ -210,6 +210,9 @@ impl<P: Pmem> Fs<P> {
         if is_dot_or_dotdot(name) || dst.dir().is_some_and(|d| d.get(name).is_some()) {
             return errno(libc::EEXIST);
         }
+        // An immutable directory gains no entry (may_create: after EEXIST).
+        crate::flags::deny_if_immutable(&dst)?;
+        let flags = crate::flags::inherited(dst.flags, kind);
         let lane = self.lane();
         let slot = self.slots.alloc(lane);
         let ino = lane_slot_to_ino(lane, slot, self.geo.lane_count);
@@ -226,6 +229,7 @@ impl<P: Pmem> Fs<P> {
             uid,
             gid,
             target,
+            flags,
             &mut new_pages,
             &mut target_block,
         );
@@ -258,6 +262,7 @@ impl<P: Pmem> Fs<P> {
         }
         let mut st = InodeState::empty(kind, generation, false);
         st.attr = attr;
+        st.flags = flags;
         st.log = child_cur;
         if let Some(t) = target {
             st.body = Body::Symlink {
@@ -296,7 +301,9 @@ impl<P: Pmem> Fs<P> {
         Ok(inode)
     }
 
-    /// Write a new inode's first log page and its record (state FREE).
+    /// Write a new inode's first log page and its record (state FREE, with
+    /// its inherited `flags`: they become the inode's when the state turns
+    /// LIVE, in the creating journal transaction).
     #[allow(clippy::too_many_arguments)]
     fn prepare_node(
         &self,
@@ -310,6 +317,7 @@ impl<P: Pmem> Fs<P> {
         uid: u32,
         gid: u32,
         target: Option<&[u8]>,
+        flags: u32,
         new_pages: &mut NewPages,
         target_block: &mut u64,
     ) -> Result<(u64, LogCursor, u64, AttrEntry)> {
@@ -365,7 +373,8 @@ impl<P: Pmem> Fs<P> {
             ino,
             kind: kind as u32,
             reserved0: 0,
-            reserved: [0; 80],
+            flags: flags as u64,
+            reserved: [0; 72],
         };
         write_pod(&self.pm, rec_off, &record);
         self.pm.flush(rec_off, INODE_RECORD_SIZE);
@@ -381,6 +390,7 @@ impl<P: Pmem> Fs<P> {
         &self,
         parent: u64,
         (uid, gid): (u32, u32),
+        flags: u32,
         pages: &mut NewPages,
     ) -> Result<NewNode> {
         let lane = self.lane();
@@ -398,6 +408,7 @@ impl<P: Pmem> Fs<P> {
             uid,
             gid,
             None,
+            flags,
             pages,
             &mut no_block,
         ) {
@@ -432,7 +443,11 @@ impl<P: Pmem> Fs<P> {
             if is_dot_or_dotdot(newname) || d.dir().is_some_and(|x| x.get(newname).is_some()) {
                 return errno(libc::EEXIST);
             }
+            crate::flags::deny_if_immutable(d)?;
         }
+        // As vfs_link: no link to an append-only or immutable inode, after
+        // the directory's checks and before refusing directories.
+        crate::flags::deny_if_immutable_or_append(locked.get(ino))?;
         // After EEXIST, as Linux (vfs_link refuses directories last).
         if inode.kind == FileKind::Dir {
             return errno(libc::EPERM);
@@ -524,12 +539,6 @@ impl<P: Pmem> Fs<P> {
                 return errno(if want_dir { libc::EINVAL } else { libc::EISDIR });
             }
             let child = self.iget(child_ino)?;
-            if want_dir && child.kind != FileKind::Dir {
-                return errno(libc::ENOTDIR);
-            }
-            if !want_dir && child.kind == FileKind::Dir {
-                return errno(libc::EISDIR);
-            }
             let mut locked = Locked::new(&[&dir, &child]);
             // The name may have moved while nothing was locked: retry.
             if locked
@@ -544,6 +553,16 @@ impl<P: Pmem> Fs<P> {
                 || locked.get(child_ino).gone
             {
                 continue;
+            }
+            // As may_delete: the flags of the directory (it loses an entry)
+            // and of the victim (it loses a name), then the kinds.
+            crate::flags::deny_if_immutable_or_append(locked.get(parent))?;
+            crate::flags::deny_if_immutable_or_append(locked.get(child_ino))?;
+            if want_dir && child.kind != FileKind::Dir {
+                return errno(libc::ENOTDIR);
+            }
+            if !want_dir && child.kind == FileKind::Dir {
+                return errno(libc::EISDIR);
             }
             return self.remove_locked(&dir, &child, name, &mut locked);
         }
@@ -843,6 +862,21 @@ impl<P: Pmem> Fs<P> {
             if v.ino == m.ino {
                 return Ok(()); // two names of one inode: POSIX says do nothing
             }
+        } else if flags.exchange {
+            return errno(libc::ENOENT);
+        }
+        // As vfs_rename: may_delete of the source, then may_create or
+        // may_delete of the target, each checking flags before kinds.
+        crate::flags::deny_if_immutable_or_append(locked.get(sp.ino))?;
+        crate::flags::deny_if_immutable_or_append(locked.get(m.ino))?;
+        match v {
+            None => crate::flags::deny_if_immutable(locked.get(dp.ino))?,
+            Some(v) => {
+                crate::flags::deny_if_immutable_or_append(locked.get(dp.ino))?;
+                crate::flags::deny_if_immutable_or_append(locked.get(v.ino))?;
+            }
+        }
+        if let Some(v) = v {
             if !flags.exchange {
                 match (m.kind == FileKind::Dir, v.kind == FileKind::Dir) {
                     (true, false) => return errno(libc::ENOTDIR),
@@ -853,8 +887,6 @@ impl<P: Pmem> Fs<P> {
                     _ => {}
                 }
             }
-        } else if flags.exchange {
-            return errno(libc::ENOENT);
         }
         let now = now_ns();
         let mut pages = NewPages::default();
@@ -862,7 +894,8 @@ impl<P: Pmem> Fs<P> {
         // The whiteout's record and first log page are written (state FREE)
         // before the journal makes it LIVE with the directories' new tails.
         let whiteout = if flags.whiteout {
-            match self.prepare_whiteout(sp.ino, owner, &mut pages) {
+            let inherited = crate::flags::inherited(locked.get(sp.ino).flags, FileKind::CharDev);
+            match self.prepare_whiteout(sp.ino, owner, inherited, &mut pages) {
                 Ok(w) => Some(w),
                 Err(e) => {
                     pages.release(&self.blocks);

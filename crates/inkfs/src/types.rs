@@ -1,6 +1,7 @@
 //! The types of the public engine API (shared by the FUSE mount, the C ABI
 //! and the preload library).
 
+pub use crate::format::inode_flags;
 use crate::format::Superblock;
 pub use crate::format::{ErrorReason, FileKind};
 

@@ -15,6 +15,12 @@ use crate::types::XattrFlags;
 const XATTR_SIZE_MAX: usize = 65536;
 
 fn check_name(name: &[u8]) -> Result<()> {
+    check_name_len(name)?;
+    check_namespace(name)
+}
+
+/// The syscall's own check (before any permission).
+fn check_name_len(name: &[u8]) -> Result<()> {
     if name.is_empty() || name.len() > NAME_MAX {
         return errno(libc::ERANGE);
     }
@@ -22,6 +28,11 @@ fn check_name(name: &[u8]) -> Result<()> {
     if name.contains(&0) {
         return errno(libc::EINVAL);
     }
+    Ok(())
+}
+
+/// The namespace (resolved by the VFS after the permission checks).
+fn check_namespace(name: &[u8]) -> Result<()> {
     match XATTR_PREFIXES.iter().find(|p| name.starts_with(p)) {
         Some(p) if name.len() > p.len() => {
             debug_assert!(xattr_name_valid(name));
@@ -35,19 +46,23 @@ fn check_name(name: &[u8]) -> Result<()> {
 impl<P: Pmem> Fs<P> {
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: XattrFlags) -> Result<()> {
         self.check_writable()?;
-        check_name(name)?;
+        check_name_len(name)?;
         if value.len() > XATTR_SIZE_MAX {
             return errno(libc::E2BIG);
         }
+        let inode = self.iget(ino)?;
+        let mut st = write(&inode.state);
+        live(&st)?;
+        // As xattr_permission: immutable and append-only inodes keep their
+        // xattrs, before the namespace is looked at.
+        crate::flags::deny_if_immutable_or_append(&st)?;
+        check_namespace(name)?;
         if value.len() > XATTR_VALUE_MAX {
             return errno(libc::ENOSPC); // as ext4 without ea_inode: one block per value
         }
-        let inode = self.iget(ino)?;
         if name.starts_with(b"user.") && !matches!(inode.kind, FileKind::File | FileKind::Dir) {
             return errno(libc::EPERM);
         }
-        let mut st = write(&inode.state);
-        live(&st)?;
         let exists = st.xattrs.contains_key(name);
         match flags {
             XattrFlags::Create if exists => return errno(libc::EEXIST),
@@ -77,14 +92,16 @@ impl<P: Pmem> Fs<P> {
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
         self.check_writable()?;
-        check_name(name)?;
+        check_name_len(name)?;
         let inode = self.iget(ino)?;
+        let mut st = write(&inode.state);
+        live(&st)?;
+        crate::flags::deny_if_immutable_or_append(&st)?;
+        check_namespace(name)?;
         // As setxattr (and Linux): user.* is writable only on files and dirs.
         if name.starts_with(b"user.") && !matches!(inode.kind, FileKind::File | FileKind::Dir) {
             return errno(libc::EPERM);
         }
-        let mut st = write(&inode.state);
-        live(&st)?;
         if !st.xattrs.contains_key(name) {
             return errno(libc::ENODATA);
         }

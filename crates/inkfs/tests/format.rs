@@ -212,38 +212,42 @@ fn backup_superblock_is_used_when_the_primary_is_damaged() {
     assert_eq!(source, SuperSource::Primary);
 }
 
-/// A version 1 pool (every v1 log is a valid v2 log) mounts; a read-only
-/// mount leaves its version alone, the first read-write mount marks it 2
-/// (fast GC may then write logs a v1 reader would refuse).
+/// Version 1 and 2 pools (every v1 log is a valid v2 log; a v2 inode
+/// record's flags bytes were reserved, hence zero: no flags) mount; a
+/// read-only mount leaves their version alone, the first read-write mount
+/// marks them 3 (fast GC may then write logs a v1 reader would refuse, and
+/// chattr flags a v2 reader would ignore instead of enforcing).
 #[test]
-fn version_1_pools_mount_and_are_upgraded_by_a_read_write_mount() {
-    let pm = SimPool::new(4 << 20);
-    Fs::format(&pm, &FormatOptions::default()).unwrap();
-    let fs = Fs::mount(pm, MountOptions::default()).unwrap();
-    let (_, fh) = fs.create(1, b"kept", 0o644, 0, 0).unwrap();
-    fs.write(&fh, 0, b"from version 1").unwrap();
-    fs.release(fh);
-    let pm = fs.unmount().unwrap();
-    damage_both(&pm, |sb| {
-        sb.version = 1;
-        sb.seal();
-    });
-    let ro = MountOptions {
-        read_only: true,
-        ..Default::default()
-    };
-    let fs = Fs::mount(pm, ro).unwrap();
-    assert!(fs.lookup(1, b"kept").is_ok());
-    let pm = fs.unmount().unwrap();
-    assert_eq!(read_superblock(&pm).unwrap().0.version, 1);
-    let fs = Fs::mount(pm, MountOptions::default()).unwrap();
-    let ino = fs.lookup(1, b"kept").unwrap().ino;
-    let fh = fs.open(ino).unwrap();
-    let mut buf = [0u8; 14];
-    assert_eq!(fs.read(&fh, 0, &mut buf).unwrap(), 14);
-    assert_eq!(&buf, b"from version 1");
-    fs.release(fh);
-    let pm = fs.unmount().unwrap();
-    assert_eq!(read_superblock(&pm).unwrap().0.version, FORMAT_VERSION);
+fn older_pools_mount_and_are_upgraded_by_a_read_write_mount() {
+    for old_version in [1, 2] {
+        let pm = SimPool::new(4 << 20);
+        Fs::format(&pm, &FormatOptions::default()).unwrap();
+        let fs = Fs::mount(pm, MountOptions::default()).unwrap();
+        let (_, fh) = fs.create(1, b"kept", 0o644, 0, 0).unwrap();
+        fs.write(&fh, 0, b"from version 1").unwrap();
+        fs.release(fh);
+        let pm = fs.unmount().unwrap();
+        damage_both(&pm, |sb| {
+            sb.version = old_version;
+            sb.seal();
+        });
+        let ro = MountOptions {
+            read_only: true,
+            ..Default::default()
+        };
+        let fs = Fs::mount(pm, ro).unwrap();
+        let ino = fs.lookup(1, b"kept").unwrap().ino;
+        assert_eq!(fs.get_flags(ino).unwrap(), 0);
+        let pm = fs.unmount().unwrap();
+        assert_eq!(read_superblock(&pm).unwrap().0.version, old_version);
+        let fs = Fs::mount(pm, MountOptions::default()).unwrap();
+        let fh = fs.open(ino).unwrap();
+        let mut buf = [0u8; 14];
+        assert_eq!(fs.read(&fh, 0, &mut buf).unwrap(), 14);
+        assert_eq!(&buf, b"from version 1");
+        fs.release(fh);
+        let pm = fs.unmount().unwrap();
+        assert_eq!(read_superblock(&pm).unwrap().0.version, FORMAT_VERSION);
+    }
     assert_eq!(FORMAT_VERSION, 3);
 }

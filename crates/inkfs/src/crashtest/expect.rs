@@ -38,7 +38,7 @@
 //!   reused number is another file). Unsynced writes may thus be lost, or
 //!   (overwrites) partly present, but never show bytes no state had.
 //!
-//! Timestamps (atime, mtime) are part of the comparison in strict and sync
+//! Timestamps (atime, mtime, ctime) are part of the comparison in strict and sync
 //! mode, where every change of them is logged with its operation; posix
 //! mode persists an in-place overwrite's mtime only at fsync, so there they
 //! are ignored. Inode generations are compared in every mode.
@@ -89,6 +89,7 @@ fn strip(s: &Snap, content: bool, size: bool, times: bool) -> Snap {
         if !times {
             n.atime = 0;
             n.mtime = 0;
+            n.ctime = 0;
         }
         if n.kind == FileKind::File {
             if content {
@@ -260,8 +261,10 @@ mod tests {
             content: content.to_vec(),
             target: Vec::new(),
             xattrs: BTreeMap::new(),
+            flags: 0,
             atime: 0,
             mtime: 0,
+            ctime: 0,
         }
     }
 

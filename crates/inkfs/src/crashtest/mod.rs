@@ -608,6 +608,7 @@ fn probe<P: Pmem>(fs: &Fs<P>, snap: &Snap) -> Result<(), String> {
             continue;
         }
         let grown = (n.size / 4096 + 1) * 4096;
+        unpin(fs, n.ino, n.flags).map_err(|e| format!("chattr {p}: {e:?}"))?;
         fs.setattr(
             n.ino,
             &SetAttr {
@@ -644,6 +645,15 @@ fn probe<P: Pmem>(fs: &Fs<P>, snap: &Snap) -> Result<(), String> {
     }
     fs.unlink(1, b"__probe")
         .map_err(|e| format!("unlink probe: {e:?}"))
+}
+
+/// Clear the flags that would refuse the probe's growing of a file.
+pub fn unpin<P: Pmem>(fs: &Fs<P>, ino: u64, flags: u32) -> crate::Result<()> {
+    use crate::types::inode_flags::{APPEND, IMMUTABLE};
+    if flags & (IMMUTABLE | APPEND) == 0 {
+        return Ok(());
+    }
+    fs.set_flags(ino, flags & !(IMMUTABLE | APPEND), true)
 }
 
 /// splitmix64, for the workload order and per-run seeds.

@@ -55,8 +55,13 @@ pub struct Node {
     pub content: Vec<u8>,
     pub target: Vec<u8>,
     pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// Inode flags (chattr): a lost or torn flag change shows here.
+    pub flags: u32,
     pub atime: i64,
     pub mtime: i64,
+    /// Changed with every change of the inode (a chattr changes only the
+    /// flags and this: a torn one shows here).
+    pub ctime: i64,
 }
 
 /// Canonical state of a file system: path → node. Timestamps are recorded
@@ -205,6 +210,9 @@ fn node_of<P: Pmem>(fs: &Fs<P>, a: &Attr, path: &str) -> Result<Node, String> {
             .map_err(|e| format!("getxattr {path}: {}", e2s(e)))?;
         xattrs.insert(name, v);
     }
+    let flags = fs
+        .get_flags(a.ino)
+        .map_err(|e| format!("get_flags {path}: {}", e2s(e)))?;
     Ok(Node {
         ino: a.ino,
         generation: a.generation,
@@ -218,8 +226,10 @@ fn node_of<P: Pmem>(fs: &Fs<P>, a: &Attr, path: &str) -> Result<Node, String> {
         content,
         target,
         xattrs,
+        flags,
         atime: a.atime_ns,
         mtime: a.mtime_ns,
+        ctime: a.ctime_ns,
     })
 }
 
@@ -230,6 +240,7 @@ impl Snap {
         for n in s.nodes.values_mut() {
             n.atime = 0;
             n.mtime = 0;
+            n.ctime = 0;
             n.generation = 0;
         }
         s
@@ -279,8 +290,10 @@ pub fn diff(a: &Snap, b: &Snap) -> String {
                 f!(gid);
                 f!(rdev);
                 f!(size);
+                f!(flags);
                 f!(atime);
                 f!(mtime);
+                f!(ctime);
                 if n.content != m.content {
                     let first = n
                         .content

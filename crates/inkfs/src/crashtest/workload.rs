@@ -71,6 +71,8 @@ pub enum OpKind {
     },
     RemoveXattr(&'static str, &'static str),
     Chmod(&'static str, u32),
+    /// chattr by a privileged caller: the inode's flags become these.
+    SetFlags(&'static str, u32),
     Fsync {
         path: &'static str,
         datasync: bool,
@@ -375,6 +377,18 @@ pub const OPS: &[Op] = &[
     ),
     op("removexattr_foo", OpKind::RemoveXattr("/A/foo", "user.x")),
     op("chmod_bar", OpKind::Chmod("/bar", 0o600)),
+    // chattr: immutable file (also /B/hl), append-only file, immutable
+    // directory, and clearing (after one of these, in a pair).
+    op(
+        "chattr_foo_i",
+        OpKind::SetFlags("/A/foo", inode_flags::IMMUTABLE),
+    ),
+    op(
+        "chattr_bar_a",
+        OpKind::SetFlags("/bar", inode_flags::APPEND),
+    ),
+    op("chattr_A_i", OpKind::SetFlags("/A", inode_flags::IMMUTABLE)),
+    op("chattr_foo_clear", OpKind::SetFlags("/A/foo", 0)),
     // Syncs.
     op(
         "fsync_foo",
@@ -681,6 +695,10 @@ pub fn exec<P: Pmem>(fs: &Fs<P>, op: &Op, held: &Held) -> Result<()> {
                     ..Default::default()
                 },
             )?;
+        }
+        OpKind::SetFlags(path, flags) => {
+            let ino = resolve(fs, path)?;
+            fs.set_flags(ino, flags, true)?;
         }
         OpKind::Fsync { path, datasync } => {
             with_handle(fs, held, path, |fh| fs.fsync(fh, datasync))?

@@ -215,6 +215,7 @@ pub fn usable(fs: &Fs<SimPool>, snap: &Snap) -> Result<(), String> {
             continue;
         }
         let grown = (n.size / BLOCK + 1) * BLOCK;
+        inkfs::crashtest::unpin(fs, n.ino, n.flags).map_err(|e| format!("chattr {p}: {e:?}"))?;
         fs.setattr(
             n.ino,
             &SetAttr {
