@@ -18,7 +18,11 @@ pub const MAGIC: [u8; 8] = *b"INKFSpm1";
 /// first attribute snapshot once a newer one supersedes it); it must hold
 /// one somewhere. Version 1 pools are read as they are and marked 2 by the
 /// first read-write mount.
-pub const FORMAT_VERSION: u32 = 2;
+/// 3: a DIR_ADD's `seq` is the name's readdir position, a keyed hash of the
+/// name (dir.rs) rather than a per-directory sequence number; older pools'
+/// sequence numbers stay valid positions. Version 1 and 2 pools are read as
+/// they are and marked 3 by the first read-write mount.
+pub const FORMAT_VERSION: u32 = 3;
 
 /// Block numbers of the two superblock copies.
 pub const SUPER_PRIMARY_BLOCK: u64 = 0;
@@ -426,7 +430,10 @@ pod!(WriteEntry, 64);
 pub struct DirEntryHead {
     pub hdr: EntryHeader,
     pub ino: u64,
-    /// Readdir cookie: per-directory increasing sequence of the DIR_ADD.
+    /// Readdir position of the name (cookie = seq + 3), unique within the
+    /// directory and at most `dir::POSITION_MAX`: a keyed hash of the name
+    /// since version 3, a per-directory sequence number before. In a
+    /// DIR_REMOVE, the removed name's position (not used by replay).
     pub seq: u64,
     /// Directory mtime and ctime after this change.
     pub mtime_ns: i64,

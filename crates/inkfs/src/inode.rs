@@ -230,7 +230,6 @@ pub fn apply_entry<P: Pmem + ?Sized>(
             let Body::Dir(dir) = &mut st.body else {
                 return Err("directory entry in a non-directory log".into());
             };
-            dir.note_seq(head.seq);
             dir.remove(name);
             st.attr.mtime_ns = head.mtime_ns;
             st.attr.ctime_ns = head.mtime_ns;

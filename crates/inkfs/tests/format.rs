@@ -213,7 +213,7 @@ fn backup_superblock_is_used_when_the_primary_is_damaged() {
 }
 
 /// A version 1 pool (every v1 log is a valid v2 log) mounts; a read-only
-/// mount leaves its version alone, the first read-write mount marks it 2
+/// mount leaves its version alone, the first read-write mount marks it current
 /// (fast GC may then write logs a v1 reader would refuse).
 #[test]
 fn version_1_pools_mount_and_are_upgraded_by_a_read_write_mount() {
@@ -245,5 +245,5 @@ fn version_1_pools_mount_and_are_upgraded_by_a_read_write_mount() {
     fs.release(fh);
     let pm = fs.unmount().unwrap();
     assert_eq!(read_superblock(&pm).unwrap().0.version, FORMAT_VERSION);
-    assert_eq!(FORMAT_VERSION, 2);
+    assert_eq!(FORMAT_VERSION, 3);
 }
