@@ -262,6 +262,7 @@ mod tests {
             xattrs: BTreeMap::new(),
             atime: 0,
             mtime: 0,
+            cookie: 0,
         }
     }
 

@@ -57,6 +57,9 @@ pub struct Node {
     pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
     pub atime: i64,
     pub mtime: i64,
+    /// Readdir cookie of the entry naming this node in its directory (0
+    /// for the root): positions must survive crashes, remounts and GC.
+    pub cookie: u64,
 }
 
 /// Canonical state of a file system: path → node. Timestamps are recorded
@@ -93,7 +96,18 @@ pub fn snapshot<P: Pmem>(fs: &Fs<P>) -> Result<Snap, String> {
         .map_err(|e| format!("readdir {path}/: {}", e2s(e)))?;
         let mut subdirs = 0u32;
         let mut names = HashSet::new();
+        let mut last_cookie = 0;
         for e in entries {
+            // Cookies rise strictly along a listing ("." 1, ".." 2, then the
+            // children's positions + 3) and fit a signed 64-bit offset.
+            if e.cookie <= last_cookie || e.cookie > i64::MAX as u64 {
+                return Err(format!(
+                    "{path}/: cookie {} after {last_cookie} (\"{}\")",
+                    e.cookie,
+                    String::from_utf8_lossy(&e.name)
+                ));
+            }
+            last_cookie = e.cookie;
             if e.name == b"." {
                 if e.ino != dir {
                     return Err(format!("{path}/. is {} not {dir}", e.ino));
@@ -130,7 +144,9 @@ pub fn snapshot<P: Pmem>(fs: &Fs<P>) -> Result<Snap, String> {
                 subdirs += 1;
                 stack.push((ino, child.clone(), dir));
             }
-            snap.nodes.insert(child.clone(), node_of(fs, &a, &child)?);
+            let mut node = node_of(fs, &a, &child)?;
+            node.cookie = e.cookie;
+            snap.nodes.insert(child.clone(), node);
         }
         let key = if path.is_empty() {
             "/".to_string()
@@ -220,6 +236,7 @@ fn node_of<P: Pmem>(fs: &Fs<P>, a: &Attr, path: &str) -> Result<Node, String> {
         xattrs,
         atime: a.atime_ns,
         mtime: a.mtime_ns,
+        cookie: 0,
     })
 }
 
@@ -281,6 +298,7 @@ pub fn diff(a: &Snap, b: &Snap) -> String {
                 f!(size);
                 f!(atime);
                 f!(mtime);
+                f!(cookie);
                 if n.content != m.content {
                     let first = n
                         .content
