@@ -790,7 +790,8 @@ impl<P: Pmem> Fs<P> {
             newname,
             m,
             v,
-            (flags, pos),
+            flags,
+            pos,
             now,
             locked,
             &mut pages,
@@ -810,7 +811,7 @@ impl<P: Pmem> Fs<P> {
             st.log = p.cur;
             st.log_entries += p.entries;
         }
-        self.rename_apply_dram(sp, name, dp, newname, m, v, (flags, pos), now, locked);
+        self.rename_apply_dram(sp, name, dp, newname, m, v, flags, pos, now, locked);
         if let (Some(v), Some(o)) = (v, outcome) {
             self.finish_drop_link(v, locked.get(v.ino), o);
         }
@@ -830,7 +831,8 @@ impl<P: Pmem> Fs<P> {
         newname: &[u8],
         m: &Arc<Inode>,
         v: Option<&Arc<Inode>>,
-        (flags, pos): (RenameFlags, Positions),
+        flags: RenameFlags,
+        pos: Positions,
         now: i64,
         locked: &mut Locked<'_>,
         pages: &mut NewPages,
@@ -893,7 +895,8 @@ impl<P: Pmem> Fs<P> {
         newname: &[u8],
         m: &Arc<Inode>,
         v: Option<&Arc<Inode>>,
-        (flags, pos): (RenameFlags, Positions),
+        flags: RenameFlags,
+        pos: Positions,
         now: i64,
         locked: &mut Locked<'_>,
     ) {
