@@ -13,16 +13,18 @@
 //! positions (version 2 and older: per-directory sequence numbers) keep
 //! theirs, which are just other unique numbers.
 //!
-//! The one corner: a name whose hash position was taken when it was added
-//! (a 62-bit collision within one directory, or an old sequential position)
-//! sits further on; if it is removed and re-added after the name holding its
-//! hash position went, it moves back, and a pass that already returned it
-//! at its hash position cannot see it again. The reverse (a name at its
-//! hash position, removed; another name with the same hash added; the first
-//! re-added further on) can show the first name twice in one pass. With a
-//! keyed 62-bit hash that needs a collision among a directory's names
-//! (about n²/2⁶³ for n names), which nobody outside can aim at without the
-//! pool's uuid.
+//! Two corners, both documented in docs/FORMAT.md. (1) A 62-bit collision
+//! within one directory: a name placed after a colliding one moves when it
+//! is re-added after the other went. Moving back is harmless (a pass that
+//! already returned it further on does not meet it again), but the reverse
+//! (a name at its hash position removed, a colliding name added there, the
+//! first re-added further on) can list the first name twice in one pass.
+//! With a keyed 62-bit hash that takes a collision among a directory's n
+//! names (about n²/2⁶³), which nobody can aim at without the pool's uuid.
+//! (2) A name holding an old sequential position moves to its hashed one
+//! the first time it is removed and added again (unlink + create; rename
+//! over it keeps its place): a pass running just then may list it twice,
+//! once per such name.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
