@@ -46,7 +46,8 @@ fn mkfs_then_stat() {
     let o = inkfs(&["stat", pool.s()]);
     assert!(o.status.success(), "{}", text(&o));
     let t = text(&o);
-    assert!(t.contains("format version:  2"), "{t}");
+    let version = format!("format version:  {}", inkfs::format::FORMAT_VERSION);
+    assert!(t.contains(&version), "{t}");
     assert!(
         t.contains("DRAM"),
         "a /dev/shm pool is the DRAM backend: {t}"
