@@ -17,10 +17,12 @@ pub const MAGIC: [u8; 8] = *b"INKFSpm1";
 /// 2: a log may begin with any entry (fast GC unlinks the page holding the
 /// first attribute snapshot once a newer one supersedes it); it must hold
 /// one somewhere. 3: the superblock records corruption met while mounted
-/// (the `errors_*` fields), and an inode record's `flags` field holds its
+/// (the `errors_*` fields), an inode record's `flags` field holds its
 /// `chattr` flags, which older software would ignore instead of enforcing
-/// (both formerly reserved, hence zero in older pools). Older pools are read
-/// as they are and marked 3 by the first read-write mount.
+/// (both formerly reserved, hence zero in older pools), and a DIR_ADD's
+/// `seq` is the name's readdir position, a keyed hash of the name (dir.rs),
+/// where older pools' sequence numbers stay valid positions. Older pools
+/// are read as they are and marked 3 by the first read-write mount.
 pub const FORMAT_VERSION: u32 = 3;
 
 /// Block numbers of the two superblock copies.
@@ -615,7 +617,10 @@ impl WriteEntry {
 pub struct DirEntryHead {
     pub hdr: EntryHeader,
     pub ino: u64,
-    /// Readdir cookie: per-directory increasing sequence of the DIR_ADD.
+    /// Readdir position of the name (cookie = seq + 3), unique within the
+    /// directory and at most `dir::POSITION_MAX`: a keyed hash of the name
+    /// since version 3, a per-directory sequence number before. In a
+    /// DIR_REMOVE, the removed name's position (not used by replay).
     pub seq: u64,
     /// Directory mtime and ctime after this change.
     pub mtime_ns: i64,

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::alloc::{BlockAllocator, InodeSlots};
+use crate::dir::NameHasher;
 use crate::error::{errno, Error, Result};
 use crate::filemap::IndexKind;
 use crate::format::*;
@@ -61,6 +62,8 @@ pub struct Fs<P: Pmem> {
     /// "not into its own descendant" check cannot race (as Linux's
     /// s_vfs_rename_mutex).
     pub(crate) rename_lock: Mutex<()>,
+    /// Readdir positions of new names (keyed by the pool's uuid).
+    pub(crate) names: NameHasher,
     /// Blocks held in inodes' DRAM reservations (free for statfs: they
     /// return to the allocator at the last close, and are free after a crash).
     reserved_blocks: LaneCounter,
@@ -196,6 +199,7 @@ impl<P: Pmem> Fs<P> {
             cache: InodeCache::default(),
             journals,
             rename_lock: Mutex::new(()),
+            names: NameHasher::new(&sb.uuid),
             reserved_blocks: LaneCounter::new(geo.lane_count),
             gc: Default::default(),
             health: crate::health::Health::new(opts.errors),

@@ -75,6 +75,9 @@ pub enum ProblemKind {
     DirLinkedTwice,
     /// A directory's ".." disagrees with where it is found.
     DirParent,
+    /// A directory entry's readdir position is another entry's, or out of
+    /// range (the engine places it elsewhere; repair rewrites the entry).
+    DirPosition,
     /// A live inode no directory entry reaches.
     Unreachable,
     /// A link count disagrees with the directory entries.
@@ -111,6 +114,7 @@ impl ProblemKind {
             ProblemKind::EntryKind => "entry-kind",
             ProblemKind::DirLinkedTwice => "dir-linked-twice",
             ProblemKind::DirParent => "dir-parent",
+            ProblemKind::DirPosition => "dir-position",
             ProblemKind::Unreachable => "unreachable",
             ProblemKind::LinkCount => "link-count",
             ProblemKind::BlockRange => "block-range",
@@ -621,14 +625,16 @@ impl<P: Pmem> Fs<P> {
                 None => {
                     x.remove(name);
                 }
-                Some((ino, kind)) => x.add(
-                    name,
-                    Child {
-                        ino,
-                        kind,
-                        seq: old.seq,
-                    },
-                ),
+                Some((ino, kind)) => {
+                    x.add(
+                        name,
+                        Child {
+                            ino,
+                            kind,
+                            seq: old.seq,
+                        },
+                    );
+                }
             }
         }
         Ok(())
@@ -699,7 +705,7 @@ impl<P: Pmem> Fs<P> {
             name = format!("#{ino}.{n}").into_bytes();
         }
         let now = now_ns();
-        let seq = dst.dir().map_or(0, |x| x.next_seq());
+        let seq = dst.dir().map_or(0, |x| x.place(&name, &self.names));
         let mut pages = NewPages::default();
         let mut dcur = dst.log;
         let mut ccur = cst.log;
@@ -1279,7 +1285,8 @@ impl<'a, P: Pmem + ?Sized> Checker<'a, P> {
                         self.use_blocks(*block, 1, Use::Symlink(ino))
                     }
                     inode::Body::Dir(d) => {
-                        children = d.iter().map(|(n, c)| (n.to_vec(), c.ino, c.kind)).collect()
+                        children = d.iter().map(|(n, c)| (n.to_vec(), c.ino, c.kind)).collect();
+                        self.check_positions(ino, d);
                     }
                     _ => {}
                 }
@@ -1322,6 +1329,32 @@ impl<'a, P: Pmem + ?Sized> Checker<'a, P> {
         InodeRecord {
             flags: value,
             ..rec
+        }
+    }
+
+    /// Readdir positions must be unique within a directory (a name seen
+    /// twice in one pass otherwise) and their cookies must fit an i64. The
+    /// replay placed each offending name at a free position; the repair
+    /// rewrites its entry there (before any other fix of the name: the
+    /// inode scan's findings precede the namespace walk's).
+    fn check_positions(&mut self, ino: u64, d: &crate::dir::DirIndex) {
+        for (name, c) in d.displaced() {
+            self.error(
+                ProblemKind::DirPosition,
+                Some(ino),
+                format!(
+                    "entry \"{}\": its readdir position is another entry's or out of range \
+                     (moved to {})",
+                    show_name(name),
+                    c.seq
+                ),
+                Some(Fix::RetargetEntry {
+                    dir: ino,
+                    name: name.to_vec(),
+                    ino: c.ino,
+                    kind: c.kind,
+                }),
+            );
         }
     }
 

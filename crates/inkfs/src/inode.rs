@@ -259,7 +259,6 @@ pub fn apply_entry<P: Pmem + ?Sized>(
                     head.ino
                 ));
             }
-            dir.note_seq(head.seq);
             dir.remove(name);
             st.attr.mtime_ns = head.mtime_ns;
             st.attr.ctime_ns = head.mtime_ns;

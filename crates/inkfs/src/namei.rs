@@ -246,7 +246,7 @@ impl<P: Pmem> Fs<P> {
         };
         let now = attr.ctime_ns;
         let mut dir_cur = dst.log;
-        let seq = dst.dir().map_or(0, |d| d.next_seq());
+        let seq = dst.dir().map_or(0, |d| d.place(name, &self.names));
         if let Err(e) = self.log_append(
             parent,
             &mut dir_cur,
@@ -293,7 +293,8 @@ impl<P: Pmem> Fs<P> {
         dst.attr.mtime_ns = now;
         dst.attr.ctime_ns = now;
         if let Some(d) = dst.dir_mut() {
-            d.add(name, Child { ino, kind, seq });
+            let at = d.add(name, Child { ino, kind, seq });
+            debug_assert_eq!(at, seq, "a new name's position was free");
         }
         drop(dst);
         let mut dst = write(&dir.state);
@@ -420,6 +421,7 @@ impl<P: Pmem> Fs<P> {
                 cur,
                 generation,
                 attr,
+                flags,
             }),
             Err(e) => {
                 let _ = self.slots.free(lane, slot);
@@ -469,7 +471,10 @@ impl<P: Pmem> Fs<P> {
         a.ctime_ns = now;
         let mut icur = locked.get(ino).log;
         let mut dcur = locked.get(dir.ino).log;
-        let seq = locked.get(dir.ino).dir().map_or(0, |d| d.next_seq());
+        let seq = locked
+            .get(dir.ino)
+            .dir()
+            .map_or(0, |d| d.place(newname, &self.names));
         let r = self
             .log_append(ino, &mut icur, &EntryBuf::attr(true, a), &mut pages)
             .and_then(|_| {
@@ -498,7 +503,7 @@ impl<P: Pmem> Fs<P> {
         d.attr.mtime_ns = now;
         d.attr.ctime_ns = now;
         if let Some(x) = d.dir_mut() {
-            x.add(
+            let at = x.add(
                 newname,
                 Child {
                     ino,
@@ -506,6 +511,7 @@ impl<P: Pmem> Fs<P> {
                     seq,
                 },
             );
+            debug_assert_eq!(at, seq, "a new name's position was free");
         }
         self.maybe_compact(&dir, locked.get(dir.ino));
         let st = locked.get(ino);
@@ -889,6 +895,17 @@ impl<P: Pmem> Fs<P> {
             }
         }
         let now = now_ns();
+        let pos = Positions {
+            src: locked
+                .get(sp.ino)
+                .dir()
+                .and_then(|d| d.get(name))
+                .map_or(0, |c| c.seq),
+            dst: locked
+                .get(dp.ino)
+                .dir()
+                .map_or(0, |d| d.place(newname, &self.names)),
+        };
         let mut pages = NewPages::default();
         let mut records = Vec::new();
         // The whiteout's record and first log page are written (state FREE)
@@ -914,6 +931,7 @@ impl<P: Pmem> Fs<P> {
             v,
             flags,
             whiteout.as_ref(),
+            pos,
             now,
             locked,
             &mut pages,
@@ -942,7 +960,9 @@ impl<P: Pmem> Fs<P> {
             st.log = p.cur;
             st.log_entries += p.entries;
         }
-        self.rename_apply_dram(sp, name, dp, newname, m, v, flags, wh_child, now, locked);
+        self.rename_apply_dram(
+            sp, name, dp, newname, m, v, flags, wh_child, pos, now, locked,
+        );
         if let (Some(v), Some(o)) = (v, outcome) {
             self.finish_drop_link(v, locked.get(v.ino), o);
         }
@@ -964,48 +984,26 @@ impl<P: Pmem> Fs<P> {
         v: Option<&Arc<Inode>>,
         flags: RenameFlags,
         whiteout: Option<&NewNode>,
+        pos: Positions,
         now: i64,
         locked: &mut Locked<'_>,
         pages: &mut NewPages,
         records: &mut Vec<JournalRecord>,
     ) -> Result<(Vec<Pending>, Option<DropOutcome>)> {
         let mut pending: Vec<Pending> = Vec::new();
-        let m_seq = locked
-            .get(sp.ino)
-            .dir()
-            .and_then(|d| d.get(name))
-            .map_or(0, |c| c.seq);
-        // Sequence numbers for the new names: one counter per directory,
-        // bumped when the same directory gets two adds (exchange within it).
-        let mut next_seq_sp = locked.get(sp.ino).dir().map_or(0, |d| d.next_seq());
-        let mut next_seq_dp = if dp.ino == sp.ino {
-            next_seq_sp
-        } else {
-            locked.get(dp.ino).dir().map_or(0, |d| d.next_seq())
-        };
-
         // Source directory: the old name goes (or, for exchange, points at
-        // v; with a whiteout, at the whiteout).
-        let replacement = match (flags.exchange, v, whiteout) {
-            (true, Some(v), _) => Some((v.ino, v.kind)),
-            (false, _, Some(w)) => Some((w.ino, FileKind::CharDev)),
-            _ => None,
-        };
-        let src_entry = match replacement {
-            Some((ino, kind)) => {
-                let e = EntryBuf::dir(true, ino, next_seq_sp, now, kind, name);
-                next_seq_sp += 1;
-                if dp.ino == sp.ino {
-                    next_seq_dp = next_seq_sp;
-                }
-                e
+        // v; with a whiteout, at the whiteout), from the same position.
+        let src_entry = match (flags.exchange, v, whiteout) {
+            (true, Some(v), _) => EntryBuf::dir(true, v.ino, pos.src, now, v.kind, name),
+            (false, _, Some(w)) => {
+                EntryBuf::dir(true, w.ino, pos.src, now, FileKind::CharDev, name)
             }
-            None => EntryBuf::dir(false, m.ino, m_seq, now, m.kind, name),
+            _ => EntryBuf::dir(false, m.ino, pos.src, now, m.kind, name),
         };
         self.append_pending(&mut pending, sp, locked.get(sp.ino), &src_entry, pages)?;
 
         // Destination directory: the new name points at m.
-        let dst_entry = EntryBuf::dir(true, m.ino, next_seq_dp, now, m.kind, newname);
+        let dst_entry = EntryBuf::dir(true, m.ino, pos.dst, now, m.kind, newname);
         self.append_pending(&mut pending, dp, locked.get(dp.ino), &dst_entry, pages)?;
 
         // The moved inode: ctime, and ".." when a directory changes parent.
@@ -1057,10 +1055,10 @@ impl<P: Pmem> Fs<P> {
         v: Option<&Arc<Inode>>,
         flags: RenameFlags,
         whiteout: Option<u64>,
+        pos: Positions,
         now: i64,
         locked: &mut Locked<'_>,
     ) {
-        let sp_seq = locked.get(sp.ino).dir().map_or(0, |d| d.next_seq());
         {
             let st = locked.get(sp.ino);
             st.attr.mtime_ns = now;
@@ -1073,14 +1071,15 @@ impl<P: Pmem> Fs<P> {
                 _ => None,
             };
             if let Some((ino, kind)) = replacement {
-                d.add(
+                let at = d.add(
                     name,
                     Child {
                         ino,
                         kind,
-                        seq: sp_seq,
+                        seq: pos.src,
                     },
                 );
+                debug_assert_eq!(at, pos.src, "exchange keeps the source name's position");
             }
         }
         {
@@ -1088,16 +1087,16 @@ impl<P: Pmem> Fs<P> {
             st.attr.mtime_ns = now;
             st.attr.ctime_ns = now;
             let d = st.dir_mut().expect("directory");
-            let seq = d.next_seq();
             d.remove(newname);
-            d.add(
+            let at = d.add(
                 newname,
                 Child {
                     ino: m.ino,
                     kind: m.kind,
-                    seq,
+                    seq: pos.dst,
                 },
             );
+            debug_assert_eq!(at, pos.dst, "the target name's position was free");
         }
         let st = locked.get(m.ino);
         st.attr = moved_attr(m, st, dp.ino, now);
@@ -1192,6 +1191,17 @@ fn moved_attr(inode: &Inode, st: &InodeState, new_parent: u64, now: i64) -> Attr
     a
 }
 
+/// Readdir positions a rename writes: `src` is the source name's (removed,
+/// or for exchange now naming the victim, for a whiteout the whiteout), `dst` the target name's: the
+/// victim's when it replaces one (so the name does not move), else a new
+/// name's position. A name keeps its position while it exists, so a
+/// readdir pass cannot meet it again further on.
+#[derive(Clone, Copy)]
+struct Positions {
+    src: u64,
+    dst: u64,
+}
+
 /// An inode whose record and first log page are written (state FREE), to
 /// turn LIVE in the caller's journal transaction.
 struct NewNode {
@@ -1202,6 +1212,8 @@ struct NewNode {
     cur: LogCursor,
     generation: u64,
     attr: AttrEntry,
+    /// Inode flags written in its record (inherited from the directory).
+    flags: u32,
 }
 
 impl NewNode {
@@ -1212,6 +1224,7 @@ impl NewNode {
         st.attr = self.attr;
         st.log = self.cur;
         st.log_entries = 1;
+        st.flags = self.flags;
         Inode {
             ino: self.ino,
             kind,

@@ -19,7 +19,7 @@ use inkfs::crashtest::{self, CrashTestOptions};
 /// every workload ran to its end in every mode. About a minute on the
 /// 2-core machine (~1,500 states/s with fsck and a clean remount per state;
 /// 2–3 minutes when the machine is loaded).
-const CI_STATES: u64 = 80_000;
+const CI_STATES: u64 = 120_000;
 
 fn env_u64(name: &str) -> Option<u64> {
     let v = std::env::var(name).ok()?;

@@ -808,10 +808,20 @@ fn directory_with_two_names_is_fixed() {
     let fs = mount(pm);
     let d2 = lookup_path(&fs, "d2");
     let pm = fs.unmount().unwrap();
+    // The walk meets names in readdir order and reports the second name of
+    // a directory: "alias" gets the last position, so it is that one.
     append_entry(
         &pm,
         ROOT_INO,
-        EntryBuf::dir(true, d2, 901, 1, FileKind::Dir, b"alias").as_bytes(),
+        EntryBuf::dir(
+            true,
+            d2,
+            inkfs::dir::POSITION_MAX,
+            1,
+            FileKind::Dir,
+            b"alias",
+        )
+        .as_bytes(),
     );
     let r = check(&pm);
     assert!(
@@ -2144,4 +2154,66 @@ fn file_size_above_the_maximum_is_refused() {
         Err(Error::Corrupt(m)) => assert!(m.contains(&b.file.to_string()), "{m}"),
         other => panic!("served {other:?}"),
     }
+}
+
+/// Two entries at one readdir position (or one out of range) would list a
+/// name twice or not at all in one pass: the replay places the offender at
+/// the next free position (every name stays listed), fsck reports it and
+/// the repair rewrites the entry there, keeping the others' cookies.
+#[test]
+fn duplicate_and_out_of_range_readdir_positions_are_fixed() {
+    let fs = fresh();
+    let d = fs.mkdir(ROOT_INO, b"d", 0o755, 0, 0).unwrap().ino;
+    let mut inos = Vec::new();
+    for n in [&b"a"[..], b"b", b"c"] {
+        let (a, fh) = fs.create(d, n, 0o644, 0, 0).unwrap();
+        fs.release(fh);
+        inos.push(a.ino);
+    }
+    let listing = |fs: &Fs<SimPool>| {
+        let mut v = Vec::new();
+        fs.readdir(d, 2, &mut |e| {
+            v.push((e.name, e.cookie));
+            true
+        })
+        .unwrap();
+        v.sort();
+        v
+    };
+    let before = listing(&fs);
+    let pm = fs.unmount().unwrap();
+    // "b" re-added at "a"'s position, "c" at one whose cookie overflows.
+    let a_pos = before[0].1 - 3;
+    append_entry(
+        &pm,
+        d,
+        EntryBuf::dir(true, inos[1], a_pos, 1, FileKind::File, b"b").as_bytes(),
+    );
+    append_entry(
+        &pm,
+        d,
+        EntryBuf::dir(true, inos[2], u64::MAX - 1, 1, FileKind::File, b"c").as_bytes(),
+    );
+    let r = check(&pm);
+    let shown: Vec<_> = r
+        .errors()
+        .filter(|p| p.kind == ProblemKind::DirPosition)
+        .collect();
+    assert_eq!(shown.len(), 2, "{:#?}", r.problems);
+    assert!(shown.iter().all(|p| p.ino == Some(d) && p.repairable));
+    assert_eq!(r.exit_code(), 4);
+    // Mounted as it is, every name is listed once, at distinct cookies.
+    let fs = mount(pm);
+    let damaged = listing(&fs);
+    let names: Vec<&[u8]> = damaged.iter().map(|(n, _)| &n[..]).collect();
+    assert_eq!(names, [&b"a"[..], b"b", b"c"]);
+    assert_eq!(damaged[0], before[0]);
+    assert!(damaged.iter().all(|(_, c)| *c <= i64::MAX as u64));
+    let pm = fs.unmount().unwrap();
+    let r = repair(&pm);
+    assert_eq!(r.exit_code(), 1, "{:#?}", r.problems);
+    assert_clean(&check(&pm));
+    // The repair kept the cookies readdir was already returning.
+    let fs = mount(pm);
+    assert_eq!(listing(&fs), damaged);
 }

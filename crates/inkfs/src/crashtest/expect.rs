@@ -265,6 +265,7 @@ mod tests {
             atime: 0,
             mtime: 0,
             ctime: 0,
+            cookie: 0,
         }
     }
 

@@ -62,6 +62,9 @@ pub struct Node {
     /// Changed with every change of the inode (a chattr changes only the
     /// flags and this: a torn one shows here).
     pub ctime: i64,
+    /// Readdir cookie of the entry naming this node in its directory (0
+    /// for the root): positions must survive crashes, remounts and GC.
+    pub cookie: u64,
 }
 
 /// Canonical state of a file system: path → node. Timestamps are recorded
@@ -98,7 +101,18 @@ pub fn snapshot<P: Pmem>(fs: &Fs<P>) -> Result<Snap, String> {
         .map_err(|e| format!("readdir {path}/: {}", e2s(e)))?;
         let mut subdirs = 0u32;
         let mut names = HashSet::new();
+        let mut last_cookie = 0;
         for e in entries {
+            // Cookies rise strictly along a listing ("." 1, ".." 2, then the
+            // children's positions + 3) and fit a signed 64-bit offset.
+            if e.cookie <= last_cookie || e.cookie > i64::MAX as u64 {
+                return Err(format!(
+                    "{path}/: cookie {} after {last_cookie} (\"{}\")",
+                    e.cookie,
+                    String::from_utf8_lossy(&e.name)
+                ));
+            }
+            last_cookie = e.cookie;
             if e.name == b"." {
                 if e.ino != dir {
                     return Err(format!("{path}/. is {} not {dir}", e.ino));
@@ -135,7 +149,9 @@ pub fn snapshot<P: Pmem>(fs: &Fs<P>) -> Result<Snap, String> {
                 subdirs += 1;
                 stack.push((ino, child.clone(), dir));
             }
-            snap.nodes.insert(child.clone(), node_of(fs, &a, &child)?);
+            let mut node = node_of(fs, &a, &child)?;
+            node.cookie = e.cookie;
+            snap.nodes.insert(child.clone(), node);
         }
         let key = if path.is_empty() {
             "/".to_string()
@@ -230,6 +246,7 @@ fn node_of<P: Pmem>(fs: &Fs<P>, a: &Attr, path: &str) -> Result<Node, String> {
         atime: a.atime_ns,
         mtime: a.mtime_ns,
         ctime: a.ctime_ns,
+        cookie: 0,
     })
 }
 
@@ -294,6 +311,7 @@ pub fn diff(a: &Snap, b: &Snap) -> String {
                 f!(atime);
                 f!(mtime);
                 f!(ctime);
+                f!(cookie);
                 if n.content != m.content {
                     let first = n
                         .content
