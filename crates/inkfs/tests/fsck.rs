@@ -2182,7 +2182,9 @@ fn duplicate_and_out_of_range_readdir_positions_are_fixed() {
     };
     let before = listing(&fs);
     let pm = fs.unmount().unwrap();
-    // "b" re-added at "a"'s position, "c" at one whose cookie overflows.
+    // "b" re-added at "a"'s position, "c" at one whose cookie would not fit
+    // an i64 (inside the field's range, DIR_SEQ_LIMIT: past it the entry
+    // itself is refused as damage, tests above).
     let a_pos = before[0].1 - 3;
     append_entry(
         &pm,
@@ -2192,7 +2194,7 @@ fn duplicate_and_out_of_range_readdir_positions_are_fixed() {
     append_entry(
         &pm,
         d,
-        EntryBuf::dir(true, inos[2], u64::MAX - 1, 1, FileKind::File, b"c").as_bytes(),
+        EntryBuf::dir(true, inos[2], i64::MAX as u64 - 2, 1, FileKind::File, b"c").as_bytes(),
     );
     let r = check(&pm);
     let shown: Vec<_> = r
