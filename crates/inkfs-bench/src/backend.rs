@@ -8,9 +8,10 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use inkfs::pmem::{MappedPool, PoolOpenOptions};
-use inkfs::types::{FormatOptions, Mode, MountOptions};
-use inkfs::{FileHandle, Fs};
+use inkfs::api::{
+    self, Credentials, Filesystem, FormatOptions, Mode, MountOptions, OpenFlags, SetAttr,
+};
+use inkfs::pmem::{MappedPool, Pmem, PoolOpenOptions};
 
 pub trait Backend: Sync + Send {
     type Dir: Clone + Send + Sync;
@@ -166,17 +167,20 @@ impl Backend for Posix {
 
 // ---------------------------------------------------------------- library
 
+/// The engine through its API (`inkfs::api`), as root: what a program
+/// linking the library gets, with no kernel crossing.
 pub struct Lib {
-    fs: Option<Fs<MappedPool>>,
+    fs: Option<Filesystem<MappedPool>>,
     pool: PathBuf,
+    cred: Credentials,
 }
 
 pub struct LibFile {
-    fh: FileHandle,
+    file: api::File,
     size: u64,
 }
 
-fn e(err: inkfs::Error) -> io::Error {
+fn e(err: api::Error) -> io::Error {
     io::Error::from_raw_os_error(err.errno())
 }
 
@@ -195,8 +199,8 @@ impl Lib {
         // would otherwise charge a page fault to the first store to each
         // page, which copy-on-write overwrites hit all the time.
         inkfs::pmem::prefault(&pm);
-        Fs::format(&pm, &FormatOptions::default()).map_err(e)?;
-        let fs = Fs::mount(
+        Filesystem::format(&pm, &FormatOptions::default()).map_err(e)?;
+        let fs = Filesystem::mount(
             pm,
             MountOptions {
                 mode,
@@ -208,13 +212,14 @@ impl Lib {
         Ok(Lib {
             fs: Some(fs),
             pool: pool.to_path_buf(),
+            cred: Credentials::root(),
         })
     }
-    fn fs(&self) -> &Fs<MappedPool> {
+    fn fs(&self) -> &Filesystem<MappedPool> {
         self.fs.as_ref().expect("mounted")
     }
     pub fn describe(&self) -> String {
-        let info = inkfs::pmem::Pmem::info(self.fs().pmem());
+        let info = self.fs().pool().info();
         format!("{} ({})", info.kind.describe(), info.flush.name())
     }
     /// Unmount cleanly and delete the pool file.
@@ -222,6 +227,17 @@ impl Lib {
         let r = self.fs.take().map(|fs| fs.unmount().map(drop).map_err(e));
         let _ = std::fs::remove_file(&self.pool);
         r.unwrap_or(Ok(()))
+    }
+    fn open_with(&self, dir: &u64, name: &str, flags: i32) -> io::Result<LibFile> {
+        let a = self
+            .fs()
+            .lookup(&self.cred, *dir, name.as_bytes())
+            .map_err(e)?;
+        let file = self
+            .fs()
+            .open(&self.cred, a.ino, OpenFlags::new(flags))
+            .map_err(e)?;
+        Ok(LibFile { file, size: a.size })
     }
 }
 
@@ -238,59 +254,49 @@ impl Backend for Lib {
     type Dir = u64;
     type File = LibFile;
     fn root(&self) -> u64 {
-        1
+        api::ROOT_INO
     }
     fn mkdir(&self, parent: &u64, name: &str) -> io::Result<u64> {
         Ok(self
             .fs()
-            .mkdir(*parent, name.as_bytes(), 0o755, 0, 0)
+            .mkdir(&self.cred, *parent, name.as_bytes(), 0o755)
             .map_err(e)?
             .ino)
     }
     fn create(&self, dir: &u64, name: &str) -> io::Result<LibFile> {
-        match self.fs().create(*dir, name.as_bytes(), 0o644, 0, 0) {
-            Ok((_, fh)) => Ok(LibFile { fh, size: 0 }),
-            Err(inkfs::Error::Errno(libc::EEXIST)) => {
-                let ino = self.fs().lookup_ino(*dir, name.as_bytes()).map_err(e)?;
-                let fh = self.fs().open(ino).map_err(e)?;
-                let set = inkfs::types::SetAttr {
-                    size: Some(0),
-                    ..Default::default()
-                };
-                self.fs().setattr(ino, &set).map_err(e)?;
-                Ok(LibFile { fh, size: 0 })
-            }
-            Err(err) => Err(e(err)),
-        }
+        let flags = OpenFlags::new(libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC);
+        let (_, file) = self
+            .fs()
+            .create(&self.cred, *dir, name.as_bytes(), 0o644, flags)
+            .map_err(e)?;
+        Ok(LibFile { file, size: 0 })
     }
     fn open(&self, dir: &u64, name: &str) -> io::Result<LibFile> {
-        let ino = self.fs().lookup_ino(*dir, name.as_bytes()).map_err(e)?;
-        let fh = self.fs().open(ino).map_err(e)?;
-        let size = self.fs().handle_size(&fh);
-        Ok(LibFile { fh, size })
+        self.open_with(dir, name, libc::O_RDWR)
     }
     fn open_append(&self, dir: &u64, name: &str) -> io::Result<LibFile> {
-        match self.open(dir, name) {
+        match self.open_with(dir, name, libc::O_RDWR | libc::O_APPEND) {
             Err(err) if err.raw_os_error() == Some(libc::ENOENT) => self.create(dir, name),
             r => r,
         }
     }
     fn close(&self, f: LibFile) {
-        self.fs().release(f.fh)
+        self.fs().release(f.file)
     }
     fn pwrite(&self, f: &mut LibFile, off: u64, buf: &[u8]) -> io::Result<()> {
         let mut done = 0;
         while done < buf.len() {
             done += self
                 .fs()
-                .write(&f.fh, off + done as u64, &buf[done..])
-                .map_err(e)?;
+                .write_at(&f.file, off + done as u64, &buf[done..])
+                .map_err(e)?
+                .len;
         }
         f.size = f.size.max(off + buf.len() as u64);
         Ok(())
     }
     fn append(&self, f: &mut LibFile, buf: &[u8]) -> io::Result<()> {
-        let (_, n) = self.fs().append(&f.fh, buf).map_err(e)?;
+        let n = self.fs().append(&f.file, buf).map_err(e)?.len;
         if n != buf.len() {
             return Err(io::Error::other("short append"));
         }
@@ -298,37 +304,46 @@ impl Backend for Lib {
         Ok(())
     }
     fn pread(&self, f: &mut LibFile, off: u64, buf: &mut [u8]) -> io::Result<usize> {
-        self.fs().read(&f.fh, off, buf).map_err(e)
+        self.fs().read(&f.file, off, buf).map_err(e)
     }
     fn fsync(&self, f: &mut LibFile) -> io::Result<()> {
-        self.fs().fsync(&f.fh, false).map_err(e)
+        self.fs().fsync(&f.file, false).map_err(e)
     }
     fn size(&self, f: &LibFile) -> u64 {
         f.size
     }
     fn truncate(&self, f: &mut LibFile, size: u64) -> io::Result<()> {
-        let set = inkfs::types::SetAttr {
+        let set = SetAttr {
             size: Some(size),
             ..Default::default()
         };
-        self.fs().setattr(f.fh.ino(), &set).map_err(e)?;
+        self.fs()
+            .setattr(&self.cred, f.file.ino(), &set, Some(&f.file))
+            .map_err(e)?;
         f.size = size;
         Ok(())
     }
     fn unlink(&self, dir: &u64, name: &str) -> io::Result<()> {
-        self.fs().unlink(*dir, name.as_bytes()).map_err(e)
+        self.fs()
+            .unlink(&self.cred, *dir, name.as_bytes())
+            .map_err(e)
     }
     fn stat(&self, dir: &u64, name: &str) -> io::Result<u64> {
-        Ok(self.fs().lookup(*dir, name.as_bytes()).map_err(e)?.size)
+        Ok(self
+            .fs()
+            .lookup(&self.cred, *dir, name.as_bytes())
+            .map_err(e)?
+            .size)
     }
     fn readdir(&self, dir: &u64) -> io::Result<usize> {
+        let d = self.fs().opendir(&self.cred, *dir).map_err(e)?;
         let mut n = 0usize;
-        self.fs()
-            .readdir(*dir, 0, &mut |_| {
-                n += 1;
-                true
-            })
-            .map_err(e)?;
+        let r = self.fs().readdir(&d, 0, &mut |_| {
+            n += 1;
+            true
+        });
+        self.fs().release(d);
+        r.map_err(e)?;
         Ok(n)
     }
     fn sync_all(&self) -> io::Result<()> {

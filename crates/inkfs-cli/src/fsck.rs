@@ -9,7 +9,6 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use inkfs::format::{STATE_CLEAN, STATE_MOUNTED};
 use inkfs::fsck::{self, FsckOptions, FsckReport, Progress, Severity};
 use inkfs::pmem::{MappedPool, PoolBusy, PoolFile, PoolOpenOptions};
 use serde_json::json;
@@ -192,12 +191,7 @@ fn run(a: &Args) -> Result<i32, String> {
     let elapsed = started.elapsed();
     // The superblock's state as found before the check (a repair may mount
     // and cleanly unmount the pool).
-    let sb_state = if report.was_clean {
-        STATE_CLEAN
-    } else {
-        STATE_MOUNTED
-    };
-    let state = pool_state(sb_state, in_use.as_ref());
+    let state = pool_state(report.was_clean, in_use.as_ref());
     if a.json {
         println!(
             "{}",

@@ -3,10 +3,8 @@
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
+use inkfs::api::{self, ErrorEvent, Filesystem, FormatOptions, MountOptions};
 use inkfs::pmem::{probe_pool, MappedPool, Pmem, PoolBusy, PoolFile, PoolOpenOptions};
-use inkfs::superblock;
-use inkfs::types::{ErrorEvent, ErrorRecord, FormatOptions, MountOptions};
-use inkfs::Fs;
 use inkfs_fuse::stats::human_bytes;
 use serde_json::json;
 
@@ -67,7 +65,7 @@ fn parse_mkfs(args: &[String]) -> Result<MkfsArgs, String> {
             "--size" | "-s" => size = Some(parse_size(it.next().ok_or("--size needs a value")?)?),
             "--lanes" => {
                 let v = it.next().ok_or("--lanes needs a value")?;
-                let max = inkfs::format::LANES_MAX;
+                let max = api::pool::LANES_MAX;
                 lanes = match v.parse::<u32>() {
                     Ok(n) if (1..=max).contains(&n) => n,
                     _ => {
@@ -127,15 +125,15 @@ fn describe_contents(pool: &PoolFile) -> Result<Option<String>, String> {
         },
     )
     .map_err(|e| format!("{}: {e}", path.display()))?;
-    if superblock::looks_like_inkfs(&pm) {
-        return Ok(Some(match superblock::read_superblock(&pm) {
-            Ok((sb, _)) => format!(
+    if api::looks_like_inkfs(&pm) {
+        return Ok(Some(match api::read_summary(&pm) {
+            Ok(sb) => format!(
                 "an inkfs pool (format v{}, {}, {} lanes, {})",
                 sb.version,
                 human(sb.size_bytes),
-                sb.lane_count,
+                sb.lanes,
                 // The claim is ours: nobody else has it open.
-                pool_state(sb.state, None).text
+                pool_state(sb.clean, None).text
             ),
             Err(e) => format!("a damaged inkfs pool ({e})"),
         }));
@@ -223,14 +221,14 @@ pub fn mkfs(args: &[String]) -> Result<(), String> {
         lanes: a.lanes,
         ..Default::default()
     };
-    let sb = Fs::format(&pm, &opts).map_err(|e| undo(e.to_string()))?;
+    let sb = Filesystem::format(&pm, &opts).map_err(|e| undo(e.to_string()))?;
     let info = pm.info();
     println!(
         "inkfs: {} formatted: {}, {} lanes, {} data blocks; backend {}, flush {}",
         path.display(),
         human(sb.size_bytes),
-        sb.lane_count,
-        sb.total_blocks - sb.first_data_block,
+        sb.lanes,
+        sb.data_blocks(),
         info.kind.describe(),
         info.flush.name()
     );
@@ -308,11 +306,10 @@ pub fn stat(args: &[String]) -> Result<(), String> {
     // superblock (checksummed, with a backup copy), and point at the
     // mount's own live figures.
     let (sb, space) = if busy.as_ref().is_some_and(|b| b.exclusive) {
-        let (sb, source) =
-            superblock::read_superblock(&pm).map_err(|e| format!("{}: {e}", path.display()))?;
-        (sb, Space::Live(source == superblock::SuperSource::Backup))
+        let sb = api::read_summary(&pm).map_err(|e| format!("{}: {e}", path.display()))?;
+        (sb, Space::Live(sb.from_backup))
     } else {
-        let fs = Fs::mount(
+        let fs = Filesystem::mount(
             pm,
             MountOptions {
                 read_only: true,
@@ -328,10 +325,10 @@ pub fn stat(args: &[String]) -> Result<(), String> {
             inodes: st.files - st.files_free,
             backup_superblock: fs.mount_report().used_backup_superblock,
         };
-        (fs.superblock(), space)
+        (fs.summary(), space)
     };
-    let state = pool_state(sb.state, busy.as_ref());
-    let errors = ErrorRecord::of(&sb);
+    let state = pool_state(sb.clean, busy.as_ref());
+    let errors = sb.errors;
     if json {
         let event = |e: Option<ErrorEvent>| match e {
             None => serde_json::Value::Null,
@@ -347,7 +344,7 @@ pub fn stat(args: &[String]) -> Result<(), String> {
             "backend": info.kind.describe(),
             "flush": info.flush.name(),
             "size_bytes": sb.size_bytes,
-            "lanes": sb.lane_count,
+            "lanes": sb.lanes,
             "state": state.word,
             "state_text": state.text,
             "held": held_json(busy.as_ref()),
@@ -385,7 +382,7 @@ pub fn stat(args: &[String]) -> Result<(), String> {
         ("backend", info.kind.describe().to_string()),
         ("flush method", info.flush.name().to_string()),
         ("size", human_bytes(sb.size_bytes)),
-        ("lanes", sb.lane_count.to_string()),
+        ("lanes", sb.lanes.to_string()),
         ("state", state.text),
         (
             "errors",

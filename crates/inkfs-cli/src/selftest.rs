@@ -5,10 +5,11 @@
 
 use std::path::PathBuf;
 
+use inkfs::api::{
+    Credentials, Filesystem, MountOptions, OpenFlags, Rename, RenameFlags, SetAttr, ROOT_INO,
+};
 use inkfs::fsck::{self, FsckOptions};
 use inkfs::pmem::{MappedPool, Pmem, PoolBusy, PoolFile, PoolOpenOptions};
-use inkfs::types::{MountOptions, RenameFlags, SetAttr};
-use inkfs::Fs;
 
 const DIR: &[u8] = b"inkfs-selftest";
 
@@ -27,7 +28,7 @@ fn pattern(i: u64, len: usize) -> Vec<u8> {
 
 const SIZES: [usize; 7] = [0, 1, 4095, 4096, 4097, 65536 + 17, 1 << 20];
 
-fn e<T>(what: &str, r: inkfs::Result<T>) -> Result<T, String> {
+fn e<T>(what: &str, r: inkfs::api::Result<T>) -> Result<T, String> {
     r.map_err(|err| format!("{what}: {err}"))
 }
 
@@ -63,51 +64,54 @@ pub fn selftest(args: &[String]) -> Result<(), String> {
         info.flush.name()
     );
 
-    let fs = e("mount", Fs::mount(pm, MountOptions::default()))?;
-    let root = 1;
-    if fs.lookup(root, DIR).is_ok() {
+    // As root, through the same API (and permission checks) as every
+    // front end.
+    let me = Credentials::root();
+    let fs = e("mount", Filesystem::mount(pm, MountOptions::default()))?;
+    if fs.lookup(&me, ROOT_INO, DIR).is_ok() {
         return Err(format!(
             "{} already holds /{}; remove it first",
             path.display(),
             String::from_utf8_lossy(DIR)
         ));
     }
-    let dir = e("mkdir", fs.mkdir(root, DIR, 0o755, 0, 0))?.ino;
+    let dir = e("mkdir", fs.mkdir(&me, ROOT_INO, DIR, 0o755))?.ino;
     for (i, &len) in SIZES.iter().enumerate() {
-        let (_, fh) = e(
-            "create",
-            fs.create(dir, format!("f{i}").as_bytes(), 0o644, 0, 0),
-        )?;
+        let flags = OpenFlags::new(libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL);
+        let name = format!("f{i}");
+        let (_, file) = e("create", fs.create(&me, dir, name.as_bytes(), 0o644, flags))?;
         let data = pattern(i as u64, len);
         // Written in uneven pieces so partial pages and appends are covered.
         let mut off = 0;
         while off < len {
             let n = (len - off).min(1000 + 3 * off % 7000);
-            e("write", fs.write(&fh, off as u64, &data[off..off + n]))?;
+            e("write", fs.write(&file, off as u64, &data[off..off + n]))?;
             off += n;
         }
-        e("fsync", fs.fsync(&fh, false))?;
-        fs.release(fh);
+        e("fsync", fs.fsync(&file, false))?;
+        fs.release(file);
     }
-    e(
-        "rename",
-        fs.rename(dir, b"f1", dir, b"f1-renamed", RenameFlags::default()),
-    )?;
-    let f2 = e("lookup", fs.lookup(dir, b"f2"))?.ino;
-    e("link", fs.link(f2, dir, b"f2-link"))?;
-    e(
-        "truncate",
-        fs.setattr(
-            f2,
-            &SetAttr {
-                size: Some(100),
-                ..Default::default()
-            },
-        ),
-    )?;
+    let rename = Rename {
+        from_dir: dir,
+        from: b"f1",
+        to_dir: dir,
+        to: b"f1-renamed",
+        flags: RenameFlags::default(),
+    };
+    e("rename", fs.rename(&me, &rename))?;
+    let f2 = e("lookup", fs.lookup(&me, dir, b"f2"))?.ino;
+    e("link", fs.link(&me, f2, dir, b"f2-link"))?;
+    let truncate = SetAttr {
+        size: Some(100),
+        ..Default::default()
+    };
+    e("truncate", fs.setattr(&me, f2, &truncate, None))?;
     e("unmount", fs.unmount().map(drop))?;
 
-    let fs = e("remount", Fs::mount(open()?, MountOptions::default()))?;
+    let fs = e(
+        "remount",
+        Filesystem::mount(open()?, MountOptions::default()),
+    )?;
     if !fs.mount_report().was_clean {
         return Err("the pool was not clean after a clean unmount".into());
     }
@@ -124,7 +128,7 @@ pub fn selftest(args: &[String]) -> Result<(), String> {
         verify(&fs, dir, &name, &want)?;
     }
     verify(&fs, dir, "f2-link", &pattern(2, SIZES[2])[..100])?;
-    if e("getattr", fs.lookup(dir, b"f2"))?.nlink != 2 {
+    if e("getattr", fs.lookup(&me, dir, b"f2"))?.nlink != 2 {
         return Err("f2 should have two links".into());
     }
     let pm = e("unmount", fs.unmount())?;
@@ -133,21 +137,21 @@ pub fn selftest(args: &[String]) -> Result<(), String> {
         return Err(format!("fsck found problems: {:?}", report.problems));
     }
 
-    let fs = e("mount", Fs::mount(pm, MountOptions::default()))?;
+    let fs = e("mount", Filesystem::mount(pm, MountOptions::default()))?;
     let mut names = Vec::new();
-    e(
-        "readdir",
-        fs.readdir(dir, 0, &mut |d| {
-            if d.name != b"." && d.name != b".." {
-                names.push(d.name);
-            }
-            true
-        }),
-    )?;
+    let d = e("opendir", fs.opendir(&me, dir))?;
+    let listed = fs.readdir(&d, 0, &mut |entry| {
+        if entry.name != b"." && entry.name != b".." {
+            names.push(entry.name);
+        }
+        true
+    });
+    fs.release(d);
+    e("readdir", listed)?;
     for n in names {
-        e("unlink", fs.unlink(dir, &n))?;
+        e("unlink", fs.unlink(&me, dir, &n))?;
     }
-    e("rmdir", fs.rmdir(root, DIR))?;
+    e("rmdir", fs.rmdir(&me, ROOT_INO, DIR))?;
     e("unmount", fs.unmount().map(drop))?;
     println!(
         "selftest: passed ({} files written, remounted, verified; fsck clean)",
@@ -156,8 +160,9 @@ pub fn selftest(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-fn verify<P: Pmem>(fs: &Fs<P>, dir: u64, name: &str, want: &[u8]) -> Result<(), String> {
-    let attr = e("lookup", fs.lookup(dir, name.as_bytes()))?;
+fn verify<P: Pmem>(fs: &Filesystem<P>, dir: u64, name: &str, want: &[u8]) -> Result<(), String> {
+    let me = Credentials::root();
+    let attr = e("lookup", fs.lookup(&me, dir, name.as_bytes()))?;
     if attr.size != want.len() as u64 {
         return Err(format!(
             "{name}: size {} after remount, expected {}",
@@ -165,10 +170,13 @@ fn verify<P: Pmem>(fs: &Fs<P>, dir: u64, name: &str, want: &[u8]) -> Result<(), 
             want.len()
         ));
     }
-    let fh = e("open", fs.open(attr.ino))?;
+    let file = e(
+        "open",
+        fs.open(&me, attr.ino, OpenFlags::new(libc::O_RDONLY)),
+    )?;
     let mut got = vec![0u8; want.len()];
-    let n = e("read", fs.read(&fh, 0, &mut got))?;
-    fs.release(fh);
+    let n = e("read", fs.read(&file, 0, &mut got))?;
+    fs.release(file);
     if n != want.len() || got != want {
         let at = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(n);
         return Err(format!(

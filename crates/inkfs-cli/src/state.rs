@@ -5,7 +5,6 @@
 //! now (`inkfs::pmem::PoolBusy`). MOUNTED with nobody holding the lock is a
 //! crash, which the next read-write mount recovers.
 
-use inkfs::format::STATE_CLEAN;
 use inkfs::pmem::PoolBusy;
 use serde_json::{json, Value};
 
@@ -17,10 +16,9 @@ pub struct PoolState {
     pub text: String,
 }
 
-/// `sb_state` is the superblock's state field; `busy` who holds the pool
-/// (None: nobody).
-pub fn pool_state(sb_state: u32, busy: Option<&PoolBusy>) -> PoolState {
-    let clean = sb_state == STATE_CLEAN;
+/// `clean`: the superblock says the pool was cleanly unmounted; `busy`
+/// who holds the pool (None: nobody).
+pub fn pool_state(clean: bool, busy: Option<&PoolBusy>) -> PoolState {
     let finishing = |b: &PoolBusy| {
         if b.finishing {
             ", finishing its unmount"
@@ -86,7 +84,6 @@ pub fn held_json(busy: Option<&PoolBusy>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use inkfs::format::STATE_MOUNTED;
     use inkfs::pmem::Holder;
 
     fn held(exclusive: bool) -> PoolBusy {
@@ -103,19 +100,19 @@ mod tests {
 
     #[test]
     fn states_are_named_for_what_they_are() {
-        assert_eq!(pool_state(STATE_CLEAN, None).text, "clean");
-        let s = pool_state(STATE_MOUNTED, None);
+        assert_eq!(pool_state(true, None).text, "clean");
+        let s = pool_state(false, None);
         assert_eq!(
             (s.word, s.text.as_str()),
             ("crashed", "crashed: will recover at next mount")
         );
-        let s = pool_state(STATE_MOUNTED, Some(&held(true)));
+        let s = pool_state(false, Some(&held(true)));
         assert_eq!(
             (s.word, s.text.as_str()),
             ("mounted", "mounted by pid 42 (inkfs mount /p /m)")
         );
-        assert_eq!(pool_state(STATE_CLEAN, Some(&held(true))).word, "in_use");
-        let s = pool_state(STATE_CLEAN, Some(&held(false)));
+        assert_eq!(pool_state(true, Some(&held(true))).word, "in_use");
+        let s = pool_state(true, Some(&held(false)));
         assert_eq!(
             (s.word, s.text.as_str()),
             (

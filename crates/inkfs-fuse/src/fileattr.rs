@@ -10,10 +10,10 @@
 //! report before it asks us to change them. The engine checks privilege
 //! again (the other front ends have no kernel in the way).
 
-use inkfs::types::inode_flags::{APPEND, IMMUTABLE, NOATIME, NODUMP};
-use inkfs::{Error, Result};
+use inkfs::api::inode_flags::{APPEND, IMMUTABLE, NOATIME, NODUMP};
+use inkfs::api::{Credentials, Error, Result};
 
-use crate::engine::Engine;
+use crate::Engine;
 
 /// `_IOR('f', 1, long)`, `_IOW('f', 2, long)`: the word itself is an int.
 pub const FS_IOC_GETFLAGS: u32 = libc::FS_IOC_GETFLAGS as u32;
@@ -79,23 +79,22 @@ fn reply_of(data: &[u8], out_size: u32) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Serve `cmd` on inode `ino` if it is one of the flag ioctls: the reply
-/// data, or `None` for any other command. `privileged`: the caller may
-/// change immutable and append-only.
-pub fn serve<E: Engine>(
-    fs: &E,
+/// Serve `cmd` on inode `ino` for `cred` if it is one of the flag ioctls:
+/// the reply data, or `None` for any other command.
+pub fn serve(
+    fs: &Engine,
+    cred: &Credentials,
     ino: u64,
     cmd: u32,
     in_data: &[u8],
     out_size: u32,
-    privileged: bool,
 ) -> Option<Result<Vec<u8>>> {
     let r = match cmd {
         FS_IOC_GETFLAGS => fs
             .get_flags(ino)
             .and_then(|f| reply_of(&f.to_ne_bytes(), out_size)),
         FS_IOC_SETFLAGS => word(in_data, 0)
-            .and_then(|f| fs.set_flags(ino, f, privileged))
+            .and_then(|f| fs.set_flags(cred, ino, f))
             .map(|()| Vec::new()),
         FS_IOC_FSGETXATTR => fs.get_flags(ino).and_then(|f| {
             // extsize, nextents (ext4 leaves it 0 too), projid, cowextsize:
@@ -104,13 +103,13 @@ pub fn serve<E: Engine>(
             x[..4].copy_from_slice(&to_xflags(f).to_ne_bytes());
             reply_of(&x, out_size)
         }),
-        FS_IOC_FSSETXATTR => set_xattr(fs, ino, in_data, privileged).map(|()| Vec::new()),
+        FS_IOC_FSSETXATTR => set_xattr(fs, cred, ino, in_data).map(|()| Vec::new()),
         _ => return None,
     };
     Some(r)
 }
 
-fn set_xattr<E: Engine>(fs: &E, ino: u64, in_data: &[u8], privileged: bool) -> Result<()> {
+fn set_xattr(fs: &Engine, cred: &Credentials, ino: u64, in_data: &[u8]) -> Result<()> {
     let xflags = word(in_data, 0)?;
     // Project ids need quota support inkfs does not have (ext4 without
     // the project feature answers the same); size hints are ignored, as
@@ -118,7 +117,7 @@ fn set_xattr<E: Engine>(fs: &E, ino: u64, in_data: &[u8], privileged: bool) -> R
     if word(in_data, 3)? != 0 {
         return Err(Error::Errno(libc::EOPNOTSUPP));
     }
-    fs.set_flags(ino, from_xflags(xflags)?, privileged)
+    fs.set_flags(cred, ino, from_xflags(xflags)?)
 }
 
 #[cfg(test)]

@@ -1,4 +1,7 @@
-//! The FUSE request handlers: each FUSE operation → one engine call.
+//! The FUSE request handlers: each FUSE request → one call of the engine's
+//! API (`inkfs::api`), with the caller's credentials. The POSIX rules
+//! (permissions, set-ID bits, O_TRUNC, O_APPEND, xattr namespaces) are the
+//! engine's; this file only translates requests and replies.
 //!
 //! # Caching (why these settings)
 //! - No writeback cache: with it the kernel acknowledges `write(2)` from
@@ -41,17 +44,22 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::clock::{self, Tick};
-
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
     Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate,
     ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use inkfs::types::{
-    Attr, DirEntry, FallocFlags, FileKind, RenameFlags, SetAttr, TimeSet, Whence, XattrFlags,
+use inkfs::api::{
+    self, Attr, Credentials, DirEntry, FallocFlags, File, FileKind, RenameFlags, SetAttr, TimeSet,
+    Whence, XattrFlags,
 };
+
+use crate::clock::{self, Tick};
+use crate::creds::CredCache;
+use crate::handles::HandleTable;
+use crate::stats::{Op, Stats};
+use crate::Engine;
 
 /// The FUSE protocol settings of an inkfs mount: capabilities asked at
 /// INIT (`configure_kernel`) and the flags every open gets (`OPEN_FLAGS`).
@@ -67,9 +75,10 @@ pub fn configure_kernel(config: &mut KernelConfig) {
         InitFlags::FUSE_PARALLEL_DIROPS,
         InitFlags::FUSE_MAX_PAGES,
         InitFlags::FUSE_CACHE_SYMLINKS,
-        // The server clears set-id bits itself (see `kill_suidgid`):
-        // without this the kernel asks for security.capability before
-        // every write, a second round trip per write(2).
+        // The engine clears set-id bits itself (a write by an unprivileged
+        // opener, a chown, an unprivileged truncate): without this the
+        // kernel asks for security.capability before every write, a second
+        // round trip per write(2).
         InitFlags::FUSE_HANDLE_KILLPRIV_V2,
     ] {
         let _ = config.add_capabilities(cap);
@@ -81,10 +90,6 @@ pub fn configure_kernel(config: &mut KernelConfig) {
 /// See `configure_kernel`.
 pub const OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_KEEP_CACHE;
 
-use crate::engine::Engine;
-use crate::handles::HandleTable;
-use crate::stats::{Op, Stats};
-
 /// See the module comment.
 const TTL: Duration = Duration::from_secs(1);
 /// Largest write the kernel may send in one request.
@@ -92,22 +97,11 @@ pub const MAX_WRITE_BYTES: u32 = 1 << 20;
 /// Entries fetched per readdirplus request (each costs a getattr).
 const READDIRPLUS_BATCH: usize = 256;
 
-pub struct InkFuse<E: Engine> {
-    fs: Arc<E>,
-    handles: HandleTable<E::Handle>,
+pub struct InkFuse {
+    fs: Arc<Engine>,
+    handles: HandleTable<File>,
+    creds: CredCache,
     stats: Arc<Stats>,
-    read_only: bool,
-}
-
-/// The attributes a readdirplus entry carries when its inode cannot be read:
-/// its number and the type from the directory entry, nothing else.
-fn unreadable_attr(ino: u64, kind: FileKind) -> FileAttr {
-    FileAttr {
-        ino: INodeNo(ino),
-        kind: file_type(kind),
-        nlink: 1,
-        ..negative_attr()
-    }
 }
 
 /// The attributes of a negative lookup reply: only node 0 matters.
@@ -131,8 +125,12 @@ fn negative_attr() -> FileAttr {
     }
 }
 
-fn errno(e: inkfs::Error) -> Errno {
+fn errno(e: api::Error) -> Errno {
     Errno::from_i32(e.errno())
+}
+
+fn fail<T>(e: i32) -> api::Result<T> {
+    Err(api::Error::Errno(e))
 }
 
 fn file_type(k: FileKind) -> FileType {
@@ -191,13 +189,135 @@ pub fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
-impl<E: Engine> InkFuse<E> {
-    pub fn new(fs: Arc<E>, stats: Arc<Stats>, read_only: bool) -> InkFuse<E> {
+fn name_bytes(name: &OsStr) -> &[u8] {
+    name.as_bytes()
+}
+
+/// A reply the kernel waits for, and how a result of type `T` answers it.
+trait Answer<T> {
+    fn ok(self, v: T);
+    fn fail(self, e: Errno);
+}
+
+impl Answer<Attr> for ReplyEntry {
+    fn ok(self, a: Attr) {
+        self.entry(&TTL, &file_attr(&a), Generation(a.generation));
+    }
+    fn fail(self, e: Errno) {
+        self.error(e);
+    }
+}
+
+impl Answer<Attr> for ReplyAttr {
+    fn ok(self, a: Attr) {
+        self.attr(&TTL, &file_attr(&a));
+    }
+    fn fail(self, e: Errno) {
+        self.error(e);
+    }
+}
+
+impl Answer<()> for ReplyEmpty {
+    fn ok(self, (): ()) {
+        ReplyEmpty::ok(self);
+    }
+    fn fail(self, e: Errno) {
+        self.error(e);
+    }
+}
+
+impl Answer<Vec<u8>> for ReplyData {
+    fn ok(self, d: Vec<u8>) {
+        self.data(&d);
+    }
+    fn fail(self, e: Errno) {
+        self.error(e);
+    }
+}
+
+/// An open reply: the handle, and the open flags to give it.
+impl Answer<(u64, FopenFlags)> for ReplyOpen {
+    fn ok(self, (fh, flags): (u64, FopenFlags)) {
+        self.opened(FileHandle(fh), flags);
+    }
+    fn fail(self, e: Errno) {
+        self.error(e);
+    }
+}
+
+impl Answer<u32> for ReplyWrite {
+    fn ok(self, n: u32) {
+        self.written(n);
+    }
+    fn fail(self, e: Errno) {
+        self.error(e);
+    }
+}
+
+impl Answer<(Attr, u64)> for ReplyCreate {
+    fn ok(self, (a, fh): (Attr, u64)) {
+        self.created(
+            &TTL,
+            &file_attr(&a),
+            Generation(a.generation),
+            FileHandle(fh),
+            OPEN_FLAGS,
+        );
+    }
+    fn fail(self, e: Errno) {
+        self.error(e);
+    }
+}
+
+impl Answer<i64> for ReplyLseek {
+    fn ok(self, off: i64) {
+        self.offset(off);
+    }
+    fn fail(self, e: Errno) {
+        self.error(e);
+    }
+}
+
+/// An xattr value or name list, and the buffer size the caller offered
+/// (0: it asks for the size only).
+impl Answer<(Vec<u8>, u32)> for ReplyXattr {
+    fn ok(self, (v, size): (Vec<u8>, u32)) {
+        if size == 0 {
+            self.size(v.len() as u32);
+        } else if v.len() > size as usize {
+            self.error(Errno::ERANGE);
+        } else {
+            self.data(&v);
+        }
+    }
+    fn fail(self, e: Errno) {
+        self.error(e);
+    }
+}
+
+impl InkFuse {
+    pub fn new(fs: Arc<Engine>, stats: Arc<Stats>) -> InkFuse {
         InkFuse {
             fs,
             handles: HandleTable::default(),
+            creds: CredCache::default(),
             stats,
-            read_only,
+        }
+    }
+
+    /// The shape of every handler: time the request, run it, answer the
+    /// kernel, count it (as an error if it failed).
+    fn answer<T, R: Answer<T>>(&self, op: Op, reply: R, f: impl FnOnce() -> api::Result<T>) {
+        let t = clock::now();
+        match f() {
+            Ok(v) => {
+                reply.ok(v);
+                self.done(op, t, true);
+            }
+            Err(e) => {
+                reply.fail(errno(e));
+                self.done(op, t, false);
+            }
         }
     }
 
@@ -206,95 +326,36 @@ impl<E: Engine> InkFuse<E> {
         self.stats.record(op, t, ok);
     }
 
-    fn rofs(&self) -> Result<(), inkfs::Error> {
-        if self.read_only {
-            return Err(inkfs::Error::Errno(libc::EROFS));
-        }
-        Ok(())
+    fn cred(&self, req: &Request) -> Arc<Credentials> {
+        self.creds.get(req.pid(), req.uid(), req.gid())
     }
 
-    /// Owner and mode of a new inode: BSD group semantics under a set-group-ID
-    /// directory (the new inode takes the directory's group; a new directory
-    /// also inherits the bit), which the kernel leaves to the file system.
-    fn new_owner(&self, parent: u64, req: &Request, mode: u32, is_dir: bool) -> (u32, u32, u32) {
-        match self.fs.getattr(parent) {
-            Ok(p) if p.mode & libc::S_ISGID != 0 => {
-                let mode = if is_dir { mode | libc::S_ISGID } else { mode };
-                (req.uid(), p.gid, mode)
-            }
-            _ => (req.uid(), req.gid(), mode),
-        }
+    /// The caller's credentials with the umask of a creation request
+    /// applied (FUSE passes it with the request; the kernel leaves the
+    /// masking to us).
+    fn cred_with_umask(&self, req: &Request, umask: u32) -> Credentials {
+        let mut c = (*self.cred(req)).clone();
+        c.umask = umask & 0o777;
+        c
     }
 
-    fn reply_entry(&self, op: Op, t: Tick, r: inkfs::Result<Attr>, reply: ReplyEntry) {
-        match r {
-            Ok(a) => {
-                reply.entry(&TTL, &file_attr(&a), Generation(a.generation));
-                self.done(op, t, true);
-            }
-            Err(e) => {
-                reply.error(errno(e));
-                self.done(op, t, false);
-            }
-        }
-    }
-
-    fn reply_empty(&self, op: Op, t: Tick, r: inkfs::Result<()>, reply: ReplyEmpty) {
-        match r {
-            Ok(()) => {
-                reply.ok();
-                self.done(op, t, true);
-            }
-            Err(e) => {
-                reply.error(errno(e));
-                self.done(op, t, false);
-            }
-        }
-    }
-
-    fn open_handle(&self, ino: u64, flags: i32) -> inkfs::Result<u64> {
-        if flags & libc::O_TRUNC != 0 && flags & libc::O_ACCMODE != libc::O_RDONLY {
-            // FUSE_ATOMIC_O_TRUNC: the kernel leaves the truncation to us.
-            self.rofs()?;
-            let h = self.fs.open_with(ino, flags)?;
-            if let Err(e) = self.fs.setattr(
-                ino,
-                &SetAttr {
-                    size: Some(0),
-                    ..SetAttr::default()
-                },
-            ) {
-                self.fs.release(h);
-                return Err(e);
-            }
-            return Ok(self.handles.insert(h, flags));
-        }
-        let h = self.fs.open_with(ino, flags)?;
-        Ok(self.handles.insert(h, flags))
-    }
-
-    fn with_handle<T>(
+    /// Run `f` on the open file `fh` (EBADF if there is none).
+    fn with_file<T>(
         &self,
         fh: FileHandle,
-        f: impl FnOnce(&E::Handle, i32) -> inkfs::Result<T>,
-    ) -> inkfs::Result<T> {
-        self.handles
-            .with(fh.0, |open| f(&open.handle, open.flags))
-            .unwrap_or(Err(inkfs::Error::Errno(libc::EBADF)))
+        f: impl FnOnce(&File) -> api::Result<T>,
+    ) -> api::Result<T> {
+        self.handles.with(fh.0, f).unwrap_or(fail(libc::EBADF))
     }
 
     fn release_handle(&self, fh: FileHandle) {
-        if let Some(h) = self.handles.remove(fh.0) {
-            self.fs.release(h);
+        if let Some(file) = self.handles.remove(fh.0) {
+            self.fs.release(file);
         }
     }
 }
 
-fn name_bytes(name: &OsStr) -> &[u8] {
-    name.as_bytes()
-}
-
-impl<E: Engine> Filesystem for InkFuse<E> {
+impl Filesystem for InkFuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         configure_kernel(config);
         Ok(())
@@ -303,14 +364,14 @@ impl<E: Engine> Filesystem for InkFuse<E> {
     fn destroy(&mut self) {
         // The kernel is gone: release what it never closed so that unlinked
         // inodes are reclaimed before the engine unmounts.
-        for h in self.handles.drain() {
-            self.fs.release(h);
+        for file in self.handles.drain() {
+            self.fs.release(file);
         }
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let t = clock::now();
-        match self.fs.lookup(parent.0, name_bytes(name)) {
+        match self.fs.lookup(&self.cred(req), parent.0, name_bytes(name)) {
             Err(e) if e.errno() == libc::ENOENT => {
                 // A negative entry (node 0) with the entry TTL: the kernel
                 // caches "no such name" as it caches names. Every creation
@@ -321,7 +382,14 @@ impl<E: Engine> Filesystem for InkFuse<E> {
                 reply.entry(&TTL, &negative_attr(), Generation(0));
                 self.done(Op::lookup, t, false);
             }
-            r => self.reply_entry(Op::lookup, t, r, reply),
+            Ok(a) => {
+                reply.entry(&TTL, &file_attr(&a), Generation(a.generation));
+                self.done(Op::lookup, t, true);
+            }
+            Err(e) => {
+                reply.error(errno(e));
+                self.done(Op::lookup, t, false);
+            }
         }
     }
 
@@ -332,22 +400,12 @@ impl<E: Engine> Filesystem for InkFuse<E> {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let t = clock::now();
-        match self.fs.getattr(ino.0) {
-            Ok(a) => {
-                reply.attr(&TTL, &file_attr(&a));
-                self.done(Op::getattr, t, true);
-            }
-            Err(e) => {
-                reply.error(errno(e));
-                self.done(Op::getattr, t, false);
-            }
-        }
+        self.answer(Op::getattr, reply, || self.fs.getattr(ino.0));
     }
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -356,15 +414,14 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let t = clock::now();
-        let mut set = SetAttr {
+        let set = SetAttr {
             mode: mode.map(|m| m & 0o7777),
             uid,
             gid,
@@ -372,43 +429,16 @@ impl<E: Engine> Filesystem for InkFuse<E> {
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
         };
-        // With FUSE_HANDLE_KILLPRIV_V2 the kernel leaves clearing set-id bits
-        // to us: as Linux does, a chown of a non-directory clears them, and
-        // so does a truncate by an unprivileged caller.
-        if set.mode.is_none()
-            && (uid.is_some() || gid.is_some() || size.is_some() && _req.uid() != 0)
-        {
-            if let Ok(a) = self.fs.getattr(ino.0) {
-                if a.kind != FileKind::Dir {
-                    set.mode = killed_mode(a.mode);
-                }
-            }
-        }
-        let r = self.rofs().and_then(|()| self.fs.setattr(ino.0, &set));
-        match r {
-            Ok(a) => {
-                reply.attr(&TTL, &file_attr(&a));
-                self.done(Op::setattr, t, true);
-            }
-            Err(e) => {
-                reply.error(errno(e));
-                self.done(Op::setattr, t, false);
-            }
-        }
+        let cred = self.cred(req);
+        self.answer(Op::setattr, reply, || match fh {
+            // ftruncate and friends: through the open file.
+            Some(fh) => self.with_file(fh, |f| self.fs.setattr(&cred, ino.0, &set, Some(f))),
+            None => self.fs.setattr(&cred, ino.0, &set, None),
+        });
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        let t = clock::now();
-        match self.fs.readlink(ino.0) {
-            Ok(target) => {
-                reply.data(&target);
-                self.done(Op::readlink, t, true);
-            }
-            Err(e) => {
-                reply.error(errno(e));
-                self.done(Op::readlink, t, false);
-            }
-        }
+        self.answer(Op::readlink, reply, || self.fs.readlink(ino.0));
     }
 
     fn mknod(
@@ -421,14 +451,11 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let t = clock::now();
-        let mode = mode & !(umask & 0o777);
-        let (uid, gid, mode) = self.new_owner(parent.0, req, mode, false);
-        let r = self.rofs().and_then(|()| {
+        let cred = self.cred_with_umask(req, umask);
+        self.answer(Op::mknod, reply, || {
             self.fs
-                .mknod(parent.0, name_bytes(name), mode, rdev as u64, uid, gid)
+                .mknod(&cred, parent.0, name_bytes(name), mode, rdev as u64)
         });
-        self.reply_entry(Op::mknod, t, r, reply);
     }
 
     fn mkdir(
@@ -440,29 +467,24 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let t = clock::now();
-        let mode = mode & !(umask & 0o777) & 0o7777;
-        let (uid, gid, mode) = self.new_owner(parent.0, req, mode, true);
-        let r = self
-            .rofs()
-            .and_then(|()| self.fs.mkdir(parent.0, name_bytes(name), mode, uid, gid));
-        self.reply_entry(Op::mkdir, t, r, reply);
+        let cred = self.cred_with_umask(req, umask);
+        self.answer(Op::mkdir, reply, || {
+            self.fs.mkdir(&cred, parent.0, name_bytes(name), mode)
+        });
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let t = clock::now();
-        let r = self
-            .rofs()
-            .and_then(|()| self.fs.unlink(parent.0, name_bytes(name)));
-        self.reply_empty(Op::unlink, t, r, reply);
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let cred = self.cred(req);
+        self.answer(Op::unlink, reply, || {
+            self.fs.unlink(&cred, parent.0, name_bytes(name))
+        });
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let t = clock::now();
-        let r = self
-            .rofs()
-            .and_then(|()| self.fs.rmdir(parent.0, name_bytes(name)));
-        self.reply_empty(Op::rmdir, t, r, reply);
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let cred = self.cred(req);
+        self.answer(Op::rmdir, reply, || {
+            self.fs.rmdir(&cred, parent.0, name_bytes(name))
+        });
     }
 
     fn symlink(
@@ -473,18 +495,15 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let t = clock::now();
-        let (uid, gid, _) = self.new_owner(parent.0, req, 0o777, false);
-        let r = self.rofs().and_then(|()| {
+        let cred = self.cred(req);
+        self.answer(Op::symlink, reply, || {
             self.fs.symlink(
+                &cred,
                 parent.0,
                 name_bytes(link_name),
                 target.as_os_str().as_bytes(),
-                uid,
-                gid,
             )
         });
-        self.reply_entry(Op::symlink, t, r, reply);
     }
 
     fn rename(
@@ -497,58 +516,40 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let t = clock::now();
-        let r = self
-            .rofs()
-            .and_then(|()| RenameFlags::from_bits(flags.bits()))
-            .and_then(|f| {
-                // A whiteout (RENAME_WHITEOUT, overlayfs) is a new inode in
-                // the old directory, owned as a mknod there would be.
-                let (uid, gid, _) = if f.whiteout {
-                    self.new_owner(parent.0, req, 0, false)
-                } else {
-                    (req.uid(), req.gid(), 0)
-                };
-                self.fs.rename(
-                    parent.0,
-                    name_bytes(name),
-                    newparent.0,
-                    name_bytes(newname),
-                    f,
-                    uid,
-                    gid,
-                )
-            });
-        self.reply_empty(Op::rename, t, r, reply);
+        let cred = self.cred(req);
+        self.answer(Op::rename, reply, || {
+            let r = api::Rename {
+                from_dir: parent.0,
+                from: name_bytes(name),
+                to_dir: newparent.0,
+                to: name_bytes(newname),
+                flags: RenameFlags::from_bits(flags.bits())?,
+            };
+            self.fs.rename(&cred, &r)
+        });
     }
 
     fn link(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let t = clock::now();
-        let r = self
-            .rofs()
-            .and_then(|()| self.fs.link(ino.0, newparent.0, name_bytes(newname)));
-        self.reply_entry(Op::link, t, r, reply);
+        let cred = self.cred(req);
+        self.answer(Op::link, reply, || {
+            self.fs.link(&cred, ino.0, newparent.0, name_bytes(newname))
+        });
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let t = clock::now();
-        match self.open_handle(ino.0, flags.0) {
-            Ok(fh) => {
-                reply.opened(FileHandle(fh), OPEN_FLAGS);
-                self.done(Op::open, t, true);
-            }
-            Err(e) => {
-                reply.error(errno(e));
-                self.done(Op::open, t, false);
-            }
-        }
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let cred = self.cred(req);
+        self.answer(Op::open, reply, || {
+            // With FUSE_ATOMIC_O_TRUNC the engine truncates for O_TRUNC.
+            let file = self.fs.open(&cred, ino.0, api::OpenFlags::new(flags.0))?;
+            Ok((self.handles.insert(file), OPEN_FLAGS))
+        });
     }
 
     fn read(
@@ -570,8 +571,8 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         // Zero-copy first: the reply is written to the device straight from
         // the pool (one copy fewer, and no cold buffer).
         let mut reply = Some(reply);
-        let direct = self.with_handle(fh, |h, _| {
-            self.fs.read_in_place(h, offset, size, &mut |bytes| {
+        let direct = self.with_file(fh, |f| {
+            self.fs.read_in_place(f, offset, size, |bytes| {
                 if let Some(r) = reply.take() {
                     // Counted before the reply (see `write`).
                     self.stats.bytes_read.add(bytes.len() as u64);
@@ -593,8 +594,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
             if buf.len() < size {
                 buf.resize(size, 0);
             }
-            let r = self.with_handle(fh, |h, _| self.fs.read(h, offset, &mut buf[..size]));
-            match r {
+            match self.with_file(fh, |f| self.fs.read(f, offset, &mut buf[..size])) {
                 Ok(n) => {
                     self.stats.bytes_read.add(n as u64);
                     reply.data(&buf[..n]);
@@ -616,44 +616,31 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let t = clock::now();
-        let r = self.rofs().and_then(|()| {
-            self.with_handle(fh, |h, flags| {
-                // O_APPEND from write(2) (not page-cache write-back of an
-                // mmap): let the engine place the data at the end atomically.
-                if flags & libc::O_APPEND != 0
+        self.answer(Op::write, reply, || {
+            let w = self.with_file(fh, |f| {
+                // O_APPEND from write(2) (the file's flags as they are now,
+                // after any F_SETFL), not page-cache write-back of an mmap:
+                // the engine places the data at the end atomically.
+                if flags.0 & libc::O_APPEND != 0
                     && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE)
                 {
-                    let (at, n) = self.fs.append(h, data)?;
-                    if at != offset {
-                        self.stats.append_moved.add(1);
-                    }
-                    Ok(n)
+                    self.fs.append(f, data)
                 } else {
-                    self.fs.write(h, offset, data)
+                    self.fs.write_at(f, offset, data)
                 }
-            })
+            })?;
+            if w.offset != offset {
+                self.stats.append_moved.add(1);
+            }
+            // Counted before the reply, so a client that reads the
+            // statistics after its write returned sees the write.
+            self.stats.bytes_written.add(w.len as u64);
+            Ok(w.len as u32)
         });
-        if r.is_ok() && write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            self.kill_suidgid(_ino.0);
-        }
-        match r {
-            Ok(n) => {
-                // Counted before the reply, so a client that reads the
-                // statistics after its write returned sees the write.
-                self.stats.bytes_written.add(n as u64);
-                reply.written(n as u32);
-                self.done(Op::write, t, true);
-            }
-            Err(e) => {
-                reply.error(errno(e));
-                self.done(Op::write, t, false);
-            }
-        }
     }
 
     fn flush(
@@ -684,9 +671,10 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let t = clock::now();
-        self.release_handle(fh);
-        self.reply_empty(Op::release, t, Ok(()), reply);
+        self.answer(Op::release, reply, || {
+            self.release_handle(fh);
+            Ok(())
+        });
     }
 
     fn fsync(
@@ -697,7 +685,6 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let t = clock::now();
         if self.fs.fsync_is_noop() {
             // Every write was durable when it was answered. ENOSYS makes the
             // kernel stop sending FSYNC for this connection: fsync(2) then
@@ -705,45 +692,42 @@ impl<E: Engine> Filesystem for InkFuse<E> {
             // back (as WRITEs, durable on return) before it would have sent
             // FSYNC, and reports their errors, so msync and fsync of a
             // mapped file keep their meaning.
+            let t = clock::now();
             reply.error(Errno::ENOSYS);
             self.done(Op::fsync, t, true);
             return;
         }
-        let r = self.with_handle(fh, |h, _| self.fs.fsync(h, datasync));
-        self.reply_empty(Op::fsync, t, r, reply);
+        self.answer(Op::fsync, reply, || {
+            self.with_file(fh, |f| self.fs.fsync(f, datasync))
+        });
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let t = clock::now();
-        match self.fs.open(ino.0) {
-            Ok(h) => {
-                let fh = self.handles.insert(h, flags.0);
-                reply.opened(FileHandle(fh), FopenFlags::empty());
-                self.done(Op::opendir, t, true);
-            }
-            Err(e) => {
-                reply.error(errno(e));
-                self.done(Op::opendir, t, false);
-            }
-        }
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let cred = self.cred(req);
+        self.answer(Op::opendir, reply, || {
+            let dir = self.fs.opendir(&cred, ino.0)?;
+            Ok((self.handles.insert(dir), FopenFlags::empty()))
+        });
     }
 
     fn readdir(
         &self,
         _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
+        _ino: INodeNo,
+        fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
         let t = clock::now();
-        let r = self.fs.readdir(ino.0, offset, &mut |e: DirEntry| {
-            !reply.add(
-                INodeNo(e.ino),
-                e.cookie,
-                file_type(e.kind),
-                OsStr::from_bytes(&e.name),
-            )
+        let r = self.with_file(fh, |dir| {
+            self.fs.readdir(dir, offset, &mut |e: DirEntry| {
+                !reply.add(
+                    INodeNo(e.ino),
+                    e.cookie,
+                    file_type(e.kind),
+                    OsStr::from_bytes(&e.name),
+                )
+            })
         });
         match r {
             Ok(()) => {
@@ -760,8 +744,8 @@ impl<E: Engine> Filesystem for InkFuse<E> {
     fn readdirplus(
         &self,
         _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
+        _ino: INodeNo,
+        fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
@@ -769,9 +753,11 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         // Collect first, then getattr outside the engine's readdir callback
         // (no engine call re-enters another).
         let mut batch = Vec::new();
-        let r = self.fs.readdir(ino.0, offset, &mut |e: DirEntry| {
-            batch.push(e);
-            batch.len() < READDIRPLUS_BATCH
+        let r = self.with_file(fh, |dir| {
+            self.fs.readdir(dir, offset, &mut |e: DirEntry| {
+                batch.push(e);
+                batch.len() < READDIRPLUS_BATCH
+            })
         });
         if let Err(e) = r {
             reply.error(errno(e));
@@ -779,25 +765,38 @@ impl<E: Engine> Filesystem for InkFuse<E> {
             return;
         }
         for e in batch {
-            let (attr, generation, ttl) = match self.fs.getattr(e.ino) {
-                Ok(a) => (file_attr(&a), a.generation, TTL),
-                // Removed since readdir saw it: skip the entry.
+            let full = match self.fs.getattr(e.ino) {
+                Ok(attr) => reply.add(
+                    INodeNo(e.ino),
+                    e.cookie,
+                    OsStr::from_bytes(&e.name),
+                    &TTL,
+                    &file_attr(&attr),
+                    Generation(attr.generation),
+                ),
+                // Removed since readdir saw it: leave the entry out.
                 Err(err) if err.errno() == libc::ENOENT => continue,
-                // Unreadable (a damaged inode: the engine counted and
-                // reported it). Listed as ext4 lists a name whose inode it
-                // cannot read: the name shows, and with nothing cached
-                // (zero timeouts) a stat or open of it asks again and gets
-                // the error. Skipping it would hide the damage.
-                Err(_) => (unreadable_attr(e.ino, e.kind), 0, Duration::ZERO),
+                // Damaged (errors=): list the name with no attributes and
+                // no caching, so `ls -l` shows it and its stat the error
+                // (as ext4 shows a damaged inode), instead of hiding it.
+                Err(_) => {
+                    let a = FileAttr {
+                        ino: INodeNo(e.ino),
+                        kind: file_type(e.kind),
+                        nlink: 1,
+                        ..negative_attr()
+                    };
+                    reply.add(
+                        INodeNo(e.ino),
+                        e.cookie,
+                        OsStr::from_bytes(&e.name),
+                        &Duration::ZERO,
+                        &a,
+                        Generation(0),
+                    )
+                }
             };
-            if reply.add(
-                INodeNo(e.ino),
-                e.cookie,
-                OsStr::from_bytes(&e.name),
-                &ttl,
-                &attr,
-                Generation(generation),
-            ) {
+            if full {
                 break;
             }
         }
@@ -813,9 +812,10 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        let t = clock::now();
-        self.release_handle(fh);
-        self.reply_empty(Op::releasedir, t, Ok(()), reply);
+        self.answer(Op::releasedir, reply, || {
+            self.release_handle(fh);
+            Ok(())
+        });
     }
 
     fn fsyncdir(
@@ -826,19 +826,20 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let t = clock::now();
         if self.fs.fsync_is_noop() {
             // Directory changes are durable on return in every mode; in
             // these modes nothing else is pending either (see `fsync`).
+            let t = clock::now();
             reply.error(Errno::ENOSYS);
             self.done(Op::fsyncdir, t, true);
             return;
         }
-        let r = match self.handles.get(fh.0) {
-            Some(open) => self.fs.fsync(&open.handle, datasync),
-            None => self.fs.sync(),
-        };
-        self.reply_empty(Op::fsyncdir, t, r, reply);
+        self.answer(Op::fsyncdir, reply, || {
+            match self.handles.with(fh.0, |d| self.fs.fsync(d, datasync)) {
+                Some(r) => r,
+                None => self.fs.sync(),
+            }
+        });
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -859,7 +860,7 @@ impl<E: Engine> Filesystem for InkFuse<E> {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -867,104 +868,46 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let t = clock::now();
-        let r = self.rofs().and_then(|()| {
-            if name_bytes(name).starts_with(b"system.posix_acl_") {
-                // We do not enforce ACLs (no FUSE_POSIX_ACL): storing one
-                // would suggest a protection that is not there.
-                return Err(inkfs::Error::Errno(libc::EOPNOTSUPP));
-            }
+        let cred = self.cred(req);
+        self.answer(Op::setxattr, reply, || {
             let f = XattrFlags::from_bits(flags)?;
-            self.fs.setxattr(ino.0, name_bytes(name), value, f)
+            self.fs.setxattr(&cred, ino.0, name_bytes(name), value, f)
         });
-        self.reply_empty(Op::setxattr, t, r, reply);
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let t = clock::now();
-        match self.fs.getxattr(ino.0, name_bytes(name)) {
-            Ok(v) => {
-                if size == 0 {
-                    reply.size(v.len() as u32);
-                } else if v.len() > size as usize {
-                    reply.error(Errno::ERANGE);
-                } else {
-                    reply.data(&v);
-                }
-                self.done(Op::getxattr, t, true);
-            }
-            Err(e) => {
-                reply.error(errno(e));
-                self.done(Op::getxattr, t, false);
-            }
-        }
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let cred = self.cred(req);
+        self.answer(Op::getxattr, reply, || {
+            Ok((self.fs.getxattr(&cred, ino.0, name_bytes(name))?, size))
+        });
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let t = clock::now();
-        match self.fs.listxattr(ino.0) {
-            Ok(names) => {
-                let mut buf = Vec::new();
-                for n in names {
-                    buf.extend_from_slice(&n);
-                    buf.push(0);
-                }
-                if size == 0 {
-                    reply.size(buf.len() as u32);
-                } else if buf.len() > size as usize {
-                    reply.error(Errno::ERANGE);
-                } else {
-                    reply.data(&buf);
-                }
-                self.done(Op::listxattr, t, true);
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let cred = self.cred(req);
+        self.answer(Op::listxattr, reply, || {
+            let mut buf = Vec::new();
+            for n in self.fs.listxattr(&cred, ino.0)? {
+                buf.extend_from_slice(&n);
+                buf.push(0);
             }
-            Err(e) => {
-                reply.error(errno(e));
-                self.done(Op::listxattr, t, false);
-            }
-        }
+            Ok((buf, size))
+        });
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let t = clock::now();
-        let r = self
-            .rofs()
-            .and_then(|()| self.fs.removexattr(ino.0, name_bytes(name)));
-        self.reply_empty(Op::removexattr, t, r, reply);
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let cred = self.cred(req);
+        self.answer(Op::removexattr, reply, || {
+            self.fs.removexattr(&cred, ino.0, name_bytes(name))
+        });
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         // With default_permissions the kernel decides and never asks; this
         // answers only when a mount was made without it.
-        let t = clock::now();
-        let r = self.fs.getattr(ino.0).and_then(|a| {
-            let mask = mask.bits() & 7;
-            if mask == 0 {
-                return Ok(());
-            }
-            if mask & libc::W_OK != 0 && (self.read_only || self.fs.is_read_only()) {
-                return Err(inkfs::Error::Errno(libc::EROFS));
-            }
-            let granted = if req.uid() == 0 {
-                // Root may do anything but execute a file nobody may execute.
-                if a.kind != FileKind::Dir && a.mode & 0o111 == 0 {
-                    6
-                } else {
-                    7
-                }
-            } else if req.uid() == a.uid {
-                (a.mode >> 6) & 7
-            } else if req.gid() == a.gid {
-                (a.mode >> 3) & 7
-            } else {
-                a.mode & 7
-            } as i32;
-            if mask & !granted != 0 {
-                return Err(inkfs::Error::Errno(libc::EACCES));
-            }
-            Ok(())
+        let cred = self.cred(req);
+        self.answer(Op::access, reply, || {
+            self.fs.access(&cred, ino.0, (mask.bits() & 7) as u32)
         });
-        self.reply_empty(Op::access, t, r, reply);
     }
 
     fn create(
@@ -977,42 +920,19 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let t = clock::now();
-        let perm = mode & !(umask & 0o777) & 0o7777;
-        let (uid, gid, perm) = self.new_owner(parent.0, req, perm, false);
-        let name = name_bytes(name);
-        let r = self
-            .rofs()
-            .and_then(|()| match self.fs.create(parent.0, name, perm, uid, gid) {
-                Ok((attr, h)) => Ok((attr, self.handles.insert(h, flags))),
-                // Created by someone else since the kernel's lookup: open it,
-                // as open(O_CREAT) without O_EXCL must.
-                Err(inkfs::Error::Errno(libc::EEXIST)) if flags & libc::O_EXCL == 0 => {
-                    let attr = self.fs.lookup(parent.0, name)?;
-                    if attr.kind == FileKind::Dir {
-                        return Err(inkfs::Error::Errno(libc::EISDIR));
-                    }
-                    let fh = self.open_handle(attr.ino, flags)?;
-                    Ok((self.fs.getattr(attr.ino)?, fh))
-                }
-                Err(e) => Err(e),
-            });
-        match r {
-            Ok((a, fh)) => {
-                reply.created(
-                    &TTL,
-                    &file_attr(&a),
-                    Generation(a.generation),
-                    FileHandle(fh),
-                    OPEN_FLAGS,
-                );
-                self.done(Op::create, t, true);
-            }
-            Err(e) => {
-                reply.error(errno(e));
-                self.done(Op::create, t, false);
-            }
-        }
+        let cred = self.cred_with_umask(req, umask);
+        self.answer(Op::create, reply, || {
+            // Created, or, when someone else created the name since the
+            // kernel's lookup and O_EXCL is not set, opened.
+            let (attr, file) = self.fs.create(
+                &cred,
+                parent.0,
+                name_bytes(name),
+                mode & 0o7777,
+                api::OpenFlags::new(flags),
+            )?;
+            Ok((attr, self.handles.insert(file)))
+        });
     }
 
     fn fallocate(
@@ -1025,12 +945,10 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let t = clock::now();
-        let r = self
-            .rofs()
-            .and_then(|()| FallocFlags::from_bits(mode))
-            .and_then(|f| self.with_handle(fh, |h, _| self.fs.fallocate(h, offset, length, f)));
-        self.reply_empty(Op::fallocate, t, r, reply);
+        self.answer(Op::fallocate, reply, || {
+            let flags = FallocFlags::from_bits(mode)?;
+            self.with_file(fh, |f| self.fs.fallocate(f, offset, length, flags))
+        });
     }
 
     fn lseek(
@@ -1042,29 +960,18 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        let t = clock::now();
-        let r = match whence {
-            libc::SEEK_DATA | libc::SEEK_HOLE if offset >= 0 => {
-                let w = if whence == libc::SEEK_DATA {
-                    Whence::Data
-                } else {
-                    Whence::Hole
-                };
-                self.with_handle(fh, |h, _| self.fs.seek(h, offset as u64, w))
+        self.answer(Op::lseek, reply, || {
+            let w = match whence {
+                libc::SEEK_DATA => Whence::Data,
+                libc::SEEK_HOLE => Whence::Hole,
+                _ => return fail(libc::EINVAL),
+            };
+            if offset < 0 {
+                return fail(libc::ENXIO);
             }
-            libc::SEEK_DATA | libc::SEEK_HOLE => Err(inkfs::Error::Errno(libc::ENXIO)),
-            _ => Err(inkfs::Error::Errno(libc::EINVAL)),
-        };
-        match r {
-            Ok(off) => {
-                reply.offset(off.min(i64::MAX as u64) as i64);
-                self.done(Op::lseek, t, true);
-            }
-            Err(e) => {
-                reply.error(errno(e));
-                self.done(Op::lseek, t, false);
-            }
-        }
+            let off = self.with_file(fh, |f| self.fs.seek(f, offset as u64, w))?;
+            Ok(off.min(i64::MAX as u64) as i64)
+        });
     }
 
     /// Served by the engine from pool to pool: one request for up to
@@ -1086,38 +993,22 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        let t = clock::now();
-        // Two handles: each taken out of the table on its own (`with`
-        // would nest two shard locks).
-        let r = self.rofs().and_then(|()| {
+        self.answer(Op::copy_file_range, reply, || {
             if !flags.is_empty() {
-                return Err(inkfs::Error::Errno(libc::EINVAL));
+                return fail(libc::EINVAL);
             }
-            let ebadf = || inkfs::Error::Errno(libc::EBADF);
+            // Two handles: each taken out of the table on its own (`with`
+            // would nest two shard locks).
+            let ebadf = || api::Error::Errno(libc::EBADF);
             let src = self.handles.get(fh_in.0).ok_or_else(ebadf)?;
             let dst = self.handles.get(fh_out.0).ok_or_else(ebadf)?;
-            self.fs
-                .copy_range(&src.handle, offset_in, &dst.handle, offset_out, len)
+            let n = self.fs.copy_range(&src, offset_in, &dst, offset_out, len)?;
+            self.stats.bytes_written.add(n);
+            // COPY_MAX keeps every count within the reply's 32 bits.
+            Ok(n.min(u32::MAX as u64) as u32)
         });
-        match r {
-            Ok(n) => {
-                self.stats.bytes_written.add(n);
-                // COPY_MAX keeps every count within the reply's 32 bits.
-                reply.written(n.min(u32::MAX as u64) as u32);
-                self.done(Op::copy_file_range, t, true);
-            }
-            Err(e) => {
-                reply.error(errno(e));
-                self.done(Op::copy_file_range, t, false);
-            }
-        }
     }
 
-    /// The inode-flag ioctls (`crate::fileattr`); any other command is
-    /// ENOTTY ("not a typewriter": no such ioctl here), as Linux answers.
-    /// The caller's uid decides privilege (root may change immutable and
-    /// append-only; the kernel checked CAP_LINUX_IMMUTABLE already).
-    #[allow(clippy::too_many_arguments)]
     fn ioctl(
         &self,
         req: &Request,
@@ -1130,10 +1021,9 @@ impl<E: Engine> Filesystem for InkFuse<E> {
         reply: fuser::ReplyIoctl,
     ) {
         let t = clock::now();
-        let privileged = req.uid() == 0;
-        // A read-only mount: the engine refuses a change with EROFS.
-        let r = crate::fileattr::serve(&*self.fs, ino.0, cmd, in_data, out_size, privileged)
-            .unwrap_or(Err(inkfs::Error::Errno(libc::ENOTTY)));
+        let cred = self.cred(req);
+        let r = crate::fileattr::serve(&self.fs, &cred, ino.0, cmd, in_data, out_size)
+            .unwrap_or(fail(libc::ENOTTY));
         match r {
             Ok(data) => {
                 reply.ioctl(0, &data);
@@ -1144,34 +1034,5 @@ impl<E: Engine> Filesystem for InkFuse<E> {
                 self.done(Op::ioctl, t, false);
             }
         }
-    }
-}
-
-/// The mode after clearing set-user-ID, and set-group-ID when it means
-/// "set group on exec" (group-executable), or None if nothing changes.
-fn killed_mode(mode: u32) -> Option<u32> {
-    let mut kill = libc::S_ISUID;
-    if mode & libc::S_IXGRP != 0 {
-        kill |= libc::S_ISGID;
-    }
-    (mode & kill != 0).then_some(mode & 0o7777 & !kill)
-}
-
-impl<E: Engine> InkFuse<E> {
-    /// A write by an unprivileged process (the kernel says so with
-    /// FUSE_WRITE_KILL_SUIDGID) drops set-id bits and file capabilities.
-    fn kill_suidgid(&self, ino: u64) {
-        if let Ok(a) = self.fs.getattr(ino) {
-            if let Some(mode) = killed_mode(a.mode) {
-                let _ = self.fs.setattr(
-                    ino,
-                    &SetAttr {
-                        mode: Some(mode),
-                        ..Default::default()
-                    },
-                );
-            }
-        }
-        let _ = self.fs.removexattr(ino, b"security.capability");
     }
 }

@@ -33,13 +33,7 @@ impl Hasher for FhHasher {
     }
 }
 
-type Shard<H> = RwLock<HashMap<u64, Arc<Open<H>>, BuildHasherDefault<FhHasher>>>;
-
-pub struct Open<H> {
-    pub handle: H,
-    /// Open flags (O_APPEND, O_ACCMODE ...) as the kernel passed them.
-    pub flags: i32,
-}
+type Shard<H> = RwLock<HashMap<u64, Arc<H>, BuildHasherDefault<FhHasher>>>;
 
 pub struct HandleTable<H> {
     shards: Vec<Shard<H>>,
@@ -60,9 +54,9 @@ impl<H> HandleTable<H> {
         &self.shards[(fh % SHARDS as u64) as usize]
     }
 
-    pub fn insert(&self, handle: H, flags: i32) -> u64 {
+    pub fn insert(&self, handle: H) -> u64 {
         let fh = self.next.fetch_add(1, Ordering::Relaxed);
-        let open = Arc::new(Open { handle, flags });
+        let open = Arc::new(handle);
         // A poisoned shard only means another request panicked mid-insert;
         // the map itself is still consistent.
         self.shard(fh)
@@ -72,7 +66,7 @@ impl<H> HandleTable<H> {
         fh
     }
 
-    pub fn get(&self, fh: u64) -> Option<Arc<Open<H>>> {
+    pub fn get(&self, fh: u64) -> Option<Arc<H>> {
         self.shard(fh)
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -83,7 +77,7 @@ impl<H> HandleTable<H> {
     /// Run `f` on `fh`'s handle, under its shard's read lock (so no RELEASE
     /// can take it meanwhile, without the two atomic reference-count
     /// updates of `get`). `f` must not use the table.
-    pub fn with<T>(&self, fh: u64, f: impl FnOnce(&Open<H>) -> T) -> Option<T> {
+    pub fn with<T>(&self, fh: u64, f: impl FnOnce(&H) -> T) -> Option<T> {
         let shard = self.shard(fh).read().unwrap_or_else(|p| p.into_inner());
         shard.get(&fh).map(|open| f(open))
     }
@@ -99,7 +93,7 @@ impl<H> HandleTable<H> {
             .remove(&fh)?;
         for _ in 0..1_000_000 {
             match Arc::try_unwrap(open) {
-                Ok(o) => return Some(o.handle),
+                Ok(o) => return Some(o),
                 Err(again) => {
                     open = again;
                     std::thread::yield_now();
@@ -120,7 +114,7 @@ impl<H> HandleTable<H> {
                 .collect();
             for (_, open) in taken {
                 if let Ok(o) = Arc::try_unwrap(open) {
-                    out.push(o.handle);
+                    out.push(o);
                 }
             }
         }

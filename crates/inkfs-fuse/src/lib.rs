@@ -9,27 +9,29 @@
 //! - [`install_helper_main`]: installs `/sbin/mount.fuse.inkfs` so that
 //!   `mount -t fuse.inkfs` and /etc/fstab work
 //!
-//! Module map: `engine` (the engine API the front end needs), `fs` (FUSE
-//! request handlers), `fileattr` (the chattr/lsattr ioctls), `handles` (fh
-//! table), `stats` (counters, histograms, the stats socket), `scrub` (scrub
-//! requests on that socket, both ends), `mount` (options, daemon, dead mounts),
-//! `nullfs`, `memfs` (in-memory reference engine for tests).
+//! Module map: `fs` (FUSE request handlers: each a call of `inkfs::api`),
+//! `creds` (the caller's credentials, groups included), `fileattr` (the
+//! chattr/lsattr ioctls), `handles` (fh table), `serve` (the pool claimed,
+//! mounted and served), `stats` (counters, histograms, the stats socket),
+//! `scrub` (scrub requests on that socket, both ends), `mount` (options,
+//! daemon, dead mounts), `nullfs`.
 
 pub mod clock;
-pub mod engine;
+mod creds;
 pub mod fileattr;
 pub mod fs;
 pub mod handles;
-#[doc(hidden)]
-pub mod memfs;
 pub mod mount;
 pub mod nullfs;
 pub mod poll;
-mod real;
 pub mod scrub;
+mod serve;
 pub mod stats;
 
 use std::path::{Path, PathBuf};
+
+/// The engine the mount serves: `inkfs::api` over a mapped pool.
+pub type Engine = inkfs::api::Filesystem<inkfs::pmem::MappedPool>;
 
 pub use mount::mount_main;
 pub use nullfs::null_main;

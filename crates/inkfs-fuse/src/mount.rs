@@ -13,10 +13,10 @@ use std::sync::Arc;
 use fuser::{Config, Filesystem, MountOption, Session, SessionACL};
 use inkfs::types::{ErrorsPolicy, Mode};
 
-use crate::engine::Engine;
 use crate::fs::InkFuse;
 use crate::scrub::ScrubService;
 use crate::stats::{Access, Field, Handler, Request, Stats, StatsServer};
+use crate::Engine;
 
 pub const USAGE: &str = "usage: inkfs mount POOL MOUNTPOINT [-f] [-o OPTIONS]
 options (comma separated, mount(8) style):
@@ -543,17 +543,17 @@ fn mode_meaning(mode: Mode) -> &'static str {
 /// Serve `engine` per `cfg` (pool claimed, mount point prepared), then
 /// hand the engine to `finish` for its clean unmount. `info` fields go
 /// into the statistics report.
-pub fn run_engine<E: Engine>(
-    engine: E,
+pub fn run_engine(
+    engine: Engine,
     cfg: &MountConfig,
     mnt: &Path,
     info: Vec<Field>,
     notify: &mut Notify,
-    finish: impl FnOnce(E) -> Result<(), String>,
+    finish: impl FnOnce(Engine) -> Result<(), String>,
 ) -> i32 {
     let engine = Arc::new(engine);
     let stats = Arc::new(Stats::default());
-    let adapter = InkFuse::new(engine.clone(), stats.clone(), cfg.read_only);
+    let adapter = InkFuse::new(engine.clone(), stats.clone());
     let handler: Handler = {
         // Weak: the stats thread is never joined, and must not keep the
         // engine from its clean unmount.
@@ -579,7 +579,7 @@ pub fn run_engine<E: Engine>(
                 lines.push(Field::bytes("bytes_free", "space free", s.blocks_free * bs));
                 lines.push(Field::count("inodes_total", "inodes total", s.files));
                 lines.push(Field::count("inodes_free", "inodes free", s.files_free));
-                lines.extend(engine.report_lines());
+                lines.extend(crate::serve::report_fields(&engine));
             }
             stats.report(&lines, json)
         };
@@ -647,15 +647,11 @@ pub fn mount_main(args: &[String]) -> i32 {
         // Claim the pool before touching the mount point: a pool that
         // another process has open is refused, naming it. The claim lives
         // in the mapped pool and goes with this process.
-        let pool = if cfg.pool.as_os_str() == crate::real::MEMFS_POOL {
-            None
-        } else {
-            match crate::real::open_pool(&cfg) {
-                Ok(p) => Some(p),
-                Err(e) => {
-                    notify.fail(&e);
-                    return 1;
-                }
+        let pool = match crate::serve::open_pool(&cfg) {
+            Ok(p) => p,
+            Err(e) => {
+                notify.fail(&e);
+                return 1;
             }
         };
         let mnt = match prepare_mountpoint(&cfg.mountpoint) {
@@ -665,6 +661,6 @@ pub fn mount_main(args: &[String]) -> i32 {
                 return 1;
             }
         };
-        crate::real::serve_pool(&cfg, &mnt, &mut notify, pool)
+        crate::serve::serve_pool(&cfg, &mnt, &mut notify, pool)
     })
 }

@@ -1,6 +1,6 @@
 //! `inkfs scrub`, the server side. The pool belongs to the server process,
 //! so a scrub runs there: a client asks on the statistics socket with the
-//! request word `scrub`, and a thread of the server runs `Engine::scrub`
+//! request word `scrub`, and a thread of the server runs `Filesystem::scrub`
 //! (one at a time per mount) and streams progress and the result back.
 //!
 //! Wire protocol, after the client's `scrub\n`: lines of UTF-8 text.
@@ -26,9 +26,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use inkfs::scrub::{ScrubProgress, ScrubReport};
+use inkfs::api::{ScrubProgress, ScrubReport};
 
-use crate::engine::Engine;
+use crate::Engine;
 
 /// The request word that asks for a scrub instead of the statistics.
 pub const REQUEST: &[u8] = b"scrub";
@@ -61,9 +61,9 @@ struct State {
 impl ScrubService {
     /// Scrubs of `engine`, which they hold only while running (so that the
     /// unmount gets it back once `shutdown` returns).
-    pub fn new<E: Engine>(engine: &Arc<E>) -> ScrubService {
+    pub fn new(engine: &Arc<Engine>) -> ScrubService {
         let state = Arc::new(State::default());
-        let weak: Weak<E> = Arc::downgrade(engine);
+        let weak: Weak<Engine> = Arc::downgrade(engine);
         let st = state.clone();
         let handler: Handler = Arc::new(move |conn: UnixStream| {
             let (weak, st) = (weak.clone(), st.clone());
@@ -97,7 +97,7 @@ impl ScrubService {
 }
 
 /// One scrub request, on its own thread.
-fn serve<E: Engine>(engine: &Weak<E>, st: &State, mut conn: UnixStream) {
+fn serve(engine: &Weak<Engine>, st: &State, mut conn: UnixStream) {
     let _ = conn.set_write_timeout(Some(WRITE_TIMEOUT));
     let _ = conn.set_read_timeout(None);
     if let Err(why) = permitted(&conn) {
@@ -121,7 +121,7 @@ fn serve<E: Engine>(engine: &Weak<E>, st: &State, mut conn: UnixStream) {
     st.ended.notify_all();
 }
 
-fn run<E: Engine>(engine: &Weak<E>, st: &State, conn: &mut UnixStream) {
+fn run(engine: &Weak<Engine>, st: &State, conn: &mut UnixStream) {
     // Gone only if the unmount took it back already (not while running).
     let Some(engine) = engine.upgrade() else {
         let _ = writeln!(conn, "error the file system is being unmounted");
@@ -129,7 +129,7 @@ fn run<E: Engine>(engine: &Weak<E>, st: &State, conn: &mut UnixStream) {
     };
     let mut last: Option<Instant> = None;
     let mut client_gone = false;
-    let result = engine.scrub(&mut |p: ScrubProgress| {
+    let report = engine.scrub(&mut |p: ScrubProgress| {
         if st.stop.load(Ordering::Relaxed) {
             return false;
         }
@@ -147,13 +147,6 @@ fn run<E: Engine>(engine: &Weak<E>, st: &State, conn: &mut UnixStream) {
     if client_gone {
         return;
     }
-    let report = match result {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = writeln!(conn, "error this file system cannot be scrubbed: {e}");
-            return;
-        }
-    };
     if report.cancelled && st.stop.load(Ordering::Relaxed) {
         let _ = writeln!(conn, "error the file system is being unmounted");
         return;

@@ -185,15 +185,6 @@ fn rename_whiteout_through_the_mount() {
     assert!(report.is_clean(), "{report:?}");
 }
 
-/// The same walk over the in-memory reference engine (a failure on both
-/// points at the front end).
-#[test]
-fn rename_whiteout_through_the_mount_memfs() {
-    let pool = Pool::memfs();
-    let m = Mounted::new(&pool, "");
-    whiteout_walk(&m);
-}
-
 /// fallocate COLLAPSE_RANGE / INSERT_RANGE through the mount. Linux 6.18's
 /// FUSE (fuse_file_fallocate) refuses every mode but KEEP_SIZE, PUNCH_HOLE
 /// and ZERO_RANGE with EOPNOTSUPP before sending anything, so the server

@@ -264,7 +264,7 @@ impl<P: Pmem> Fs<P> {
             return Ok(0);
         }
         let mut st = write(&fh.inode.state);
-        self.write_locked(&fh.inode, &mut st, off, data)?;
+        self.write_locked(fh, &mut st, off, data)?;
         Ok(data.len())
     }
 
@@ -275,7 +275,7 @@ impl<P: Pmem> Fs<P> {
         let mut st = write(&fh.inode.state);
         let off = st.attr.size;
         if !data.is_empty() {
-            self.write_locked(&fh.inode, &mut st, off, data)?;
+            self.write_locked(fh, &mut st, off, data)?;
         }
         Ok((off, data.len()))
     }
@@ -310,7 +310,7 @@ impl<P: Pmem> Fs<P> {
             if n > 0 && src_off < dst_off.saturating_add(n) && dst_off < src_off + n {
                 return errno(libc::EINVAL);
             }
-            return self.copy_locked(&dst.inode, &mut st, None, src_off, dst_off, n);
+            return self.copy_locked(&dst.inode, &mut st, None, src_off, dst_off, n, dst.drops_setid);
         }
         // Two inodes: locked in inode-number order, as every operation on
         // several inodes locks them (namei.rs, `Locked`).
@@ -324,9 +324,18 @@ impl<P: Pmem> Fs<P> {
         }
         let n = clip(from.attr.size);
         let map = from.file().ok_or(Error::Errno(libc::EINVAL))?;
-        self.copy_locked(&dst.inode, &mut to, Some(map), src_off, dst_off, n)
+        self.copy_locked(
+            &dst.inode,
+            &mut to,
+            Some(map),
+            src_off,
+            dst_off,
+            n,
+            dst.drops_setid,
+        )
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn copy_locked(
         &self,
         inode: &Inode,
@@ -335,6 +344,7 @@ impl<P: Pmem> Fs<P> {
         from: u64,
         off: u64,
         len: u64,
+        drops_setid: bool,
     ) -> Result<u64> {
         if len == 0 {
             return Ok(0);
@@ -346,25 +356,26 @@ impl<P: Pmem> Fs<P> {
             from,
             map,
         };
-        self.write_src_locked(inode, st, src)?;
+        self.write_src_locked(inode, st, src, drops_setid)?;
         Ok(len)
     }
 
-    fn write_locked(
-        &self,
-        inode: &Inode,
-        st: &mut InodeState,
-        off: u64,
-        data: &[u8],
-    ) -> Result<()> {
+    fn write_locked(&self, fh: &FileHandle, st: &mut InodeState, off: u64, data: &[u8]) -> Result<()> {
         off.checked_add(data.len() as u64)
             .ok_or(Error::Errno(libc::EFBIG))?;
-        self.write_src_locked(inode, st, Src::Data { off, data })
+        self.write_src_locked(&fh.inode, st, Src::Data { off, data }, fh.drops_setid)
     }
 
     /// Lay `src` over the file: the one write path of write, append and
-    /// copy_range. `src` must not be empty.
-    fn write_src_locked(&self, inode: &Inode, st: &mut InodeState, src: Src<'_>) -> Result<()> {
+    /// copy_range. `src` must not be empty. `drops_setid`: the writer lacks
+    /// CAP_FSETID, so the file's set-id bits go, in the same commit.
+    fn write_src_locked(
+        &self,
+        inode: &Inode,
+        st: &mut InodeState,
+        src: Src<'_>,
+        drops_setid: bool,
+    ) -> Result<()> {
         live(st)?;
         let (off, end) = src.range();
         debug_assert!(off < end, "callers skip empty writes");
@@ -417,6 +428,12 @@ impl<P: Pmem> Fs<P> {
         }
         let now = now_ns();
         tx.pieces.set_mtime(now);
+        // file_remove_privs: a write by a caller without CAP_FSETID drops
+        // set-user-ID, and set-group-ID when group-executable. The new mode
+        // is metadata: durable on return in every mode.
+        let killed = drops_setid
+            .then(|| crate::perm::killed_setid(st.attr.mode))
+            .flatten();
         if tx.pieces.is_empty() {
             // Posix-mode overwrite in place: data durable at fsync; the new
             // mtime is persisted then too.
@@ -424,9 +441,35 @@ impl<P: Pmem> Fs<P> {
             st.attr.mtime_ns = now;
             st.attr.ctime_ns = now;
             st.attr_dirty = true;
-            return Ok(());
+            if let Some(bits) = killed {
+                let mut a = st.attr;
+                a.mode = (a.mode & libc::S_IFMT) | bits;
+                self.commit_attr(inode, st, a)?;
+            }
+            return self.drop_capabilities(inode, st, drops_setid);
         }
-        self.commit_data(inode, st, &mut tx, None, self.mode != Mode::Posix)
+        let attr = killed.map(|bits| {
+            let mut a = st.attr;
+            a.mode = (a.mode & libc::S_IFMT) | bits;
+            a.size = new_size;
+            a.mtime_ns = now;
+            a.ctime_ns = now;
+            a
+        });
+        let durable = self.mode != Mode::Posix || attr.is_some();
+        self.commit_data(inode, st, &mut tx, attr, durable)?;
+        self.drop_capabilities(inode, st, drops_setid)
+    }
+
+    /// file_remove_privs also removes file capabilities: a write by a
+    /// caller without CAP_FSETID drops `security.capability` (its own
+    /// commit; the write stands either way).
+    fn drop_capabilities(&self, inode: &Inode, st: &mut InodeState, drops_setid: bool) -> Result<()> {
+        const CAPABILITY: &[u8] = b"security.capability";
+        if drops_setid && st.xattrs.contains_key(CAPABILITY) {
+            self.log_xattr(inode, st, false, CAPABILITY, &[])?;
+        }
+        Ok(())
     }
 
     /// Append the prepared entries (plus an optional trailing SET_ATTR),
@@ -919,6 +962,14 @@ impl<P: Pmem> Fs<P> {
             a.mtime_ns = now;
         }
         a.size = size;
+        // file_modified: as a write, by a caller without CAP_FSETID.
+        if let Some(bits) = fh
+            .drops_setid
+            .then(|| crate::perm::killed_setid(a.mode))
+            .flatten()
+        {
+            a.mode = (a.mode & libc::S_IFMT) | bits;
+        }
         self.commit_data(inode, &mut st, &mut tx, Some(a), true)
     }
 
@@ -1106,7 +1157,7 @@ impl<P: Pmem> Fs<P> {
 mod tests {
     use crate::pmem::SimPool;
     use crate::types::*;
-    use crate::Fs;
+    use crate::fs::Fs;
 
     #[test]
     fn appends_stay_in_one_extent() {

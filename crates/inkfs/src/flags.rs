@@ -197,6 +197,6 @@ impl<P: Pmem> Fs<P> {
         deny_open(&st, open_flags)?;
         st.open_count += 1;
         drop(st);
-        Ok(FileHandle { inode })
+        Ok(FileHandle::new(inode))
     }
 }

@@ -17,6 +17,7 @@ use crate::pmem::{read_pod, Pmem};
 use crate::recovery;
 use crate::superblock::{self, Geometry, SuperSource};
 use crate::time::now_ns;
+use crate::perm::{self, Actor, Credentials};
 use crate::types::*;
 
 /// How the last mount found the pool.
@@ -37,9 +38,19 @@ pub struct MountReport {
 #[derive(Debug)]
 pub struct FileHandle {
     pub(crate) inode: Arc<Inode>,
+    /// Writes through this handle drop the file's set-id bits: it was
+    /// opened by a caller without CAP_FSETID (Linux decides by the writer's
+    /// credentials at each write; the opener's stand in for them).
+    pub(crate) drops_setid: bool,
 }
 
 impl FileHandle {
+    pub(crate) fn new(inode: Arc<Inode>) -> FileHandle {
+        FileHandle {
+            inode,
+            drops_setid: false,
+        }
+    }
     pub fn ino(&self) -> u64 {
         self.inode.ino
     }
@@ -416,12 +427,27 @@ impl<P: Pmem> Fs<P> {
     /// chmod, chown, utimens, truncate: one SET_ATTR entry (plus the
     /// partial-page zeroing of a shrinking truncate), committed by the tail.
     pub fn setattr(&self, ino: u64, set: &SetAttr) -> Result<Attr> {
-        self.check_writable()?;
-        let inode = self.iget(ino)?;
-        self.setattr_inode(&inode, set)
+        self.setattr_as(Actor::Engine, ino, set)
     }
 
-    pub(crate) fn setattr_inode(&self, inode: &Arc<Inode>, set: &SetAttr) -> Result<Attr> {
+    /// setattr for `actor`. A caller's chmod, chown and utimes are checked
+    /// under the inode's lock (setattr_prepare); truncate's permission is
+    /// the front end's (write permission on the path, or a handle open for
+    /// writing), as the VFS checks it before locking. A caller's chown of a
+    /// non-directory, and its truncate unless it is root, drop the set-id
+    /// bits in the same entry (notify_change's ATTR_KILL_*).
+    pub(crate) fn setattr_as(&self, actor: Actor<'_>, ino: u64, set: &SetAttr) -> Result<Attr> {
+        self.check_writable()?;
+        let inode = self.iget(ino)?;
+        self.setattr_inode(actor, &inode, set)
+    }
+
+    pub(crate) fn setattr_inode(
+        &self,
+        actor: Actor<'_>,
+        inode: &Arc<Inode>,
+        set: &SetAttr,
+    ) -> Result<Attr> {
         let mut st = write(&inode.state);
         live(&st)?;
         // As truncate(2): the kind first, then what the flags forbid.
@@ -433,6 +459,11 @@ impl<P: Pmem> Fs<P> {
             }
         }
         crate::flags::deny_setattr(&st, set)?;
+        let set = match actor.caller() {
+            Some(cred) => self.caller_setattr(cred, inode, &st, set)?,
+            None => *set,
+        };
+        let set = &set;
         let now = now_ns();
         let mut a = st.attr;
         if let Some(mode) = set.mode {
@@ -464,20 +495,60 @@ impl<P: Pmem> Fs<P> {
             }
             self.truncate_locked(inode, &mut st, a, size)?;
         } else {
-            let mut cur = st.log;
-            let mut pages = NewPages::default();
-            let entry = EntryBuf::attr(false, a);
-            if let Err(e) = self.log_append(inode.ino, &mut cur, &entry, &mut pages) {
-                pages.release(&self.blocks);
-                return Err(e);
-            }
-            self.commit_tail(inode.rec_off, &cur, true);
-            st.log = cur;
-            st.log_entries += 1;
-            st.attr = a;
+            self.commit_attr(inode, &mut st, a)?;
         }
         self.maybe_compact(inode, &mut st);
         Ok(self.attr_of(inode, &st))
+    }
+
+    /// Make `a` the inode's attributes: one SET_ATTR entry, committed by a
+    /// durable tail store (the attributes are then all persisted: nothing
+    /// of a posix-mode mtime is left pending).
+    pub(crate) fn commit_attr(&self, inode: &Inode, st: &mut InodeState, a: AttrEntry) -> Result<()> {
+        let mut cur = st.log;
+        let mut pages = NewPages::default();
+        let entry = EntryBuf::attr(false, a);
+        if let Err(e) = self.log_append(inode.ino, &mut cur, &entry, &mut pages) {
+            pages.release(&self.blocks);
+            return Err(e);
+        }
+        self.commit_tail(inode.rec_off, &cur, true);
+        st.log = cur;
+        st.log_entries += 1;
+        st.attr = a;
+        st.attr_dirty = false;
+        Ok(())
+    }
+
+    /// The setattr a caller may make, as Linux's setattr_prepare and
+    /// notify_change decide it: ownership for chmod (a set-group-ID bit
+    /// outside the caller's groups is dropped), chown and explicit times;
+    /// ownership or write permission for "now"; set-id bits dropped by a
+    /// chown of a non-directory or an unprivileged truncate.
+    fn caller_setattr(
+        &self,
+        cred: &Credentials,
+        inode: &Inode,
+        st: &InodeState,
+        set: &SetAttr,
+    ) -> Result<SetAttr> {
+        let a = self.attr_of(inode, st);
+        let mut set = *set;
+        if let Some(mode) = set.mode {
+            set.mode = Some(perm::chmod(cred, &a, mode)?);
+        }
+        perm::chown(cred, &a, set.uid, set.gid)?;
+        if set.atime.is_some() || set.mtime.is_some() {
+            let explicit = |t: Option<TimeSet>| matches!(t, Some(TimeSet::At(_)));
+            perm::set_times(cred, &a, explicit(set.atime) || explicit(set.mtime))?;
+        }
+        let owner_change = set.uid.is_some() || set.gid.is_some();
+        let unprivileged_truncate = set.size.is_some() && !cred.is_root();
+        if set.mode.is_none() && inode.kind != FileKind::Dir && (owner_change || unprivileged_truncate)
+        {
+            set.mode = perm::killed_setid(a.mode);
+        }
+        Ok(set)
     }
 
     // -----------------------------------------------------------------------
@@ -495,7 +566,7 @@ impl<P: Pmem> Fs<P> {
         live(&st)?;
         st.open_count += 1;
         drop(st);
-        Ok(FileHandle { inode })
+        Ok(FileHandle::new(inode))
     }
 
     /// Close a handle; the last close of an unlinked inode frees it.

@@ -18,36 +18,47 @@
 //! - [`health`]: corruption met while mounted (errors= policy, error record)
 //! - [`scrub`]: online check of a mounted pool
 //! - [`fsck`]: offline consistency check and repair
-//! - [`crashtest`]: crash exploration (ACE-style workloads on the simulator)
+//! - [`crashtest`]: crash exploration (ACE-style workloads on the simulator;
+//!   the `crashtest` feature)
+//!
+//! Front ends use [`api`] only; the other engine modules are internal
+//! (public with the `testing` feature, for the engine's own tests).
 
-pub mod alloc;
-pub mod crashtest;
-pub mod dir;
+/// Internal modules: `pub(crate)`, and public only with the `testing`
+/// feature, which the engine's own tests and benchmarks enable (a
+/// dev-dependency of the crate on itself) so they can reach inside. Items
+/// only the tests, the crash harness or fsck use are dead code without it;
+/// with it every item is public and none is reported, as before modules
+/// were closed.
+macro_rules! internal {
+    ($($name:ident),* $(,)?) => {$(
+        #[cfg(feature = "testing")]
+        pub mod $name;
+        #[cfg(not(feature = "testing"))]
+        #[allow(dead_code)]
+        pub(crate) mod $name;
+    )*};
+}
+
+// The public surface: the API every front end calls, the value types and
+// errors it speaks in, the pools it mounts, and the administration tools
+// (fsck, scrub's report).
+pub mod api;
 pub mod error;
-pub mod extents;
-pub mod fiemap;
-pub mod file;
-pub mod filemap;
-pub mod flags;
-pub mod format;
-pub mod fs;
 pub mod fsck;
-pub mod gc;
-pub mod health;
-pub mod inode;
-pub mod journal;
-pub mod log;
-pub mod namei;
-pub mod pagetable;
-pub mod perm;
 pub mod pmem;
-pub mod recovery;
 pub mod scrub;
-pub mod shift;
-pub mod superblock;
-pub mod time;
 pub mod types;
-pub mod xattr;
+
+/// Crash exploration on the simulator (`inkfs crashtest`, the crash tests).
+#[cfg(feature = "crashtest")]
+pub mod crashtest;
+
+internal!(
+    alloc, dir, extents, fiemap, file, filemap, flags, format, fs, gc, health, inode, journal, log,
+    namei, pagetable, perm, recovery, shift, superblock, time, xattr,
+);
 
 pub use error::{Error, Result};
+#[cfg(feature = "testing")]
 pub use fs::{FileHandle, Fs, MountReport};

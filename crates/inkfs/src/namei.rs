@@ -16,7 +16,35 @@ use crate::inode::{read, write, Body, Inode, InodeState};
 use crate::log::{EntryBuf, LogCursor, NewPages};
 use crate::pmem::{write_pod, Pmem};
 use crate::time::now_ns;
+use crate::perm::{self, Actor};
 use crate::types::*;
+
+/// A name in a directory: (directory inode, name).
+pub(crate) type NameAt<'a> = (u64, &'a [u8]);
+
+/// What `make_node` creates: its kind, mode (permission bits; type bits
+/// are the kind's), device number, symlink target, and the owner the
+/// engine's own calls give it (a caller's comes from its credentials).
+#[derive(Clone, Copy)]
+struct NodeSpec<'a> {
+    kind: FileKind,
+    mode: u32,
+    rdev: u64,
+    target: Option<&'a [u8]>,
+    owner: (u32, u32),
+}
+
+impl NodeSpec<'_> {
+    fn new(kind: FileKind, mode: u32, owner: (u32, u32)) -> NodeSpec<'static> {
+        NodeSpec {
+            kind,
+            mode,
+            rdev: 0,
+            target: None,
+            owner,
+        }
+    }
+}
 
 /// Names that can be created or removed.
 fn check_name(name: &[u8]) -> Result<()> {
@@ -110,10 +138,25 @@ impl<P: Pmem> Fs<P> {
         uid: u32,
         gid: u32,
     ) -> Result<(Attr, FileHandle)> {
+        self.create_as(Actor::Engine, parent, name, mode, (uid, gid))
+    }
+
+    /// create for `actor`: a caller's owner, group and mode come from its
+    /// credentials and the directory (`perm::new_inode_owner`), `owner` only
+    /// serves the engine's own calls.
+    pub(crate) fn create_as(
+        &self,
+        actor: Actor<'_>,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        owner: (u32, u32),
+    ) -> Result<(Attr, FileHandle)> {
         // Opened inside make_node, before any other thread can see the
         // name (an unlink in between would free the inode under the handle).
-        let inode = self.make_node(parent, name, FileKind::File, mode, 0, uid, gid, None, true)?;
-        let fh = FileHandle { inode };
+        let node = NodeSpec::new(FileKind::File, mode, owner);
+        let inode = self.make_node(actor, parent, name, node, true)?;
+        let fh = FileHandle::new(inode);
         let st = write(&fh.inode.state);
         let attr = self.attr_of(&fh.inode, &st);
         drop(st);
@@ -129,19 +172,47 @@ impl<P: Pmem> Fs<P> {
         uid: u32,
         gid: u32,
     ) -> Result<Attr> {
+        self.mknod_as(Actor::Engine, parent, name, mode, rdev, (uid, gid))
+    }
+
+    pub(crate) fn mknod_as(
+        &self,
+        actor: Actor<'_>,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+        owner: (u32, u32),
+    ) -> Result<Attr> {
         let kind = match mode & libc::S_IFMT {
             0 => FileKind::File,
             libc::S_IFDIR => return errno(libc::EPERM),
             libc::S_IFLNK => return errno(libc::EINVAL),
             t => FileKind::from_mode(t).ok_or(Error::Errno(libc::EINVAL))?,
         };
-        let inode = self.make_node(parent, name, kind, mode, rdev, uid, gid, None, false)?;
+        let node = NodeSpec {
+            rdev,
+            ..NodeSpec::new(kind, mode, owner)
+        };
+        let inode = self.make_node(actor, parent, name, node, false)?;
         let st = read(&inode.state);
         Ok(self.attr_of(&inode, &st))
     }
 
     pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
-        let inode = self.make_node(parent, name, FileKind::Dir, mode, 0, uid, gid, None, false)?;
+        self.mkdir_as(Actor::Engine, parent, name, mode, (uid, gid))
+    }
+
+    pub(crate) fn mkdir_as(
+        &self,
+        actor: Actor<'_>,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        owner: (u32, u32),
+    ) -> Result<Attr> {
+        let node = NodeSpec::new(FileKind::Dir, mode, owner);
+        let inode = self.make_node(actor, parent, name, node, false)?;
         let st = read(&inode.state);
         Ok(self.attr_of(&inode, &st))
     }
@@ -154,23 +225,28 @@ impl<P: Pmem> Fs<P> {
         uid: u32,
         gid: u32,
     ) -> Result<Attr> {
+        self.symlink_as(Actor::Engine, parent, name, target, (uid, gid))
+    }
+
+    pub(crate) fn symlink_as(
+        &self,
+        actor: Actor<'_>,
+        parent: u64,
+        name: &[u8],
+        target: &[u8],
+        owner: (u32, u32),
+    ) -> Result<Attr> {
         if target.len() > SYMLINK_MAX {
             return errno(libc::ENAMETOOLONG);
         }
         if target.is_empty() {
             return errno(libc::ENOENT);
         }
-        let inode = self.make_node(
-            parent,
-            name,
-            FileKind::Symlink,
-            0o777,
-            0,
-            uid,
-            gid,
-            Some(target),
-            false,
-        )?;
+        let node = NodeSpec {
+            target: Some(target),
+            ..NodeSpec::new(FileKind::Symlink, 0o777, owner)
+        };
+        let inode = self.make_node(actor, parent, name, node, false)?;
         let st = read(&inode.state);
         Ok(self.attr_of(&inode, &st))
     }
@@ -185,18 +261,17 @@ impl<P: Pmem> Fs<P> {
         }
     }
 
-    /// Create an inode of any kind and its name, atomically.
-    #[allow(clippy::too_many_arguments)]
+    /// Create an inode of any kind and its name, atomically. For a caller,
+    /// may_create (write and search permission on the directory) is checked
+    /// under the directory's lock, after EEXIST and the directory's flags as
+    /// Linux orders them, and the new inode's owner, group and mode follow
+    /// the caller's credentials and the directory.
     fn make_node(
         &self,
+        actor: Actor<'_>,
         parent: u64,
         name: &[u8],
-        kind: FileKind,
-        mode: u32,
-        rdev: u64,
-        uid: u32,
-        gid: u32,
-        target: Option<&[u8]>,
+        node: NodeSpec<'_>,
         open: bool,
     ) -> Result<Arc<Inode>> {
         self.check_writable()?;
@@ -212,6 +287,24 @@ impl<P: Pmem> Fs<P> {
         }
         // An immutable directory gains no entry (may_create: after EEXIST).
         crate::flags::deny_if_immutable(&dst)?;
+        let NodeSpec {
+            kind,
+            mode,
+            rdev,
+            target,
+            owner: (uid, gid),
+        } = node;
+        let (uid, gid, mode) = match actor.caller() {
+            None => (uid, gid, mode),
+            Some(cred) => {
+                let dir_attr = self.attr_of(&dir, &dst);
+                perm::may_create(cred, &dir_attr)?;
+                let (uid, gid, perm_bits) = perm::new_inode_owner(cred, &dir_attr, kind, mode);
+                // A symlink's mode is always 0777 (the umask does not apply).
+                let perm_bits = if kind == FileKind::Symlink { 0o777 } else { perm_bits };
+                (uid, gid, perm_bits)
+            }
+        };
         let flags = crate::flags::inherited(dst.flags, kind);
         let lane = self.lane();
         let slot = self.slots.alloc(lane);
@@ -431,6 +524,18 @@ impl<P: Pmem> Fs<P> {
     }
 
     pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
+        self.link_as(Actor::Engine, ino, newparent, newname)
+    }
+
+    /// link for `actor`: a caller needs may_create on the directory,
+    /// checked under its lock.
+    pub(crate) fn link_as(
+        &self,
+        actor: Actor<'_>,
+        ino: u64,
+        newparent: u64,
+        newname: &[u8],
+    ) -> Result<Attr> {
         self.check_writable()?;
         check_name(newname)?;
         let inode = self.iget(ino)?;
@@ -445,7 +550,18 @@ impl<P: Pmem> Fs<P> {
             if is_dot_or_dotdot(newname) || d.dir().is_some_and(|x| x.get(newname).is_some()) {
                 return errno(libc::EEXIST);
             }
+        }
+        if let Some(cred) = actor.caller() {
+            // do_linkat: may_linkat (protected hard links) before the
+            // directory's may_create.
+            perm::may_link(cred, &self.attr_of(&inode, locked.get(ino)))?;
+        }
+        {
+            let d = locked.get(dir.ino);
             crate::flags::deny_if_immutable(d)?;
+            if let Some(cred) = actor.caller() {
+                perm::may_create(cred, &self.attr_of(&dir, d))?;
+            }
         }
         // As vfs_link: no link to an append-only or immutable inode, after
         // the directory's checks and before refusing directories.
@@ -520,14 +636,24 @@ impl<P: Pmem> Fs<P> {
     }
 
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
-        self.remove_name(parent, name, false)
+        self.remove_name(Actor::Engine, parent, name, false)
     }
 
     pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
-        self.remove_name(parent, name, true)
+        self.remove_name(Actor::Engine, parent, name, true)
     }
 
-    fn remove_name(&self, parent: u64, name: &[u8], want_dir: bool) -> Result<()> {
+    /// unlink (`want_dir` false) or rmdir for `actor`: a caller needs
+    /// may_delete (write and search permission on the directory, and in a
+    /// sticky directory ownership of the victim or the directory), checked
+    /// under both locks, so the victim checked is the victim removed.
+    pub(crate) fn remove_name(
+        &self,
+        actor: Actor<'_>,
+        parent: u64,
+        name: &[u8],
+        want_dir: bool,
+    ) -> Result<()> {
         self.check_writable()?;
         if name.len() > NAME_MAX {
             return errno(libc::ENAMETOOLONG);
@@ -560,10 +686,7 @@ impl<P: Pmem> Fs<P> {
             {
                 continue;
             }
-            // As may_delete: the flags of the directory (it loses an entry)
-            // and of the victim (it loses a name), then the kinds.
-            crate::flags::deny_if_immutable_or_append(locked.get(parent))?;
-            crate::flags::deny_if_immutable_or_append(locked.get(child_ino))?;
+            self.may_delete_locked(actor, &dir, &child, &mut locked)?;
             if want_dir && child.kind != FileKind::Dir {
                 return errno(libc::ENOTDIR);
             }
@@ -572,6 +695,32 @@ impl<P: Pmem> Fs<P> {
             }
             return self.remove_locked(&dir, &child, name, &mut locked);
         }
+    }
+
+    /// may_delete, under the locks of `dir` and `victim`: the directory's
+    /// permission (immutable first, as inode_permission checks it; write
+    /// and search for a caller), its append-only flag, the sticky rule, the
+    /// victim's flags. The kinds are the caller's to check next.
+    fn may_delete_locked(
+        &self,
+        actor: Actor<'_>,
+        dir: &Arc<Inode>,
+        victim: &Arc<Inode>,
+        locked: &mut Locked<'_>,
+    ) -> Result<()> {
+        crate::flags::deny_if_immutable(locked.get(dir.ino))?;
+        let cred = actor.caller();
+        if let Some(cred) = cred {
+            let dir_attr = self.attr_of(dir, locked.get(dir.ino));
+            perm::check_access(cred, &dir_attr, perm::MAY_WRITE | perm::MAY_EXEC)?;
+        }
+        crate::flags::deny_if_immutable_or_append(locked.get(dir.ino))?;
+        if let Some(cred) = cred {
+            let dir_attr = self.attr_of(dir, locked.get(dir.ino));
+            let victim_attr = self.attr_of(victim, locked.get(victim.ino));
+            perm::check_sticky(cred, &dir_attr, &victim_attr)?;
+        }
+        crate::flags::deny_if_immutable_or_append(locked.get(victim.ino))
     }
 
     fn remove_locked(
@@ -711,6 +860,23 @@ impl<P: Pmem> Fs<P> {
         uid: u32,
         gid: u32,
     ) -> Result<()> {
+        let (from, to) = ((parent, name), (newparent, newname));
+        self.rename_for(Actor::Engine, from, to, flags, (uid, gid))
+    }
+
+    /// renameat2 for `actor`: a caller needs may_delete on the source,
+    /// may_create or may_delete on the target, and write permission on a
+    /// directory that changes parent, all checked under the rename's locks;
+    /// its whiteout takes the caller's owner and the directory's group rules
+    /// (`owner` serves the engine's own calls).
+    pub(crate) fn rename_for(
+        &self,
+        actor: Actor<'_>,
+        (parent, name): NameAt<'_>,
+        (newparent, newname): NameAt<'_>,
+        flags: RenameFlags,
+        owner: (u32, u32),
+    ) -> Result<()> {
         self.check_writable()?;
         // As renameat2(2) checks its flags, before any lookup.
         if flags.exchange && (flags.noreplace || flags.whiteout) {
@@ -799,8 +965,8 @@ impl<P: Pmem> Fs<P> {
                     continue;
                 }
             }
-            let owner = (uid, gid);
             return self.rename_locked(
+                actor,
                 &sp,
                 name,
                 &dp,
@@ -839,6 +1005,7 @@ impl<P: Pmem> Fs<P> {
     #[allow(clippy::too_many_arguments)]
     fn rename_locked(
         &self,
+        actor: Actor<'_>,
         sp: &Arc<Inode>,
         name: &[u8],
         dp: &Arc<Inode>,
@@ -872,26 +1039,40 @@ impl<P: Pmem> Fs<P> {
             return errno(libc::ENOENT);
         }
         // As vfs_rename: may_delete of the source, then may_create or
-        // may_delete of the target, each checking flags before kinds.
-        crate::flags::deny_if_immutable_or_append(locked.get(sp.ino))?;
-        crate::flags::deny_if_immutable_or_append(locked.get(m.ino))?;
+        // may_delete of the target, each checking permission and flags
+        // before kinds; then, for a directory that changes parent (its ".."
+        // changes), write permission on it; emptiness last.
+        self.may_delete_locked(actor, sp, m, locked)?;
         match v {
-            None => crate::flags::deny_if_immutable(locked.get(dp.ino))?,
-            Some(v) => {
-                crate::flags::deny_if_immutable_or_append(locked.get(dp.ino))?;
-                crate::flags::deny_if_immutable_or_append(locked.get(v.ino))?;
+            None => {
+                crate::flags::deny_if_immutable(locked.get(dp.ino))?;
+                if let Some(cred) = actor.caller() {
+                    perm::may_create(cred, &self.attr_of(dp, locked.get(dp.ino)))?;
+                }
             }
+            Some(v) => self.may_delete_locked(actor, dp, v, locked)?,
         }
         if let Some(v) = v {
             if !flags.exchange {
                 match (m.kind == FileKind::Dir, v.kind == FileKind::Dir) {
                     (true, false) => return errno(libc::ENOTDIR),
                     (false, true) => return errno(libc::EISDIR),
-                    (true, true) if locked.get(v.ino).dir().is_some_and(|d| !d.is_empty()) => {
-                        return errno(libc::ENOTEMPTY)
-                    }
                     _ => {}
                 }
+            }
+        }
+        if let (Some(cred), true) = (actor.caller(), sp.ino != dp.ino) {
+            let flipped = std::iter::once(m).chain(v.filter(|_| flags.exchange));
+            for dir in flipped.filter(|i| i.kind == FileKind::Dir) {
+                perm::check_access(cred, &self.attr_of(dir, locked.get(dir.ino)), perm::MAY_WRITE)?;
+            }
+        }
+        if let Some(v) = v {
+            if !flags.exchange
+                && v.kind == FileKind::Dir
+                && locked.get(v.ino).dir().is_some_and(|d| !d.is_empty())
+            {
+                return errno(libc::ENOTEMPTY);
             }
         }
         let now = now_ns();
@@ -910,6 +1091,14 @@ impl<P: Pmem> Fs<P> {
         let mut records = Vec::new();
         // The whiteout's record and first log page are written (state FREE)
         // before the journal makes it LIVE with the directories' new tails.
+        let owner = match actor.caller() {
+            Some(cred) => {
+                let dir_attr = self.attr_of(sp, locked.get(sp.ino));
+                let (uid, gid, _) = perm::new_inode_owner(cred, &dir_attr, FileKind::CharDev, 0);
+                (uid, gid)
+            }
+            None => owner,
+        };
         let whiteout = if flags.whiteout {
             let inherited = crate::flags::inherited(locked.get(sp.ino).flags, FileKind::CharDev);
             match self.prepare_whiteout(sp.ino, owner, inherited, &mut pages) {

@@ -107,6 +107,26 @@ fn current_umask() -> u32 {
     }
 }
 
+/// On whose behalf an engine call acts.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Actor<'a> {
+    /// The engine itself or a trusted tool (recovery, fsck, the crash
+    /// harness, tests): no permission checks, owners as given.
+    Engine,
+    /// A caller of the API: every permission rule below is checked, under
+    /// the locks of the operation it guards.
+    Caller(&'a Credentials),
+}
+
+impl<'a> Actor<'a> {
+    pub(crate) fn caller(self) -> Option<&'a Credentials> {
+        match self {
+            Actor::Engine => None,
+            Actor::Caller(c) => Some(c),
+        }
+    }
+}
+
 /// Access bits, as access(2)'s mask and the rwx triplets of a mode.
 pub const MAY_READ: u32 = 4;
 pub const MAY_WRITE: u32 = 2;
@@ -153,6 +173,12 @@ pub fn may_create(cred: &Credentials, dir: &Attr) -> Result<()> {
 /// ownership of the victim or the directory (`may_delete`, `check_sticky`).
 pub fn may_delete(cred: &Credentials, dir: &Attr, victim: &Attr) -> Result<()> {
     check_access(cred, dir, MAY_WRITE | MAY_EXEC)?;
+    check_sticky(cred, dir, victim)
+}
+
+/// In a sticky directory only the victim's owner, the directory's owner or
+/// root may remove or rename a name (`check_sticky`).
+pub fn check_sticky(cred: &Credentials, dir: &Attr, victim: &Attr) -> Result<()> {
     if dir.mode & libc::S_ISVTX != 0
         && cred.uid != victim.uid
         && cred.uid != dir.uid
@@ -169,6 +195,26 @@ pub fn may_lookup(cred: &Credentials, dir: &Attr) -> Result<()> {
         return errno(libc::ENOTDIR);
     }
     check_access(cred, dir, MAY_EXEC)
+}
+
+/// A hard link to `source` (may_linkat with protected_hardlinks, Linux's
+/// default): its owner and root may link anything; others only a regular
+/// file that is not set-user-ID, not executable set-group-ID, and that
+/// they may read and write. Otherwise EPERM.
+pub fn may_link(cred: &Credentials, source: &Attr) -> Result<()> {
+    if cred.owns(source) {
+        return Ok(());
+    }
+    let setid = source.mode & libc::S_ISUID != 0
+        || source.mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP;
+    let safe = source.kind == FileKind::File
+        && !setid
+        && check_access(cred, source, MAY_READ | MAY_WRITE).is_ok();
+    if safe {
+        Ok(())
+    } else {
+        errno(libc::EPERM)
+    }
 }
 
 /// Owner, group and mode bits of a new inode in `dir` (`inode_init_owner`):

@@ -9,6 +9,7 @@ use crate::inode::{read, write};
 use crate::log::{EntryBuf, NewPages};
 use crate::pmem::Pmem;
 use crate::time::now_ns;
+use crate::perm::{self, Actor};
 use crate::types::XattrFlags;
 
 /// Linux's limit on a value (XATTR_SIZE_MAX).
@@ -45,6 +46,19 @@ fn check_namespace(name: &[u8]) -> Result<()> {
 
 impl<P: Pmem> Fs<P> {
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: XattrFlags) -> Result<()> {
+        self.setxattr_as(Actor::Engine, ino, name, value, flags)
+    }
+
+    /// setxattr for `actor`: a caller passes `perm::xattr_access` (the
+    /// namespace's rules, then write permission) under the inode's lock.
+    pub(crate) fn setxattr_as(
+        &self,
+        actor: Actor<'_>,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        flags: XattrFlags,
+    ) -> Result<()> {
         self.check_writable()?;
         check_name_len(name)?;
         if value.len() > XATTR_SIZE_MAX {
@@ -57,6 +71,9 @@ impl<P: Pmem> Fs<P> {
         // xattrs, before the namespace is looked at.
         crate::flags::deny_if_immutable_or_append(&st)?;
         check_namespace(name)?;
+        if let Some(cred) = actor.caller() {
+            perm::xattr_access(cred, &self.attr_of(&inode, &st), name, true)?;
+        }
         if value.len() > XATTR_VALUE_MAX {
             return errno(libc::ENOSPC); // as ext4 without ea_inode: one block per value
         }
@@ -73,10 +90,17 @@ impl<P: Pmem> Fs<P> {
     }
 
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        self.getxattr_as(Actor::Engine, ino, name)
+    }
+
+    pub(crate) fn getxattr_as(&self, actor: Actor<'_>, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
         check_name(name)?;
         let inode = self.iget(ino)?;
         let st = read(&inode.state);
         live(&st)?;
+        if let Some(cred) = actor.caller() {
+            perm::xattr_access(cred, &self.attr_of(&inode, &st), name, false)?;
+        }
         st.xattrs
             .get(name)
             .cloned()
@@ -84,13 +108,23 @@ impl<P: Pmem> Fs<P> {
     }
 
     pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
+        self.listxattr_as(Actor::Engine, ino)
+    }
+
+    /// The names `actor` may see: `trusted.` ones only for root.
+    pub(crate) fn listxattr_as(&self, actor: Actor<'_>, ino: u64) -> Result<Vec<Vec<u8>>> {
         let inode = self.iget(ino)?;
         let st = read(&inode.state);
         live(&st)?;
-        Ok(st.xattrs.keys().cloned().collect())
+        let shown = |n: &&Vec<u8>| actor.caller().is_none_or(|c| perm::xattr_listed(c, n));
+        Ok(st.xattrs.keys().filter(shown).cloned().collect())
     }
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+        self.removexattr_as(Actor::Engine, ino, name)
+    }
+
+    pub(crate) fn removexattr_as(&self, actor: Actor<'_>, ino: u64, name: &[u8]) -> Result<()> {
         self.check_writable()?;
         check_name_len(name)?;
         let inode = self.iget(ino)?;
@@ -98,6 +132,9 @@ impl<P: Pmem> Fs<P> {
         live(&st)?;
         crate::flags::deny_if_immutable_or_append(&st)?;
         check_namespace(name)?;
+        if let Some(cred) = actor.caller() {
+            perm::xattr_access(cred, &self.attr_of(&inode, &st), name, true)?;
+        }
         // As setxattr (and Linux): user.* is writable only on files and dirs.
         if name.starts_with(b"user.") && !matches!(inode.kind, FileKind::File | FileKind::Dir) {
             return errno(libc::EPERM);
@@ -108,7 +145,7 @@ impl<P: Pmem> Fs<P> {
         self.log_xattr(&inode, &mut st, false, name, &[])
     }
 
-    fn log_xattr(
+    pub(crate) fn log_xattr(
         &self,
         inode: &crate::inode::Inode,
         st: &mut crate::inode::InodeState,

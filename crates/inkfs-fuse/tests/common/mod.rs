@@ -73,22 +73,11 @@ impl Pool {
         drop(pm);
         Pool { path }
     }
-    /// The pseudo-pool that mounts the in-memory reference engine.
-    pub fn memfs() -> Pool {
-        Pool {
-            path: PathBuf::from("memfs:"),
-        }
-    }
-    pub fn is_memfs(&self) -> bool {
-        self.path.as_os_str() == "memfs:"
-    }
 }
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        if !self.is_memfs() {
-            let _ = std::fs::remove_file(&self.path);
-        }
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 

@@ -36,9 +36,9 @@ pub mod workload;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
+use crate::fs::Fs;
 use crate::pmem::{Pmem, SimPool, SimTrace};
 use crate::types::*;
-use crate::Fs;
 
 use expect::{OpRecord, Point};
 use snapshot::{image_hash, snapshot, Snap};

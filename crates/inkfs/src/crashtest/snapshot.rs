@@ -5,9 +5,10 @@
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 
+use crate::fs::Fs;
 use crate::pmem::Pmem;
 use crate::types::*;
-use crate::{Error, Fs};
+use crate::Error;
 
 /// Deterministic file contents: `len` bytes of a pattern picked by `salt`
 /// (never a zero byte, so zeros in a file always mean a hole or zeroing).

@@ -5,9 +5,9 @@
 //! which is a valid workload too: the state must then stay unchanged).
 
 use crate::error::{Error, Result};
+use crate::fs::Fs;
 use crate::pmem::{Pmem, SimPool};
 use crate::types::*;
-use crate::Fs;
 
 use super::snapshot::pattern;
 
@@ -513,7 +513,7 @@ pub const HELD_PATHS: [&str; 2] = ["/A/foo", "/bar"];
 /// Handles held through a workload, by inode.
 #[derive(Default)]
 pub struct Held {
-    handles: Vec<(u64, crate::FileHandle)>,
+    handles: Vec<(u64, crate::fs::FileHandle)>,
 }
 
 impl Held {
@@ -532,7 +532,7 @@ impl Held {
         }
     }
 
-    fn get(&self, ino: u64) -> Option<&crate::FileHandle> {
+    fn get(&self, ino: u64) -> Option<&crate::fs::FileHandle> {
         self.handles.iter().find(|(i, _)| *i == ino).map(|(_, h)| h)
     }
 }
@@ -711,7 +711,7 @@ fn with_handle<P: Pmem>(
     fs: &Fs<P>,
     held: &Held,
     path: &str,
-    f: impl FnOnce(&crate::FileHandle) -> Result<()>,
+    f: impl FnOnce(&crate::fs::FileHandle) -> Result<()>,
 ) -> Result<()> {
     let ino = resolve(fs, path)?;
     if let Some(fh) = held.get(ino) {

@@ -1,0 +1,710 @@
+//! The one surface every front end calls: the FUSE mount, the C ABI and
+//! the preload library get the same answers to the same requests from here.
+//!
+//! A [`Filesystem`] is a mounted pool. Every call that a process makes
+//! through a path or a name takes the caller's [`Credentials`], and the
+//! engine applies POSIX's rules itself (Linux's, errno for errno): owner,
+//! group and other bits with supplementary groups, root's overrides, search
+//! permission on directories looked in, sticky directories, set-user-ID and
+//! set-group-ID rules, `chattr` flags, and the open flags (`O_TRUNC`,
+//! `O_APPEND`, `O_NOATIME`, `O_EXCL`). Checks that guard a change are made
+//! under the locks of that change, so the state checked is the state
+//! changed. A front end with a kernel in front of it (FUSE with
+//! `default_permissions`) gets a second opinion; one without (the C ABI)
+//! gets the only one it needs.
+//!
+//! Calls come in two shapes. Inode-shaped calls name a directory by inode
+//! number and a single name in it, as FUSE requests do ([`Filesystem::lookup`],
+//! [`Filesystem::create`], ...). Path-shaped callers resolve a path first
+//! ([`Filesystem::resolve`], [`Filesystem::resolve_parent`]), which checks
+//! search permission along the way and follows symbolic links as Linux's
+//! path walk does.
+//!
+//! An open file is a [`File`]: the inode, kept alive while open even when
+//! unlinked, and how it was opened. Reads and writes through it check the
+//! access mode it was opened with and touch no shared structure but the
+//! inode (no global lock, no system call, no allocation on the data path).
+//!
+//! ```
+//! use inkfs::api::{Credentials, Filesystem, MountOptions, OpenFlags, ROOT_INO};
+//! # fn main() -> inkfs::api::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let path = dir.path().join("doc.pool");
+//! Filesystem::create_pool(&path, 16 << 20, &Default::default())?;
+//! let fs = Filesystem::open_pool(&path, MountOptions::default())?;
+//! let me = Credentials::current_process();
+//! let (_, file) = fs.create(&me, ROOT_INO, b"hello", 0o644, OpenFlags::new(libc::O_WRONLY))?;
+//! fs.write(&file, 0, b"durable on return")?;
+//! fs.release(file);
+//! let attr = fs.lookup(&me, ROOT_INO, b"hello")?;
+//! assert_eq!(attr.size, 17);
+//! fs.unmount()?;
+//! # Ok(()) }
+//! ```
+
+mod path;
+pub mod pool;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use crate::fs::{FileHandle, Fs};
+use crate::perm::{self, Actor};
+use crate::pmem::{MappedPool, PoolFile, PoolOpenOptions};
+
+pub use crate::error::{Error, Result};
+pub use crate::fs::MountReport;
+pub use crate::perm::{Credentials, MAY_EXEC, MAY_READ, MAY_WRITE};
+pub use crate::pmem::Pmem;
+pub use crate::scrub::{ScrubProgress, ScrubReport};
+pub use crate::types::{
+    inode_flags, Attr, DirEntry, ErrorEvent, ErrorReason, ErrorRecord, ErrorStats, ErrorsPolicy,
+    FallocFlags, FiemapExtent, FileKind, FormatOptions, GcStats, Mode, MountOptions, RenameFlags,
+    SetAttr, StatFs, TimeSet, Whence, XattrFlags,
+};
+pub use path::{Follow, Resolved, PATH_MAX, SYMLINKS_MAX};
+pub use pool::{looks_like_inkfs, read_summary, PoolSummary};
+
+/// The root directory's inode number.
+pub const ROOT_INO: u64 = crate::format::ROOT_INO;
+
+/// open(2) flags, as Linux numbers them. The access mode (`O_ACCMODE`)
+/// and the creation flags act at open; the status flags (`O_APPEND`,
+/// `O_NOATIME`, `O_SYNC`, `O_DSYNC`, `O_DIRECT`, `O_NONBLOCK`) stay with the
+/// [`File`] and may change with [`File::set_status_flags`] (F_SETFL).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpenFlags(pub i32);
+
+impl OpenFlags {
+    pub fn new(bits: i32) -> OpenFlags {
+        OpenFlags(bits)
+    }
+    pub fn bits(self) -> i32 {
+        self.0
+    }
+    pub fn readable(self) -> bool {
+        matches!(self.0 & libc::O_ACCMODE, libc::O_RDONLY | libc::O_RDWR)
+    }
+    pub fn writable(self) -> bool {
+        matches!(self.0 & libc::O_ACCMODE, libc::O_WRONLY | libc::O_RDWR)
+    }
+    fn has(self, flag: i32) -> bool {
+        self.0 & flag == flag
+    }
+    /// The permission bits open needs: read and/or write for the access
+    /// mode, and write for `O_TRUNC` whatever the mode (may_open).
+    fn access_mask(self) -> u32 {
+        let mut mask = 0;
+        if self.readable() {
+            mask |= MAY_READ;
+        }
+        if self.writable() || self.has(libc::O_TRUNC) {
+            mask |= MAY_WRITE;
+        }
+        mask
+    }
+}
+
+/// The flags F_SETFL may change (fcntl(2)): the others are fixed at open.
+const SETTABLE_STATUS_FLAGS: i32 =
+    libc::O_APPEND | libc::O_NONBLOCK | libc::O_NOATIME | libc::O_DIRECT;
+
+/// An open file or directory: the inode (kept alive while open, even
+/// unlinked) and the flags it was opened with.
+#[derive(Debug)]
+pub struct File {
+    handle: FileHandle,
+    kind: FileKind,
+    /// Status flags: changed by F_SETFL from any thread sharing the file.
+    flags: AtomicI32,
+}
+
+impl File {
+    pub fn ino(&self) -> u64 {
+        self.handle.ino()
+    }
+    pub fn kind(&self) -> FileKind {
+        self.kind
+    }
+    pub fn flags(&self) -> OpenFlags {
+        OpenFlags(self.flags.load(Ordering::Relaxed))
+    }
+    /// F_SETFL: set `O_APPEND`, `O_NONBLOCK`, `O_NOATIME` and `O_DIRECT`
+    /// as in `flags`; the access mode and other flags are kept. An
+    /// append-only file keeps `O_APPEND` (EPERM otherwise, as Linux).
+    pub fn set_status_flags(&self, flags: OpenFlags) -> Result<()> {
+        let old = self.flags();
+        if old.has(libc::O_APPEND) && !flags.has(libc::O_APPEND) && self.append_only() {
+            return crate::error::errno(libc::EPERM);
+        }
+        let new = (old.0 & !SETTABLE_STATUS_FLAGS) | (flags.0 & SETTABLE_STATUS_FLAGS);
+        self.flags.store(new, Ordering::Relaxed);
+        Ok(())
+    }
+    fn append_only(&self) -> bool {
+        let st = crate::inode::read(&self.handle.inode.state);
+        st.flags & inode_flags::APPEND != 0
+    }
+    fn require(&self, readable: bool) -> Result<()> {
+        let f = self.flags();
+        if (readable && !f.readable()) || (!readable && !f.writable()) {
+            return crate::error::errno(libc::EBADF);
+        }
+        Ok(())
+    }
+}
+
+/// Where a write landed: an `O_APPEND` write goes to the end of file as it
+/// stands when the write takes the inode's lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Written {
+    pub offset: u64,
+    pub len: usize,
+}
+
+/// A rename request: `from` in directory `from_dir` becomes `to` in
+/// `to_dir`.
+#[derive(Clone, Copy, Debug)]
+pub struct Rename<'a> {
+    pub from_dir: u64,
+    pub from: &'a [u8],
+    pub to_dir: u64,
+    pub to: &'a [u8],
+    pub flags: RenameFlags,
+}
+
+/// A mounted pool: the engine, with the rules of POSIX applied to each
+/// caller. Shared by any number of threads (`&self` everywhere).
+pub struct Filesystem<P: Pmem = MappedPool> {
+    fs: Fs<P>,
+}
+
+impl Filesystem<MappedPool> {
+    /// Create a pool file of `size_bytes` at `path` (which must not exist)
+    /// and lay out an empty file system on it: mkfs for a plain or DRAM
+    /// file. (`inkfs mkfs` also formats devices and existing files.)
+    pub fn create_pool(path: &Path, size_bytes: u64, opts: &FormatOptions) -> Result<()> {
+        let pool = MappedPool::open(
+            path,
+            &PoolOpenOptions {
+                create_size_bytes: Some(size_bytes),
+                read_only: false,
+            },
+        )?;
+        Fs::format(&pool, opts)?;
+        pool.sync_all()?;
+        Ok(())
+    }
+
+    /// Claim the pool at `path` (an exclusive lock on it for a read-write
+    /// mount, a shared one for read-only: a pool in use by another process
+    /// is refused, naming it), map it and mount it: instant after a clean
+    /// unmount, a journal replay and a scan of every live log after a crash.
+    pub fn open_pool(path: &Path, opts: MountOptions) -> Result<Filesystem<MappedPool>> {
+        let pool = MappedPool::open(
+            path,
+            &PoolOpenOptions {
+                create_size_bytes: None,
+                read_only: opts.read_only,
+            },
+        )?;
+        Filesystem::mount(pool, opts)
+    }
+
+    /// Mount a pool whose claim the caller already holds (a descriptor
+    /// passed over a unix socket, or opened with [`PoolFile::open`]).
+    pub fn open_pool_file(file: PoolFile, opts: MountOptions) -> Result<Filesystem<MappedPool>> {
+        let pool = MappedPool::map(
+            file,
+            &PoolOpenOptions {
+                create_size_bytes: None,
+                read_only: opts.read_only,
+            },
+        )?;
+        Filesystem::mount(pool, opts)
+    }
+}
+
+impl<P: Pmem> Filesystem<P> {
+    /// Lay out an empty file system on `pool` (mkfs): its new superblock.
+    pub fn format(pool: &P, opts: &FormatOptions) -> Result<PoolSummary> {
+        let sb = Fs::format(pool, opts)?;
+        Ok(PoolSummary::of(&sb, false))
+    }
+
+    /// The mounted pool's superblock.
+    pub fn summary(&self) -> PoolSummary {
+        PoolSummary::of(
+            &self.fs.superblock(),
+            self.fs.mount_report().used_backup_superblock,
+        )
+    }
+
+    /// Mount a mapped pool (any [`Pmem`]: a mapped file or device, or the
+    /// crash simulator in tests).
+    pub fn mount(pool: P, opts: MountOptions) -> Result<Filesystem<P>> {
+        Ok(Filesystem {
+            fs: Fs::mount(pool, opts)?,
+        })
+    }
+
+    /// Clean unmount: files still open are closed, unlinked ones freed,
+    /// the allocator saved, the pool marked clean. Returns the pool (its
+    /// claim is released when it is dropped).
+    pub fn unmount(self) -> Result<P> {
+        self.fs.unmount()
+    }
+
+    /// The engine behind the API, for the crate's own tools and tests.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn engine(&self) -> &Fs<P> {
+        &self.fs
+    }
+
+    pub fn pool(&self) -> &P {
+        self.fs.pmem()
+    }
+    pub fn mode(&self) -> Mode {
+        self.fs.mode()
+    }
+    /// Read-only: mounted so, or turned so by `errors=remount-ro`.
+    pub fn is_read_only(&self) -> bool {
+        self.fs.is_read_only()
+    }
+    /// Mounted read-only (`ro`), as opposed to turned read-only by errors.
+    pub fn is_mounted_read_only(&self) -> bool {
+        self.fs.is_mounted_read_only()
+    }
+    /// Whether fsync has nothing to do, ever: every call is durable when it
+    /// returns (strict and sync modes, and read-only mounts).
+    pub fn fsync_is_noop(&self) -> bool {
+        self.fs.mode() != Mode::Posix || self.fs.is_read_only()
+    }
+    pub fn statfs(&self) -> StatFs {
+        self.fs.statfs()
+    }
+    /// syncfs: make every pending posix-mode write durable.
+    pub fn sync(&self) -> Result<()> {
+        self.fs.sync()
+    }
+    pub fn mount_report(&self) -> &MountReport {
+        self.fs.mount_report()
+    }
+    pub fn gc_stats(&self) -> GcStats {
+        self.fs.gc_stats()
+    }
+    pub fn error_stats(&self) -> ErrorStats {
+        self.fs.error_stats()
+    }
+    /// Inodes loaded in DRAM and the log pages they hold.
+    pub fn loaded_log_pages(&self) -> (u64, u64) {
+        self.fs.loaded_log_pages()
+    }
+    /// Verify every checksum of the mounted pool while it keeps serving
+    /// (`inkfs scrub`); `progress` returns false to stop early.
+    pub fn scrub(&self, progress: &mut dyn FnMut(ScrubProgress) -> bool) -> ScrubReport {
+        self.fs.scrub(progress)
+    }
+
+    // -------------------------------------------------------------------
+    // Names
+    // -------------------------------------------------------------------
+
+    /// `name` in directory `dir`: search permission on `dir`.
+    pub fn lookup(&self, cred: &Credentials, dir: u64, name: &[u8]) -> Result<Attr> {
+        self.may_search(cred, dir)?;
+        self.fs.lookup(dir, name)
+    }
+
+    /// Attributes by inode number (stat of a name already looked up, or
+    /// fstat): no permission is needed beyond reaching the inode.
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        self.fs.getattr(ino)
+    }
+
+    /// access(2)/faccessat(2): whether `cred` may read, write or execute
+    /// (`mask` of [`MAY_READ`], [`MAY_WRITE`], [`MAY_EXEC`]) inode `ino`.
+    /// Writing is refused on a read-only file system (EROFS) and on an
+    /// immutable inode (EPERM), as Linux's inode_permission does.
+    pub fn access(&self, cred: &Credentials, ino: u64, mask: u32) -> Result<()> {
+        let a = self.fs.getattr(ino)?;
+        if mask & MAY_WRITE != 0 {
+            if self.fs.is_read_only() && writes_to_fs(a.kind) {
+                return crate::error::errno(libc::EROFS);
+            }
+            if self.fs.get_flags(ino)? & inode_flags::IMMUTABLE != 0 {
+                return crate::error::errno(libc::EPERM);
+            }
+        }
+        perm::check_access(cred, &a, mask & 7)
+    }
+
+    /// chmod, chown, utimes, truncate. `via`: the open file a truncate goes
+    /// through (ftruncate: it must be open for writing, EINVAL otherwise);
+    /// without one, a truncate needs write permission on the inode.
+    pub fn setattr(
+        &self,
+        cred: &Credentials,
+        ino: u64,
+        set: &SetAttr,
+        via: Option<&File>,
+    ) -> Result<Attr> {
+        if set.size.is_some() {
+            match via {
+                Some(f) if !f.flags().writable() => return crate::error::errno(libc::EINVAL),
+                Some(_) => {}
+                None => {
+                    let a = self.fs.getattr(ino)?;
+                    if a.kind == FileKind::File {
+                        perm::check_access(cred, &a, MAY_WRITE)?;
+                    }
+                }
+            }
+        }
+        self.fs.setattr_as(Actor::Caller(cred), ino, set)
+    }
+
+    /// mknod(2): a regular file, FIFO, socket or device node (the type in
+    /// `mode`'s S_IFMT bits; a device node needs root, as CAP_MKNOD).
+    pub fn mknod(
+        &self,
+        cred: &Credentials,
+        dir: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+    ) -> Result<Attr> {
+        let t = mode & libc::S_IFMT;
+        if (t == libc::S_IFCHR || t == libc::S_IFBLK) && !cred.is_root() {
+            return crate::error::errno(libc::EPERM);
+        }
+        self.fs
+            .mknod_as(Actor::Caller(cred), dir, name, mode, rdev, (0, 0))
+    }
+
+    pub fn mkdir(&self, cred: &Credentials, dir: u64, name: &[u8], mode: u32) -> Result<Attr> {
+        self.fs
+            .mkdir_as(Actor::Caller(cred), dir, name, mode, (0, 0))
+    }
+
+    pub fn symlink(
+        &self,
+        cred: &Credentials,
+        dir: u64,
+        name: &[u8],
+        target: &[u8],
+    ) -> Result<Attr> {
+        self.fs
+            .symlink_as(Actor::Caller(cred), dir, name, target, (0, 0))
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        self.fs.readlink(ino)
+    }
+
+    /// link(2): a new name `name` in `dir` for inode `ino`.
+    pub fn link(&self, cred: &Credentials, ino: u64, dir: u64, name: &[u8]) -> Result<Attr> {
+        self.fs.link_as(Actor::Caller(cred), ino, dir, name)
+    }
+
+    pub fn unlink(&self, cred: &Credentials, dir: u64, name: &[u8]) -> Result<()> {
+        self.fs.remove_name(Actor::Caller(cred), dir, name, false)
+    }
+
+    pub fn rmdir(&self, cred: &Credentials, dir: u64, name: &[u8]) -> Result<()> {
+        self.fs.remove_name(Actor::Caller(cred), dir, name, true)
+    }
+
+    /// renameat2(2), with RENAME_NOREPLACE, RENAME_EXCHANGE and
+    /// RENAME_WHITEOUT (the whiteout is owned by the caller).
+    pub fn rename(&self, cred: &Credentials, r: &Rename<'_>) -> Result<()> {
+        let (from, to) = ((r.from_dir, r.from), (r.to_dir, r.to));
+        self.fs
+            .rename_for(Actor::Caller(cred), from, to, r.flags, (0, 0))
+    }
+
+    // -------------------------------------------------------------------
+    // Open files
+    // -------------------------------------------------------------------
+
+    /// open(2) of `name` in `dir` with `O_CREAT`: create a regular file
+    /// (owner, group and mode from `cred` and the directory), or, if the
+    /// name exists and `O_EXCL` is not set, open what it names. Returns its
+    /// attributes and the open file; `created` is in the attributes' link
+    /// count only by inference, so callers that need it compare inode
+    /// numbers with a lookup.
+    pub fn create(
+        &self,
+        cred: &Credentials,
+        dir: u64,
+        name: &[u8],
+        mode: u32,
+        flags: OpenFlags,
+    ) -> Result<(Attr, File)> {
+        loop {
+            match self
+                .fs
+                .create_as(Actor::Caller(cred), dir, name, mode, (0, 0))
+            {
+                Ok((attr, handle)) => {
+                    // A new file: open's permission checks are passed by
+                    // creating it (may_open skips them for a new file).
+                    let file = self.file(handle, FileKind::File, flags, cred);
+                    return Ok((attr, file));
+                }
+                Err(Error::Errno(libc::EEXIST)) if !flags.has(libc::O_EXCL) => {
+                    let attr = match self.lookup(cred, dir, name) {
+                        Err(Error::Errno(libc::ENOENT)) => continue, // removed meanwhile
+                        r => r?,
+                    };
+                    if attr.kind == FileKind::Dir {
+                        return crate::error::errno(libc::EISDIR);
+                    }
+                    let file = self.open(cred, attr.ino, flags)?;
+                    return Ok((self.fs.getattr(attr.ino)?, file));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// open(2) of inode `ino` (the path already resolved): the access mode
+    /// and `O_TRUNC` need read/write permission, `O_NOATIME` ownership; a
+    /// directory opens only for reading (EISDIR), a symbolic link not at
+    /// all (ELOOP: the caller follows links), a device, FIFO or socket not
+    /// through the engine (ENXIO). `chattr` flags may refuse writing.
+    /// `O_TRUNC` on a regular file truncates it.
+    pub fn open(&self, cred: &Credentials, ino: u64, flags: OpenFlags) -> Result<File> {
+        let a = self.fs.getattr(ino)?;
+        match a.kind {
+            FileKind::Dir if flags.writable() => return crate::error::errno(libc::EISDIR),
+            FileKind::Dir | FileKind::File => {}
+            FileKind::Symlink => return crate::error::errno(libc::ELOOP),
+            _ => return crate::error::errno(libc::ENXIO),
+        }
+        if flags.has(libc::O_DIRECTORY) && a.kind != FileKind::Dir {
+            return crate::error::errno(libc::ENOTDIR);
+        }
+        if flags.access_mask() & MAY_WRITE != 0 && self.fs.is_read_only() {
+            return crate::error::errno(libc::EROFS);
+        }
+        perm::check_access(cred, &a, flags.access_mask())?;
+        if flags.has(libc::O_NOATIME) && !cred.owns(&a) {
+            return crate::error::errno(libc::EPERM);
+        }
+        let handle = self.fs.open_with(ino, flags.bits())?;
+        let file = self.file(handle, a.kind, flags, cred);
+        if flags.has(libc::O_TRUNC) && a.kind == FileKind::File {
+            let zero = SetAttr {
+                size: Some(0),
+                ..SetAttr::default()
+            };
+            if let Err(e) = self.fs.setattr_as(Actor::Caller(cred), ino, &zero) {
+                self.release(file);
+                return Err(e);
+            }
+        }
+        Ok(file)
+    }
+
+    fn file(
+        &self,
+        mut handle: FileHandle,
+        kind: FileKind,
+        flags: OpenFlags,
+        cred: &Credentials,
+    ) -> File {
+        handle.drops_setid = !cred.is_root();
+        File {
+            handle,
+            kind,
+            flags: AtomicI32::new(flags.bits() & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC)),
+        }
+    }
+
+    /// close(2): the last close of an unlinked file frees it.
+    pub fn release(&self, file: File) {
+        self.fs.release(file.handle)
+    }
+
+    /// pread(2): up to `buf.len()` bytes at `off`, short at end of file.
+    pub fn read(&self, file: &File, off: u64, buf: &mut [u8]) -> Result<usize> {
+        file.require(true)?;
+        self.fs.read(&file.handle, off, buf)
+    }
+
+    /// A read served in place: `f` gets the file's bytes `[off, off+len)`
+    /// (clipped at end of file) straight from the pool under the inode's
+    /// read lock; `Ok(None)` when they are not one mapped run (use `read`).
+    pub fn read_in_place<R>(
+        &self,
+        file: &File,
+        off: u64,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>> {
+        file.require(true)?;
+        self.fs.read_in_place(&file.handle, off, len, f)
+    }
+
+    /// write(2)/pwrite(2) as a process makes it: at the end of file if the
+    /// file is `O_APPEND` (the end as it stands under the inode's lock),
+    /// else at `off`; made durable before returning with `O_SYNC`/`O_DSYNC`
+    /// (every write is, in strict and sync modes). A writer other than root
+    /// drops the file's set-id bits and file capabilities.
+    pub fn write(&self, file: &File, off: u64, data: &[u8]) -> Result<Written> {
+        let flags = file.flags();
+        let written = if flags.has(libc::O_APPEND) {
+            self.append(file, data)?
+        } else {
+            self.write_at(file, off, data)?
+        };
+        if flags.has(libc::O_DSYNC) && !self.fsync_is_noop() {
+            // O_SYNC includes O_DSYNC's bit; O_DSYNC alone is fdatasync.
+            self.fs.fsync(&file.handle, !flags.has(libc::O_SYNC))?;
+        }
+        Ok(written)
+    }
+
+    /// A write at `off` whatever the file's `O_APPEND` says (a front end
+    /// whose kernel decided the offset: page-cache write-back of a shared
+    /// mapping), with no `O_SYNC` handling (its kernel calls fsync).
+    pub fn write_at(&self, file: &File, off: u64, data: &[u8]) -> Result<Written> {
+        file.require(false)?;
+        let len = self.fs.write(&file.handle, off, data)?;
+        Ok(Written { offset: off, len })
+    }
+
+    /// A write at the end of file, decided under the inode's lock.
+    pub fn append(&self, file: &File, data: &[u8]) -> Result<Written> {
+        file.require(false)?;
+        let (offset, len) = self.fs.append(&file.handle, data)?;
+        Ok(Written { offset, len })
+    }
+
+    /// copy_file_range(2) inside the pool (see `Fs::copy_range`).
+    pub fn copy_range(
+        &self,
+        src: &File,
+        src_off: u64,
+        dst: &File,
+        dst_off: u64,
+        len: u64,
+    ) -> Result<u64> {
+        src.require(true)?;
+        dst.require(false)?;
+        if dst.flags().has(libc::O_APPEND) {
+            return crate::error::errno(libc::EBADF);
+        }
+        self.fs
+            .copy_range(&src.handle, src_off, &dst.handle, dst_off, len)
+    }
+
+    /// fsync(2) (`datasync`: fdatasync). Nothing to do in strict and sync
+    /// modes.
+    pub fn fsync(&self, file: &File, datasync: bool) -> Result<()> {
+        self.fs.fsync(&file.handle, datasync)
+    }
+
+    /// fallocate(2): the file must be open for writing.
+    pub fn fallocate(&self, file: &File, off: u64, len: u64, flags: FallocFlags) -> Result<()> {
+        file.require(false)?;
+        self.fs.fallocate(&file.handle, off, len, flags)
+    }
+
+    /// lseek(2) with SEEK_DATA or SEEK_HOLE (the caller keeps the offset
+    /// for SEEK_SET/CUR/END).
+    pub fn seek(&self, file: &File, off: u64, whence: Whence) -> Result<u64> {
+        self.fs.seek(&file.handle, off, whence)
+    }
+
+    /// FIEMAP: the extents mapping `[start, start+len)` of the file.
+    pub fn fiemap(&self, file: &File, start: u64, len: u64) -> Result<Vec<FiemapExtent>> {
+        self.fs.fiemap(file.ino(), start, len)
+    }
+
+    /// FS_IOC_GETFLAGS: the inode's `chattr` flags ([`inode_flags`]).
+    pub fn get_flags(&self, ino: u64) -> Result<u32> {
+        self.fs.get_flags(ino)
+    }
+
+    /// FS_IOC_SETFLAGS: only the owner or root may change flags, and only
+    /// root the immutable and append-only ones.
+    pub fn set_flags(&self, cred: &Credentials, ino: u64, flags: u32) -> Result<()> {
+        let a = self.fs.getattr(ino)?;
+        if !cred.owns(&a) {
+            return crate::error::errno(libc::EPERM);
+        }
+        self.fs.set_flags(ino, flags, cred.is_root())
+    }
+
+    // -------------------------------------------------------------------
+    // Directories
+    // -------------------------------------------------------------------
+
+    /// opendir: read permission on the directory.
+    pub fn opendir(&self, cred: &Credentials, ino: u64) -> Result<File> {
+        self.open(
+            cred,
+            ino,
+            OpenFlags::new(libc::O_RDONLY | libc::O_DIRECTORY),
+        )
+    }
+
+    /// The entries of an open directory after `cookie` (0: from the
+    /// start, "." and ".." first): `f` is called for each until it returns
+    /// false. A name is never returned twice in one pass, whatever else
+    /// changes meanwhile; each entry's cookie resumes after it.
+    pub fn readdir(
+        &self,
+        dir: &File,
+        cookie: u64,
+        f: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> Result<()> {
+        if dir.kind != FileKind::Dir {
+            return crate::error::errno(libc::ENOTDIR);
+        }
+        self.fs.readdir(dir.ino(), cookie, f)
+    }
+
+    // -------------------------------------------------------------------
+    // Extended attributes
+    // -------------------------------------------------------------------
+
+    pub fn setxattr(
+        &self,
+        cred: &Credentials,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        flags: XattrFlags,
+    ) -> Result<()> {
+        self.fs
+            .setxattr_as(Actor::Caller(cred), ino, name, value, flags)
+    }
+
+    pub fn getxattr(&self, cred: &Credentials, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        self.fs.getxattr_as(Actor::Caller(cred), ino, name)
+    }
+
+    /// The names `cred` may see (`trusted.` ones only for root).
+    pub fn listxattr(&self, cred: &Credentials, ino: u64) -> Result<Vec<Vec<u8>>> {
+        self.fs.listxattr_as(Actor::Caller(cred), ino)
+    }
+
+    pub fn removexattr(&self, cred: &Credentials, ino: u64, name: &[u8]) -> Result<()> {
+        self.fs.removexattr_as(Actor::Caller(cred), ino, name)
+    }
+
+    /// Search permission on directory `dir` (one step of a path walk).
+    fn may_search(&self, cred: &Credentials, dir: u64) -> Result<()> {
+        let a = self.fs.getattr(dir)?;
+        perm::may_lookup(cred, &a)
+    }
+}
+
+/// Whether writing to an inode of this kind writes to the file system (a
+/// device node's or FIFO's data does not, so EROFS does not apply).
+fn writes_to_fs(kind: FileKind) -> bool {
+    matches!(kind, FileKind::File | FileKind::Dir | FileKind::Symlink)
+}
