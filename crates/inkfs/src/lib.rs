@@ -45,6 +45,10 @@ pub mod recovery;
 pub mod scrub;
 pub mod shift;
 pub mod superblock;
+// Test and bench support (one seeded RNG, one median), not part of the file
+// system; self-contained, meant to move behind a `testing` feature.
+#[doc(hidden)]
+pub mod testkit;
 pub mod time;
 pub mod types;
 pub mod xattr;

@@ -335,21 +335,20 @@ impl BlockAllocator {
 mod tests {
     use super::*;
     use crate::alloc::tests::all_ranges;
+    use crate::testkit::Rng;
 
     /// The one-sweep constructor recovery uses gives the same free lists as
     /// marking every used extent one by one, and catches double use.
     #[test]
     fn from_used_matches_mark_used() {
         let (lanes, first, total) = (3u32, 40u64, 1000u64);
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rng = Rng::new(1);
         for _ in 0..20 {
             let used = UsedBlocks::new(first, total);
             let slow = BlockAllocator::new_all_free(lanes, first, total);
             let mut block = first;
             while block < total {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
+                let x = rng.next_u64();
                 let len = (x % 9).min(total - block);
                 if x.is_multiple_of(3) && len > 0 {
                     used.mark(block, len).unwrap();

@@ -7,6 +7,7 @@
 use super::*;
 use crate::format::{lanes_end_block, BLOCK_SIZE};
 use crate::pmem::{BackendInfo, BackendKind, FlushMethod, Pmem};
+use crate::testkit::Rng;
 use proptest::prelude::*;
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
@@ -81,20 +82,6 @@ pub(super) fn all_slots(s: &InodeSlots) -> Vec<(u64, Vec<(u64, u64)>)> {
         .collect()
 }
 
-/// xorshift64*: deterministic randomness without another dependency.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 #[test]
 fn concurrent_alloc_free_never_duplicates() {
     let lanes = 2;
@@ -109,18 +96,18 @@ fn concurrent_alloc_free_never_duplicates() {
             let (a, s, owned, slots_owned) =
                 (a.clone(), s.clone(), owned.clone(), slots_owned.clone());
             std::thread::spawn(move || {
-                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (t + 1));
+                let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15 ^ (t + 1));
                 let mut held: Vec<(u64, u64)> = Vec::new();
                 let mut held_slots: Vec<(u32, u64)> = Vec::new();
                 for _ in 0..3000 {
                     // Threads 0,1 on lane 0, 2,3 on lane 1, plus random lanes.
                     let lane = if rng.below(4) == 0 {
-                        rng.next() as u32
+                        rng.next_u64() as u32
                     } else {
                         (t / 2) as u32
                     };
                     if rng.below(2) == 0 || held.is_empty() {
-                        if let Some((start, len)) = a.alloc(lane, 1 + rng.next() % 16) {
+                        if let Some((start, len)) = a.alloc(lane, 1 + rng.next_u64() % 16) {
                             let mut o = owned.lock().unwrap();
                             for b in start..start + len {
                                 assert!(!o[b as usize], "block {b} handed out twice");
@@ -129,7 +116,7 @@ fn concurrent_alloc_free_never_duplicates() {
                             held.push((start, len));
                         }
                     } else {
-                        let (start, len) = held.swap_remove(rng.next() as usize % held.len());
+                        let (start, len) = held.swap_remove(rng.next_u64() as usize % held.len());
                         // Give up ownership before the blocks can be reallocated.
                         owned.lock().unwrap()[start as usize..(start + len) as usize].fill(false);
                         a.free(start, len).unwrap();
@@ -144,7 +131,7 @@ fn concurrent_alloc_free_never_duplicates() {
                         held_slots.push((slot_lane, slot));
                     } else {
                         let (l, slot) =
-                            held_slots.swap_remove(rng.next() as usize % held_slots.len());
+                            held_slots.swap_remove(rng.next_u64() as usize % held_slots.len());
                         slots_owned.lock().unwrap().remove(&(l, slot));
                         s.free(l, slot).unwrap();
                     }
