@@ -11,7 +11,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::backend::Backend;
-use crate::rng::Rng;
+use crate::rng::{file_size, seeded, Rng};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Personality {
@@ -177,7 +177,7 @@ impl<B: Backend> Fileset<B> {
     /// A file whose existence is `want`, locked (filebench's FSE_BUSY).
     fn pick(&self, rng: &mut Rng, want: bool) -> Option<(usize, MutexGuard<'_, bool>)> {
         for _ in 0..10_000 {
-            let i = rng.below(self.slots.len() as u64) as usize;
+            let i = rng.scaled_below(self.slots.len() as u64) as usize;
             if let Ok(g) = self.slots[i].exists.try_lock() {
                 if *g == want {
                     return Some((i, g));
@@ -243,13 +243,13 @@ pub fn run<B: Backend>(b: &B, cfg: &FbCfg) -> io::Result<FbResult> {
             dirs.push(b.mkdir(&parent, &format!("d{k}"))?);
         }
     }
-    let mut rng = Rng::new(cfg.seed);
+    let mut rng = seeded(cfg.seed);
     let buf = vec![0xabu8; cfg.iosize.max(1)];
     let mut slots = Vec::with_capacity(cfg.nfiles);
     for i in 0..cfg.nfiles {
-        let size = rng.file_size(cfg.filesize, cfg.gamma);
+        let size = file_size(&mut rng, cfg.filesize, cfg.gamma);
         let dir = i / width;
-        let exists = rng.below(100) < cfg.prealloc_pct;
+        let exists = rng.scaled_below(100) < cfg.prealloc_pct;
         if exists {
             let mut f = b.create(&dirs[dir], &name(i))?;
             write_whole(b, &mut f, size, &buf)?;
@@ -295,7 +295,7 @@ pub fn run<B: Backend>(b: &B, cfg: &FbCfg) -> io::Result<FbResult> {
                         wb: 0,
                         per_op: [0; 9],
                     };
-                    let mut rng = Rng::new(cfg.seed ^ ((t as u64 + 1) << 32));
+                    let mut rng = seeded(cfg.seed ^ ((t as u64 + 1) << 32));
                     let mut buf = vec![0xcdu8; cfg.iosize.max(1)];
                     let mut log = None;
                     while !stop.load(Ordering::Relaxed) {
@@ -362,7 +362,7 @@ fn append_rand<B: Backend>(
     buf: &[u8],
     st: &mut Thread,
 ) -> io::Result<()> {
-    let n = (1 + rng.below(cfg.appendsize.max(1))).min(buf.len() as u64) as usize;
+    let n = (1 + rng.scaled_below(cfg.appendsize.max(1))).min(buf.len() as u64) as usize;
     b.append(f, &buf[..n])?;
     st.wb += n as u64;
     st.count(Op::Append);

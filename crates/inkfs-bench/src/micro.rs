@@ -5,7 +5,7 @@ use std::io;
 use std::time::Instant;
 
 use crate::backend::Backend;
-use crate::rng::Rng;
+use crate::rng::seeded;
 use crate::stats::Lat;
 
 pub struct MicroCfg {
@@ -18,7 +18,7 @@ pub fn run<B: Backend>(b: &B, cfg: &MicroCfg) -> io::Result<Vec<(&'static str, L
     let n = cfg.ops.max(1);
     let root = b.root();
     let page = vec![0x5au8; 4096];
-    let mut rng = Rng::new(cfg.seed);
+    let mut rng = seeded(cfg.seed);
     let mut out = Vec::new();
     let name = |i: usize| format!("m{i:07}");
 
@@ -33,7 +33,7 @@ pub fn run<B: Backend>(b: &B, cfg: &MicroCfg) -> io::Result<Vec<(&'static str, L
 
     let mut lat = Lat::default();
     for _ in 0..n {
-        let i = rng.below(n as u64) as usize;
+        let i = rng.scaled_below(n as u64) as usize;
         let t = Instant::now();
         b.stat(&root, &name(i))?;
         lat.push(t);
@@ -75,7 +75,7 @@ pub fn run<B: Backend>(b: &B, cfg: &MicroCfg) -> io::Result<Vec<(&'static str, L
     for (label, sync) in [("overwrite4k", false), ("overwrite4k+fsync", true)] {
         let mut lat = Lat::default();
         for _ in 0..n {
-            let p = rng.below(pages);
+            let p = rng.scaled_below(pages);
             let t = Instant::now();
             b.pwrite(&mut f, p * 4096, &page)?;
             if sync {

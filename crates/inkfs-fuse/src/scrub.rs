@@ -344,19 +344,9 @@ fn one_line(s: &str) -> String {
     s.replace(['\n', '\r'], " ")
 }
 
+/// `s` as a JSON string literal, quotes included.
 fn json_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+    serde_json::Value::from(s).to_string()
 }
 
 #[cfg(test)]
@@ -388,10 +378,17 @@ mod tests {
         ));
         assert!(
             lines[2].ends_with(
-                "\"problems\":[{\"reason\":\"log\",\"inode\":7,\"message\":\"inode 7 log: \\\"bad\\\"\\u000aentry\"}]}"
+                "\"problems\":[{\"reason\":\"log\",\"inode\":7,\"message\":\"inode 7 log: \\\"bad\\\"\\nentry\"}]}"
             ),
             "{}",
             lines[2]
+        );
+        // The message survives the round trip through a JSON parser.
+        let json: serde_json::Value =
+            serde_json::from_str(lines[2].trim_start_matches("json ")).expect("valid JSON");
+        assert_eq!(
+            json["problems"][0]["message"],
+            "inode 7 log: \"bad\"\nentry"
         );
     }
 }

@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use inkfs::pmem::{MappedPool, Pmem, PoolOpenOptions};
+use inkfs::testkit::median;
 use inkfs::types::*;
 use inkfs::Fs;
 
@@ -60,11 +61,6 @@ fn main() {
         eprintln!("engine bench: {e}");
         std::process::exit(1);
     }
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 /// Mean ns per op of `n` calls of `f`.
@@ -271,19 +267,19 @@ fn run(pool: &std::path::Path, tmp: &std::path::Path, cfg: &Cfg) -> Result<(), S
     }
 
     // Each run measured the floor in chunks alternating with the appends:
-    // the median of the runs' own ratios (before the medians sort the rows).
+    // the median of the runs' own ratios.
     let runs = |n: &str| rows.iter().find(|(r, _)| *r == n).map(|(_, v)| v.clone());
     let paired = match (
         runs("inkfs strict: 4 KiB append + fdatasync"),
         runs("floor: 4 KiB nt copy + fence + 64 B persist"),
     ) {
         (Some(a), Some(f)) => {
-            let mut r: Vec<f64> = a.iter().zip(&f).map(|(a, f)| a / f).collect();
-            median(&mut r)
+            let r: Vec<f64> = a.iter().zip(&f).map(|(a, f)| a / f).collect();
+            median(&r)
         }
         _ => f64::NAN,
     };
-    let med: Vec<(&str, f64)> = rows.iter_mut().map(|(n, v)| (*n, median(v))).collect();
+    let med: Vec<(&str, f64)> = rows.iter().map(|(n, v)| (*n, median(v))).collect();
     let get = |name: &str| {
         med.iter()
             .find(|(n, _)| *n == name)

@@ -20,6 +20,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use inkfs::pmem::{prefault, MappedPool, PoolOpenOptions};
+use inkfs::testkit::{median, Rng};
 use inkfs::types::*;
 use inkfs::{FileHandle, Fs};
 
@@ -34,17 +35,6 @@ struct Cfg {
 const PAGE: u64 = 4096;
 const FILE_BYTES: u64 = 1 << 20;
 const FILL: f64 = 0.95;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
@@ -79,16 +69,6 @@ fn main() {
 
 fn err<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> String + '_ {
     move |e| format!("{what}: {e:?}")
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    if s.is_empty() {
-        0.0
-    } else {
-        s[s.len() / 2]
-    }
 }
 
 struct Pool {
@@ -173,7 +153,7 @@ fn slice(p: &Pool, cfg: &Cfg, rng: &mut Rng) -> Result<f64, String> {
     let pages_per_file = FILE_BYTES / PAGE;
     let t = Instant::now();
     for _ in 0..cfg.ops_per_slice {
-        let r = rng.next();
+        let r = rng.next_u64();
         let f = &p.hot[(r % cfg.hot_files) as usize];
         let pg = (r >> 20) % pages_per_file;
         page[..8].copy_from_slice(&r.to_le_bytes());
@@ -207,7 +187,7 @@ fn run(base: &std::path::Path, cfg: &Cfg) -> Result<(), String> {
             cfg.hot_files,
             cfg.ops_per_slice
         );
-        let mut rng = Rng(0x0067_6362_656e_6368);
+        let mut rng = Rng::new(0x0067_6362_656e_6368);
         slice(&a, cfg, &mut rng)?; // warm-up, not counted
         let mut first = Vec::new();
         for n in 1..=cfg.fresh_slices {

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use inkfs::pmem::{FlushMethod, MappedPool, Pmem, PoolOpenOptions};
+use inkfs::testkit::median;
 
 const POOL_BYTES: u64 = 64 << 20;
 /// Operations rotate through this window (fits in L2), the same for ours
@@ -251,7 +252,7 @@ fn run(path: &std::path::Path, config: &Config) -> std::io::Result<()> {
             op.samples_ns.push(time_ns(op.iters, &mut op.f));
         }
     }
-    print_table(&mut ops);
+    print_table(&ops);
     drop(ops);
     drop(dram);
     Ok(())
@@ -285,16 +286,8 @@ fn time_ns(iters: u64, f: &mut dyn FnMut(u64)) -> f64 {
     start.elapsed().as_nanos() as f64 / iters as f64
 }
 
-fn median(samples: &mut [f64]) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
-}
-
-fn print_table(ops: &mut [Op]) {
-    let medians: Vec<f64> = ops
-        .iter_mut()
-        .map(|op| median(&mut op.samples_ns))
-        .collect();
+fn print_table(ops: &[Op]) {
+    let medians: Vec<f64> = ops.iter().map(|op| median(&op.samples_ns)).collect();
     println!(
         "{:<44} {:>10} {:>14}",
         "operation", "ns median", "ours / floor"

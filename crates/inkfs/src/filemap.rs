@@ -262,17 +262,8 @@ impl Iterator for Iter<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::Rng;
     use std::collections::BTreeMap;
-
-    struct Rng(u64);
-    impl Rng {
-        fn below(&mut self, n: u64) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0 % n
-        }
-    }
 
     /// Compare a map with a page-by-page model: every lookup, the extents'
     /// coverage, and the released blocks.
@@ -304,7 +295,7 @@ mod tests {
     /// both structures, against a model; both conversions must happen.
     #[test]
     fn matches_a_page_model_through_both_structures() {
-        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let mut rng = Rng::new(0x2545_f491_4f6c_dd1d);
         let (mut to_table, mut to_tree) = (0, 0);
         for round in 0..6 {
             let span = 1500 + 500 * round;
@@ -388,7 +379,7 @@ mod tests {
         let mut m = FileMap::default();
         m.map(0, pages, 1000, &mut |_, _| {});
         assert_eq!(m.index_kind(), IndexKind::ExtentTree);
-        let mut rng = Rng(7);
+        let mut rng = Rng::new(7);
         let mut block = 100_000;
         for _ in 0..pages {
             m.map(rng.below(pages), 1, block, &mut |_, _| {});

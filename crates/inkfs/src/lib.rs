@@ -50,6 +50,12 @@ pub mod pmem;
 pub mod scrub;
 pub mod types;
 
+/// Test and benchmark support (one seeded RNG, one median): not part of
+/// the file system, no engine internals; the crash simulator, the crash
+/// exploration and the benchmark runner share it.
+#[doc(hidden)]
+pub mod testkit;
+
 /// Crash exploration on the simulator (`inkfs crashtest`, the crash tests).
 #[cfg(feature = "crashtest")]
 pub mod crashtest;

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use inkfs::format::{FileKind, BLOCK_SIZE, ROOT_INO};
 use inkfs::pmem::SimPool;
+use inkfs::testkit::Rng;
 use inkfs::types::*;
 use inkfs::Fs;
 
@@ -60,22 +61,6 @@ fn with_watchdog<T: Send + 'static>(name: &str, body: impl FnOnce() -> T + Send 
         }
         Ok(Err(p)) => std::panic::resume_unwind(p),
         Err(_) => panic!("{name}: no progress in {WATCHDOG:?}: deadlock or livelock"),
-    }
-}
-
-struct Rng(u64);
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
     }
 }
 

@@ -13,31 +13,11 @@ mod common;
 
 use inkfs::filemap::IndexKind;
 use inkfs::pmem::{MappedPool, Pmem, PoolOpenOptions, SimPool};
+use inkfs::testkit::Rng;
 use inkfs::types::*;
 use inkfs::Fs;
 
 const PAGE: u64 = 4096;
-
-/// splitmix64: small, deterministic, good enough for workloads.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn fill(&mut self, buf: &mut [u8]) {
-        for chunk in buf.chunks_mut(8) {
-            let v = self.next().to_le_bytes();
-            chunk.copy_from_slice(&v[..chunk.len()]);
-        }
-    }
-}
 
 fn seed() -> u64 {
     // Every fast GC drop set is replay-checked; tests assert no refusal.
@@ -173,7 +153,7 @@ fn max_log_pages<P: Pmem>(fs: &Fs<P>, max: &mut [u64; 4], inos: [u64; 4]) {
 #[test]
 fn overwrite_churn_keeps_logs_bounded_and_space_returns() {
     let seed = seed();
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let ops = env_u64("INKFS_GC_OPS", 50_000);
     let (pool, pm) = ShmPool::new("gc-churn", 64 << 20);
     Fs::format(
@@ -445,7 +425,7 @@ fn crash_during_gc_from(
         Start::Fragmented => (FRAGMENTED_PAGES * PAGE) as usize,
     };
     let mut init = vec![0u8; init_bytes];
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     rng.fill(&mut init);
     fs.write(&fh, 0, &init).unwrap();
     fs.release(fh);
@@ -893,7 +873,7 @@ fn random_file_ops(seed: u64, mode: Mode) {
         read_only: false,
         ..Default::default()
     };
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut fs = common::fresh(mode, 4 << 20);
     let (a, fh) = fs.create(1, b"f", 0o644, 0, 0).unwrap();
     fs.release(fh);
@@ -953,7 +933,7 @@ fn random_file_ops(seed: u64, mode: Mode) {
                         let _ = fs.removexattr(ino, &name);
                         xattrs.remove(&name);
                     } else {
-                        let v = rng.next().to_le_bytes().to_vec();
+                        let v = rng.next_u64().to_le_bytes().to_vec();
                         fs.setxattr(ino, &name, &v, XattrFlags::Any).unwrap();
                         xattrs.insert(name, v);
                     }

@@ -22,6 +22,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use inkfs::pmem::{MappedPool, Pmem, PoolOpenOptions};
+use inkfs::testkit::Rng;
 use inkfs::types::*;
 use inkfs::{FileHandle, Fs};
 
@@ -36,28 +37,6 @@ const MAX_HIST: usize = 24;
 // ---------------------------------------------------------------------------
 // Deterministic workload
 // ---------------------------------------------------------------------------
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn bytes(&mut self, len: usize) -> Vec<u8> {
-        let mut v = vec![0u8; len];
-        for chunk in v.chunks_mut(8) {
-            let x = self.next().to_le_bytes();
-            chunk.copy_from_slice(&x[..chunk.len()]);
-        }
-        v
-    }
-}
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -369,7 +348,7 @@ fn kill9_child() {
     )
     .unwrap();
     println!("@M");
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut model = Model::default();
     let mut held = None;
     let start = Instant::now();
@@ -638,7 +617,7 @@ fn round(round: u32, seed: u64, mode: Mode) -> Outcome {
         }
         lines
     });
-    let mut rng = Rng(seed ^ 0x5EED);
+    let mut rng = Rng::new(seed ^ 0x5EED);
     let mounted = rx.recv_timeout(Duration::from_secs(60));
     if mounted.is_ok() {
         std::thread::sleep(Duration::from_micros(rng.below(50_000)));
@@ -657,7 +636,7 @@ fn round(round: u32, seed: u64, mode: Mode) -> Outcome {
 
     // Rebuild the model: operations 0..=done completed, the next one may
     // have been in flight.
-    let mut wl = Rng(seed);
+    let mut wl = Rng::new(seed);
     let mut before = Model::default();
     let completed = done.map_or(0, |d| d + 1);
     for _ in 0..completed {
@@ -738,7 +717,7 @@ fn kill9_recovery() {
             7 => Mode::Posix,
             _ => Mode::Strict,
         };
-        let round_seed = Rng(seed.wrapping_add(r as u64)).next();
+        let round_seed = Rng::new(seed.wrapping_add(r as u64)).next_u64();
         let o = round(r, round_seed, mode);
         ops += o.done.map_or(0, |d| d + 1);
         orphans += o.orphans;

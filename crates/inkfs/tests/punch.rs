@@ -26,6 +26,7 @@ use std::sync::Mutex;
 
 use inkfs::fsck::{self, FsckOptions, Severity};
 use inkfs::pmem::{Pmem, SimPool};
+use inkfs::testkit::Rng;
 use inkfs::types::*;
 use inkfs::{FileHandle, Fs};
 
@@ -36,24 +37,6 @@ const POOL: u64 = 8 << 20;
 const OPS: usize = 240;
 const FILES: usize = 4;
 const MODES: [Mode; 3] = [Mode::Strict, Mode::Sync, Mode::Posix];
-
-/// splitmix64: small and deterministic.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -182,7 +165,7 @@ impl World {
             fs: fresh(mode),
             files: Vec::new(),
             next_name: 0,
-            rng: Rng(seed),
+            rng: Rng::new(seed),
             what: format!("seed {seed}, {mode:?}"),
         }
     }
@@ -542,7 +525,7 @@ const SHARED: usize = 3;
 /// here; each is opened, used and released, or held across operations and
 /// released while the other thread works on the same inode).
 fn churn(fs: &Fs<SimPool>, inos: &[u64], seed: u64, ops: usize) {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut held: Vec<FileHandle> = Vec::new();
     for _ in 0..ops {
         let ino = inos[rng.below(inos.len() as u64) as usize];
@@ -679,7 +662,7 @@ fn a_punch_far_past_the_end_logs_only_what_it_unmaps() {
     let (a, t) = fs.create(1, b"t", 0o644, 0, 0).expect("create");
     let mut model = vec![1u8; (pages * PAGE) as usize];
     fs.write(&t, 0, &model).expect("write");
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     for i in 0..2 * pages {
         let p = rng.below(pages);
         let byte = (i % 250) as u8 + 2;

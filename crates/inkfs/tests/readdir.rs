@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use inkfs::format::*;
 use inkfs::pmem::{read_pod, write_pod, Pmem, SimPool};
+use inkfs::testkit::Rng;
 use inkfs::types::*;
 use inkfs::Fs;
 
@@ -137,16 +138,6 @@ fn populate(fs: &F) -> u64 {
     d
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// One writer, one reader paging through `dir`, until the writer did
 /// `MIN_OPS` operations and the reader `MIN_PASSES` passes during which
 /// the writer renamed over at least `MIN_RENAMES_PER_PASS` names (so the
@@ -174,7 +165,7 @@ fn stress(fs: &Arc<F>, dir: u64, seed: u64, unlink_existing: bool) {
             Ok(())
         })
     };
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::new(seed);
     let start = Instant::now();
     let mut k = 0u64;
     let mut fresh_name: Option<Vec<u8>> = None;
@@ -187,7 +178,7 @@ fn stress(fs: &Arc<F>, dir: u64, seed: u64, unlink_existing: bool) {
             "{k} operations and {} passes in {TIME_LIMIT:?}",
             passes.load(Ordering::Relaxed)
         );
-        let r = rng.next() as usize;
+        let r = rng.next_u64() as usize;
         match k % 8 {
             0..=4 => {
                 // The reproducer: a new file renamed over an existing name.

@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 
 use crate::fs::Fs;
 use crate::pmem::{Pmem, SimPool, SimTrace};
+use crate::testkit::Rng;
 use crate::types::*;
 
 use expect::{OpRecord, Point};
@@ -201,9 +202,9 @@ pub fn select_workloads(filter: Option<&str>, seed: u64) -> Vec<Workload> {
                 all.into_iter().partition(|w| w.ops.len() == 1);
             // Seeded Fisher-Yates over the longer workloads, so a small
             // budget samples all kinds of pairs and triples.
-            let mut rng = SplitMix(seed ^ 0x0005_EED0_FACE);
+            let mut rng = Rng::new(seed ^ 0x0005_EED0_FACE);
             for i in (1..two.len()).rev() {
-                let j = (rng.next() % (i as u64 + 1)) as usize;
+                let j = rng.below(i as u64 + 1) as usize;
                 two.swap(i, j);
             }
             one.append(&mut two);
@@ -261,7 +262,7 @@ fn run_seed(seed: u64, workload: &str, mode: Mode) -> u64 {
     let h = workload.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
     });
-    SplitMix(seed ^ h ^ (mode_index(mode) as u64) << 56).next()
+    Rng::new(seed ^ h ^ (mode_index(mode) as u64) << 56).next_u64()
 }
 
 /// What a run recorded: the live states and where each operation's fences
@@ -654,17 +655,4 @@ pub fn unpin<P: Pmem>(fs: &Fs<P>, ino: u64, flags: u32) -> crate::Result<()> {
         return Ok(());
     }
     fs.set_flags(ino, flags & !(IMMUTABLE | APPEND), true)
-}
-
-/// splitmix64, for the workload order and per-run seeds.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
 }

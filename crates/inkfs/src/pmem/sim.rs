@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{BackendInfo, BackendKind, FlushMethod, Pmem, CACHE_LINE};
+use crate::testkit::Rng;
 
 const LINE_BYTES: usize = CACHE_LINE as usize;
 type Line = [u8; LINE_BYTES];
@@ -666,7 +667,7 @@ enum Chooser {
     /// Every pending line at its latest version.
     Latest,
     /// Each line persisted with probability 1/2, then a uniform version.
-    Random(SplitMix64),
+    Random(Rng),
 }
 
 impl Chooser {
@@ -675,7 +676,7 @@ impl Chooser {
             (true, rest) => Chooser::Exhaustive { rest },
             (false, 0) => Chooser::Oldest,
             (false, 1) => Chooser::Latest,
-            (false, _) => Chooser::Random(SplitMix64::for_image(plan.seed, plan.point, index)),
+            (false, _) => Chooser::Random(image_rng(plan.seed, plan.point, index)),
         }
     }
 
@@ -691,38 +692,24 @@ impl Chooser {
             Chooser::Oldest => 0,
             Chooser::Latest => versions,
             Chooser::Random(rng) => {
-                if rng.next() & 1 == 0 {
+                if rng.next_u64() & 1 == 0 {
                     0
                 } else {
-                    1 + (rng.next() % versions as u64) as usize
+                    1 + (rng.next_u64() % versions as u64) as usize
                 }
             }
         }
     }
 }
 
-/// splitmix64 (Steele, Lea, Flood 2014): tiny, fast, and good enough to
-/// pick which lines a crash persisted; the same seed gives the same images
-/// on every machine.
-#[derive(Clone, Debug)]
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn for_image(seed: u64, point: usize, index: u64) -> SplitMix64 {
-        let mut mix = SplitMix64(seed);
-        let a = mix.next();
-        let mut mix = SplitMix64(a ^ (point as u64).wrapping_mul(0xD1B5_4A32_D192_ED03));
-        let b = mix.next();
-        SplitMix64(b ^ index.wrapping_mul(0x8CB9_2BA7_2F3D_8DD7))
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
+/// The generator that picks which lines image `index` of crash point
+/// `point` persisted: SplitMix64 (tiny, fast, and good enough here), its
+/// seed mixed from the run's seed, the point and the image number, so the
+/// same seed gives the same images on every machine.
+fn image_rng(seed: u64, point: usize, index: u64) -> Rng {
+    let a = Rng::new(seed).next_u64();
+    let b = Rng::new(a ^ (point as u64).wrapping_mul(0xD1B5_4A32_D192_ED03)).next_u64();
+    Rng::new(b ^ index.wrapping_mul(0x8CB9_2BA7_2F3D_8DD7))
 }
 
 #[cfg(test)]
@@ -948,15 +935,15 @@ mod tests {
         let pool = SimPool::new(POOL_BYTES);
         pool.write_u64(0, 77); // pending before the trace starts
         pool.start_trace();
-        let mut rng = SplitMix64(12345);
+        let mut rng = Rng::new(12345);
         let mut expected = Vec::new();
         for _ in 0..3000 {
-            let off = rng.next() % (POOL_BYTES - 512);
-            match rng.next() % 6 {
-                0 => pool.write(off, &[rng.next() as u8; 100]),
-                1 => pool.write_u64(off & !7, rng.next()),
-                2 => pool.copy_nt(off, &[rng.next() as u8; 300]),
-                3 => pool.flush(off, rng.next() % 512),
+            let off = rng.next_u64() % (POOL_BYTES - 512);
+            match rng.next_u64() % 6 {
+                0 => pool.write(off, &[rng.next_u64() as u8; 100]),
+                1 => pool.write_u64(off & !7, rng.next_u64()),
+                2 => pool.copy_nt(off, &[rng.next_u64() as u8; 300]),
+                3 => pool.flush(off, rng.next_u64() % 512),
                 4 => {
                     expected.push((pool.persisted_image(), pool.current_image()));
                     pool.fence();
