@@ -52,8 +52,8 @@ mount or the server failed, 2 usage error (an unknown option included).";
 /// fuse.inkfs`, /etc/fstab; see `inkfs install-helper`), as
 /// `mount.fuse.inkfs POOL MOUNTPOINT [-s] [-f] [-n] [-v] [-o OPTIONS]`.
 //
-// (libmount's exec_helper. Its -f means "fake" (`mount -f`), which reaches
-// this parser as --foreground: a known gap of the helper path.)
+// (libmount's exec_helper. Its -f means "fake" (`mount -f`): the helper
+// script handles it and does not run this.)
 #[derive(clap::Args, Clone, Debug)]
 #[command(after_help = OPTIONS_HELP)]
 pub struct MountArgs {
