@@ -10,8 +10,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use serde_json::{json, Map, Value};
+
 use crate::backend::Backend;
 use crate::rng::{file_size, seeded, Rng};
+use crate::stats::round;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Personality {
@@ -79,21 +82,22 @@ impl FbCfg {
             seed: 1,
         }
     }
-    pub fn json(&self) -> String {
-        format!(
-            "{{\"personality\":\"{}\",\"nfiles\":{},\"meandirwidth\":{},\"filesize\":{},\"filesizegamma\":{},\"nthreads\":{},\"iosize\":{},\"meanappendsize\":{},\"prealloc_pct\":{},\"seconds\":{},\"seed\":{}}}",
-            self.personality.name(),
-            self.nfiles,
-            self.dirwidth,
-            self.filesize,
-            self.gamma,
-            self.nthreads,
-            self.iosize,
-            self.appendsize,
-            self.prealloc_pct,
-            self.seconds,
-            self.seed
-        )
+    /// The parameters as filebench names them (bench/inkbench reports
+    /// them as they are).
+    pub fn json(&self) -> Value {
+        json!({
+            "personality": self.personality.name(),
+            "nfiles": self.nfiles,
+            "meandirwidth": self.dirwidth,
+            "filesize": self.filesize,
+            "filesizegamma": self.gamma,
+            "nthreads": self.nthreads,
+            "iosize": self.iosize,
+            "meanappendsize": self.appendsize,
+            "prealloc_pct": self.prealloc_pct,
+            "seconds": self.seconds,
+            "seed": self.seed,
+        })
     }
 }
 
@@ -131,22 +135,23 @@ pub struct FbResult {
 }
 
 impl FbResult {
-    pub fn json(&self) -> String {
-        let per: Vec<String> = OP_NAMES
+    /// Throughput as filebench reports it, and each flowop's count.
+    pub fn json(&self) -> Value {
+        let per: Map<String, Value> = OP_NAMES
             .iter()
             .zip(self.per_op.iter())
-            .map(|(n, c)| format!("\"{n}\":{c}"))
+            .map(|(n, c)| (n.to_string(), (*c).into()))
             .collect();
-        format!(
-            "{{\"ops\":{},\"seconds\":{:.4},\"ops_per_s\":{:.1},\"read_mb_per_s\":{:.2},\"write_mb_per_s\":{:.2},\"prealloc_seconds\":{:.3},\"flowops\":{{{}}}}}",
-            self.ops,
-            self.seconds,
-            self.ops as f64 / self.seconds,
-            self.read_bytes as f64 / 1e6 / self.seconds,
-            self.write_bytes as f64 / 1e6 / self.seconds,
-            self.prealloc_seconds,
-            per.join(",")
-        )
+        let rate = |x: f64| x / self.seconds;
+        json!({
+            "ops": self.ops,
+            "seconds": round(self.seconds, 4),
+            "ops_per_s": round(rate(self.ops as f64), 1),
+            "read_mb_per_s": round(rate(self.read_bytes as f64 / 1e6), 2),
+            "write_mb_per_s": round(rate(self.write_bytes as f64 / 1e6), 2),
+            "prealloc_seconds": round(self.prealloc_seconds, 3),
+            "flowops": per,
+        })
     }
 }
 

@@ -23,6 +23,7 @@ use std::path::PathBuf;
 
 use backend::{Backend, Lib, Posix};
 use inkfs::types::Mode;
+use serde_json::{Map, Value};
 
 const USAGE: &str = "usage: inkbench-work micro|filebench (--dir DIR | --pool FILE [--pool-size BYTES] [--mode M]) [options]
   micro:     --ops N [--seed S] [--keep K]
@@ -57,7 +58,8 @@ impl Args {
     }
 }
 
-fn run_on<B: Backend>(b: &B, a: &Args) -> Result<String, String> {
+/// The fields of the result object that the workload gives.
+fn run_on<B: Backend>(b: &B, a: &Args) -> Result<Map<String, Value>, String> {
     match a.cmd.as_str() {
         "micro" => {
             let cfg = micro::MicroCfg {
@@ -66,11 +68,11 @@ fn run_on<B: Backend>(b: &B, a: &Args) -> Result<String, String> {
             };
             let keep: usize = a.get("keep", 400)?;
             let res = micro::run(b, &cfg).map_err(|e| format!("micro: {e}"))?;
-            let ops: Vec<String> = res
+            let ops: Map<String, Value> = res
                 .iter()
-                .map(|(n, l)| format!("\"{n}\":{}", l.json(keep)))
+                .map(|(n, l)| (n.to_string(), l.json(keep)))
                 .collect();
-            Ok(format!("\"ops\":{{{}}}", ops.join(",")))
+            Ok(Map::from_iter([("ops".to_string(), ops.into())]))
         }
         "filebench" => {
             let p = a
@@ -94,10 +96,20 @@ fn run_on<B: Backend>(b: &B, a: &Args) -> Result<String, String> {
                 seed: a.get("seed", d.seed)?,
             };
             let r = filebench::run(b, &cfg).map_err(|e| format!("filebench {}: {e}", p.name()))?;
-            Ok(format!("\"params\":{},\"result\":{}", cfg.json(), r.json()))
+            Ok(Map::from_iter([
+                ("params".to_string(), cfg.json()),
+                ("result".to_string(), r.json()),
+            ]))
         }
         other => Err(format!("unknown command {other}\n{USAGE}")),
     }
+}
+
+/// One object: what was measured on (`head`), then the workload's fields.
+fn result(head: Vec<(&str, Value)>, body: Map<String, Value>) -> Value {
+    let mut m: Map<String, Value> = head.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    m.extend(body);
+    Value::Object(m)
 }
 
 fn main() {
@@ -105,7 +117,7 @@ fn main() {
         if let Some(dir) = a.opts.get("dir") {
             let b = Posix::new(&PathBuf::from(dir)).map_err(|e| format!("{dir}: {e}"))?;
             let body = run_on(&b, &a)?;
-            Ok(format!("{{\"target\":\"dir\",{body}}}"))
+            Ok(result(vec![("target", "dir".into())], body))
         } else if let Some(pool) = a.opts.get("pool") {
             let mode_s = a.opts.get("mode").map(String::as_str).unwrap_or("strict");
             let mode = Mode::parse(mode_s).ok_or_else(|| format!("unknown mode {mode_s}"))?;
@@ -117,10 +129,12 @@ fn main() {
             let fin = b.finish().map_err(|e| format!("unmount: {e}"));
             let body = body?;
             fin?;
-            Ok(format!(
-                "{{\"target\":\"lib\",\"mode\":\"{}\",\"backend\":\"{backend}\",{body}}}",
-                mode.name()
-            ))
+            let head = vec![
+                ("target", "lib".into()),
+                ("mode", mode.name().into()),
+                ("backend", backend.into()),
+            ];
+            Ok(result(head, body))
         } else {
             Err(format!("give --dir or --pool\n{USAGE}"))
         }

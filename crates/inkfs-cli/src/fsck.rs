@@ -3,7 +3,8 @@
 //!
 //! Exit codes follow e2fsck: 0 clean, 1 errors corrected, 4 errors left
 //! uncorrected, 8 operational error (cannot open, not an inkfs pool, repair
-//! of a pool that another process has open refused), 16 usage error.
+//! of a pool that another process has open refused), 16 usage error (given
+//! by the argument parser: `usage::refuse`).
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -16,58 +17,59 @@ use serde_json::json;
 use crate::state::{holders_json, pool_state, PoolState};
 
 pub const EXIT_OPERATIONAL: i32 = 8;
-pub const EXIT_USAGE: i32 = 16;
 
-const USAGE: &str = "usage: inkfs fsck POOL [-y|--repair] [-n] [--json] [-q] [--progress]";
+const EXIT_CODES_HELP: &str = "\
+Exit status, as e2fsck's:
+  0   no errors (notes may have been printed, or acted on with -y)
+  1   errors were found and all of them were corrected
+  4   errors were left uncorrected (every error, without -y)
+  8   operational error: cannot open the pool, not an inkfs pool, or -y on a
+      pool that another process has open
+  16  usage error (an unknown flag, a missing or extra argument); --help
+      exits 0";
 
-struct Args {
-    pool: PathBuf,
-    repair: bool,
-    json: bool,
-    quiet: bool,
-    progress: bool,
+/// Check a pool; with -y, repair what is safely repairable
+///
+/// Without -y the check is read-only: the pool is mapped read-only and
+/// nothing is written; a pool that a mount has open is checked too (with a
+/// warning: it changes while it is read). -y needs the pool to itself.
+/// docs/FSCK.md lists what is checked and what is repaired.
+#[derive(clap::Args, Debug)]
+#[command(after_help = EXIT_CODES_HELP)]
+pub struct FsckArgs {
+    /// The pool: a file or a DAX device
+    pub pool: PathBuf,
+    /// Repair what is safely repairable
+    #[arg(
+        short = 'y',
+        long = "repair",
+        visible_alias = "yes",
+        overrides_with = "_no"
+    )]
+    pub repair: bool,
+    /// Check only, change nothing: the default (the last of -y and -n wins)
+    #[arg(short = 'n', long = "no", overrides_with = "repair")]
+    _no: bool,
+    /// Print one JSON object (for scripts)
+    #[arg(long)]
+    pub json: bool,
+    /// Print only problems that are errors (no notes, no summary, no
+    /// progress)
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// Show progress on stderr also when it is not a terminal (after the
+    /// first second)
+    #[arg(long)]
+    pub progress: bool,
+    /// Accepted for e2fsck's "check even if clean": inkfs always checks in
+    /// full
+    #[arg(short = 'f', long = "force")]
+    _force: bool,
 }
 
-fn parse(args: &[String]) -> Result<Args, String> {
-    let mut pool = None;
-    let (mut repair, mut json, mut quiet, mut progress) = (false, false, false, false);
-    for a in args {
-        match a.as_str() {
-            "-y" | "--repair" | "--yes" => repair = true,
-            "-n" | "--no" => repair = false,
-            "--json" => json = true,
-            "-q" | "--quiet" => quiet = true,
-            "--progress" => progress = true,
-            // e2fsck's "check even if clean": inkfs always checks.
-            "-f" | "--force" => {}
-            "-h" | "--help" => return Err(String::new()),
-            s if s.starts_with('-') => return Err(format!("unknown option '{s}'")),
-            s if pool.is_none() => pool = Some(PathBuf::from(s)),
-            s => return Err(format!("unexpected argument '{s}'")),
-        }
-    }
-    Ok(Args {
-        pool: pool.ok_or("which pool?")?,
-        repair,
-        json,
-        quiet,
-        progress,
-    })
-}
-
-pub fn fsck_main(args: &[String]) -> i32 {
-    let a = match parse(args) {
-        Ok(a) => a,
-        Err(m) if m.is_empty() => {
-            println!("{USAGE}");
-            return 0;
-        }
-        Err(m) => {
-            eprintln!("inkfs fsck: {m}\n{USAGE}");
-            return EXIT_USAGE;
-        }
-    };
-    match run(&a) {
+/// `inkfs fsck ...`; returns the exit status.
+pub fn fsck_main(a: &FsckArgs) -> i32 {
+    match run(a) {
         Ok(code) => code,
         Err(m) => {
             if a.json {
@@ -164,7 +166,7 @@ fn open_for_check(path: &Path, repair: bool) -> Result<(MappedPool, Option<PoolB
     }
 }
 
-fn run(a: &Args) -> Result<i32, String> {
+fn run(a: &FsckArgs) -> Result<i32, String> {
     let path = &a.pool;
     std::fs::metadata(path).map_err(|e| e.to_string())?;
     // Held for the whole check: no mount can start meanwhile.
@@ -206,7 +208,7 @@ fn run(a: &Args) -> Result<i32, String> {
 fn print_human(
     path: &Path,
     r: &FsckReport,
-    a: &Args,
+    a: &FsckArgs,
     state: &PoolState,
     in_use: bool,
     elapsed: Duration,

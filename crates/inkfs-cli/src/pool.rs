@@ -47,47 +47,41 @@ fn human(bytes: u64) -> String {
     }
 }
 
-struct MkfsArgs {
-    pool: PathBuf,
-    size: Option<u64>,
-    lanes: u32,
-    force: bool,
+/// `--lanes`: 1 to LANES_MAX.
+fn parse_lanes(v: &str) -> Result<u32, String> {
+    let max = api::pool::LANES_MAX;
+    match v.parse::<u32>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        // The parser's message names the value refused.
+        _ => Err(format!(
+            "--lanes takes 1 to {max} (omit it for one per CPU, at least 4)"
+        )),
+    }
 }
 
-fn parse_mkfs(args: &[String]) -> Result<MkfsArgs, String> {
-    let mut pool = None;
-    let mut size = None;
-    let mut lanes = 0;
-    let mut force = false;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--size" | "-s" => size = Some(parse_size(it.next().ok_or("--size needs a value")?)?),
-            "--lanes" => {
-                let v = it.next().ok_or("--lanes needs a value")?;
-                let max = api::pool::LANES_MAX;
-                lanes = match v.parse::<u32>() {
-                    Ok(n) if (1..=max).contains(&n) => n,
-                    _ => {
-                        let why = "omit it for one per CPU, at least 4";
-                        return Err(format!("--lanes takes 1 to {max} ({why}), not '{v}'"));
-                    }
-                };
-            }
-            "--force" | "-f" => force = true,
-            s if s.starts_with("--size=") => size = Some(parse_size(&s[7..])?),
-            s if s.starts_with('-') => return Err(format!("unknown option '{s}'")),
-            s if pool.is_none() => pool = Some(PathBuf::from(s)),
-            s => return Err(format!("unexpected argument '{s}'")),
-        }
-    }
-    let pool = pool.ok_or("which pool? usage: inkfs mkfs POOL [--size SIZE] [--force]")?;
-    Ok(MkfsArgs {
-        pool,
-        size,
-        lanes,
-        force,
-    })
+/// Create an empty file system on a pool
+///
+/// A new pool file is created with --size; an existing one keeps its size
+/// unless --size is given; a DAX device is used whole. A pool that holds
+/// data (an inkfs pool or anything else) is overwritten only with --force;
+/// a pool that another process has open is refused, --force or not.
+#[derive(clap::Args, Debug)]
+pub struct MkfsArgs {
+    /// The pool: a file (on /dev/shm, hugetlbfs, ext4/xfs -o dax, or any
+    /// file system) or a DAX device such as /dev/dax0.0
+    pub pool: PathBuf,
+    /// Size of a new (or re-made) pool file: bytes, or with a suffix k, M,
+    /// G or T (binary: 4G = 4 GiB), e.g. 4G, 512M, 65536; a multiple of
+    /// 4096 (of 2 MiB on hugetlbfs). Ignored for a DAX device
+    #[arg(short, long, value_name = "SIZE", value_parser = parse_size)]
+    pub size: Option<u64>,
+    /// Log lanes, 1 to 256: how many threads can write at once without
+    /// waiting for one another [default: one per CPU, at least 4]
+    #[arg(long, value_name = "N", value_parser = parse_lanes, allow_negative_numbers = true)]
+    pub lanes: Option<u32>,
+    /// Overwrite what the pool holds (an inkfs pool or other data)
+    #[arg(short, long)]
+    pub force: bool,
 }
 
 /// What is at the path now, for the "refuse to overwrite" decision.
@@ -147,8 +141,7 @@ fn describe_contents(pool: &PoolFile) -> Result<Option<String>, String> {
         .then(|| "data that is not an inkfs pool (first MiB not zero)".to_string()))
 }
 
-pub fn mkfs(args: &[String]) -> Result<(), String> {
-    let a = parse_mkfs(args)?;
+pub fn mkfs(a: &MkfsArgs) -> Result<(), String> {
     let path = &a.pool;
     let found = existing(path)?;
     // A file this command creates is removed again if it cannot become a
@@ -218,7 +211,8 @@ pub fn mkfs(args: &[String]) -> Result<(), String> {
     )
     .map_err(|e| undo(format!("{}: {e}", path.display())))?;
     let opts = FormatOptions {
-        lanes: a.lanes,
+        // 0: the engine's default.
+        lanes: a.lanes.unwrap_or(0),
         ..Default::default()
     };
     let sb = Filesystem::format(&pm, &opts).map_err(|e| undo(e.to_string()))?;
@@ -262,19 +256,27 @@ fn print_aligned(lines: &[(&str, String)]) {
     }
 }
 
-pub fn stat(args: &[String]) -> Result<(), String> {
-    let mut json = false;
-    let mut path = None;
-    for a in args {
-        match a.as_str() {
-            "--json" => json = true,
-            s if s.starts_with('-') => return Err(format!("unknown option '{s}'")),
-            s => path = Some(PathBuf::from(s)),
-        }
-    }
-    let path = path.ok_or("usage: inkfs stat POOL|MOUNTPOINT [--json]")?;
+/// Describe a pool (format, backend, space, state) or a running mount
+/// (live per-operation statistics)
+///
+/// A pool is read without a claim, so it may be described while mounted
+/// (its space and inodes are then counted by the mount only: ask the mount
+/// point).
+#[derive(clap::Args, Debug)]
+pub struct StatArgs {
+    /// A pool (file or DAX device), or the mount point of a running inkfs
+    /// server
+    #[arg(value_name = "POOL|MOUNTPOINT")]
+    pub path: PathBuf,
+    /// Print one JSON object (for scripts)
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn stat(a: &StatArgs) -> Result<(), String> {
+    let (path, json) = (&a.path, a.json);
     if path.is_dir() {
-        return match inkfs_fuse::stat_mountpoint(&path, json) {
+        return match inkfs_fuse::stat_mountpoint(path, json) {
             Some(Ok(report)) => {
                 print!("{report}");
                 if !report.ends_with('\n') {
@@ -288,8 +290,8 @@ pub fn stat(args: &[String]) -> Result<(), String> {
     }
     // Only ask who holds the pool, and read it without a claim: a shared
     // lock held by stat would make a mount starting meanwhile fail.
-    let busy = probe_pool(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let pm = PoolFile::open_unlocked(&path)
+    let busy = probe_pool(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let pm = PoolFile::open_unlocked(path)
         .and_then(|f| {
             MappedPool::map(
                 f,
@@ -301,7 +303,7 @@ pub fn stat(args: &[String]) -> Result<(), String> {
         })
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let info = pm.info();
-    let mounted_on = inkfs_fuse::mount::mountpoints_of_pool(&path);
+    let mounted_on = inkfs_fuse::mount::mountpoints_of_pool(path);
     // A read-write holder changes the logs under us: read nothing but the
     // superblock (checksummed, with a backup copy), and point at the
     // mount's own live figures.

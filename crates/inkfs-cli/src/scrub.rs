@@ -6,59 +6,51 @@
 //! Exit codes, as fsck's: 0 nothing damaged, 4 damage found (scrub repairs
 //! nothing; what it found went through the mount's errors= policy), 8
 //! operational error (not an inkfs mount point, server not answering,
-//! refused, stopped by an unmount), 16 usage error.
+//! refused, stopped by an unmount), 16 usage error (given by the argument
+//! parser: `usage::refuse`).
 
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use inkfs_fuse::scrub::Outcome;
+use serde_json::{json, Map, Value};
 
 pub const EXIT_CLEAN: i32 = 0;
 pub const EXIT_DAMAGE: i32 = 4;
 pub const EXIT_OPERATIONAL: i32 = 8;
-pub const EXIT_USAGE: i32 = 16;
 
-const USAGE: &str = "usage: inkfs scrub MOUNTPOINT [--json] [-q|--quiet]";
+const EXIT_CODES_HELP: &str = "\
+Exit status, as fsck's (e2fsck's):
+  0   nothing damaged
+  4   damage found (nothing is repaired: unmount, then `inkfs fsck -y POOL`)
+  8   operational error: not the mount point of an inkfs server, no answer,
+      refused, or stopped by an unmount
+  16  usage error (an unknown flag, a missing or extra argument); --help
+      exits 0";
 
-struct Args {
-    mountpoint: PathBuf,
-    json: bool,
-    quiet: bool,
+/// Check every checksum of a mounted pool while it keeps serving
+///
+/// The server that owns the pool runs the check (superblocks, journals,
+/// inode tables, every live inode's log); damage found goes through the
+/// mount's errors= policy. Root or the server's user only; one scrub at a
+/// time per mount. Progress goes to stderr (none with -q). docs/FSCK.md,
+/// "Scrub".
+#[derive(clap::Args, Debug)]
+#[command(after_help = EXIT_CODES_HELP)]
+pub struct ScrubArgs {
+    /// The mount point of a running inkfs server
+    pub mountpoint: PathBuf,
+    /// Print one JSON object (for scripts)
+    #[arg(long)]
+    pub json: bool,
+    /// Print only the problems found (no summary, no progress)
+    #[arg(short, long)]
+    pub quiet: bool,
 }
 
-fn parse(args: &[String]) -> Result<Args, String> {
-    let mut mountpoint = None;
-    let (mut json, mut quiet) = (false, false);
-    for a in args {
-        match a.as_str() {
-            "--json" => json = true,
-            "-q" | "--quiet" => quiet = true,
-            "-h" | "--help" => return Err(String::new()),
-            s if s.starts_with('-') => return Err(format!("unknown option '{s}'")),
-            s if mountpoint.is_none() => mountpoint = Some(PathBuf::from(s)),
-            s => return Err(format!("unexpected argument '{s}'")),
-        }
-    }
-    Ok(Args {
-        mountpoint: mountpoint.ok_or("which mount point?")?,
-        json,
-        quiet,
-    })
-}
-
-pub fn scrub_main(args: &[String]) -> i32 {
-    let a = match parse(args) {
-        Ok(a) => a,
-        Err(m) if m.is_empty() => {
-            println!("{USAGE}");
-            return EXIT_CLEAN;
-        }
-        Err(m) => {
-            eprintln!("inkfs scrub: {m}\n{USAGE}");
-            return EXIT_USAGE;
-        }
-    };
+/// `inkfs scrub ...`; returns the exit status.
+pub fn scrub_main(a: &ScrubArgs) -> i32 {
     let started = Instant::now();
     let mut bar = Bar::new(!a.quiet);
     let result =
@@ -72,22 +64,45 @@ pub fn scrub_main(args: &[String]) -> i32 {
         };
     bar.finish();
     match result {
-        Ok(outcome) => report(&a, &outcome, started.elapsed()),
-        Err(m) => {
-            if a.json {
-                println!(
-                    "{{\"mountpoint\":{},\"error\":{},\"exit_code\":{EXIT_OPERATIONAL}}}",
-                    json_str(&a.mountpoint.display().to_string()),
-                    json_str(&m)
-                );
-            }
-            eprintln!("inkfs scrub: {}: {m}", a.mountpoint.display());
-            EXIT_OPERATIONAL
-        }
+        Ok(outcome) => report(a, &outcome, started.elapsed()),
+        Err(m) => operational_error(a, &m),
     }
 }
 
-fn report(a: &Args, o: &Outcome, elapsed: Duration) -> i32 {
+/// Say why the scrub did not run to its end (as JSON too with --json).
+fn operational_error(a: &ScrubArgs, m: &str) -> i32 {
+    if a.json {
+        let v = json!({
+            "mountpoint": a.mountpoint.display().to_string(),
+            "error": m,
+            "exit_code": EXIT_OPERATIONAL,
+        });
+        println!("{v}");
+    }
+    eprintln!("inkfs scrub: {}: {m}", a.mountpoint.display());
+    EXIT_OPERATIONAL
+}
+
+/// The server's JSON object, with what only the client knows in front:
+/// `{"mountpoint", "exit_code", "elapsed_s" (ms precision), ...server's}`.
+fn json_report(
+    mountpoint: &Path,
+    code: i32,
+    elapsed: Duration,
+    server: &str,
+) -> Result<Value, String> {
+    let server: Map<String, Value> = serde_json::from_str(server)
+        .map_err(|e| format!("the server's report is not a JSON object ({e})"))?;
+    let mut v = Map::new();
+    v.insert("mountpoint".into(), mountpoint.display().to_string().into());
+    v.insert("exit_code".into(), code.into());
+    let ms = elapsed.as_secs_f64() * 1000.0;
+    v.insert("elapsed_s".into(), (ms.round() / 1000.0).into());
+    v.extend(server);
+    Ok(Value::Object(v))
+}
+
+fn report(a: &ScrubArgs, o: &Outcome, elapsed: Duration) -> i32 {
     let code = if o.count("cancelled") != 0 {
         EXIT_OPERATIONAL
     } else if o.findings.is_empty() {
@@ -97,14 +112,13 @@ fn report(a: &Args, o: &Outcome, elapsed: Duration) -> i32 {
     };
     let mnt = a.mountpoint.display();
     if a.json {
-        // The server's object, with what only the client knows in front.
-        let rest = o.json.strip_prefix('{').unwrap_or("}");
-        println!(
-            "{{\"mountpoint\":{},\"exit_code\":{code},\"elapsed_s\":{:.3},{rest}",
-            json_str(&mnt.to_string()),
-            elapsed.as_secs_f64()
-        );
-        return code;
+        return match json_report(&a.mountpoint, code, elapsed, &o.json) {
+            Ok(v) => {
+                println!("{v}");
+                code
+            }
+            Err(m) => operational_error(a, &m),
+        };
     }
     let mut out = std::io::stdout().lock();
     for f in &o.findings {
@@ -215,7 +229,20 @@ impl Bar {
     }
 }
 
-/// `s` as a JSON string literal, quotes included.
-fn json_str(s: &str) -> String {
-    serde_json::Value::from(s).to_string()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_report_puts_the_client_fields_first_and_escapes() {
+        let server = r#"{"clean":false,"inodes":3,"problems":[{"reason":"log","inode":7,"message":"a \"b\"\nc"}]}"#;
+        let mnt = Path::new("/mnt/we\"ird");
+        let v = json_report(mnt, 4, Duration::from_micros(1_234_567), server).unwrap();
+        assert_eq!(
+            v.to_string(),
+            r#"{"mountpoint":"/mnt/we\"ird","exit_code":4,"elapsed_s":1.235,"clean":false,"inodes":3,"problems":[{"reason":"log","inode":7,"message":"a \"b\"\nc"}]}"#
+        );
+        let e = json_report(mnt, 0, Duration::ZERO, "done inodes=3").unwrap_err();
+        assert!(e.contains("not a JSON object"), "{e}");
+    }
 }

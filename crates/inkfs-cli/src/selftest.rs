@@ -32,11 +32,21 @@ fn e<T>(what: &str, r: inkfs::api::Result<T>) -> Result<T, String> {
     r.map_err(|err| format!("{what}: {err}"))
 }
 
-pub fn selftest(args: &[String]) -> Result<(), String> {
-    let path = match args {
-        [p] if !p.starts_with('-') => PathBuf::from(p),
-        _ => return Err("usage: inkfs selftest POOL".into()),
-    };
+/// Test a pool's hardware through the library: write, remount, verify
+///
+/// Writes a tree of files in /inkfs-selftest through the library (no
+/// FUSE), unmounts cleanly, mounts again, verifies every byte, checks the
+/// pool with fsck and removes the tree: for new hardware (a DAX device, a
+/// MAP_SYNC file), where the backend itself is on trial. The pool must be
+/// made (`inkfs mkfs`) and not open elsewhere.
+#[derive(clap::Args, Debug)]
+pub struct SelftestArgs {
+    /// The pool: a file or a DAX device
+    pub pool: PathBuf,
+}
+
+pub fn selftest(a: &SelftestArgs) -> Result<(), String> {
+    let path = &a.pool;
     let rw = PoolOpenOptions {
         create_size_bytes: None,
         read_only: false,
@@ -45,7 +55,7 @@ pub fn selftest(args: &[String]) -> Result<(), String> {
     // open is refused, and none can take it between the unmount and the
     // remount. Each mapping goes through its own duplicate descriptor,
     // which shares the claim.
-    let claim = PoolFile::open(&path, &rw).map_err(|err| match PoolBusy::of(&err) {
+    let claim = PoolFile::open(path, &rw).map_err(|err| match PoolBusy::of(&err) {
         Some(_) => format!("{}: {err}; not testing it", path.display()),
         None => format!("{}: {err}", path.display()),
     })?;

@@ -1,6 +1,8 @@
 //! inkfs FUSE front end.
 //!
-//! - [`mount_main`]: `inkfs mount POOL MOUNTPOINT [-f] [-o OPTIONS]`
+//! - [`mount_main`]: `inkfs mount POOL MOUNTPOINT [-f] [-o OPTIONS]`; its
+//!   arguments, [`MountArgs`], [`NullArgs`] and [`InstallHelperArgs`], are
+//!   clap `Args` that the `inkfs` CLI and this crate's binary share
 //! - [`stat_mountpoint`]: live statistics of a running server (`inkfs stat`)
 //! - [`scrub::request`]: an online check run by a running server
 //!   (`inkfs scrub`)
@@ -33,8 +35,8 @@ use std::path::{Path, PathBuf};
 /// The engine the mount serves: `inkfs::api` over a mapped pool.
 pub type Engine = inkfs::api::Filesystem<inkfs::pmem::MappedPool>;
 
-pub use mount::mount_main;
-pub use nullfs::null_main;
+pub use mount::{mount_main, MountArgs};
+pub use nullfs::{null_main, NullArgs};
 
 /// Statistics of the inkfs server mounted on `path`, as text or JSON.
 /// None: `path` is not the mount point of a running (or crashed) inkfs
@@ -85,16 +87,22 @@ pub(crate) fn server_socket(path: &Path) -> Option<PathBuf> {
 /// The mount(8) helper script, installed as /sbin/mount.fuse.inkfs.
 pub const MOUNT_HELPER: &str = include_str!("../mount.fuse.inkfs");
 
-/// `inkfs install-helper [DIR]`: install the mount(8) helper (default
-/// /sbin), so that `mount -t fuse.inkfs` and /etc/fstab lines work. The
-/// helper finds `inkfs` on the standard PATH at mount time, not in the
-/// build tree (a `cargo clean` must not break fstab mounts); this says so
-/// when no installed `inkfs` is there yet.
-pub fn install_helper_main(args: &[String]) -> i32 {
-    let dir = args
-        .first()
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/sbin"));
+/// Install the mount(8) helper mount.fuse.inkfs, for `mount -t fuse.inkfs`
+/// and /etc/fstab
+///
+/// The helper runs the `inkfs` found on the standard PATH at mount time,
+/// not the one in a build tree (a `cargo clean` must not break fstab
+/// mounts); this says so when no installed `inkfs` is there yet.
+#[derive(clap::Args, Clone, Debug)]
+pub struct InstallHelperArgs {
+    /// The directory to install it in
+    #[arg(default_value = "/sbin")]
+    pub dir: PathBuf,
+}
+
+/// `inkfs install-helper [DIR]`; returns the exit status (0, or 1).
+pub fn install_helper_main(args: &InstallHelperArgs) -> i32 {
+    let dir = &args.dir;
     let path = dir.join("mount.fuse.inkfs");
     let res = std::fs::write(&path, MOUNT_HELPER).and_then(|()| {
         use std::os::unix::fs::PermissionsExt;

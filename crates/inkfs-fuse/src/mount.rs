@@ -18,9 +18,11 @@ use crate::scrub::ScrubService;
 use crate::stats::{Access, Field, Handler, Request, Stats, StatsServer};
 use crate::Engine;
 
-pub const USAGE: &str = "usage: inkfs mount POOL MOUNTPOINT [-f] [-o OPTIONS]
-options (comma separated, mount(8) style):
-  mode=strict|sync|posix   consistency mode (default strict)
+/// The `-o` options, for `inkfs mount --help` (kept beside
+/// [`MountConfig::apply_options`], which parses them).
+pub const OPTIONS_HELP: &str = "\
+Mount options (-o, comma separated, mount(8) style; -o may be repeated):
+  mode=strict|sync|posix   consistency mode (default strict; docs/MODES.md)
   ro / rw                  read-only or read-write (default rw)
   errors=remount-ro|continue  on corruption met while mounted: turn
                            read-only (default) or keep serving; either way
@@ -28,7 +30,8 @@ options (comma separated, mount(8) style):
                            read-write mount needs `inkfs fsck -y` first
   allow_other / noallow_other            (default: allow_other when root)
   default_permissions / nodefault_permissions  kernel permission checks (default on)
-  threads=N                FUSE worker threads (default 2, 1 on a 1-CPU machine)
+  threads=N                FUSE worker threads, 1 to 64 (default 2, 1 on a
+                           1-CPU machine)
   poll / nopoll            spin on the FUSE device while requests keep coming,
                            sleep after 2 ms without one (default nopoll: it
                            helps a single-threaded server only)
@@ -38,7 +41,46 @@ options (comma separated, mount(8) style):
   dev, nodev, suid, nosuid, exec, noexec, atime, noatime, sync, async, dirsync
   ignored: defaults, auto, noauto, nofail, _netdev, user, nouser, users,
            relatime, strictatime, nodiratime, x-*, comment=*
--f: stay in the foreground (otherwise returns once the mount is live)";
+The flags mount(8) may add for a helper, -n, -s and -v, are ignored.
+
+Exit status: 0 mounted (without -f) or unmounted cleanly (with -f), 1 the
+mount or the server failed, 2 usage error (an unknown option included).";
+
+/// Mount a pool with FUSE; returns once the mount is live
+///
+/// mount(8) runs it too, through the helper mount.fuse.inkfs (`mount -t
+/// fuse.inkfs`, /etc/fstab; see `inkfs install-helper`), as
+/// `mount.fuse.inkfs POOL MOUNTPOINT [-s] [-f] [-n] [-v] [-o OPTIONS]`.
+//
+// (libmount's exec_helper. Its -f means "fake" (`mount -f`): the helper
+// script handles it and does not run this.)
+#[derive(clap::Args, Clone, Debug)]
+#[command(after_help = OPTIONS_HELP)]
+pub struct MountArgs {
+    /// The pool: a file or a DAX device, made by `inkfs mkfs`
+    pub pool: PathBuf,
+    /// The directory to mount it on
+    pub mountpoint: PathBuf,
+    /// Stay in the foreground and serve until unmounted (otherwise return
+    /// once the mount is live)
+    #[arg(short, long)]
+    pub foreground: bool,
+    /// Mount options, comma separated (see below); checked before anything
+    /// is opened
+    #[arg(short = 'o', value_name = "OPTIONS", value_parser = check_options)]
+    pub options: Vec<String>,
+    /// What mount(8) may pass a helper besides -f and -o: -n (no mtab),
+    /// -s (sloppy), -v (verbose); accepted and ignored.
+    #[arg(short = 'n', short_aliases = ['s', 'v'], action = clap::ArgAction::Count, hide = true)]
+    pub helper_flags: u8,
+}
+
+/// The `-o` value parser: an option list is refused by the argument
+/// parser, as a usage error, if [`MountConfig::apply_options`] refuses it.
+fn check_options(list: &str) -> Result<String, String> {
+    MountConfig::new(PathBuf::new(), PathBuf::new()).apply_options(list)?;
+    Ok(list.to_string())
+}
 
 /// FUSE worker threads when `threads=` is not given. On a 2-vCPU machine
 /// two blocking threads serve fio 4 KiB I/O 1.3-1.6x faster than one
@@ -160,35 +202,11 @@ impl MountConfig {
         Ok(())
     }
 
-    /// `POOL MOUNTPOINT [-f] [-o OPTIONS]...`, also as mount(8) calls a
-    /// helper (`-n`, `-s`, `-v` accepted and ignored).
-    pub fn parse(args: &[String]) -> Result<MountConfig, String> {
-        let mut positional = Vec::new();
-        let mut options = Vec::new();
-        let mut foreground = false;
-        let mut i = 0;
-        while i < args.len() {
-            let a = &args[i];
-            match a.as_str() {
-                "-f" | "--foreground" => foreground = true,
-                "-o" => {
-                    i += 1;
-                    options.push(args.get(i).ok_or("-o needs an option list")?.clone());
-                }
-                "-n" | "-s" | "-v" | "--" => {}
-                "-h" | "--help" => return Err(String::new()),
-                s if s.starts_with("-o") => options.push(s[2..].to_string()),
-                s if s.starts_with('-') && s.len() > 1 => return Err(format!("unknown flag {s}")),
-                _ => positional.push(a.clone()),
-            }
-            i += 1;
-        }
-        let [pool, mountpoint] = positional.as_slice() else {
-            return Err("expected POOL and MOUNTPOINT".into());
-        };
-        let mut cfg = MountConfig::new(PathBuf::from(pool), PathBuf::from(mountpoint));
-        cfg.foreground = foreground;
-        for o in &options {
+    /// The configuration `args` ask for: the `-o` lists applied in order.
+    pub fn from_args(args: &MountArgs) -> Result<MountConfig, String> {
+        let mut cfg = MountConfig::new(args.pool.clone(), args.mountpoint.clone());
+        cfg.foreground = args.foreground;
+        for o in &args.options {
             cfg.apply_options(o)?;
         }
         Ok(cfg)
@@ -629,15 +647,14 @@ pub fn run_engine(
     }
 }
 
-/// `inkfs mount ...`
-pub fn mount_main(args: &[String]) -> i32 {
-    let cfg = match MountConfig::parse(args) {
+/// `inkfs mount ...`: mount, and serve in the background (or, with `-f`,
+/// here until unmounted). Returns the exit status: 0, 1 on failure, 2 for
+/// refused options (which the argument parser has checked already).
+pub fn mount_main(args: &MountArgs) -> i32 {
+    let cfg = match MountConfig::from_args(args) {
         Ok(c) => c,
         Err(e) => {
-            if !e.is_empty() {
-                eprintln!("inkfs mount: {e}");
-            }
-            eprintln!("{USAGE}");
+            eprintln!("inkfs mount: {e} (try 'inkfs mount --help')");
             return 2;
         }
     };

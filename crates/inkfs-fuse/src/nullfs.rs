@@ -332,51 +332,70 @@ impl Filesystem for NullFs {
     }
 }
 
-pub const NULL_USAGE: &str = "usage: inkfs null-fs MOUNTPOINT [-f] [-o threads=N,poll]
-A FUSE file system that stores nothing (FUSE's floor, for benchmarks).
-threads=N: worker threads (default: the same as inkfs mount's).
-poll: spin on the FUSE device while requests keep coming, as inkfs mount
-does by default (see `inkfs mount --help`).";
+/// A do-nothing FUSE file system: FUSE's floor, for benchmarks
+///
+/// One root directory; files can be created, written (the length is
+/// acknowledged, the bytes dropped), read (zeros), fsynced and unlinked.
+#[derive(clap::Args, Clone, Debug)]
+pub struct NullArgs {
+    /// The directory to mount it on
+    pub mountpoint: PathBuf,
+    /// Stay in the foreground and serve until unmounted (otherwise return
+    /// once the mount is live)
+    #[arg(short, long)]
+    pub foreground: bool,
+    /// Options, comma separated: threads=N (FUSE worker threads, 1 to 64;
+    /// default the same as inkfs mount's), poll / nopoll (spin on the FUSE
+    /// device while requests keep coming, as `inkfs mount -o poll` does;
+    /// default nopoll)
+    #[arg(short = 'o', value_name = "OPTIONS", value_delimiter = ',', value_parser = NullOption::parse)]
+    pub options: Vec<NullOption>,
+}
 
-/// `inkfs null-fs MOUNTPOINT [-f] [-o threads=N,poll]`
-pub fn null_main(args: &[String]) -> i32 {
-    let mut mnt = None;
-    let mut foreground = false;
+/// One `-o` option of `inkfs null-fs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NullOption {
+    Threads(usize),
+    Poll(bool),
+    /// An empty item (`-o a,,b`): nothing.
+    None,
+}
+
+impl NullOption {
+    fn parse(o: &str) -> Result<NullOption, String> {
+        match o {
+            "" => Ok(NullOption::None),
+            "poll" => Ok(NullOption::Poll(true)),
+            "nopoll" => Ok(NullOption::Poll(false)),
+            _ => match o.strip_prefix("threads=") {
+                Some(v) => v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=64).contains(n))
+                    .map(NullOption::Threads)
+                    .ok_or_else(|| format!("threads={v}: expected 1 to 64")),
+                None => Err(format!(
+                    "unknown option {o} (threads=N, poll and nopoll are known)"
+                )),
+            },
+        }
+    }
+}
+
+/// `inkfs null-fs ...`; returns the exit status (0, or 1 on failure).
+pub fn null_main(args: &NullArgs) -> i32 {
+    let (mnt, foreground) = (args.mountpoint.clone(), args.foreground);
     // The same default as `inkfs mount`, so that the floor it measures is
     // FUSE as inkfs uses it.
     let mut threads = crate::mount::default_threads();
     let mut poll = false;
-    let mut i = 0;
-    while i < args.len() {
-        match args[i].as_str() {
-            "-f" => foreground = true,
-            "-o" => {
-                i += 1;
-                for o in args.get(i).map(String::as_str).unwrap_or("").split(',') {
-                    match o.strip_prefix("threads=").and_then(|v| v.parse().ok()) {
-                        Some(n) if (1..=64).contains(&n) => threads = n,
-                        _ if o == "poll" => poll = true,
-                        _ if o == "nopoll" => poll = false,
-                        _ if o.is_empty() => {}
-                        _ => {
-                            eprintln!("inkfs null-fs: unknown option {o}\n{NULL_USAGE}");
-                            return 2;
-                        }
-                    }
-                }
-            }
-            s if s.starts_with('-') => {
-                eprintln!("{NULL_USAGE}");
-                return 2;
-            }
-            s => mnt = Some(PathBuf::from(s)),
+    for o in &args.options {
+        match *o {
+            NullOption::Threads(n) => threads = n,
+            NullOption::Poll(p) => poll = p,
+            NullOption::None => {}
         }
-        i += 1;
     }
-    let Some(mnt) = mnt else {
-        eprintln!("{NULL_USAGE}");
-        return 2;
-    };
     daemonize(foreground, move |mut notify| {
         block_term_signals();
         let mnt = match prepare_mountpoint(&mnt) {

@@ -808,6 +808,33 @@ fn mount_t_fuse_inkfs() {
     let pid = server_pid(dir.path()).unwrap();
     run(Command::new("umount").arg(dir.path()));
     wait_exit(pid);
+
+    // `mount -f` (fake: everything but the mount itself) gives the helper
+    // `-f`, which is not `inkfs mount -f` (foreground): nothing is mounted
+    // and mount(8) returns at once. (A server started by mistake would
+    // serve until the timeout; it is unmounted before the assertions.)
+    let fake = Command::new("timeout")
+        .args(["20", "mount", "-f", "-t", "fuse.inkfs"])
+        .env("INKFS", BIN)
+        .arg(&pool.path)
+        .arg(dir.path())
+        .args(["-o", "mode=sync"])
+        .output()
+        .unwrap();
+    let is_mounted = fs::read_to_string("/proc/self/mounts")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(1) == Some(&*dir.path().to_string_lossy()));
+    if is_mounted {
+        let _ = Command::new("umount").arg(dir.path()).output();
+    }
+    assert!(!is_mounted, "mount -f mounted the pool");
+    assert!(
+        fake.status.success(),
+        "mount -f: {}: {}",
+        fake.status,
+        String::from_utf8_lossy(&fake.stderr)
+    );
 }
 
 #[test]

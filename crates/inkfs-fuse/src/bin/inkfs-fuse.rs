@@ -1,46 +1,57 @@
-//! The FUSE commands of `inkfs` on their own (the same dispatch as the
-//! `inkfs` CLI): lets this crate's tests run the real daemon path without
+//! The FUSE commands of `inkfs` on their own (the same arguments as the
+//! `inkfs` CLI's): lets this crate's tests run the real daemon path without
 //! depending on another crate's binary.
 
-use std::path::Path;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use inkfs_fuse::{InstallHelperArgs, MountArgs, NullArgs};
+
+/// The FUSE commands of inkfs (the `inkfs` binary has them all)
+#[derive(Parser)]
+#[command(name = "inkfs-fuse", version)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    Mount(MountArgs),
+    NullFs(NullArgs),
+    InstallHelper(InstallHelperArgs),
+    /// Live statistics of a running inkfs server
+    Stat {
+        /// The mount point of a running inkfs server
+        mountpoint: PathBuf,
+        /// One JSON object on stdout
+        #[arg(long)]
+        json: bool,
+    },
+}
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (cmd, rest) = match args.split_first() {
-        Some((c, r)) => (c.as_str(), r),
-        None => ("", &[][..]),
-    };
-    let code = match cmd {
-        "mount" => inkfs_fuse::mount_main(rest),
-        "null-fs" => inkfs_fuse::null_main(rest),
-        "install-helper" => inkfs_fuse::install_helper_main(rest),
-        "stat" => {
-            let json = rest.iter().any(|a| a == "--json");
-            match rest.iter().find(|a| !a.starts_with('-')) {
-                Some(p) => match inkfs_fuse::stat_mountpoint(Path::new(p), json) {
-                    Some(Ok(s)) => {
-                        print!("{s}");
-                        0
-                    }
-                    Some(Err(e)) => {
-                        eprintln!("inkfs stat: {e}");
-                        1
-                    }
-                    None => {
-                        eprintln!("inkfs stat: {p}: not an inkfs mount point");
-                        1
-                    }
-                },
-                None => {
-                    eprintln!("usage: inkfs-fuse stat MOUNTPOINT [--json]");
-                    2
-                }
+    let code = match Cli::parse().cmd {
+        Cmd::Mount(a) => inkfs_fuse::mount_main(&a),
+        Cmd::NullFs(a) => inkfs_fuse::null_main(&a),
+        Cmd::InstallHelper(a) => inkfs_fuse::install_helper_main(&a),
+        Cmd::Stat { mountpoint, json } => match inkfs_fuse::stat_mountpoint(&mountpoint, json) {
+            Some(Ok(s)) => {
+                print!("{s}");
+                0
             }
-        }
-        _ => {
-            eprintln!("usage: inkfs-fuse mount|null-fs|stat|install-helper ...");
-            2
-        }
+            Some(Err(e)) => {
+                eprintln!("inkfs stat: {e}");
+                1
+            }
+            None => {
+                eprintln!(
+                    "inkfs stat: {}: not an inkfs mount point",
+                    mountpoint.display()
+                );
+                1
+            }
+        },
     };
     std::process::exit(code)
 }
