@@ -9,6 +9,39 @@ use inkfs::api::{FileKind, Follow, Rename, RenameFlags, Resolved};
 use crate::boundary::{bytes_mut, cstr, fail, ffi, ssize, CResult};
 use crate::mount::{mount, Mount};
 
+/// What a path's last component is, as Linux's path walk classifies it
+/// (LAST_NORM, LAST_DOT, LAST_DOTDOT, LAST_ROOT): calls that create or
+/// remove a name refuse the others, each with its own errno.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Last {
+    Name,
+    Dot,
+    DotDot,
+    Root,
+}
+
+pub(crate) fn last(path: &[u8]) -> Last {
+    let trimmed = match path.iter().rposition(|&b| b != b'/') {
+        Some(end) => &path[..=end],
+        None => return Last::Root,
+    };
+    let name = trimmed.rsplit(|&b| b == b'/').next().unwrap_or(trimmed);
+    match name {
+        b"." => Last::Dot,
+        b".." => Last::DotDot,
+        _ => Last::Name,
+    }
+}
+
+/// A component other than a name where a new name is made: EEXIST
+/// (filename_create).
+fn refuse_new(path: &[u8]) -> CResult<()> {
+    if last(path) != Last::Name {
+        return fail(libc::EEXIST);
+    }
+    Ok(())
+}
+
 fn parent(m: &Mount, dirfd: c_int, path: &[u8]) -> CResult<Resolved> {
     let at = m.at(dirfd, path)?;
     Ok(m.fs.resolve_parent(&m.cred(), at, path)?)
@@ -19,6 +52,7 @@ fn parent(m: &Mount, dirfd: c_int, path: &[u8]) -> CResult<Resolved> {
 /// name exists, else ENOENT).
 fn new_name(m: &Mount, dirfd: c_int, path: &[u8]) -> CResult<Resolved> {
     let r = parent(m, dirfd, path)?;
+    refuse_new(path)?;
     if r.trailing_slash {
         return match m.fs.lookup(&m.cred(), r.dir, &r.name) {
             Ok(_) => fail(libc::EEXIST),
@@ -39,7 +73,9 @@ pub unsafe extern "C" fn inkfs_mkdirat(
 ) -> c_int {
     ffi(-1, || {
         let m = mount(fs)?;
-        let r = parent(m, dirfd, cstr(path)?)?;
+        let path = cstr(path)?;
+        let r = parent(m, dirfd, path)?;
+        refuse_new(path)?;
         m.fs.mkdir(&m.cred(), r.dir, &r.name, mode)?;
         Ok(0)
     })
@@ -92,11 +128,21 @@ pub unsafe extern "C" fn inkfs_unlinkat(
         if flags & !libc::AT_REMOVEDIR != 0 {
             return fail(libc::EINVAL);
         }
-        let r = parent(m, dirfd, cstr(path)?)?;
+        let path = cstr(path)?;
+        let r = parent(m, dirfd, path)?;
         let cred = m.cred();
         if flags & libc::AT_REMOVEDIR != 0 {
+            match last(path) {
+                Last::Name => {}
+                Last::Dot => return fail(libc::EINVAL),
+                Last::DotDot => return fail(libc::ENOTEMPTY),
+                Last::Root => return fail(libc::EBUSY),
+            }
             m.fs.rmdir(&cred, r.dir, &r.name)?;
             return Ok(0);
+        }
+        if last(path) != Last::Name {
+            return fail(libc::EISDIR);
         }
         if r.trailing_slash {
             // "name/": a directory is EISDIR, anything else ENOTDIR.
@@ -124,6 +170,34 @@ pub unsafe extern "C" fn inkfs_rmdir(fs: *mut Mount, path: *const c_char) -> c_i
     inkfs_unlinkat(fs, libc::AT_FDCWD, path, libc::AT_REMOVEDIR)
 }
 
+/// Trailing slashes in a rename are allowed on directories only; the
+/// checks come in do_renameat2's order, interleaved with the ones the
+/// engine makes (source exists, NOREPLACE, EXCHANGE's target exists).
+fn slashes_in_rename(m: &Mount, from: &Resolved, to: &Resolved, flags: RenameFlags) -> CResult<()> {
+    let cred = m.cred();
+    let old = m.fs.lookup(&cred, from.dir, &from.name)?;
+    let new = match m.fs.lookup(&cred, to.dir, &to.name) {
+        Ok(a) => Some(a),
+        Err(e) if e.errno() == libc::ENOENT => None,
+        Err(e) => return Err(e.into()),
+    };
+    if flags.noreplace && new.is_some() {
+        return fail(libc::EEXIST);
+    }
+    if flags.exchange {
+        match new {
+            None => return fail(libc::ENOENT),
+            Some(a) if a.kind != FileKind::Dir && to.trailing_slash => return fail(libc::ENOTDIR),
+            _ => {}
+        }
+    }
+    if old.kind != FileKind::Dir && (from.trailing_slash || (!flags.exchange && to.trailing_slash))
+    {
+        return fail(libc::ENOTDIR);
+    }
+    Ok(())
+}
+
 /// renameat2(2): flags RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT.
 #[no_mangle]
 pub unsafe extern "C" fn inkfs_renameat2(
@@ -137,15 +211,22 @@ pub unsafe extern "C" fn inkfs_renameat2(
     ffi(-1, || {
         let m = mount(fs)?;
         let flags = RenameFlags::from_bits(flags)?;
-        let from = parent(m, olddirfd, cstr(oldpath)?)?;
-        let to = parent(m, newdirfd, cstr(newpath)?)?;
+        let (oldpath, newpath) = (cstr(oldpath)?, cstr(newpath)?);
+        let from = parent(m, olddirfd, oldpath)?;
+        let to = parent(m, newdirfd, newpath)?;
+        if last(oldpath) != Last::Name {
+            return fail(libc::EBUSY);
+        }
+        if last(newpath) != Last::Name {
+            return fail(if flags.noreplace {
+                libc::EEXIST
+            } else {
+                libc::EBUSY
+            });
+        }
         let cred = m.cred();
-        if from.trailing_slash || (to.trailing_slash && !flags.exchange) {
-            // A trailing slash is allowed only on a directory.
-            let a = m.fs.lookup(&cred, from.dir, &from.name)?;
-            if a.kind != FileKind::Dir {
-                return fail(libc::ENOTDIR);
-            }
+        if from.trailing_slash || to.trailing_slash {
+            slashes_in_rename(m, &from, &to, flags)?;
         }
         let r = Rename {
             from_dir: from.dir,
@@ -295,4 +376,22 @@ pub unsafe extern "C" fn inkfs_readlink(
     bufsiz: libc::size_t,
 ) -> libc::ssize_t {
     inkfs_readlinkat(fs, libc::AT_FDCWD, path, buf, bufsiz)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_components_are_classified_as_linux_does() {
+        assert_eq!(last(b"a"), Last::Name);
+        assert_eq!(last(b"a/b/"), Last::Name);
+        assert_eq!(last(b"a/."), Last::Dot);
+        assert_eq!(last(b"./"), Last::Dot);
+        assert_eq!(last(b"a/..//"), Last::DotDot);
+        assert_eq!(last(b".."), Last::DotDot);
+        assert_eq!(last(b"/"), Last::Root);
+        assert_eq!(last(b"///"), Last::Root);
+        assert_eq!(last(b"a/.b"), Last::Name);
+    }
 }

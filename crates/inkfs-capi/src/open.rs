@@ -72,8 +72,18 @@ fn open_creat(
     let mut path = path.to_vec();
     let mut links = SYMLINKS_MAX;
     loop {
+        if crate::names::last(&path) != crate::names::Last::Name {
+            // ".", ".." or "/": an existing directory (open_last_lookups
+            // walks into it, then do_open refuses it).
+            m.fs.resolve(cred, at, &path, Follow::Yes)?;
+            return fail(if bits & libc::O_EXCL != 0 {
+                libc::EEXIST
+            } else {
+                libc::EISDIR
+            });
+        }
         let r = m.fs.resolve_parent(cred, at, &path)?;
-        if r.trailing_slash || r.name == b"." || r.name == b".." {
+        if r.trailing_slash {
             return fail(libc::EISDIR);
         }
         match m.fs.lookup(cred, r.dir, &r.name) {
