@@ -5,6 +5,7 @@
 use std::ffi::{c_char, c_int, c_uint, OsStr};
 use std::ops::Deref;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
@@ -193,6 +194,15 @@ fn pool_error(e: Error) -> Errno {
     record_error(&e.to_string());
     match &e {
         Error::Io(io) if PoolBusy::of(io).is_some() => Errno(libc::EBUSY),
+        // The pool layer's own refusals carry a kind, not an OS errno.
+        Error::Io(io) if io.raw_os_error().is_none() => Errno(match io.kind() {
+            std::io::ErrorKind::AlreadyExists => libc::EEXIST,
+            std::io::ErrorKind::NotFound => libc::ENOENT,
+            std::io::ErrorKind::PermissionDenied => libc::EACCES,
+            std::io::ErrorKind::InvalidInput => libc::EINVAL,
+            std::io::ErrorKind::WouldBlock => libc::EBUSY,
+            _ => libc::EIO,
+        }),
         Error::BadPool(_) => Errno(libc::EINVAL),
         _ => Errno::from(e),
     }
@@ -204,8 +214,8 @@ fn device_number(uuid: &[u8; 16]) -> u64 {
     word(a) ^ word(b)
 }
 
-/// Create a pool file of `size_bytes` at `pool` (which must not exist:
-/// EEXIST) and lay out an empty file system on it with `lanes` lanes (0:
+/// Create a pool file of `size_bytes` at `pool` (mode 0600; it must not
+/// exist: EEXIST, whatever it holds) and lay out an empty file system on it with `lanes` lanes (0:
 /// one per online CPU). The root directory is owned by the calling
 /// process's effective uid and gid, mode 0755. Returns 0, or -1 with
 /// errno (inkfs_last_error() says why).
@@ -221,7 +231,20 @@ pub unsafe extern "C" fn inkfs_mkfs(pool: *const c_char, size_bytes: u64, lanes:
             root_gid: gid,
             root_mode: 0o755,
         };
-        Filesystem::create_pool(path_of(path), size_bytes, &opts).map_err(pool_error)?;
+        // Created here, exclusively: the engine's create_pool would also
+        // format an existing file of the same size, and mkfs must never
+        // overwrite what is there.
+        let path = path_of(path);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| pool_error(Error::Io(e)))?;
+        if let Err(e) = Filesystem::create_pool(path, size_bytes, &opts) {
+            let _ = std::fs::remove_file(path);
+            return Err(pool_error(e));
+        }
         Ok(0)
     })
 }
