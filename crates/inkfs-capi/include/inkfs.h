@@ -96,8 +96,8 @@ typedef struct inkfs_options {
 extern "C" {
 #endif // __cplusplus
 
-// Create a pool file of `size_bytes` at `pool` (which must not exist:
-// EEXIST) and lay out an empty file system on it with `lanes` lanes (0:
+// Create a pool file of `size_bytes` at `pool` (mode 0600; it must not
+// exist: EEXIST, whatever it holds) and lay out an empty file system on it with `lanes` lanes (0:
 // one per online CPU). The root directory is owned by the calling
 // process's effective uid and gid, mode 0755. Returns 0, or -1 with
 // errno (inkfs_last_error() says why).
@@ -432,25 +432,25 @@ ssize_t inkfs_getdents64(struct inkfs_t *fs, int fd, void *dirp, size_t count);
 // getxattr(2): the value's length; `size` 0 asks for the length only;
 // ERANGE if `size` is too small, ENODATA if there is no such attribute.
 ssize_t inkfs_getxattr(struct inkfs_t *fs,
-                       const char *p,
+                       const char *path,
                        const char *name,
                        void *value,
                        size_t size);
 
 // lgetxattr(2).
 ssize_t inkfs_lgetxattr(struct inkfs_t *fs,
-                        const char *p,
+                        const char *path,
                         const char *name,
                         void *value,
                         size_t size);
 
 // fgetxattr(2).
-ssize_t inkfs_fgetxattr(struct inkfs_t *fs, int f, const char *name, void *value, size_t size);
+ssize_t inkfs_fgetxattr(struct inkfs_t *fs, int fd, const char *name, void *value, size_t size);
 
 // setxattr(2): flags 0, XATTR_CREATE (EEXIST if present) or
 // XATTR_REPLACE (ENODATA if absent).
 int inkfs_setxattr(struct inkfs_t *fs,
-                   const char *p,
+                   const char *path,
                    const char *name,
                    const void *value,
                    size_t size,
@@ -458,7 +458,7 @@ int inkfs_setxattr(struct inkfs_t *fs,
 
 // lsetxattr(2).
 int inkfs_lsetxattr(struct inkfs_t *fs,
-                    const char *p,
+                    const char *path,
                     const char *name,
                     const void *value,
                     size_t size,
@@ -466,7 +466,7 @@ int inkfs_lsetxattr(struct inkfs_t *fs,
 
 // fsetxattr(2).
 int inkfs_fsetxattr(struct inkfs_t *fs,
-                    int f,
+                    int fd,
                     const char *name,
                     const void *value,
                     size_t size,
@@ -474,22 +474,22 @@ int inkfs_fsetxattr(struct inkfs_t *fs,
 
 // listxattr(2): the names the caller may see, each NUL-terminated; the
 // total length; `size` 0 asks for the length only.
-ssize_t inkfs_listxattr(struct inkfs_t *fs, const char *p, char *list_out, size_t size);
+ssize_t inkfs_listxattr(struct inkfs_t *fs, const char *path, char *list_out, size_t size);
 
 // llistxattr(2).
-ssize_t inkfs_llistxattr(struct inkfs_t *fs, const char *p, char *list_out, size_t size);
+ssize_t inkfs_llistxattr(struct inkfs_t *fs, const char *path, char *list_out, size_t size);
 
 // flistxattr(2).
-ssize_t inkfs_flistxattr(struct inkfs_t *fs, int f, char *list_out, size_t size);
+ssize_t inkfs_flistxattr(struct inkfs_t *fs, int fd, char *list_out, size_t size);
 
 // removexattr(2).
-int inkfs_removexattr(struct inkfs_t *fs, const char *p, const char *name);
+int inkfs_removexattr(struct inkfs_t *fs, const char *path, const char *name);
 
 // lremovexattr(2).
-int inkfs_lremovexattr(struct inkfs_t *fs, const char *p, const char *name);
+int inkfs_lremovexattr(struct inkfs_t *fs, const char *path, const char *name);
 
 // fremovexattr(2).
-int inkfs_fremovexattr(struct inkfs_t *fs, int f, const char *name);
+int inkfs_fremovexattr(struct inkfs_t *fs, int fd, const char *name);
 
 #ifdef __cplusplus
 }  // extern "C"

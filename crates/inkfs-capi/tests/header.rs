@@ -29,10 +29,7 @@ fn header_is_current() {
             .lines()
             .zip(generated.lines())
             .position(|(a, b)| a != b)
-            .map_or_else(
-                || checked_in.lines().count().min(generated.lines().count()),
-                |i| i,
-            );
+            .unwrap_or_else(|| checked_in.lines().count().min(generated.lines().count()));
         panic!(
             "include/inkfs.h is stale (first difference at line {}): regenerate it with\n  \
              INKFS_BLESS_HEADER=1 cargo test -p inkfs-capi --test header\n\
