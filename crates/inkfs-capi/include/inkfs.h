@@ -22,7 +22,8 @@
  * - Thread-safe: any number of threads may call on one inkfs_t and one
  *   descriptor (a directory stream: one thread at a time, as a DIR).
  *   read/write and their variants take no mount-wide lock, allocate
- *   nothing and make no system call.
+ *   nothing and make no system call (but the msync that persists a pool
+ *   kept on a plain disk file rather than PM, DAX or tmpfs).
  * - Pointers: strings are NUL-terminated; a NULL path or buffer is
  *   EFAULT (a buffer of length 0 may be NULL), a NULL inkfs_t or
  *   inkfs_dir_t EINVAL. No call unwinds or aborts on bad input: an
