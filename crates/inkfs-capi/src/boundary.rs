@@ -184,3 +184,41 @@ pub(crate) fn ssize(n: usize) -> isize {
     debug_assert!(n <= RW_MAX);
     n as isize
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errno() -> i32 {
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    }
+
+    #[test]
+    fn a_panic_becomes_eio_and_never_unwinds() {
+        let r: c_int = ffi(-1, || panic!("an engine bug"));
+        assert_eq!((r, errno()), (-1, libc::EIO));
+    }
+
+    #[test]
+    fn an_error_sets_errno_and_a_value_passes_through() {
+        assert_eq!(ffi(-1, || fail::<c_int>(libc::ENOENT)), -1);
+        assert_eq!(errno(), libc::ENOENT);
+        assert_eq!(ffi(-1, || Ok(7)), 7);
+    }
+
+    #[test]
+    fn null_arguments_are_efault() {
+        assert_eq!(cstr(std::ptr::null()), Err(Errno(libc::EFAULT)));
+        assert_eq!(bytes(std::ptr::null(), 1), Err(Errno(libc::EFAULT)));
+        assert_eq!(bytes(std::ptr::null(), 0), Ok(&[][..]));
+        assert_eq!(iovecs(std::ptr::null(), 1).err(), Some(Errno(libc::EFAULT)));
+        assert_eq!(
+            iovecs(std::ptr::null(), -1).err(),
+            Some(Errno(libc::EINVAL))
+        );
+        assert_eq!(
+            store::<u8>(std::ptr::null_mut(), 0),
+            Err(Errno(libc::EFAULT))
+        );
+    }
+}
