@@ -365,8 +365,18 @@ impl<P: Pmem> Fs<P> {
     /// errors= path ([`Fs::corruption`]).
     pub(crate) fn iget(&self, ino: u64) -> Result<Arc<Inode>> {
         let inode = self.iget_cached(ino)?;
-        self.revalidate(&inode)?;
-        Ok(inode)
+        match self.revalidate(&inode) {
+            Ok(()) => Ok(inode),
+            // Another process freed the inode this object was loaded from,
+            // and may have reused its slot since: the stale object is out
+            // of the cache now, so load what the slot holds today.
+            Err(Error::Errno(libc::ENOENT)) if self.is_shared() && inode.is_gone() => {
+                let fresh = self.iget_cached(ino)?;
+                self.revalidate(&fresh)?;
+                Ok(fresh)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// The loaded inode `ino` as this process last saw it (no catching up

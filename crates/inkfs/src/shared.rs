@@ -169,7 +169,7 @@ impl<P: Pmem> Fs<P> {
             // Freed (and perhaps reused) by another process: this object is
             // stale; a new lookup loads whatever the slot holds now.
             st.gone = true;
-            self.cache.remove(inode.ino);
+            self.cache.remove_stale(inode);
             return errno(libc::ENOENT);
         }
         let incremental = now.head == st.log.head && now.log_gen == st.log_gen;

@@ -278,3 +278,30 @@ fn limbo_blocks_return_at_unmount() {
     let report = inkfs::fsck::check(&pm, &Default::default()).unwrap();
     assert!(report.is_clean(), "{:?}", report.problems);
 }
+
+/// A name removed and made again by the owner, its inode slot reused: the
+/// reader's first lookup of the name finds the new inode, not ENOENT from
+/// the stale object it had cached for that number.
+#[test]
+fn a_reused_inode_slot_is_found_at_the_first_lookup() {
+    let s = shared("reuse", Mode::Strict);
+    let (o, r) = (&s.owner, &s.reader);
+    let (a, fh) = o.create(ROOT, b"f", 0o644, 0, 0).unwrap();
+    o.write(&fh, 0, b"old").unwrap();
+    o.release(fh);
+    assert_eq!(read_all(r, a.ino), b"old");
+    let mut reused = false;
+    for round in 0..8 {
+        o.unlink(ROOT, b"f").unwrap();
+        let (b, fh) = o.create(ROOT, b"f", 0o644, 0, 0).unwrap();
+        o.write(&fh, 0, b"new").unwrap();
+        o.release(fh);
+        reused |= b.ino == a.ino;
+        let found = r
+            .lookup(ROOT, b"f")
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(found.ino, b.ino);
+        assert_eq!(read_all(r, b.ino), b"new");
+    }
+    assert!(reused, "the owner reused the slot (the case under test)");
+}
