@@ -86,7 +86,7 @@ pub struct Fs<P: Pmem> {
     pub(crate) shared: std::sync::atomic::AtomicBool,
     /// Readers in other processes (epoch.rs): while set, freed blocks wait
     /// in `limbo` until no reader can hold them.
-    pub(crate) epochs: std::sync::OnceLock<Arc<crate::epoch::EpochTable>>,
+    pub(crate) epochs: std::sync::OnceLock<crate::epoch::SharedTable>,
     pub(crate) limbo: crate::epoch::Limbo,
     report: MountReport,
 }
@@ -719,7 +719,7 @@ impl<P: Pmem> Fs<P> {
     }
 
     pub(crate) fn free_blocks(&self, start: u64, len: u64) {
-        if let Some(table) = self.epochs.get() {
+        if let Some(table) = self.epoch_table() {
             // Readers in other processes may still be reading them.
             self.limbo.hold(table, start, len);
             self.limbo

@@ -100,13 +100,19 @@ impl<P: Pmem> Fs<P> {
         Ok(fs)
     }
 
-    /// Serve readers in other processes that pin epochs in `table`: this
-    /// engine then checks cached inodes against their records (the readers'
-    /// clients may write too) and holds the blocks it frees until no reader
-    /// can hold them.
-    pub fn share_epochs(&self, table: Arc<EpochTable>) {
+    /// Serve readers in other processes that pin epochs in `table` (on
+    /// the heap, or in memory shared with them: shm.rs): this engine then
+    /// checks cached inodes against their records (the readers' clients
+    /// may write too) and holds the blocks it frees until no reader can
+    /// hold them. The first table given stays for the engine's life.
+    pub fn share_epochs<T: AsRef<EpochTable> + Send + Sync + 'static>(&self, table: Arc<T>) {
         let _ = self.epochs.set(table);
         self.set_shared(true);
+    }
+
+    /// The table of readers' epochs, once shared.
+    pub(crate) fn epoch_table(&self) -> Option<&EpochTable> {
+        self.epochs.get().map(|t| (**t).as_ref())
     }
 
     /// Blocks freed and waiting for readers to move on.
@@ -116,7 +122,7 @@ impl<P: Pmem> Fs<P> {
 
     /// Return to the free lists every held block no reader can hold now.
     pub fn reclaim_limbo(&self) {
-        if let Some(table) = self.epochs.get() {
+        if let Some(table) = self.epoch_table() {
             self.limbo
                 .reclaim(table, |start, len| self.free_now(start, len));
         }
