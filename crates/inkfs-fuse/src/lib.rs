@@ -15,9 +15,11 @@
 //! `creds` (the caller's credentials, groups included), `fileattr` (the
 //! chattr/lsattr ioctls), `handles` (fh table), `serve` (the pool claimed,
 //! mounted and served), `stats` (counters, histograms, the stats socket),
-//! `scrub` (scrub requests on that socket, both ends), `mount` (options,
+//! `scrub` (scrub requests on that socket, both ends), `attach` (attach
+//! requests on that socket: the kernel-free path's clients), `mount` (options,
 //! daemon, dead mounts), `nullfs`.
 
+pub mod attach;
 pub mod clock;
 mod creds;
 pub mod fileattr;

@@ -42,6 +42,8 @@
 //! # Ok(()) }
 //! ```
 
+pub mod attach;
+pub mod client;
 mod path;
 pub mod pool;
 
@@ -57,6 +59,7 @@ pub use crate::fs::MountReport;
 pub use crate::perm::{Credentials, MAY_EXEC, MAY_READ, MAY_WRITE};
 pub use crate::pmem::Pmem;
 pub use crate::scrub::{ScrubProgress, ScrubReport};
+pub use crate::shm::SharedEpochs;
 pub use crate::types::{
     inode_flags, Attr, DirEntry, ErrorEvent, ErrorReason, ErrorRecord, ErrorStats, ErrorsPolicy,
     FallocFlags, FiemapExtent, FileKind, FormatOptions, GcStats, Mode, MountOptions, RenameFlags,
@@ -300,6 +303,23 @@ impl<P: Pmem> Filesystem<P> {
     pub fn loaded_log_pages(&self) -> (u64, u64) {
         self.fs.loaded_log_pages()
     }
+    /// Serve read-only clients in other processes that pin epochs in
+    /// `table` (client.rs): from now on the blocks this engine frees wait
+    /// in a limbo until no client's call can still be reading them. Before
+    /// the first client, frees go straight to the free lists.
+    pub fn share_epochs(&self, table: std::sync::Arc<SharedEpochs>) {
+        self.fs.share_epochs(table)
+    }
+    /// Return to the free lists the freed blocks no client can hold now
+    /// (the server calls it when clients move on or go).
+    pub fn reclaim_limbo(&self) {
+        self.fs.reclaim_limbo()
+    }
+    /// Freed blocks waiting for clients to move on.
+    pub fn limbo_blocks(&self) -> u64 {
+        self.fs.limbo_blocks()
+    }
+
     /// Verify every checksum of the mounted pool while it keeps serving
     /// (`inkfs scrub`); `progress` returns false to stop early.
     pub fn scrub(&self, progress: &mut dyn FnMut(ScrubProgress) -> bool) -> ScrubReport {
