@@ -320,10 +320,14 @@ impl Peer {
 
     /// The trust rule: could this peer open the pool for writing itself?
     fn may_open(&self, pool: &std::fs::Metadata) -> Result<(), String> {
-        let mode = pool.mode();
-        let in_group = self.gid == pool.gid() || self.groups.contains(&pool.gid());
+        self.may_open_file(pool.uid(), pool.gid(), pool.mode())
+    }
+
+    /// [`Peer::may_open`] of a file owned by `owner`:`group` with `mode`.
+    fn may_open_file(&self, owner: u32, group: u32, mode: u32) -> Result<(), String> {
+        let in_group = self.gid == group || self.groups.contains(&group);
         let ok = self.uid == 0
-            || self.uid == pool.uid()
+            || self.uid == owner
             || (in_group && mode & 0o060 == 0o060)
             || mode & 0o006 == 0o006;
         if ok {
@@ -331,10 +335,8 @@ impl Peer {
         }
         Err(format!(
             "permission denied: attach hands the pool itself over, so it serves only \
-             those who could open the pool read-write (root, its owner uid {}, group {} \
-             when the pool is group read-write); uid {} cannot (pool mode {:04o})",
-            pool.uid(),
-            pool.gid(),
+             those who could open the pool read-write (root, its owner uid {owner}, group \
+             {group} when the pool is group read-write); uid {} cannot (pool mode {:04o})",
             self.uid,
             mode & 0o7777
         ))
@@ -371,5 +373,35 @@ fn peer_groups(conn: &UnixStream) -> Vec<u32> {
             continue;
         }
         return Vec::new();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_trust_rule() {
+        let peer = |uid, gid, groups: &[u32]| Peer {
+            uid,
+            gid,
+            groups: groups.to_vec(),
+        };
+        // (peer, owner, group, mode, may attach)
+        let cases = [
+            (peer(0, 0, &[]), 1000, 1000, 0o600, true),
+            (peer(1000, 1000, &[]), 1000, 1000, 0o600, true),
+            (peer(1001, 1001, &[]), 1000, 1000, 0o600, false),
+            (peer(1001, 1001, &[]), 1000, 1000, 0o640, false),
+            (peer(1001, 1000, &[]), 1000, 1000, 0o660, true),
+            (peer(1001, 1001, &[50, 1000]), 1000, 1000, 0o660, true),
+            (peer(1001, 1001, &[50]), 1000, 1000, 0o660, false),
+            (peer(1001, 1001, &[]), 1000, 1000, 0o664, false),
+            (peer(1001, 1001, &[]), 1000, 1000, 0o666, true),
+        ];
+        for (i, (p, owner, group, mode, want)) in cases.iter().enumerate() {
+            let got = p.may_open_file(*owner, *group, *mode);
+            assert_eq!(got.is_ok(), *want, "case {i}: {got:?}");
+        }
     }
 }

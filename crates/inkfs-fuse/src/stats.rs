@@ -18,9 +18,10 @@
 //! - the client sends one line, at most [`REQUEST_BYTES_MAX`] bytes: a
 //!   request word, then blank-separated arguments, then `\n` (or it shuts
 //!   its side down). Words today: `text` (the report for people), `json`
-//!   (the same for scripts), and `scrub`, after which the connection
-//!   belongs to the scrub's own line protocol (`scrub.rs`) instead of the
-//!   status line below.
+//!   (the same for scripts), and `scrub` and `attach`, after which the
+//!   connection belongs to their own protocols (`scrub.rs`, `attach.rs`;
+//!   an attached client's session then holds it open outside the limits
+//!   below, one epoch slot each) instead of the status line below.
 //! - the server answers with a status line and closes: `ok\n` followed by
 //!   the body, or `error MESSAGE\n`. The client reads to the end.
 //!

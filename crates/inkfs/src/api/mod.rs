@@ -308,7 +308,11 @@ impl<P: Pmem> Filesystem<P> {
     /// in a limbo until no client's call can still be reading them. Before
     /// the first client, frees go straight to the free lists.
     pub fn share_epochs(&self, table: std::sync::Arc<SharedEpochs>) {
-        self.fs.share_epochs(table)
+        self.fs.share_epochs(table);
+        // Read-only clients change nothing, so this engine's cached inodes
+        // stay current without checking their records at each access
+        // (clients holding write leases will need it on).
+        self.fs.set_shared(false);
     }
     /// Return to the free lists the freed blocks no client can hold now
     /// (the server calls it when clients move on or go).
