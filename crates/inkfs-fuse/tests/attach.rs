@@ -122,8 +122,9 @@ fn ls(client: &Client) -> String {
 /// Read `name` whole, again and again for `ms`: every read must be one
 /// pattern the mount wrote (all bytes equal, full length).
 fn hammer(client: &Client, name: &str, ms: u64) -> String {
-    let (mut reads, mut torn) = (0u64, 0u64);
+    let (mut reads, mut torn, mut errors) = (0u64, 0u64, 0u64);
     let mut values = std::collections::BTreeSet::new();
+    let mut last_error = String::from("-");
     let end = Instant::now() + Duration::from_millis(ms);
     while Instant::now() < end {
         match read_file(client, name) {
@@ -136,10 +137,16 @@ fn hammer(client: &Client, name: &str, ms: u64) -> String {
                     torn += 1;
                 }
             }
-            Err(_) => torn += 1,
+            Err(e) => {
+                errors += 1;
+                last_error = format!("{}", e.errno());
+            }
         }
     }
-    format!("hammer reads={reads} torn={torn} values={}", values.len())
+    format!(
+        "hammer reads={reads} torn={torn} errors={errors} values={} last_error={last_error}",
+        values.len()
+    )
 }
 
 /// Readdir passes of the root for `ms`: no name twice in a pass, and the
@@ -347,7 +354,9 @@ fn a_client_sees_each_change_once_the_mount_returns() {
 /// last).
 #[test]
 fn a_client_reading_while_the_mount_writes_sees_only_committed_states() {
-    let pool = Pool::new("attach-race", 64);
+    // Roomy: a client off its CPU while pinned holds every block the
+    // writer frees meanwhile (see "Known limits" in docs/KERNEL-FREE.md).
+    let pool = Pool::new("attach-race", 256);
     let m = Mounted::new(&pool, "mode=strict");
     std::fs::write(m.p("f"), vec![0u8; FILE_BYTES]).unwrap();
     std::fs::write(m.p("n.0"), b"").unwrap();
@@ -358,12 +367,21 @@ fn a_client_reading_while_the_mount_writes_sees_only_committed_states() {
         let (path, stop) = (m.p("f"), stop.clone());
         std::thread::spawn(move || {
             let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-            let mut round = 0u8;
+            let (mut round, mut full) = (0u8, 0u32);
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 round = round.wrapping_add(1);
-                f.write_all_at(&vec![round; FILE_BYTES], 0).unwrap();
+                match f.write_all_at(&vec![round; FILE_BYTES], 0) {
+                    Ok(()) => {}
+                    // The limbo filled the pool while the client was
+                    // stalled mid-call: let it move on.
+                    Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && full < 100 => {
+                        full += 1;
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    Err(e) => panic!("write {round}: {e}"),
+                }
             }
-            round
+            (round, full)
         })
     };
     let said = c.ask("hammer f 1000");
@@ -376,10 +394,11 @@ fn a_client_reading_while_the_mount_writes_sees_only_committed_states() {
             .unwrap_or_else(|| panic!("no {k} in {s}"))
     };
     assert_eq!(field(&said, "torn"), 0, "{said}");
+    assert_eq!(field(&said, "errors"), 0, "{said}");
     assert!(field(&said, "reads") > 10, "{said}");
     assert!(
         field(&said, "values") >= 2,
-        "the client saw the writes ({said}, {rounds} rounds)"
+        "the client saw the writes ({said}, {rounds:?} (last round, ENOSPC) )"
     );
     // Names: n.(i+1) created, then n.i unlinked, while the client lists.
     stop.store(false, std::sync::atomic::Ordering::Relaxed);

@@ -10,7 +10,7 @@ use crate::dir::NameHasher;
 use crate::error::{errno, Error, Result};
 use crate::filemap::IndexKind;
 use crate::format::*;
-use crate::inode::{self, lock, read, write, Body, Inode, InodeCache, InodeState, InodeTables};
+use crate::inode::{lock, read, write, Body, Inode, InodeCache, InodeState, InodeTables};
 use crate::journal::{self, Journal, JournalState};
 use crate::log::{self, EntryBuf, LogCursor, NewPages};
 use crate::pmem::{read_pod, Pmem};
@@ -408,8 +408,8 @@ impl<P: Pmem> Fs<P> {
             }
             let kind = FileKind::from_u32(rec.kind)
                 .ok_or_else(|| bad_record(format!("inode {ino}: unknown kind {}", rec.kind)))?;
-            let st = inode::load(&self.pm, &self.geo, ino, &rec)
-                .map_err(|e| self.corruption(ErrorReason::Log, Some(ino), e))?;
+            // Waits out a record another process is changing (shared.rs).
+            let (st, _) = self.load_log(ino, rec_off, &rec)?;
             Ok(Arc::new(Inode {
                 ino,
                 kind,
