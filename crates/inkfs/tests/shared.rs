@@ -349,7 +349,7 @@ fn a_reader_racing_compactions_never_fails() {
             // A reader off its CPU while pinned holds every block freed
             // meanwhile (epochs' nature): let it catch up now and then
             // rather than fill the pool.
-            while round % 64 == 0 && s.owner.limbo_blocks() > 4096 {
+            while round.is_multiple_of(64) && s.owner.limbo_blocks() > 4096 {
                 s.owner.reclaim_limbo();
                 std::thread::sleep(std::time::Duration::from_micros(100));
             }
