@@ -68,6 +68,11 @@ pub use crate::types::{
 pub use path::{Follow, Resolved, PATH_MAX, SYMLINKS_MAX};
 pub use pool::{looks_like_inkfs, read_summary, PoolSummary};
 
+/// How long a write that finds no free block waits for attached clients'
+/// calls to end (the blocks they hold to leave the limbo) before it
+/// reports ENOSPC.
+pub const LIMBO_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The root directory's inode number.
 pub const ROOT_INO: u64 = crate::format::ROOT_INO;
 
@@ -599,15 +604,35 @@ impl<P: Pmem> Filesystem<P> {
     /// mapping), with no `O_SYNC` handling (its kernel calls fsync).
     pub fn write_at(&self, file: &File, off: u64, data: &[u8]) -> Result<Written> {
         file.require(false)?;
-        let len = self.fs.write(&file.handle, off, data)?;
+        let len = self.waiting_for_limbo(|| self.fs.write(&file.handle, off, data))?;
         Ok(Written { offset: off, len })
     }
 
     /// A write at the end of file, decided under the inode's lock.
     pub fn append(&self, file: &File, data: &[u8]) -> Result<Written> {
         file.require(false)?;
-        let (offset, len) = self.fs.append(&file.handle, data)?;
+        let (offset, len) = self.waiting_for_limbo(|| self.fs.append(&file.handle, data))?;
         Ok(Written { offset, len })
+    }
+
+    /// `op`, a write that changes nothing when it fails, again while the
+    /// blocks freed under attached clients' calls come back, if it found
+    /// no space and some are waiting in the limbo (client.rs): a client
+    /// stalled in a call delays the writes that need the space it holds,
+    /// up to [`LIMBO_WAIT`], instead of failing them at once. Nothing is
+    /// added to a write that succeeds.
+    fn waiting_for_limbo<T>(&self, mut op: impl FnMut() -> Result<T>) -> Result<T> {
+        let mut r = op();
+        let deadline = std::time::Instant::now() + LIMBO_WAIT;
+        while matches!(r, Err(Error::Errno(libc::ENOSPC)))
+            && self.fs.limbo_blocks() > 0
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            self.fs.reclaim_limbo();
+            r = op();
+        }
+        r
     }
 
     /// copy_file_range(2) inside the pool (see `Fs::copy_range`).
