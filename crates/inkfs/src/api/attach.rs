@@ -117,6 +117,21 @@ impl Grant {
     }
 }
 
+/// Send the request line (the client), without SIGPIPE if the server
+/// has closed.
+pub fn send_request(conn: &UnixStream) -> io::Result<()> {
+    let line = format!("{REQUEST}\n");
+    let mut rest = line.as_bytes();
+    while !rest.is_empty() {
+        match socket::send(conn.as_raw_fd(), rest, MsgFlags::MSG_NOSIGNAL) {
+            Ok(n) => rest = &rest[n..],
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
 /// Send `grant` with the pool's descriptor and the epoch table's (the
 /// server).
 pub fn send_grant(

@@ -23,7 +23,6 @@
 //! pinned by one call at a time. Attach once per thread.
 
 use std::cell::Cell;
-use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -79,11 +78,20 @@ impl Client {
         })?;
         conn.set_read_timeout(Some(ANSWER_TIMEOUT))?;
         conn.set_write_timeout(Some(ANSWER_TIMEOUT))?;
-        conn.write_all(format!("{}\n", wire::REQUEST).as_bytes())?;
-        let (grant, pool_fd, epochs_fd) = wire::recv_grant(&mut conn).map_err(|a| match a {
-            Answer::Io(e) => Error::Io(e),
-            other => refused(mountpoint, &other.to_string()),
-        })?;
+        // A server that refuses at once (busy) may close before reading
+        // the request: the answer still counts, so a failed send is only
+        // reported when there is none. MSG_NOSIGNAL: no SIGPIPE for the
+        // program this library runs in.
+        let sent = wire::send_request(&conn);
+        let (grant, pool_fd, epochs_fd) = match (wire::recv_grant(&mut conn), sent) {
+            (Ok(granted), _) => granted,
+            (Err(refusal @ Answer::Refused(_)), _) => {
+                return Err(refused(mountpoint, &refusal.to_string()))
+            }
+            // No answer, and the request did not go out: that is why.
+            (Err(_), Err(e)) | (Err(Answer::Io(e)), Ok(())) => return Err(Error::Io(e)),
+            (Err(other), Ok(())) => return Err(refused(mountpoint, &other.to_string())),
+        };
         // The session is idle from here on: no timeouts on it.
         conn.set_read_timeout(None)?;
         conn.set_write_timeout(None)?;
