@@ -1017,6 +1017,10 @@ impl<P: Pmem> Fs<P> {
         new_size: u64,
     ) -> Result<()> {
         let old_size = st.attr.size;
+        // Truncate is durable on return, and so is the data it keeps: a
+        // posix overwrite in place on the data device, not yet flushed,
+        // is flushed first (on PM, the commit's fence drains it).
+        self.dev_sync()?;
         let mut tx = DataTx::new(st);
         if new_size < old_size && !new_size.is_multiple_of(BLOCK_SIZE) {
             let page_end = (new_size / BLOCK_SIZE + 1) * BLOCK_SIZE;
@@ -1050,6 +1054,10 @@ impl<P: Pmem> Fs<P> {
         if end > MAX_FILE_BYTES {
             return errno(libc::EFBIG);
         }
+        // As truncate: the file's data is durable with the operation,
+        // including posix overwrites in place not yet flushed from the
+        // data device (a shift moves them to other offsets).
+        self.dev_sync()?;
         if flags.shifts() {
             return self.shift_range(inode, &mut st, off, len, flags.collapse_range);
         }

@@ -52,20 +52,20 @@ use crate::fs::{FileHandle, Fs};
 use crate::perm::{self, Actor};
 use crate::pmem::{MappedPool, PoolFile, PoolOpenOptions};
 
+pub use crate::blockdev::{
+    BlockDev, DataStats, FileDev, HybridFormat, DATA_THRESHOLD_DEFAULT, DATA_UNIT_DEFAULT_BLOCKS,
+};
 pub use crate::error::{Error, Result};
 pub use crate::fs::MountReport;
 pub use crate::perm::{Credentials, MAY_EXEC, MAY_READ, MAY_WRITE};
 pub use crate::pmem::Pmem;
 pub use crate::scrub::{ScrubProgress, ScrubReport};
-pub use crate::blockdev::{
-    BlockDev, DataStats, FileDev, HybridFormat, DATA_THRESHOLD_DEFAULT, DATA_UNIT_DEFAULT_BLOCKS,
-};
-pub use crate::types::{DataDevice, DATA_CACHE_DEFAULT_BYTES};
 pub use crate::types::{
     inode_flags, Attr, DirEntry, ErrorEvent, ErrorReason, ErrorRecord, ErrorStats, ErrorsPolicy,
     FallocFlags, FiemapExtent, FileKind, FormatOptions, GcStats, Mode, MountOptions, RenameFlags,
     SetAttr, StatFs, TimeSet, Whence, XattrFlags,
 };
+pub use crate::types::{DataDevice, DATA_CACHE_DEFAULT_BYTES};
 pub use path::{Follow, Resolved, PATH_MAX, SYMLINKS_MAX};
 pub use pool::{looks_like_inkfs, read_data_path, read_summary, DataSummary, PoolSummary};
 
@@ -239,7 +239,11 @@ impl<P: Pmem> Filesystem<P> {
     /// Lay out an empty hybrid pool (mkfs): file data of large writes on
     /// `data.device`, everything else on `pool`. The device is formatted
     /// first (its label names the pool), then the pool.
-    pub fn format_hybrid(pool: &P, opts: &FormatOptions, data: &HybridFormat<'_>) -> Result<PoolSummary> {
+    pub fn format_hybrid(
+        pool: &P,
+        opts: &FormatOptions,
+        data: &HybridFormat<'_>,
+    ) -> Result<PoolSummary> {
         let sb = crate::blockdev::attach::format_pool(pool, opts, data)?;
         Ok(PoolSummary::of(&sb, false))
     }

@@ -118,10 +118,7 @@ impl FileDev {
                 return Err(e);
             }
         }
-        Ok(FileDev {
-            size_bytes,
-            ..dev
-        })
+        Ok(FileDev { size_bytes, ..dev })
     }
 
     fn from_file(file: File, path: &Path, read_only: bool) -> io::Result<FileDev> {
@@ -130,7 +127,10 @@ impl FileDev {
         if !block_device && !meta.is_file() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("{} is neither a block device nor a regular file", path.display()),
+                format!(
+                    "{} is neither a block device nor a regular file",
+                    path.display()
+                ),
             ));
         }
         let op = if read_only {
@@ -144,7 +144,10 @@ impl FileDev {
             if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
                 return Err(io::Error::new(
                     io::ErrorKind::ResourceBusy,
-                    format!("data device {} is in use by another process", path.display()),
+                    format!(
+                        "data device {} is in use by another process",
+                        path.display()
+                    ),
                 ));
             }
             return Err(e);

@@ -26,11 +26,6 @@ pub fn io_errno(e: std::io::Error) -> Error {
 }
 
 impl<P: Pmem> Fs<P> {
-    /// The block side, for a hybrid pool.
-    pub(crate) fn data_store(&self) -> Option<&DataStore> {
-        self.data.as_ref()
-    }
-
     fn store_or_corrupt(&self, what: u64) -> Result<&DataStore> {
         self.data.as_ref().ok_or_else(|| {
             Error::Corrupt(format!(

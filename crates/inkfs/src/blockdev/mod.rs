@@ -41,8 +41,8 @@ macro_rules! internal {
 
 internal!(attach, cache, engine, flush, layout, store);
 
-pub use dev::{BlockDev, FileDev, Page};
 pub use attach::{HybridFormat, DATA_THRESHOLD_DEFAULT, DATA_UNIT_DEFAULT_BLOCKS};
+pub use dev::{BlockDev, FileDev, Page};
 pub use store::{DataStats, Side};
 
 use std::io;

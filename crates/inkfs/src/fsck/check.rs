@@ -48,6 +48,9 @@ pub(super) struct Checker<'a, P: Pmem + ?Sized> {
     pub(super) inodes: BTreeMap<u64, InoInfo>,
     pub(super) blocks: BlockMap,
     pub(super) counts: [u64; 6],
+    /// Hybrid pools: the data device, when it was found and is the one
+    /// the superblock names (`check_data_device`).
+    pub(super) dev: Option<std::sync::Arc<dyn crate::blockdev::BlockDev>>,
 }
 
 // Indexes of `Checker::counts`, the totals of `FsckReport`.
@@ -75,6 +78,7 @@ pub(super) fn show_name(name: &[u8]) -> String {
 impl<'a, P: Pmem + ?Sized> Checker<'a, P> {
     pub(super) fn run(
         pm: &'a P,
+        data: Option<&crate::types::DataDevice>,
         phase: &'static str,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<Checker<'a, P>> {
@@ -92,13 +96,16 @@ impl<'a, P: Pmem + ?Sized> Checker<'a, P> {
             inodes: BTreeMap::new(),
             blocks: BlockMap::default(),
             counts: [0; 6],
+            dev: None,
         };
+        c.check_data_device(data);
         c.check_error_record();
         c.load_tables();
         c.check_journals();
         c.scan_inodes(phase, progress);
         c.check_namespace();
         c.check_save_areas();
+        c.check_device_save_area();
         Ok(c)
     }
 

@@ -62,6 +62,9 @@ pub enum ProblemKind {
     ErrorsRecorded,
     /// A repair step failed.
     Repair,
+    /// A hybrid pool's data device is missing, or is not the one the
+    /// superblock names (another pool's, formatted again, truncated).
+    DataDevice,
 }
 
 impl ProblemKind {
@@ -88,6 +91,7 @@ impl ProblemKind {
             ProblemKind::PastEof => "past-eof",
             ProblemKind::ErrorsRecorded => "errors-recorded",
             ProblemKind::Repair => "repair",
+            ProblemKind::DataDevice => "data-device",
         }
     }
 
@@ -103,6 +107,7 @@ impl ProblemKind {
                 | ProblemKind::Journal
                 | ProblemKind::BlockRange
                 | ProblemKind::BlockTwice
+                | ProblemKind::DataDevice
         )
     }
 }
