@@ -65,6 +65,10 @@ pub struct FsckArgs {
     /// full
     #[arg(short = 'f', long = "force")]
     _force: bool,
+    /// Hybrid pools: the data device or file, when not at the path
+    /// recorded by mkfs
+    #[arg(long, value_name = "PATH")]
+    pub data: Option<PathBuf>,
 }
 
 /// `inkfs fsck ...`; returns the exit status.
@@ -185,9 +189,14 @@ fn run(a: &FsckArgs) -> Result<i32, String> {
         tty: std::io::stderr().is_terminal(),
     };
     let started = Instant::now();
-    let result = fsck::check_with_progress(&pm, &FsckOptions { repair: a.repair }, &mut |p| {
-        bar.update(p)
-    });
+    let result = fsck::check_with_progress(
+        &pm,
+        &FsckOptions {
+            repair: a.repair,
+            data: a.data.clone().map(inkfs::api::DataDevice::Path),
+        },
+        &mut |p| bar.update(p),
+    );
     bar.finish();
     let report = result.map_err(|e| e.to_string())?;
     let elapsed = started.elapsed();
