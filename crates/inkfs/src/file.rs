@@ -220,6 +220,7 @@ impl<P: Pmem> Fs<P> {
     /// read as zeros.
     pub fn read(&self, fh: &FileHandle, off: u64, buf: &mut [u8]) -> Result<usize> {
         Self::file_state_check(&fh.inode)?;
+        self.revalidate(&fh.inode)?;
         let st = inode::read(&fh.inode.state);
         let size = st.attr.size;
         if off >= size || buf.is_empty() {
@@ -254,6 +255,7 @@ impl<P: Pmem> Fs<P> {
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<Option<R>> {
         Self::file_state_check(&fh.inode)?;
+        self.revalidate(&fh.inode)?;
         let st = inode::read(&fh.inode.state);
         let size = st.attr.size;
         if off >= size || len == 0 {
@@ -282,6 +284,7 @@ impl<P: Pmem> Fs<P> {
     pub fn write(&self, fh: &FileHandle, off: u64, data: &[u8]) -> Result<usize> {
         self.check_writable()?;
         Self::file_state_check(&fh.inode)?;
+        self.revalidate(&fh.inode)?;
         if data.is_empty() {
             return Ok(0);
         }
@@ -294,6 +297,7 @@ impl<P: Pmem> Fs<P> {
     pub fn append(&self, fh: &FileHandle, data: &[u8]) -> Result<(u64, usize)> {
         self.check_writable()?;
         Self::file_state_check(&fh.inode)?;
+        self.revalidate(&fh.inode)?;
         let mut st = write(&fh.inode.state);
         let off = st.attr.size;
         if !data.is_empty() {
@@ -319,6 +323,8 @@ impl<P: Pmem> Fs<P> {
         self.check_writable()?;
         Self::file_state_check(&src.inode)?;
         Self::file_state_check(&dst.inode)?;
+        self.revalidate(&src.inode)?;
+        self.revalidate(&dst.inode)?;
         // As the VFS checks copy_file_range(2): the count is cut at the
         // source's end of file and at the largest file size first.
         if dst_off >= MAX_FILE_BYTES {
@@ -1040,6 +1046,7 @@ impl<P: Pmem> Fs<P> {
     pub fn fallocate(&self, fh: &FileHandle, off: u64, len: u64, flags: FallocFlags) -> Result<()> {
         self.check_writable()?;
         Self::file_state_check(&fh.inode)?;
+        self.revalidate(&fh.inode)?;
         if len == 0 {
             return errno(libc::EINVAL);
         }
@@ -1185,6 +1192,7 @@ impl<P: Pmem> Fs<P> {
     /// SEEK_DATA / SEEK_HOLE from `off`.
     pub fn seek(&self, fh: &FileHandle, off: u64, whence: Whence) -> Result<u64> {
         Self::file_state_check(&fh.inode)?;
+        self.revalidate(&fh.inode)?;
         let st = inode::read(&fh.inode.state);
         let size = st.attr.size;
         if off >= size {

@@ -21,14 +21,16 @@ pub const MAGIC: [u8; 8] = *b"INKFSpm1";
 /// `chattr` flags, which older software would ignore instead of enforcing
 /// (both formerly reserved, hence zero in older pools), and a DIR_ADD's
 /// `seq` is the name's readdir position, a keyed hash of the name (dir.rs),
-/// where older pools' sequence numbers stay valid positions. Older pools
-/// are read as they are and marked 3 by the first read-write mount.
-/// 4: hybrid pools: the superblock names a data device (`data_*` fields,
-/// formerly reserved, hence zero: no data device in older pools), a
-/// FILE_WRITE may map pages to device blocks (numbers from
-/// [`DEV_BLOCK_BASE`]), and blocks 0 and 1 hold the device's recorded
-/// path ([`DataRecord`]) past the superblock.
-pub const FORMAT_VERSION: u32 = 4;
+/// where older pools' sequence numbers stay valid positions. 4: an inode
+/// record's `log_gen` counts the times log GC unlinked pages of its log
+/// (formerly reserved, hence zero in older pools). 5: hybrid pools: the
+/// superblock names a data device (`data_*` fields, formerly reserved,
+/// hence zero: no data device in older pools), a FILE_WRITE may map pages
+/// to device blocks (numbers from [`DEV_BLOCK_BASE`]), and blocks 0 and 1
+/// hold the device's recorded path ([`DataRecord`]) past the superblock.
+/// Older pools are read as they are and marked with this version by the
+/// first read-write mount.
+pub const FORMAT_VERSION: u32 = 5;
 
 /// Block numbers of the two superblock copies.
 pub const SUPER_PRIMARY_BLOCK: u64 = 0;
@@ -135,7 +137,7 @@ pub struct Superblock {
     /// What was damaged: an [`ErrorReason`] code.
     pub first_error_reason: u32,
     pub last_error_reason: u32,
-    /// Hybrid pools (version 4): the data device's uuid, written in its
+    /// Hybrid pools (version 5): the data device's uuid, written in its
     /// label (its first block). All zero: no data device, file data on PM
     /// only; then every other `data_*` field is zero too.
     pub data_uuid: [u8; 16],
@@ -357,7 +359,13 @@ pub struct InodeRecord {
     /// journal (the change also logs the new ctime). Zero in a version 2
     /// pool, where these bytes were reserved.
     pub flags: u64,
-    pub reserved: [u8; 72],
+    /// Bumped (one persisted store) each time log GC unlinks pages from the
+    /// log, before they are freed (format 4). A process that cached a
+    /// position in the log (a client of the kernel-free path) replays from
+    /// the head when it changed, since the pages around its position may be
+    /// gone. Any value is valid; zero in older pools.
+    pub log_gen: u64,
+    pub reserved: [u8; 64],
 }
 pod!(InodeRecord, 128);
 
@@ -368,6 +376,8 @@ pub const INODE_STATE_FIELD: u64 = 0;
 pub const INODE_HEAD_FIELD: u64 = 8;
 pub const INODE_TAIL_FIELD: u64 = 16;
 pub const INODE_FLAGS_FIELD: u64 = 48;
+pub const INODE_LOG_GEN_FIELD: u64 = 56;
+const _: () = assert!(std::mem::offset_of!(InodeRecord, log_gen) as u64 == INODE_LOG_GEN_FIELD);
 const _: () = assert!(std::mem::offset_of!(InodeRecord, flags) as u64 == INODE_FLAGS_FIELD);
 
 /// Inode flags, as `FS_IOC_GETFLAGS`/`FS_IOC_SETFLAGS` (`chattr`) name
@@ -825,7 +835,7 @@ pub fn entry_checksum_ok(bytes: &[u8]) -> bool {
 }
 
 // ---------------------------------------------------------------------------
-// Hybrid pools: the data device (version 4)
+// Hybrid pools: the data device (version 5)
 // ---------------------------------------------------------------------------
 
 /// Device blocks are named in FILE_WRITE entries (and in DRAM indexes) as

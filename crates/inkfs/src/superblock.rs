@@ -329,7 +329,8 @@ fn write_root<P: Pmem + ?Sized>(pm: &P, log_block: u64, opts: &FormatOptions, no
         kind: FileKind::Dir as u32,
         reserved0: 0,
         flags: 0,
-        reserved: [0; 72],
+        log_gen: 0,
+        reserved: [0; 64],
     };
     let rec_off = lane_first_block(0) * BLOCK_SIZE + LANE_INODE_TABLE_BLOCK * BLOCK_SIZE;
     write_pod(pm, rec_off, &rec);
@@ -404,7 +405,7 @@ pub fn check_one(sb: &Superblock, pool_bytes: u64) -> std::result::Result<(), St
         return Err("inconsistent geometry in superblock".into());
     }
     if sb.has_data_device() {
-        if sb.version < 4 {
+        if sb.version < 5 {
             return Err(format!(
                 "format version {} cannot have a data device",
                 sb.version

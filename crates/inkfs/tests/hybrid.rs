@@ -342,3 +342,38 @@ fn fsck_finds_a_block_side_leak_and_a_wrong_device() {
         r.problems
     );
 }
+
+/// A data device needs format 5: a superblock of an older version that
+/// names one is refused (its bytes were reserved, hence zero, before);
+/// and attaching to a hybrid pool (docs/KERNEL-FREE.md) is refused until
+/// it is designed.
+#[test]
+fn older_versions_cannot_name_a_data_device_and_attach_is_refused() {
+    use inkfs::format::*;
+    let pm = SimPool::new(POOL);
+    let dev: Arc<MemDev> = Arc::new(MemDev::new(DEV));
+    format(&pm, &*dev, 4096);
+    let fs = Fs::mount(
+        SimPool::from_image(pm.current_image()),
+        opts(Mode::Strict, dev.clone()),
+    )
+    .unwrap();
+    let attached = Fs::attach(SimPool::from_image(fs.pmem().current_image()), Mode::Strict);
+    match attached {
+        Err(Error::BadPool(m)) => assert!(m.contains("hybrid"), "{m}"),
+        other => panic!("attach of a hybrid pool: {:?}", other.map(|_| ())),
+    }
+    drop(fs);
+    let mut img = pm.current_image();
+    for block in [SUPER_PRIMARY_BLOCK, SUPER_BACKUP_BLOCK] {
+        let off = (block * BLOCK_SIZE) as usize;
+        let mut sb = Superblock::from_bytes(&img[off..]);
+        sb.version = 4;
+        sb.seal();
+        img[off..off + std::mem::size_of::<Superblock>()].copy_from_slice(sb.as_bytes());
+    }
+    match Fs::mount(SimPool::from_image(img), opts(Mode::Strict, dev)) {
+        Err(e) => assert!(format!("{e}").contains("cannot have a data device"), "{e}"),
+        Ok(_) => panic!("a version 4 superblock naming a data device mounted"),
+    }
+}
