@@ -268,7 +268,7 @@ pub fn mkfs(a: &MkfsArgs) -> Result<(), String> {
         None => Filesystem::format(&pm, &opts).map_err(|e| undo(e.to_string()))?,
         Some(data) => {
             let unit = a.data_unit / 4096;
-            if a.data_unit % 4096 != 0 || unit == 0 || unit > u32::MAX as u64 {
+            if !a.data_unit.is_multiple_of(4096) || unit == 0 || unit > u32::MAX as u64 {
                 return Err(undo(format!(
                     "--data-unit {} is not a positive multiple of 4096",
                     a.data_unit

@@ -124,7 +124,7 @@ mod tests {
         let g = GroupFlush::default();
         g.wrote();
         let e = g
-            .flush(|| Err(io::Error::new(io::ErrorKind::Other, "boom")))
+            .flush(|| Err(io::Error::other("boom")))
             .unwrap_err();
         assert_eq!(e.to_string(), "boom");
         // Not covered: the next request flushes again.

@@ -258,7 +258,7 @@ impl SimPool {
     /// the rest its device (a crash image of a pool with a device).
     pub fn from_combined(image: Vec<u8>, pool_bytes: u64) -> SimPool {
         assert!(
-            image.len() & (LINE_BYTES - 1) == 0 && pool_bytes % CACHE_LINE == 0,
+            image.len() & (LINE_BYTES - 1) == 0 && pool_bytes.is_multiple_of(CACHE_LINE),
             "simulated pool size {} is not a multiple of the cache line",
             image.len()
         );
@@ -542,7 +542,9 @@ impl Pmem for SimPool {
 impl SimDevice {
     fn check(&self, off: u64, len: u64) -> std::io::Result<()> {
         match off.checked_add(len) {
-            Some(end) if end <= self.dev_bytes && off % crate::format::BLOCK_SIZE == 0 => Ok(()),
+            Some(end) if end <= self.dev_bytes && off.is_multiple_of(crate::format::BLOCK_SIZE) => {
+                Ok(())
+            }
             _ => Err(std::io::Error::from_raw_os_error(libc::EIO)),
         }
     }
