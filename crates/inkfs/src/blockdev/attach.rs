@@ -101,7 +101,7 @@ pub struct HybridFormat<'a> {
 }
 
 /// Placement threshold mkfs records when not told (docs/DESIGN.md,
-/// "Hybrid pools", for how it was chosen).
+/// "Hybrid pools": a judgment, not yet measured).
 pub const DATA_THRESHOLD_DEFAULT: u32 = 64 << 10;
 /// Device extent unit mkfs records when not told: 1 MiB.
 pub const DATA_UNIT_DEFAULT_BLOCKS: u32 = 256;
