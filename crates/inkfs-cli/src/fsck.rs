@@ -267,6 +267,16 @@ fn print_human(
         r.blocks_free,
         r.blocks_total
     );
+    if r.data_blocks_total > 0 {
+        let _ = writeln!(
+            out,
+            "{}: data device blocks: {} used, {} free, {} total",
+            path.display(),
+            r.data_blocks_used,
+            r.data_blocks_total - r.data_blocks_used,
+            r.data_blocks_total
+        );
+    }
     let found = r.errors_found();
     let verdict = if found == 0 {
         "no errors found".to_string()
@@ -333,6 +343,8 @@ fn json_report(
         "orphans": r.orphans,
         "blocks_total": r.blocks_total,
         "blocks_used": r.blocks_used,
+        "data_blocks_total": r.data_blocks_total,
+        "data_blocks_used": r.data_blocks_used,
         "blocks_free": r.blocks_free,
         "errors_found": r.errors_found(),
         "errors_fixed": r.errors_fixed(),

@@ -150,6 +150,14 @@ impl<'a, P: Pmem + ?Sized> Checker<'a, P> {
 
     pub(super) fn report(&self) -> FsckReport {
         let blocks_total = self.geo.total_blocks - self.geo.first_data_block;
+        // A hybrid pool's device blocks in use are counted apart.
+        let dev_used: u64 = self
+            .blocks
+            .map
+            .range(DEV_BLOCK_BASE..)
+            .map(|(&s, &(e, _))| e - s)
+            .sum();
+        let pm_used = self.blocks.used - dev_used;
         FsckReport {
             problems: self.found.iter().map(|f| f.problem.clone()).collect(),
             inodes_checked: self.counts[C_INODES],
@@ -159,8 +167,10 @@ impl<'a, P: Pmem + ?Sized> Checker<'a, P> {
             other: self.counts[C_OTHER],
             orphans: self.counts[C_ORPHANS],
             blocks_total,
-            blocks_used: self.blocks.used,
-            blocks_free: blocks_total.saturating_sub(self.blocks.used),
+            blocks_used: pm_used,
+            blocks_free: blocks_total.saturating_sub(pm_used),
+            data_blocks_total: self.geo.dev_end - self.geo.dev_first,
+            data_blocks_used: dev_used,
             was_clean: self.sb.state == STATE_CLEAN,
             modified: false,
             errors_remaining: 0,

@@ -162,6 +162,10 @@ pub struct FsckReport {
     pub blocks_total: u64,
     pub blocks_used: u64,
     pub blocks_free: u64,
+    /// Hybrid pools: the data device's data blocks, and those file extents
+    /// use (both 0 without a data device).
+    pub data_blocks_total: u64,
+    pub data_blocks_used: u64,
     /// The superblock said "cleanly unmounted" when the check started.
     pub was_clean: bool,
     /// A repair was asked for and something was written.
