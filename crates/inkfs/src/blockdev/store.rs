@@ -277,6 +277,34 @@ mod tests {
     }
 
     #[test]
+    fn a_sequential_reader_reads_ahead_a_first_read_does_not() {
+        let s = store(1 << 20);
+        let first = DEV_BLOCK_BASE + dev_first_data_block(128);
+        let pages = dev::pages(100);
+        s.write(first, &pages).unwrap();
+        // Written blocks are cached: start from a cold cache.
+        let s = DataStore::new(
+            s.dev.clone(),
+            BlockAllocator::new_all_used(2, first, DEV_BLOCK_BASE + 128),
+            128,
+            s.policy,
+            1 << 20,
+        );
+        let mut buf = vec![0u8; BLOCK_SIZE as usize];
+        s.read(first * BLOCK_SIZE, &mut buf).unwrap();
+        assert_eq!(s.stats().bytes_read, BLOCK_SIZE, "a first read: no readahead");
+        s.read((first + 1) * BLOCK_SIZE, &mut buf).unwrap();
+        let ahead = s.stats().bytes_read;
+        assert_eq!(ahead, (1 + 1 + READAHEAD_BLOCKS) * BLOCK_SIZE, "sequential: read ahead");
+        // The next blocks come from the cache.
+        for b in 2..=READAHEAD_BLOCKS {
+            s.read((first + b) * BLOCK_SIZE, &mut buf).unwrap();
+        }
+        assert_eq!(s.stats().bytes_read, ahead);
+        assert!(s.stats().cache_hits >= READAHEAD_BLOCKS - 1);
+    }
+
+    #[test]
     fn placement_by_size_and_pm_pressure() {
         let p = Placement {
             threshold_bytes: 65536,
