@@ -88,7 +88,11 @@ pub struct FileDev {
 impl FileDev {
     /// Open an existing data device, locked against a second opener
     /// (shared for `read_only`). The lock is the kernel's (flock), dropped
-    /// with the last descriptor, so a killed holder frees it.
+    /// with the last descriptor, so a killed holder frees it. A read-only
+    /// open of a device a writer holds goes ahead without the lock: who
+    /// may read is the pool's claim to decide (fsck and stat read a pool
+    /// in use without claiming it, and say so), and a writer's exclusive
+    /// lock still keeps mkfs from formatting a device in use.
     pub fn open(path: &Path, read_only: bool) -> io::Result<FileDev> {
         let file = open_maybe_direct(path, read_only, false)?;
         Self::from_file(file, path, read_only)
@@ -141,7 +145,7 @@ impl FileDev {
         // SAFETY: a plain system call on a descriptor this function owns.
         if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } != 0 {
             let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) && !read_only {
                 return Err(io::Error::new(
                     io::ErrorKind::ResourceBusy,
                     format!(
@@ -150,7 +154,9 @@ impl FileDev {
                     ),
                 ));
             }
-            return Err(e);
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(e);
+            }
         }
         let size_bytes = if block_device {
             // SAFETY: lseek on an owned descriptor; read_at/write_at take
@@ -266,7 +272,12 @@ mod tests {
         assert_eq!(r[1].0[5], 9);
         let busy = FileDev::open(&path, false).unwrap_err();
         assert_eq!(busy.kind(), io::ErrorKind::ResourceBusy, "{busy}");
-        drop(dev);
+        // A reader goes ahead (unlocked) while the writer holds it.
+        let reader = FileDev::open(&path, true).unwrap();
+        let mut r = pages(1);
+        reader.read_at(8192 + 4096, &mut r).unwrap();
+        assert_eq!(r[0].0[5], 9);
+        drop((dev, reader));
         let again = FileDev::open(&path, true).unwrap();
         assert_eq!(again.size_bytes(), 1 << 20);
         let two = FileDev::open(&path, true).unwrap();
