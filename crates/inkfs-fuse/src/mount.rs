@@ -38,6 +38,13 @@ Mount options (-o, comma separated, mount(8) style; -o may be repeated):
   fsname=NAME, subtype=NAME  shown in /proc/mounts (default POOL, inkfs)
   stats=owner|all          who may read `inkfs stat MOUNTPOINT`: the mount's
                            owner and root (default), or every local user
+  data=PATH                hybrid pools: the data device or file, when not
+                           at the path recorded by mkfs (checked by its
+                           label: another device is refused)
+  data_cache=SIZE          hybrid pools: DRAM cache of data-device blocks
+                           (default 256M; 0 disables it)
+  data_threshold=SIZE      hybrid pools: writes of at least SIZE bytes put
+                           their pages on the data device (default: mkfs's)
   dev, nodev, suid, nosuid, exec, noexec, atime, noatime, sync, async, dirsync
   ignored: defaults, auto, noauto, nofail, _netdev, user, nouser, users,
            relatime, strictatime, nodiratime, x-*, comment=*
@@ -112,6 +119,32 @@ pub struct MountConfig {
     pub stats_access: Access,
     /// Kernel flags passed through (dev, suid, exec, noatime, ...).
     pub flags: Vec<MountOption>,
+    /// Hybrid pools: `data=`, `data_cache=`, `data_threshold=`.
+    pub data: Option<PathBuf>,
+    pub data_cache_bytes: Option<u64>,
+    pub data_threshold_bytes: Option<u64>,
+}
+
+/// Parse "4G", "512M", "64k", "1T" or plain bytes (binary units).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some(c @ ('k' | 'K' | 'm' | 'M' | 'g' | 'G' | 't' | 'T')) => {
+            let shift = match c.to_ascii_lowercase() {
+                'k' => 10,
+                'm' => 20,
+                'g' => 30,
+                _ => 40,
+            };
+            (&s[..s.len() - 1], 1u64 << shift)
+        }
+        _ => (s, 1),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("bad size '{s}' (use e.g. 4G, 512M, 65536)"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size '{s}' is too large"))
 }
 
 fn is_root() -> bool {
@@ -136,6 +169,9 @@ impl MountConfig {
             subtype: "inkfs".into(),
             stats_access: Access::OwnerAndRoot,
             flags: Vec::new(),
+            data: None,
+            data_cache_bytes: None,
+            data_threshold_bytes: None,
         }
     }
 
@@ -175,6 +211,15 @@ impl MountConfig {
                 ("stats", Some("all")) => self.stats_access = Access::Everyone,
                 ("stats", Some(v)) => return Err(format!("stats={v}: expected owner or all")),
                 ("subtype", Some(v)) => self.subtype = v.to_string(),
+                ("data", Some(v)) if !v.is_empty() => self.data = Some(PathBuf::from(v)),
+                ("data_cache", Some(v)) => {
+                    self.data_cache_bytes =
+                        Some(parse_size(v).map_err(|e| format!("data_cache: {e}"))?)
+                }
+                ("data_threshold", Some(v)) => {
+                    self.data_threshold_bytes =
+                        Some(parse_size(v).map_err(|e| format!("data_threshold: {e}"))?)
+                }
                 ("dev", None) => self.flags.push(MountOption::Dev),
                 ("nodev", None) => self.flags.push(MountOption::NoDev),
                 ("suid", None) => self.flags.push(MountOption::Suid),
@@ -597,6 +642,21 @@ pub fn run_engine(
                 lines.push(Field::bytes("bytes_free", "space free", s.blocks_free * bs));
                 lines.push(Field::count("inodes_total", "inodes total", s.files));
                 lines.push(Field::count("inodes_free", "inodes free", s.files_free));
+                if s.data_blocks > 0 {
+                    let pm = (s.blocks - s.data_blocks, s.blocks_free - s.data_blocks_free);
+                    lines.push(Field::bytes("pm_bytes_total", "PM space total", pm.0 * bs));
+                    lines.push(Field::bytes("pm_bytes_free", "PM space free", pm.1 * bs));
+                    lines.push(Field::bytes(
+                        "data_bytes_total",
+                        "data device space total",
+                        s.data_blocks * bs,
+                    ));
+                    lines.push(Field::bytes(
+                        "data_bytes_free",
+                        "data device space free",
+                        s.data_blocks_free * bs,
+                    ));
+                }
                 lines.extend(crate::serve::report_fields(&engine));
             }
             stats.report(&lines, json)

@@ -89,6 +89,9 @@ pub struct Fs<P: Pmem> {
     pub(crate) epochs: std::sync::OnceLock<Arc<crate::epoch::EpochTable>>,
     pub(crate) limbo: crate::epoch::Limbo,
     report: MountReport,
+    /// Hybrid pools: the data device and everything about it
+    /// (`blockdev/`); None when file data lives on PM only.
+    pub(crate) data: Option<crate::blockdev::store::DataStore>,
 }
 
 /// What a mount (or an attach) puts together before the engine exists.
@@ -99,6 +102,8 @@ pub(crate) struct Parts {
     pub blocks: BlockAllocator,
     pub slots: InodeSlots,
     pub report: MountReport,
+    /// Hybrid pools: the block side (None: file data on PM only).
+    pub data: Option<crate::blockdev::store::DataStore>,
 }
 
 /// A count kept per lane, one cache line each, and summed when read: the
@@ -140,6 +145,15 @@ impl<P: Pmem> Fs<P> {
         superblock::format(pm, opts)
     }
 
+    /// Lay out an empty hybrid pool on `pm` and `data.device` (mkfs).
+    pub fn format_hybrid(
+        pm: &P,
+        opts: &FormatOptions,
+        data: &crate::blockdev::HybridFormat<'_>,
+    ) -> Result<Superblock> {
+        crate::blockdev::attach::format_pool(pm, opts, data)
+    }
+
     /// Open a formatted pool: instant after a clean unmount, a journal
     /// replay plus a scan of every live log after a crash. A pool whose
     /// superblock records errors met while mounted is refused read-write
@@ -165,6 +179,10 @@ impl<P: Pmem> Fs<P> {
             )));
         }
         let geo = Geometry::of(&sb);
+        // A hybrid pool's data device is found and checked before
+        // anything is written (journal replay, recovery): a missing or
+        // wrong device refuses the mount with the pool untouched.
+        let device = crate::blockdev::attach::open_device(&pm, &sb, &opts)?;
         let tables = InodeTables::open(&geo);
         let mut report = MountReport {
             was_clean: sb.state == STATE_CLEAN,
@@ -180,7 +198,7 @@ impl<P: Pmem> Fs<P> {
                 JournalState::Discarded => report.journals_discarded += 1,
             }
         }
-        let restored = if sb.state == STATE_CLEAN && report.journals_replayed == 0 {
+        let mut restored = if sb.state == STATE_CLEAN && report.journals_replayed == 0 {
             BlockAllocator::restore(
                 &pm,
                 geo.lane_count,
@@ -191,6 +209,20 @@ impl<P: Pmem> Fs<P> {
         } else {
             None
         };
+        // The device's free lists come from its own save area; if it is
+        // not valid, both sides are rebuilt by the scan.
+        let mut dev_blocks = None;
+        if let (Some(_), Some(dev)) = (&restored, &device) {
+            dev_blocks = crate::blockdev::layout::restore(
+                &**dev,
+                geo.lane_count,
+                sb.data_blocks,
+                sb.mount_epoch,
+            );
+            if dev_blocks.is_none() {
+                restored = None;
+            }
+        }
         let (blocks, slots) = match restored {
             Some(pair) => {
                 report.allocator_restored = true;
@@ -200,7 +232,17 @@ impl<P: Pmem> Fs<P> {
                 let rebuilt = recovery::rebuild(&pm, &geo, &tables, opts.read_only)?;
                 report.orphans_reclaimed = rebuilt.orphans_reclaimed;
                 report.inodes_scanned = rebuilt.inodes_scanned;
+                dev_blocks = rebuilt.dev_blocks;
                 (rebuilt.blocks, rebuilt.slots)
+            }
+        };
+        let data = match (device, dev_blocks) {
+            (Some(dev), Some(alloc)) => Some(crate::blockdev::attach::store(dev, &sb, &opts, alloc)),
+            (None, _) => None,
+            (Some(_), None) => {
+                return Err(Error::Corrupt(
+                    "no allocator for the data device (engine bug)".into(),
+                ))
             }
         };
         if !opts.read_only {
@@ -219,6 +261,7 @@ impl<P: Pmem> Fs<P> {
             blocks,
             slots,
             report,
+            data,
         };
         let fs = Fs::assemble(pm, parts, &opts);
         let root = fs.iget(ROOT_INO)?;
@@ -241,6 +284,7 @@ impl<P: Pmem> Fs<P> {
             blocks,
             slots,
             report,
+            data,
         } = parts;
         let journals = (0..geo.lane_count)
             .map(|l| Mutex::new(Journal::open(&pm, l)))
@@ -265,6 +309,7 @@ impl<P: Pmem> Fs<P> {
             gc: Default::default(),
             health: crate::health::Health::new(opts.errors),
             report,
+            data,
         }
     }
 
@@ -289,6 +334,14 @@ impl<P: Pmem> Fs<P> {
         // Readers of other processes are gone with the mount.
         self.limbo.drain(|start, len| self.free_now(start, len));
         let mut sb = *lock(&self.sb);
+        if let Some(d) = &self.data {
+            // Data written in place (posix) becomes durable, then the
+            // device's free lists are saved and flushed, all before the
+            // superblock says clean: a crash before that store rebuilds
+            // both sides by scanning.
+            d.sync().map_err(crate::blockdev::engine::io_errno)?;
+            d.save(sb.mount_epoch)?;
+        }
         // If the free lists do not fit the save areas, the next mount
         // rebuilds them by scanning: slower, never wrong.
         let _saved = self
@@ -642,7 +695,7 @@ impl<P: Pmem> Fs<P> {
     pub(crate) fn drop_prealloc(&self, st: &mut InodeState) {
         let (start, len) = std::mem::take(&mut st.prealloc);
         if len > 0 {
-            self.reserved_changed(-(len as i64));
+            self.reserved_changed_at(start, -(len as i64));
             self.free_blocks(start, len);
         }
     }
@@ -720,7 +773,8 @@ impl<P: Pmem> Fs<P> {
     }
 
     pub(crate) fn free_now(&self, start: u64, len: u64) {
-        if let Err(e) = self.blocks.free(start, len) {
+        // To the allocator of the block's side (PM or the data device).
+        if let Err(e) = self.free_on_side(start, len) {
             // A double free means DRAM state disagrees with itself; keep
             // going (the allocator refused the free), but say so loudly.
             eprintln!("inkfs: internal error freeing blocks {start}+{len}: {e:?}");
@@ -732,20 +786,24 @@ impl<P: Pmem> Fs<P> {
         let data_blocks = self.geo.total_blocks - self.geo.first_data_block;
         let free = self.blocks.free_blocks() + self.reserved_blocks.sum();
         let used_inodes = self.slots.used_count();
-        // Each inode needs at least one log page.
+        let (dev_blocks, dev_free) = self.data.as_ref().map_or((0, 0), |d| d.space());
+        // Each inode needs at least one log page, on PM.
         StatFs {
             block_size: BLOCK_SIZE as u32,
-            blocks: data_blocks,
-            blocks_free: free,
+            blocks: data_blocks + dev_blocks,
+            blocks_free: free + dev_free,
             files: used_inodes + free,
             files_free: free,
             name_max: NAME_MAX as u32,
+            data_blocks: dev_blocks,
+            data_blocks_free: dev_free,
         }
     }
 
     /// syncfs: every mode already persists metadata at each call; this makes
     /// pending posix-mode data durable.
     pub fn sync(&self) -> Result<()> {
+        self.dev_sync()?;
         self.pm.fence();
         Ok(())
     }

@@ -52,6 +52,9 @@ use crate::fs::{FileHandle, Fs};
 use crate::perm::{self, Actor};
 use crate::pmem::{MappedPool, PoolFile, PoolOpenOptions};
 
+pub use crate::blockdev::{
+    BlockDev, DataStats, FileDev, HybridFormat, DATA_THRESHOLD_DEFAULT, DATA_UNIT_DEFAULT_BLOCKS,
+};
 pub use crate::error::{Error, Result};
 pub use crate::fs::MountReport;
 pub use crate::perm::{Credentials, MAY_EXEC, MAY_READ, MAY_WRITE};
@@ -62,8 +65,9 @@ pub use crate::types::{
     FallocFlags, FiemapExtent, FileKind, FormatOptions, GcStats, Mode, MountOptions, RenameFlags,
     SetAttr, StatFs, TimeSet, Whence, XattrFlags,
 };
+pub use crate::types::{DataDevice, DATA_CACHE_DEFAULT_BYTES};
 pub use path::{Follow, Resolved, PATH_MAX, SYMLINKS_MAX};
-pub use pool::{looks_like_inkfs, read_summary, PoolSummary};
+pub use pool::{looks_like_inkfs, read_data_path, read_summary, DataSummary, PoolSummary};
 
 /// The root directory's inode number.
 pub const ROOT_INO: u64 = crate::format::ROOT_INO;
@@ -232,6 +236,18 @@ impl<P: Pmem> Filesystem<P> {
         Ok(PoolSummary::of(&sb, false))
     }
 
+    /// Lay out an empty hybrid pool (mkfs): file data of large writes on
+    /// `data.device`, everything else on `pool`. The device is formatted
+    /// first (its label names the pool), then the pool.
+    pub fn format_hybrid(
+        pool: &P,
+        opts: &FormatOptions,
+        data: &HybridFormat<'_>,
+    ) -> Result<PoolSummary> {
+        let sb = crate::blockdev::attach::format_pool(pool, opts, data)?;
+        Ok(PoolSummary::of(&sb, false))
+    }
+
     /// The mounted pool's superblock.
     pub fn summary(&self) -> PoolSummary {
         PoolSummary::of(
@@ -295,6 +311,16 @@ impl<P: Pmem> Filesystem<P> {
     }
     pub fn error_stats(&self) -> ErrorStats {
         self.fs.error_stats()
+    }
+    /// Hybrid pools: the block side's counters since mount (None: the pool
+    /// has no data device).
+    pub fn data_stats(&self) -> Option<DataStats> {
+        self.fs.data_stats()
+    }
+    /// Hybrid pools: what the data device is (e.g. "file /var/tmp/d
+    /// (O_DIRECT)"); None without one.
+    pub fn data_device(&self) -> Option<String> {
+        self.fs.data_device_description()
     }
     /// Inodes loaded in DRAM and the log pages they hold.
     pub fn loaded_log_pages(&self) -> (u64, u64) {

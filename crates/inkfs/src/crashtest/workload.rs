@@ -540,19 +540,68 @@ impl Held {
 /// A formatted, populated and cleanly unmounted pool holding the fixed
 /// namespace; every workload starts from a copy of it.
 pub fn base_image() -> Vec<u8> {
-    let pm = SimPool::new(POOL_BYTES);
-    Fs::format(
-        &pm,
-        &FormatOptions {
-            lanes: 2,
-            ..Default::default()
-        },
-    )
+    base_image_for(false)
+}
+
+/// Data device of a hybrid crash-test pool: 128 blocks (the label, one
+/// save block, 126 for data).
+pub const DEV_BYTES: u64 = 128 * crate::format::BLOCK_SIZE;
+/// Placement threshold of a hybrid crash-test pool: the catalogue's
+/// writes of a page or more go to the device, smaller ones (and every
+/// partial-page zeroing of truncate and punch) stay on PM, so workloads
+/// mix both sides and move data from one to the other.
+pub const HYBRID_THRESHOLD: u32 = 4096;
+/// Device extent unit of a hybrid crash-test pool, in blocks.
+pub const HYBRID_UNIT_BLOCKS: u32 = 4;
+
+/// The populated base image: the pool, followed in a hybrid pool
+/// (`hybrid`) by its data device's bytes ([`pool_of`] splits them).
+pub fn base_image_for(hybrid: bool) -> Vec<u8> {
+    let dev_bytes = if hybrid { DEV_BYTES } else { 0 };
+    let pm = SimPool::with_device(vec![0; POOL_BYTES as usize], &vec![0; dev_bytes as usize]);
+    let opts = FormatOptions {
+        lanes: 2,
+        ..Default::default()
+    };
+    match pm.device() {
+        Some(dev) => Fs::format_hybrid(
+            &pm,
+            &opts,
+            &crate::blockdev::HybridFormat {
+                device: &*dev,
+                path: std::path::Path::new("/nonexistent/inkfs-crashtest-device"),
+                blocks: None,
+                threshold_bytes: HYBRID_THRESHOLD,
+                unit_blocks: HYBRID_UNIT_BLOCKS,
+            },
+        ),
+        None => Fs::format(&pm, &opts),
+    }
     .expect("format the crash-test pool");
-    let fs = Fs::mount(pm, MountOptions::default()).expect("mount the fresh pool");
+    let mopts = mount_options(&pm, Mode::Strict);
+    let fs = Fs::mount(pm, mopts).expect("mount the fresh pool");
     setup(&fs).expect("populate the fixed namespace");
     let pm = fs.unmount().expect("unmount the populated pool");
     pm.current_image()
+}
+
+/// A simulated pool of `image` (a base or crash image: the pool's
+/// `POOL_BYTES`, then its data device's bytes if it has one), all durable.
+pub fn pool_of(image: Vec<u8>) -> SimPool {
+    SimPool::from_combined(image, POOL_BYTES)
+}
+
+/// Mount options in `mode` for `pm`, naming its simulated data device
+/// when it has one.
+pub fn mount_options(pm: &SimPool, mode: Mode) -> MountOptions {
+    MountOptions {
+        mode,
+        read_only: false,
+        data: pm
+            .device()
+            .map(|d| DataDevice::Open(d as std::sync::Arc<dyn crate::blockdev::BlockDev>)),
+        ..Default::default()
+    }
 }
 
 fn setup<P: Pmem>(fs: &Fs<P>) -> Result<()> {
