@@ -48,7 +48,7 @@ pub mod pool;
 use std::path::Path;
 use std::sync::atomic::{AtomicI32, Ordering};
 
-use crate::fs::{FileHandle, Fs};
+use crate::fs::{FileHandle, Fs, KernelTimes};
 use crate::perm::{self, Actor};
 use crate::pmem::{MappedPool, PoolFile, PoolOpenOptions};
 
@@ -140,6 +140,20 @@ impl File {
         let new = (old.0 & !SETTABLE_STATUS_FLAGS) | (flags.0 & SETTABLE_STATUS_FLAGS);
         self.flags.store(new, Ordering::Relaxed);
         Ok(())
+    }
+    /// Let a write-only file be read as well: a kernel page cache in
+    /// front of the engine (FUSE's writeback cache) fills the pages around
+    /// a partial write by reading through the writer's own handle. That
+    /// kernel refuses read(2) on a write-only descriptor itself, so only
+    /// its page fills come this way; the open's permission checks were
+    /// made with the access mode asked for. `flags()` says `O_RDWR` after.
+    pub fn allow_cache_fill(&self) {
+        let _ = self
+            .flags
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |f| {
+                (f & libc::O_ACCMODE == libc::O_WRONLY)
+                    .then_some((f & !libc::O_ACCMODE) | libc::O_RDWR)
+            });
     }
     fn append_only(&self) -> bool {
         let st = crate::inode::read(&self.handle.inode.state);
@@ -349,6 +363,37 @@ impl<P: Pmem> Filesystem<P> {
         set: &SetAttr,
         via: Option<&File>,
     ) -> Result<Attr> {
+        self.setattr_checked(cred, ino, set, via, None)
+    }
+
+    /// setattr from a front end whose kernel keeps a regular file's mtime
+    /// and ctime itself between write-backs (FUSE's writeback cache): it
+    /// stamps them at each write and sends them as explicit values, with its
+    /// own write-back of them and with every setattr, a `touch` to "now"
+    /// included, and it has checked the caller's right to set them
+    /// (`default_permissions`). So explicit times are judged as "now" is
+    /// (owner or writer; allowed on an append-only file) and applied as
+    /// given; `ctime` is the kernel's change time (None: now). Everything
+    /// else in `set` is checked as by [`Filesystem::setattr`].
+    pub fn setattr_kernel_times(
+        &self,
+        cred: &Credentials,
+        ino: u64,
+        set: &SetAttr,
+        ctime: Option<i64>,
+        via: Option<&File>,
+    ) -> Result<Attr> {
+        self.setattr_checked(cred, ino, set, via, Some(KernelTimes { ctime }))
+    }
+
+    fn setattr_checked(
+        &self,
+        cred: &Credentials,
+        ino: u64,
+        set: &SetAttr,
+        via: Option<&File>,
+        kernel: Option<KernelTimes>,
+    ) -> Result<Attr> {
         if set.size.is_some() {
             match via {
                 Some(f) if !f.flags().writable() => return crate::error::errno(libc::EINVAL),
@@ -361,7 +406,8 @@ impl<P: Pmem> Filesystem<P> {
                 }
             }
         }
-        self.fs.setattr_as(Actor::Caller(cred), ino, set)
+        self.fs
+            .setattr_times_from(Actor::Caller(cred), ino, set, kernel)
     }
 
     /// mknod(2): a regular file, FIFO, socket or device node (the type in
@@ -572,6 +618,28 @@ impl<P: Pmem> Filesystem<P> {
     pub fn write_at(&self, file: &File, off: u64, data: &[u8]) -> Result<Written> {
         file.require(false)?;
         let len = self.fs.write(&file.handle, off, data)?;
+        Ok(Written { offset: off, len })
+    }
+
+    /// A write whose place and set-id rule a kernel in front decided
+    /// (FUSE with its writeback cache owns the file's size, so the end of
+    /// file an O_APPEND write goes to is its own): at `off` whatever the
+    /// file's `O_APPEND` says; set-id bits and file capabilities dropped
+    /// only if `kill_setid` (that kernel asks when the writer lacks
+    /// CAP_FSETID; a write-back of its page cache never does, as a write
+    /// through mmap does not). No `O_SYNC` handling: that kernel calls
+    /// fsync.
+    pub fn write_placed(
+        &self,
+        file: &File,
+        off: u64,
+        data: &[u8],
+        kill_setid: bool,
+    ) -> Result<Written> {
+        file.require(false)?;
+        let len = self
+            .fs
+            .write_dropping(&file.handle, off, data, kill_setid)?;
         Ok(Written { offset: off, len })
     }
 
