@@ -51,19 +51,28 @@ use fuser::{
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use inkfs::api::{
-    self, Attr, Credentials, DirEntry, FallocFlags, File, FileKind, RenameFlags, SetAttr, TimeSet,
-    Whence, XattrFlags,
+    self, inode_flags, Attr, Credentials, DirEntry, FallocFlags, File, FileKind, RenameFlags,
+    SetAttr, TimeSet, Whence, XattrFlags,
 };
 
 use crate::clock::{self, Tick};
 use crate::creds::CredCache;
 use crate::handles::HandleTable;
+use crate::inval::{Change, Invalidator};
 use crate::stats::{Op, Stats};
 use crate::Engine;
 
+/// How the kernel may cache an inkfs mount, chosen when it is mounted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Caching {
+    /// FUSE's writeback cache (posix mode only; see the module comment):
+    /// `write(2)` lands in the page cache, the kernel writes back later.
+    pub writeback: bool,
+}
+
 /// The FUSE protocol settings of an inkfs mount: capabilities asked at
 /// INIT (`configure_kernel`) and the flags every open gets (`OPEN_FLAGS`).
-pub fn configure_kernel(config: &mut KernelConfig) {
+pub fn configure_kernel(config: &mut KernelConfig, caching: Caching) {
     // Ask for each capability on its own: an old kernel lacking one
     // should not cost us the others.
     for cap in [
@@ -83,15 +92,19 @@ pub fn configure_kernel(config: &mut KernelConfig) {
     ] {
         let _ = config.add_capabilities(cap);
     }
-    // Deliberately not FUSE_WRITEBACK_CACHE (see the module comment).
+    if caching.writeback {
+        let _ = config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE);
+    }
     let _ = config.set_max_write(MAX_WRITE_BYTES);
 }
 
 /// See `configure_kernel`.
 pub const OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_KEEP_CACHE;
 
-/// See the module comment.
-const TTL: Duration = Duration::from_secs(1);
+/// How long the kernel may keep attributes, names and negative lookups
+/// without asking again (see the module comment).
+pub const CACHE_TTL: Duration = Duration::from_secs(3600);
+const TTL: Duration = CACHE_TTL;
 /// Largest write the kernel may send in one request.
 pub const MAX_WRITE_BYTES: u32 = 1 << 20;
 /// Entries fetched per readdirplus request (each costs a getattr).
@@ -102,6 +115,8 @@ pub struct InkFuse {
     handles: HandleTable<File>,
     creds: CredCache,
     stats: Arc<Stats>,
+    caching: Caching,
+    inval: Arc<Invalidator>,
 }
 
 /// The attributes of a negative lookup reply: only node 0 matters.
@@ -254,14 +269,14 @@ impl Answer<u32> for ReplyWrite {
     }
 }
 
-impl Answer<(Attr, u64)> for ReplyCreate {
-    fn ok(self, (a, fh): (Attr, u64)) {
+impl Answer<(Attr, u64, FopenFlags)> for ReplyCreate {
+    fn ok(self, (a, fh, flags): (Attr, u64, FopenFlags)) {
         self.created(
             &TTL,
             &file_attr(&a),
             Generation(a.generation),
             FileHandle(fh),
-            OPEN_FLAGS,
+            flags,
         );
     }
     fn fail(self, e: Errno) {
@@ -296,13 +311,49 @@ impl Answer<(Vec<u8>, u32)> for ReplyXattr {
 }
 
 impl InkFuse {
-    pub fn new(fs: Arc<Engine>, stats: Arc<Stats>) -> InkFuse {
+    pub fn new(
+        fs: Arc<Engine>,
+        stats: Arc<Stats>,
+        caching: Caching,
+        inval: Arc<Invalidator>,
+    ) -> InkFuse {
+        debug_assert!(
+            !caching.writeback || fs.mode() == inkfs::api::Mode::Posix,
+            "the writeback cache is for posix mode only"
+        );
         InkFuse {
             fs,
             handles: HandleTable::default(),
             creds: CredCache::default(),
             stats,
+            caching,
+            inval,
         }
+    }
+
+    /// Whether FSYNC has nothing to do: every answered request is durable
+    /// (strict and sync modes; posix mode with the writeback cache, where
+    /// each write-back is made durable before it is answered; a read-only
+    /// mount).
+    fn fsync_is_noop(&self) -> bool {
+        self.fs.fsync_is_noop() || self.caching.writeback
+    }
+
+    /// The open flags for `file`, opened with `flags`, and what the
+    /// writeback cache needs of it (see the module comment).
+    fn prepare_open(&self, file: &File, flags: i32) -> api::Result<FopenFlags> {
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        if !self.caching.writeback || !writes {
+            return Ok(OPEN_FLAGS);
+        }
+        file.allow_cache_fill();
+        // An append-only file grows only at its end, and a write-back
+        // rewrites whole pages from their start: such a file is written
+        // through, uncached, as without the cache.
+        if self.fs.get_flags(file.ino())? & inode_flags::APPEND != 0 {
+            return Ok(OPEN_FLAGS | FopenFlags::FOPEN_DIRECT_IO);
+        }
+        Ok(OPEN_FLAGS)
     }
 
     /// The shape of every handler: time the request, run it, answer the
@@ -348,6 +399,42 @@ impl InkFuse {
         self.handles.with(fh.0, f).unwrap_or(fail(libc::EBADF))
     }
 
+    /// A WRITE under the writeback cache: the kernel decided the offset
+    /// (it owns the file's size, so an O_APPEND write's end of file is its
+    /// own) and whether set-id bits go (`FUSE_WRITE_KILL_SUIDGID`, on the
+    /// writes it sends through for a writer without CAP_FSETID; never on a
+    /// write-back). Durable before it is answered (`fsync_is_noop`).
+    fn write_for_cache(
+        &self,
+        f: &File,
+        offset: u64,
+        data: &[u8],
+        write_flags: WriteFlags,
+    ) -> api::Result<api::Written> {
+        let write_back = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) && !write_back;
+        let w = match self.fs.write_placed(f, offset, data, kill) {
+            Ok(w) => w,
+            Err(e) => {
+                if write_back {
+                    // Refused (a chattr +i or +a set since the file was
+                    // opened, errors=remount-ro, no space): the kernel
+                    // reports it at fsync and close, but would keep showing
+                    // the pages it could not write. Queued, so it runs once
+                    // this reply has ended their write-back.
+                    self.inval.changed(Change::Data {
+                        ino: f.ino(),
+                        off: offset,
+                        len: data.len() as u64,
+                    });
+                }
+                return Err(e);
+            }
+        };
+        self.fs.fsync(f, true)?;
+        Ok(w)
+    }
+
     fn release_handle(&self, fh: FileHandle) {
         if let Some(file) = self.handles.remove(fh.0) {
             self.fs.release(file);
@@ -357,7 +444,7 @@ impl InkFuse {
 
 impl Filesystem for InkFuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        configure_kernel(config);
+        configure_kernel(config, self.caching);
         Ok(())
     }
 
@@ -413,7 +500,7 @@ impl Filesystem for InkFuse {
         size: Option<u64>,
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
+        ctime: Option<SystemTime>,
         fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
@@ -430,10 +517,19 @@ impl Filesystem for InkFuse {
             mtime: mtime.map(time_set),
         };
         let cred = self.cred(req);
+        // With the writeback cache the kernel owns a regular file's mtime
+        // and ctime and sends them, with a ctime, as explicit values.
+        let kernel_times = ctime.filter(|_| self.caching.writeback).map(time_ns);
+        let setattr = |f: Option<&File>| match kernel_times {
+            Some(ctime) => self
+                .fs
+                .setattr_kernel_times(&cred, ino.0, &set, Some(ctime), f),
+            None => self.fs.setattr(&cred, ino.0, &set, f),
+        };
         self.answer(Op::setattr, reply, || match fh {
             // ftruncate and friends: through the open file.
-            Some(fh) => self.with_file(fh, |f| self.fs.setattr(&cred, ino.0, &set, Some(f))),
-            None => self.fs.setattr(&cred, ino.0, &set, None),
+            Some(fh) => self.with_file(fh, |f| setattr(Some(f))),
+            None => setattr(None),
         });
     }
 
@@ -548,7 +644,14 @@ impl Filesystem for InkFuse {
         self.answer(Op::open, reply, || {
             // With FUSE_ATOMIC_O_TRUNC the engine truncates for O_TRUNC.
             let file = self.fs.open(&cred, ino.0, api::OpenFlags::new(flags.0))?;
-            Ok((self.handles.insert(file), OPEN_FLAGS))
+            let fopen = match self.prepare_open(&file, flags.0) {
+                Ok(f) => f,
+                Err(e) => {
+                    self.fs.release(file);
+                    return Err(e);
+                }
+            };
+            Ok((self.handles.insert(file), fopen))
         });
     }
 
@@ -622,6 +725,9 @@ impl Filesystem for InkFuse {
     ) {
         self.answer(Op::write, reply, || {
             let w = self.with_file(fh, |f| {
+                if self.caching.writeback {
+                    return self.write_for_cache(f, offset, data, write_flags);
+                }
                 // O_APPEND from write(2) (the file's flags as they are now,
                 // after any F_SETFL), not page-cache write-back of an mmap:
                 // the engine places the data at the end atomically.
@@ -685,7 +791,7 @@ impl Filesystem for InkFuse {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        if self.fs.fsync_is_noop() {
+        if self.fsync_is_noop() {
             // Every write was durable when it was answered. ENOSYS makes the
             // kernel stop sending FSYNC for this connection: fsync(2) then
             // costs no round trip. The kernel still writes dirty mmap pages
@@ -826,7 +932,7 @@ impl Filesystem for InkFuse {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        if self.fs.fsync_is_noop() {
+        if self.fsync_is_noop() {
             // Directory changes are durable on return in every mode; in
             // these modes nothing else is pending either (see `fsync`).
             let t = clock::now();
@@ -931,7 +1037,14 @@ impl Filesystem for InkFuse {
                 mode & 0o7777,
                 api::OpenFlags::new(flags),
             )?;
-            Ok((attr, self.handles.insert(file)))
+            let fopen = match self.prepare_open(&file, flags) {
+                Ok(f) => f,
+                Err(e) => {
+                    self.fs.release(file);
+                    return Err(e);
+                }
+            };
+            Ok((attr, self.handles.insert(file), fopen))
         });
     }
 
@@ -1003,6 +1116,10 @@ impl Filesystem for InkFuse {
             let src = self.handles.get(fh_in.0).ok_or_else(ebadf)?;
             let dst = self.handles.get(fh_out.0).ok_or_else(ebadf)?;
             let n = self.fs.copy_range(&src, offset_in, &dst, offset_out, len)?;
+            if self.caching.writeback {
+                // Durable when answered, as every write (`fsync_is_noop`).
+                self.fs.fsync(&dst, true)?;
+            }
             self.stats.bytes_written.add(n);
             // COPY_MAX keeps every count within the reply's 32 bits.
             Ok(n.min(u32::MAX as u64) as u32)
@@ -1026,6 +1143,11 @@ impl Filesystem for InkFuse {
             .unwrap_or(fail(libc::ENOTTY));
         match r {
             Ok(data) => {
+                if crate::fileattr::changes_inode(cmd) {
+                    // The flags and the ctime changed: the kernel expects
+                    // neither of an ioctl.
+                    self.inval.changed(Change::Attr { ino: ino.0 });
+                }
                 reply.ioctl(0, &data);
                 self.done(Op::ioctl, t, true);
             }
