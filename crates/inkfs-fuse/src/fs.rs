@@ -1073,6 +1073,16 @@ impl Filesystem for InkFuse {
         whence: i32,
         reply: ReplyLseek,
     ) {
+        if self.caching.writeback {
+            // The kernel asks without writing its dirty pages back first
+            // (fs/fuse/file.c, fuse_lseek), so the pool's holes may be data
+            // in its cache. ENOSYS: it stops asking and answers itself,
+            // every byte up to its size being data, as POSIX allows.
+            let t = clock::now();
+            reply.error(Errno::ENOSYS);
+            self.done(Op::lseek, t, true);
+            return;
+        }
         self.answer(Op::lseek, reply, || {
             let w = match whence {
                 libc::SEEK_DATA => Whence::Data,

@@ -528,6 +528,50 @@ fn the_kernel_is_told_what_it_did_not_change() {
     }
 }
 
+/// SEEK_DATA and SEEK_HOLE see the file as the kernel has it, cached
+/// writes included (the kernel does not write back before asking the
+/// server, so under the cache it answers itself: all data up to its size).
+#[test]
+fn seek_data_and_hole_see_cached_writes() {
+    let pool = Pool::new("pc-seek", 64);
+    let m = posix(&pool);
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.p("sparse"))
+        .unwrap();
+    f.write_all_at(&[1u8; 8192], 0).unwrap();
+    f.write_all_at(&[2u8; 4096], 65536).unwrap();
+    let seek = |off: i64, whence: i32| {
+        // SAFETY: plain syscall on an open descriptor.
+        let r = unsafe { libc::lseek(f.as_raw_fd(), off, whence) };
+        if r < 0 {
+            Err(std::io::Error::last_os_error().raw_os_error().unwrap())
+        } else {
+            Ok(r)
+        }
+    };
+    let size = 65536 + 4096;
+    for off in [0, 100, 8192, 20000, 65536, size - 1] {
+        let data = seek(off, libc::SEEK_DATA).unwrap_or_else(|e| panic!("SEEK_DATA {off}: {e}"));
+        let hole = seek(off, libc::SEEK_HOLE).unwrap_or_else(|e| panic!("SEEK_HOLE {off}: {e}"));
+        // Where data was written, SEEK_DATA stays; no hole before the end
+        // covers written bytes.
+        if off < 8192 || off >= 65536 {
+            assert_eq!(data, off, "SEEK_DATA from written bytes at {off}");
+            assert!(hole > off, "SEEK_HOLE from written bytes at {off}");
+        }
+        assert!((off..=size).contains(&data) && (off..=size).contains(&hole));
+        assert!(
+            !(hole < 8192 || (65536..size).contains(&hole)),
+            "a hole in written bytes"
+        );
+    }
+    assert_eq!(seek(size, libc::SEEK_DATA), Err(libc::ENXIO));
+}
+
 #[test]
 fn writeback_cache_options() {
     let pool = Pool::new("pc-opts", 64);
