@@ -1,28 +1,47 @@
 //! inkfs: a crash-consistent, NOVA-style log-structured file system for
 //! persistent memory, in user space.
 //!
-//! Module map (one concern each):
-//! - [`pmem`]: the persistence layer (mapped pools, flush/fence, crash simulator)
-//! - [`format`]: every on-media structure (docs/FORMAT.md)
-//! - [`superblock`]: formatting a pool and validating its superblocks
-//! - [`alloc`]: per-lane block and inode-slot allocators (DRAM)
-//! - [`log`]: per-inode logs: append, link pages, walk
-//! - [`journal`]: the lite redo journal for multi-inode operations
-//! - [`inode`]: inode records, tables, DRAM state rebuilt from logs, cache
-//! - [`extents`], [`dir`]: DRAM indexes of files and directories
-//! - [`fs`]: mount/unmount, attributes, handles, commit helpers
-//! - [`namei`]: namespace operations; [`file`]: data operations; [`xattr`]
-//! - [`shift`]: collapse and insert range; [`fiemap`]: extent reports
-//! - [`flags`]: inode flags (chattr): storage and the immutable/append-only rules
-//! - [`gc`]: log compaction; [`recovery`]: crash rebuild
-//! - [`health`]: corruption met while mounted (errors= policy, error record)
-//! - [`scrub`]: online check of a mounted pool
-//! - [`fsck`]: offline consistency check and repair
-//! - [`crashtest`]: crash exploration (ACE-style workloads on the simulator;
-//!   the `crashtest` feature)
+//! Programs use [`api`]: mount a pool, then create, read and write files
+//! with the caller's credentials; the engine applies POSIX's permission
+//! rules and keeps every call crash-consistent in the chosen mode.
 //!
-//! Front ends use [`api`] only; the other engine modules are internal
-//! (public with the `testing` feature, for the engine's own tests).
+//! ```
+//! use inkfs::api::{Credentials, Filesystem, Follow, MountOptions, OpenFlags, ROOT_INO};
+//! # fn main() -> inkfs::api::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let pool = dir.path().join("example.pool");
+//! Filesystem::create_pool(&pool, 16 << 20, &Default::default())?; // mkfs
+//! let fs = Filesystem::open_pool(&pool, MountOptions::default())?;
+//! let me = Credentials::current_process();
+//! let dir = fs.mkdir(&me, ROOT_INO, b"notes", 0o755)?;
+//! let flags = OpenFlags::new(libc::O_RDWR | libc::O_CREAT | libc::O_EXCL);
+//! let (_, file) = fs.create(&me, dir.ino, b"today", 0o644, flags)?;
+//! fs.write(&file, 0, b"durable on return")?;
+//! let mut buf = [0u8; 7];
+//! fs.read(&file, 0, &mut buf)?;
+//! assert_eq!(&buf, b"durable");
+//! fs.release(file);
+//! let found = fs.resolve(&me, ROOT_INO, b"/notes/today", Follow::Yes)?;
+//! assert_eq!(found.size, 17);
+//! fs.unmount()?;
+//! # Ok(()) }
+//! ```
+//!
+//! Public modules: [`api`] (the surface), [`types`] and [`error`] (what it
+//! speaks in), [`pmem`] (pools: mapping, claiming, flushing), [`fsck`]
+//! (offline check and repair), [`scrub`] (the online check's report),
+//! `crashtest` (crash exploration; the `crashtest` feature).
+//!
+//! Internal modules (one concern each; public only with the `testing`
+//! feature, for the engine's own tests): `format` (every on-media
+//! structure, docs/FORMAT.md), `superblock`, `alloc` (per-lane block and
+//! inode-slot allocators), `log` (per-inode logs), `journal` (the lite redo
+//! journal), `inode` (records, tables, DRAM state rebuilt from logs),
+//! `extents`, `pagetable`, `filemap`, `dir` (DRAM indexes), `fs` (mount,
+//! attributes, handles, commit helpers), `namei` (namespace operations),
+//! `file` (data operations), `xattr`, `shift` (collapse/insert range),
+//! `fiemap`, `flags` (chattr), `perm` (POSIX permission rules), `gc` (log
+//! GC), `recovery` (crash rebuild), `health` (errors met while mounted).
 
 /// Internal modules: `pub(crate)`, and public only with the `testing`
 /// feature, which the engine's own tests and benchmarks enable (a

@@ -255,7 +255,7 @@ pub struct RenameFlags {
     pub exchange: bool,
     /// RENAME_WHITEOUT: the old name is left holding a whiteout (a
     /// character device 0/0, mode 0), created in the same transaction as
-    /// the rename and owned by the caller ([`crate::Fs::rename_as`]).
+    /// the rename and owned by the caller (`api::Filesystem::rename`).
     pub whiteout: bool,
 }
 

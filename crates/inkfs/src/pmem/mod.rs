@@ -5,7 +5,7 @@
 //! [`Pmem`]. The engine is generic over it, so the production backend
 //! ([`MappedPool`]) is monomorphised into plain loads, stores and cache-line
 //! write-backs — no dynamic dispatch and no per-store bookkeeping — while the
-//! tests swap in the crash simulator ([`SimPool`]), which records every store,
+//! tests swap in the crash simulator (`SimPool`), which records every store,
 //! flush and fence and can hand back the images a power cut could leave.
 //!
 //! Durability contract (x86 ADR model, see docs/FORMAT.md "Crash model"):
