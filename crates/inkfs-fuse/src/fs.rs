@@ -38,10 +38,11 @@
 //!   pages back first. In posix mode FSYNC does the work of making in-place
 //!   writes durable, and is served.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
@@ -117,6 +118,10 @@ pub struct InkFuse {
     stats: Arc<Stats>,
     caching: Caching,
     inval: Arc<Invalidator>,
+    /// Regular files this server unlinked (their last name gone) that the
+    /// kernel may still write back to, by inode: kept until it forgets
+    /// them (see `pin_victim`).
+    pins: Mutex<HashMap<u64, api::Pin>>,
 }
 
 /// The attributes of a negative lookup reply: only node 0 matters.
@@ -328,7 +333,48 @@ impl InkFuse {
             stats,
             caching,
             inval,
+            pins: Mutex::default(),
         }
+    }
+
+    /// Under the writeback cache, before a call that may remove the last
+    /// name of `name` in `dir` (unlink, rename over it): pin the regular
+    /// file it names. The kernel stamps a ctime on the file it unlinked and
+    /// writes it back right after the call (fuse_update_ctime), and may
+    /// write back pages or times until it forgets the inode; freed at once,
+    /// that inode would answer ENOENT (which the kernel keeps for the next
+    /// syncfs(2) of the mount), and its number, given to a new file, would
+    /// take the old file's times. The kernel's own locks on `dir` keep the
+    /// name from changing before the call.
+    fn pin_victim(&self, cred: &Credentials, dir: u64, name: &[u8]) -> Option<api::Pin> {
+        if !self.caching.writeback {
+            return None;
+        }
+        let a = self.fs.lookup(cred, dir, name).ok()?;
+        if a.kind != FileKind::File {
+            return None;
+        }
+        self.fs.pin(a.ino).ok()
+    }
+
+    /// After that call: keep the pin until FORGET if the file has no name
+    /// left, else let it go.
+    fn keep_if_unlinked(&self, pin: Option<api::Pin>) {
+        let Some(pin) = pin else { return };
+        let unlinked = self.fs.getattr(pin.ino()).is_ok_and(|a| a.nlink == 0);
+        if !unlinked {
+            self.fs.unpin(pin);
+            return;
+        }
+        let old = self.lock_pins().insert(pin.ino(), pin);
+        if let Some(old) = old {
+            self.fs.unpin(old);
+        }
+    }
+
+    fn lock_pins(&self) -> std::sync::MutexGuard<'_, HashMap<u64, api::Pin>> {
+        // A panic elsewhere cannot leave the map half-changed.
+        self.pins.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether FSYNC has nothing to do: every answered request is durable
@@ -449,10 +495,14 @@ impl Filesystem for InkFuse {
     }
 
     fn destroy(&mut self) {
-        // The kernel is gone: release what it never closed so that unlinked
-        // inodes are reclaimed before the engine unmounts.
+        // The kernel is gone: release what it never closed or forgot so
+        // that unlinked inodes are reclaimed before the engine unmounts.
         for file in self.handles.drain() {
             self.fs.release(file);
+        }
+        let pins: Vec<_> = self.lock_pins().drain().map(|(_, p)| p).collect();
+        for pin in pins {
+            self.fs.unpin(pin);
         }
     }
 
@@ -480,9 +530,14 @@ impl Filesystem for InkFuse {
         }
     }
 
-    fn forget(&self, _req: &Request, _ino: INodeNo, _nlookup: u64) {
+    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
         // The engine keeps no lookup counts: open handles keep unlinked
-        // inodes alive, and the kernel holds a handle for every open file.
+        // inodes alive, and the kernel holds a handle for every open file;
+        // under the writeback cache, the pins of `pin_victim` until here.
+        let pin = self.lock_pins().remove(&ino.0);
+        if let Some(pin) = pin {
+            self.fs.unpin(pin);
+        }
         self.stats.record(Op::forget, clock::now(), true);
     }
 
@@ -572,7 +627,10 @@ impl Filesystem for InkFuse {
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let cred = self.cred(req);
         self.answer(Op::unlink, reply, || {
-            self.fs.unlink(&cred, parent.0, name_bytes(name))
+            let pin = self.pin_victim(&cred, parent.0, name_bytes(name));
+            let r = self.fs.unlink(&cred, parent.0, name_bytes(name));
+            self.keep_if_unlinked(pin);
+            r
         });
     }
 
@@ -621,7 +679,10 @@ impl Filesystem for InkFuse {
                 to: name_bytes(newname),
                 flags: RenameFlags::from_bits(flags.bits())?,
             };
-            self.fs.rename(&cred, &r)
+            let pin = self.pin_victim(&cred, newparent.0, name_bytes(newname));
+            let res = self.fs.rename(&cred, &r);
+            self.keep_if_unlinked(pin);
+            res
         });
     }
 

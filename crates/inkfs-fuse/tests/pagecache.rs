@@ -467,6 +467,44 @@ fn a_writer_who_is_not_the_owner_can_close() {
     );
 }
 
+/// The kernel writes back the ctime it stamps on a file it has just
+/// unlinked, after the last close freed that file in the pool: the server
+/// must take it, or the kernel keeps the error for the mount and the next
+/// syncfs(2) fails (filebench's fileserver and webproxy did, ENOENT).
+#[test]
+fn unlinking_a_closed_file_leaves_no_error_for_syncfs() {
+    let pool = Pool::new("pc-unlink-syncfs", 64);
+    let m = posix(&pool);
+    // The server's count (statfs's is bounded by free blocks too).
+    let free_inodes = || {
+        stats_json(m.path()).expect("statistics of the mount")["inodes_free"]
+            .as_u64()
+            .expect("inodes_free")
+    };
+    fs::write(m.p("old"), pattern(7, PAGE)).unwrap();
+    let before = free_inodes();
+    for i in 0..4 {
+        let p = m.p(&format!("f{i}"));
+        fs::write(&p, pattern(i, 3 * PAGE)).unwrap();
+        fs::remove_file(&p).unwrap();
+    }
+    // A rename over a file removes its last name too.
+    fs::write(m.p("new"), pattern(8, PAGE)).unwrap();
+    fs::rename(m.p("new"), m.p("old")).unwrap();
+    let d = fs::File::open(m.path()).unwrap();
+    // SAFETY: syncfs on an open descriptor.
+    let r = unsafe { libc::syncfs(d.as_raw_fd()) };
+    assert_eq!(r, 0, "syncfs: {}", std::io::Error::last_os_error());
+    assert_eq!(fs::read(m.p("old")).unwrap(), pattern(8, PAGE));
+    // The removed files are freed once the kernel forgets them (at once:
+    // nothing holds them), so nothing leaks: one file, as before.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while free_inodes() != before && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(free_inodes(), before, "an unlinked file was never freed");
+}
+
 /// The kernel keeps attributes for an hour (`CACHE_TTL`): a change it did
 /// not make itself must be pushed to it, or stat shows the old value. In
 /// every mode. (The set-id bits an unprivileged write or O_TRUNC open

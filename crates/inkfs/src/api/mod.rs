@@ -109,6 +109,20 @@ impl OpenFlags {
 const SETTABLE_STATUS_FLAGS: i32 =
     libc::O_APPEND | libc::O_NONBLOCK | libc::O_NOATIME | libc::O_DIRECT;
 
+/// An inode kept alive (even unlinked) without being open: what a front
+/// end holds while a kernel still refers to an inode it may write back to
+/// (see [`Filesystem::pin`]).
+#[derive(Debug)]
+pub struct Pin {
+    handle: FileHandle,
+}
+
+impl Pin {
+    pub fn ino(&self) -> u64 {
+        self.handle.ino()
+    }
+}
+
 /// An open file or directory: the inode (kept alive while open, even
 /// unlinked) and the flags it was opened with.
 #[derive(Debug)]
@@ -571,6 +585,26 @@ impl<P: Pmem> Filesystem<P> {
     /// close(2): the last close of an unlinked file frees it.
     pub fn release(&self, file: File) {
         self.fs.release(file.handle)
+    }
+
+    /// Keep inode `ino` from being freed (and its number from being given
+    /// to a new inode) until [`Filesystem::unpin`], as an open handle does,
+    /// unlinked or not; no permission is checked and nothing is written.
+    /// For a front end whose kernel may still send requests for an inode
+    /// after the call that unlinked it (FUSE's writeback cache writes the
+    /// ctime it stamped at unlink back afterwards): held until that kernel
+    /// forgets the inode. After a crash, recovery frees a pinned orphan as
+    /// it frees one left open.
+    pub fn pin(&self, ino: u64) -> Result<Pin> {
+        Ok(Pin {
+            handle: self.fs.open(ino)?,
+        })
+    }
+
+    /// Let a pinned inode go: the last of its handles and pins frees it if
+    /// it is unlinked.
+    pub fn unpin(&self, pin: Pin) {
+        self.fs.release(pin.handle)
     }
 
     /// pread(2): up to `buf.len()` bytes at `off`, short at end of file.
