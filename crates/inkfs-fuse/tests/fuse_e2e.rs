@@ -840,8 +840,10 @@ fn mount_t_fuse_inkfs() {
 #[test]
 fn stats_socket() {
     let pool = Pool::new("stats", 64);
-    // Every write reaches the server (none merged in a page cache).
-    let m = Mounted::new(&pool, "nowriteback_cache");
+    // Strict mode, whatever INKFS_TEST_MOUNT_OPTS says: every write
+    // reaches the server (no writeback cache merges them) and every
+    // overwrite is logged (posix mode overwrites in place, logging nothing).
+    let m = Mounted::new(&pool, "mode=strict");
     fs::write(m.p("f"), vec![1u8; 100_000]).unwrap();
     let _ = fs::read(m.p("f")).unwrap();
     // A hot page: every overwrite appends a log entry, which GC reclaims.
