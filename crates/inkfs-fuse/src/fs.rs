@@ -4,39 +4,64 @@
 //! engine's; this file only translates requests and replies.
 //!
 //! # Caching (why these settings)
-//! - No writeback cache: with it the kernel acknowledges `write(2)` from
-//!   its page cache and sends the data later, so a write that returned is not
-//!   yet in the pool — that breaks the promise of `strict` and `sync` modes
-//!   (durable on return). Without it every write is sent synchronously and
-//!   returns only after the engine persisted it.
+//! - Writeback cache in posix mode (`Caching::writeback`, on unless
+//!   `nowriteback_cache`): `write(2)` lands in the kernel's page cache and
+//!   returns; the kernel writes back later (its flusher, fsync, fdatasync,
+//!   msync, sync, syncfs, an O_SYNC/O_DSYNC write, and every close), which
+//!   posix mode allows. Each write-back (and copy_file_range) is made durable
+//!   before it is answered (`write_for_cache`), so every one of those points
+//!   is durable once the kernel has written back, including sync(2) and
+//!   syncfs(2), which FUSE never forwards; FSYNC then has nothing left to do
+//!   and is answered ENOSYS, as in strict and sync modes. The kernel owns a
+//!   regular file's size, mtime and ctime between write-backs: it places
+//!   O_APPEND writes at its own end of file (several writers on this mount
+//!   stay correct), stamps the times and sends them with SETATTR
+//!   (`setattr_kernel_times`), and fills partial pages by reading through
+//!   the writer's handle, a write-only one included (`File::allow_cache_fill`).
+//!   An append-only file is opened `FOPEN_DIRECT_IO` (a write-back rewrites
+//!   whole pages). The kernel answers SEEK_DATA/SEEK_HOLE itself (LSEEK:
+//!   ENOSYS), since the pool cannot see its dirty pages. A file whose last
+//!   name goes is pinned until the kernel forgets it (`pin_victim`).
+//! - No writeback cache in strict and sync modes: a write acknowledged from
+//!   the page cache is not yet in the pool, which breaks their promise
+//!   (durable on return). Every write is sent synchronously and returns only
+//!   after the engine persisted it.
 //! - Page cache kept across opens (`FOPEN_KEEP_CACHE`), no `direct_io`:
 //!   this server is the only way into the pool while it is mounted (the pool
 //!   lock refuses a second server) and every change goes through this kernel,
-//!   which keeps its cached pages coherent (writes are written through,
-//!   truncate and fallocate drop the affected pages). So cached reads are
-//!   never stale, repeated reads cost no round trip, and `mmap` works,
-//!   including shared writable mappings (which `direct_io` would forbid);
-//!   dirty mmap pages reach the engine at `msync`/`fsync`/unmap, as POSIX
-//!   allows.
+//!   which keeps its cached pages coherent (writes are written through or
+//!   are its own, truncate and fallocate drop the affected pages). So cached
+//!   reads are never stale, repeated reads cost no round trip, and `mmap`
+//!   works, including shared writable mappings (which `direct_io` would
+//!   forbid); dirty mmap pages reach the engine at `msync`/`fsync`/unmap, as
+//!   POSIX allows.
 //! - Two worker threads blocking on the device (`threads=2`, no polling)
 //!   by default. On this 2-vCPU VM a single thread sleeping between
 //!   requests costs ~30 µs of wake-up per request; polling (`-o poll`,
 //!   `crate::poll`) hides that for one thread (1.4–1.7× on fio 4 KiB I/O),
 //!   but two blocking threads are faster still: 1.3–1.6× the polling thread
 //!   with one client, ~2× with two (bench/fuse-floor). Four are slower.
-//! - Attribute and entry TTL of 1 s: the kernel updates or invalidates its
-//!   copy on every change it sends us, so the TTL only bounds staleness in
-//!   cases we did not foresee; 1 s is libfuse's default and keeps
-//!   `stat`-heavy tools (git, make) from paying a round trip per call.
-//!   Negative lookups are cached for the same TTL (see `lookup`).
+//! - Attribute, entry and negative-entry TTL of an hour (`CACHE_TTL`): this
+//!   server is the only writer of the pool while it is mounted, and the
+//!   kernel updates or invalidates its copy on every change it sends us; the
+//!   changes it did not make (a chattr's ctime, a write-back the engine
+//!   refused) are pushed to it through `crate::inval`, the one place future
+//!   writers (the kernel-free path) must go through too. `stat`-heavy tools
+//!   (git, make) then pay no round trip per call.
+//! - Largest request: 1 MiB (`MAX_WRITE_BYTES`, 256 pages, what the kernel
+//!   allows by default); readahead is the kernel's (128 KiB by default: INIT
+//!   may only lower it). No splice and no FUSE over io_uring: fuser 0.18
+//!   offers neither. FOPEN_PARALLEL_DIRECT_WRITES would only concern the
+//!   `direct_io` opens of append-only files.
 //! - FLUSH is answered ENOSYS: nothing is buffered here, and the kernel
 //!   then stops sending it, so a close costs one request (RELEASE) instead
-//!   of two; dirty mmap pages are still written back at close.
-//! - FSYNC and FSYNCDIR are answered ENOSYS in strict and sync modes (and on
-//!   a read-only mount), where every call is durable when it is answered:
-//!   `fsync(2)` then costs no round trip. The kernel still writes dirty mmap
-//!   pages back first. In posix mode FSYNC does the work of making in-place
-//!   writes durable, and is served.
+//!   of two; the kernel still writes a file's dirty pages back at close
+//!   (with the writeback cache: every close), and dirty mmap pages too.
+//! - FSYNC and FSYNCDIR are answered ENOSYS where every answered request is
+//!   durable (strict and sync modes, posix mode with the writeback cache, a
+//!   read-only mount): `fsync(2)` then costs no round trip. The kernel still
+//!   writes dirty pages back first. Posix mode without the writeback cache
+//!   serves FSYNC: that is where its in-place writes become durable.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
