@@ -597,7 +597,7 @@ fn seek_data_and_hole_see_cached_writes() {
         let hole = seek(off, libc::SEEK_HOLE).unwrap_or_else(|e| panic!("SEEK_HOLE {off}: {e}"));
         // Where data was written, SEEK_DATA stays; no hole before the end
         // covers written bytes.
-        if off < 8192 || off >= 65536 {
+        if !(8192..65536).contains(&off) {
             assert_eq!(data, off, "SEEK_DATA from written bytes at {off}");
             assert!(hole > off, "SEEK_HOLE from written bytes at {off}");
         }
