@@ -127,13 +127,21 @@ class FuseServer(Contender):
     def teardown(self) -> None:
         umount(self.mnt)
         if self.proc is not None:
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
+            # Interrupted while the server was still starting, the first
+            # umount found nothing: unmount whatever it mounts meanwhile,
+            # so that it exits instead of being killed with its mount up.
+            deadline = time.monotonic() + 20
+            while self.proc.poll() is None and time.monotonic() < deadline:
+                umount(self.mnt)
+                time.sleep(0.05)
+            if self.proc.poll() is None:
                 log(f"{self.name}: server still running 20 s after unmount; killing it")
                 self.proc.kill()
                 self.proc.wait(timeout=10)
             self.proc = None
+        # A killed server leaves its mount behind ("transport endpoint is
+        # not connected"): detach it too.
+        umount(self.mnt)
         for p in (getattr(self, "pidfile", None), getattr(self, "pool", None)):
             if p and os.path.exists(p):
                 os.unlink(p)

@@ -109,6 +109,18 @@ class ContenderTest(unittest.TestCase):
         self.assertEqual(mounts_under(self.work), [])
         self.assertEqual(loops_backed_by(self.work), [])
 
+    def test_teardown_of_a_server_still_starting(self):
+        # Ctrl-C can land between starting a FUSE server and its mount
+        # appearing: the teardown must unmount what the server mounts
+        # after it began, not kill the server with its mount left up.
+        c = C.make("null-fs", self.work, 256 << 20, HAVE)
+        os.makedirs(c.mnt, exist_ok=True)
+        late = ["sh", "-c", 'sleep 0.5; exec "$@"', "late", *c.server_cmd()]
+        c.proc = subprocess.Popen(late, start_new_session=True)
+        c.teardown()
+        self.assertFalse(mounted(c.mnt), "the late server's mount was left behind")
+        self.assertIsNone(c.proc)
+
     def test_setup_failure_is_reported(self):
         c = C.make("inkfs-strict", self.work, 256 << 20, dict(HAVE, inkfs="/bin/false"))
         with self.assertRaises(Exception):

@@ -203,6 +203,7 @@ impl<P: Pmem> Fs<P> {
     /// read as zeros.
     pub fn read(&self, fh: &FileHandle, off: u64, buf: &mut [u8]) -> Result<usize> {
         Self::file_state_check(&fh.inode)?;
+        self.revalidate(&fh.inode)?;
         let st = inode::read(&fh.inode.state);
         let size = st.attr.size;
         if off >= size || buf.is_empty() {
@@ -235,6 +236,7 @@ impl<P: Pmem> Fs<P> {
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<Option<R>> {
         Self::file_state_check(&fh.inode)?;
+        self.revalidate(&fh.inode)?;
         let st = inode::read(&fh.inode.state);
         let size = st.attr.size;
         if off >= size || len == 0 {
@@ -274,6 +276,7 @@ impl<P: Pmem> Fs<P> {
     ) -> Result<usize> {
         self.check_writable()?;
         Self::file_state_check(&fh.inode)?;
+        self.revalidate(&fh.inode)?;
         if data.is_empty() {
             return Ok(0);
         }
@@ -286,6 +289,7 @@ impl<P: Pmem> Fs<P> {
     pub fn append(&self, fh: &FileHandle, data: &[u8]) -> Result<(u64, usize)> {
         self.check_writable()?;
         Self::file_state_check(&fh.inode)?;
+        self.revalidate(&fh.inode)?;
         let mut st = write(&fh.inode.state);
         let off = st.attr.size;
         if !data.is_empty() {
@@ -311,6 +315,8 @@ impl<P: Pmem> Fs<P> {
         self.check_writable()?;
         Self::file_state_check(&src.inode)?;
         Self::file_state_check(&dst.inode)?;
+        self.revalidate(&src.inode)?;
+        self.revalidate(&dst.inode)?;
         // As the VFS checks copy_file_range(2): the count is cut at the
         // source's end of file and at the largest file size first.
         if dst_off >= MAX_FILE_BYTES {
@@ -943,6 +949,7 @@ impl<P: Pmem> Fs<P> {
     pub fn fallocate(&self, fh: &FileHandle, off: u64, len: u64, flags: FallocFlags) -> Result<()> {
         self.check_writable()?;
         Self::file_state_check(&fh.inode)?;
+        self.revalidate(&fh.inode)?;
         if len == 0 {
             return errno(libc::EINVAL);
         }
@@ -1083,6 +1090,7 @@ impl<P: Pmem> Fs<P> {
     /// SEEK_DATA / SEEK_HOLE from `off`.
     pub fn seek(&self, fh: &FileHandle, off: u64, whence: Whence) -> Result<u64> {
         Self::file_state_check(&fh.inode)?;
+        self.revalidate(&fh.inode)?;
         let st = inode::read(&fh.inode.state);
         let size = st.attr.size;
         if off >= size {

@@ -21,9 +21,11 @@ pub const MAGIC: [u8; 8] = *b"INKFSpm1";
 /// `chattr` flags, which older software would ignore instead of enforcing
 /// (both formerly reserved, hence zero in older pools), and a DIR_ADD's
 /// `seq` is the name's readdir position, a keyed hash of the name (dir.rs),
-/// where older pools' sequence numbers stay valid positions. Older pools
-/// are read as they are and marked 3 by the first read-write mount.
-pub const FORMAT_VERSION: u32 = 3;
+/// where older pools' sequence numbers stay valid positions. 4: an inode
+/// record's `log_gen` counts the times log GC unlinked pages of its log
+/// (formerly reserved, hence zero in older pools). Older pools are read as
+/// they are and marked with this version by the first read-write mount.
+pub const FORMAT_VERSION: u32 = 4;
 
 /// Block numbers of the two superblock copies.
 pub const SUPER_PRIMARY_BLOCK: u64 = 0;
@@ -327,7 +329,13 @@ pub struct InodeRecord {
     /// journal (the change also logs the new ctime). Zero in a version 2
     /// pool, where these bytes were reserved.
     pub flags: u64,
-    pub reserved: [u8; 72],
+    /// Bumped (one persisted store) each time log GC unlinks pages from the
+    /// log, before they are freed (format 4). A process that cached a
+    /// position in the log (a client of the kernel-free path) replays from
+    /// the head when it changed, since the pages around its position may be
+    /// gone. Any value is valid; zero in older pools.
+    pub log_gen: u64,
+    pub reserved: [u8; 64],
 }
 pod!(InodeRecord, 128);
 
@@ -338,6 +346,8 @@ pub const INODE_STATE_FIELD: u64 = 0;
 pub const INODE_HEAD_FIELD: u64 = 8;
 pub const INODE_TAIL_FIELD: u64 = 16;
 pub const INODE_FLAGS_FIELD: u64 = 48;
+pub const INODE_LOG_GEN_FIELD: u64 = 56;
+const _: () = assert!(std::mem::offset_of!(InodeRecord, log_gen) as u64 == INODE_LOG_GEN_FIELD);
 const _: () = assert!(std::mem::offset_of!(InodeRecord, flags) as u64 == INODE_FLAGS_FIELD);
 
 /// Inode flags, as `FS_IOC_GETFLAGS`/`FS_IOC_SETFLAGS` (`chattr`) name

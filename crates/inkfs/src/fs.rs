@@ -94,7 +94,24 @@ pub struct Fs<P: Pmem> {
     pub(crate) gc: crate::gc::GcCounters,
     /// Corruption met while mounted: count, `errors=` policy, read-only.
     pub(crate) health: crate::health::Health,
+    /// Other processes may change inodes (shared.rs): cached inodes are
+    /// checked against their records before use.
+    pub(crate) shared: std::sync::atomic::AtomicBool,
+    /// Readers in other processes (epoch.rs): while set, freed blocks wait
+    /// in `limbo` until no reader can hold them.
+    pub(crate) epochs: std::sync::OnceLock<Arc<crate::epoch::EpochTable>>,
+    pub(crate) limbo: crate::epoch::Limbo,
     report: MountReport,
+}
+
+/// What a mount (or an attach) puts together before the engine exists.
+pub(crate) struct Parts {
+    pub sb: Superblock,
+    pub geo: Geometry,
+    pub tables: InodeTables,
+    pub blocks: BlockAllocator,
+    pub slots: InodeSlots,
+    pub report: MountReport,
 }
 
 /// A count kept per lane, one cache line each, and summed when read: the
@@ -208,10 +225,40 @@ impl<P: Pmem> Fs<P> {
             sb.seal();
             superblock::write_superblocks(&pm, &sb);
         }
+        let parts = Parts {
+            sb,
+            geo,
+            tables,
+            blocks,
+            slots,
+            report,
+        };
+        let fs = Fs::assemble(pm, parts, &opts);
+        let root = fs.iget(ROOT_INO)?;
+        if root.kind != FileKind::Dir {
+            return Err(Error::Corrupt("the root inode is not a directory".into()));
+        }
+        // From here on damage is met while mounted; before, it failed the
+        // mount itself, which says so to its caller.
+        fs.health.arm();
+        Ok(fs)
+    }
+
+    /// The engine over `pm` from what mounting (or attaching, shared.rs)
+    /// found and built.
+    pub(crate) fn assemble(pm: P, parts: Parts, opts: &MountOptions) -> Fs<P> {
+        let Parts {
+            sb,
+            geo,
+            tables,
+            blocks,
+            slots,
+            report,
+        } = parts;
         let journals = (0..geo.lane_count)
             .map(|l| Mutex::new(Journal::open(&pm, l)))
             .collect();
-        let fs = Fs {
+        Fs {
             pm,
             geo,
             mode: opts.mode,
@@ -223,20 +270,15 @@ impl<P: Pmem> Fs<P> {
             cache: InodeCache::default(),
             journals,
             rename_lock: Mutex::new(()),
+            shared: Default::default(),
+            epochs: Default::default(),
+            limbo: Default::default(),
             names: NameHasher::new(&sb.uuid),
             reserved_blocks: LaneCounter::new(geo.lane_count),
             gc: Default::default(),
             health: crate::health::Health::new(opts.errors),
             report,
-        };
-        let root = fs.iget(ROOT_INO)?;
-        if root.kind != FileKind::Dir {
-            return Err(Error::Corrupt("the root inode is not a directory".into()));
         }
-        // From here on damage is met while mounted; before, it failed the
-        // mount itself, which says so to its caller.
-        fs.health.arm();
-        Ok(fs)
     }
 
     /// Clean unmount: reclaim inodes still open after unlink, save the
@@ -257,6 +299,8 @@ impl<P: Pmem> Fs<P> {
                 self.free_inode_now(&inode, &mut st);
             }
         }
+        // Readers of other processes are gone with the mount.
+        self.limbo.drain(|start, len| self.free_now(start, len));
         let mut sb = *lock(&self.sb);
         // If the free lists do not fit the save areas, the next mount
         // rebuilds them by scanning: slower, never wrong.
@@ -333,6 +377,14 @@ impl<P: Pmem> Fs<P> {
     /// Damage met on the way (its table, record or log) goes through the
     /// errors= path ([`Fs::corruption`]).
     pub(crate) fn iget(&self, ino: u64) -> Result<Arc<Inode>> {
+        let inode = self.iget_cached(ino)?;
+        self.revalidate(&inode)?;
+        Ok(inode)
+    }
+
+    /// The loaded inode `ino` as this process last saw it (no catching up
+    /// with other processes: see `shared.rs`).
+    fn iget_cached(&self, ino: u64) -> Result<Arc<Inode>> {
         self.cache.get_or_load(ino, || {
             let rec_off = self
                 .tables
@@ -433,6 +485,7 @@ impl<P: Pmem> Fs<P> {
     }
 
     pub fn fgetattr(&self, fh: &FileHandle) -> Result<Attr> {
+        self.revalidate(&fh.inode)?;
         let st = read(&fh.inode.state);
         Ok(self.attr_of(&fh.inode, &st))
     }
@@ -693,6 +746,17 @@ impl<P: Pmem> Fs<P> {
     }
 
     pub(crate) fn free_blocks(&self, start: u64, len: u64) {
+        if let Some(table) = self.epochs.get() {
+            // Readers in other processes may still be reading them.
+            self.limbo.hold(table, start, len);
+            self.limbo
+                .reclaim(table, |start, len| self.free_now(start, len));
+            return;
+        }
+        self.free_now(start, len);
+    }
+
+    pub(crate) fn free_now(&self, start: u64, len: u64) {
         if let Err(e) = self.blocks.free(start, len) {
             // A double free means DRAM state disagrees with itself; keep
             // going (the allocator refused the free), but say so loudly.

@@ -629,10 +629,25 @@ fn unlink_dropped<P: Pmem>(
         i = next;
     }
     st.log.pages -= freed.len() as u64;
+    // Readers in other processes that cached a position in this log must
+    // replay it from the head: the generation says so, durable before any
+    // unlinked page can be reused (a crash between leaves the old value,
+    // which no one reads after a crash: clients die with the server).
+    if !freed.is_empty() {
+        bump_log_gen(fs, inode, st);
+    }
     for &p in &freed {
         fs.free_blocks(p, 1);
     }
     freed.len() as u64
+}
+
+/// Count one more change of the log's pages in its record (one persisted
+/// store), before the pages that left it are freed.
+fn bump_log_gen<P: Pmem>(fs: &Fs<P>, inode: &Inode, st: &mut InodeState) {
+    st.log_gen = st.log_gen.wrapping_add(1);
+    fs.pm.write_u64(inode.rec_off + INODE_LOG_GEN_FIELD, st.log_gen);
+    fs.pm.persist(inode.rec_off + INODE_LOG_GEN_FIELD, 8);
 }
 
 // ---------------------------------------------------------------------------
@@ -656,6 +671,10 @@ pub fn compact<P: Pmem>(fs: &Fs<P>, inode: &Inode, st: &mut InodeState) -> crate
         rec(inode.rec_off, INODE_HEAD_FIELD, cur.head),
         rec(inode.rec_off, INODE_TAIL_FIELD, cur.tail),
     ]);
+    // The old pages may come back as this log's new head one day: a reader
+    // in another process that cached a position in the old log must see
+    // more than the head to know it is gone (shared.rs).
+    bump_log_gen(fs, inode, st);
     fs.gc.compactions.fetch_add(1, Relaxed);
     fs.gc
         .compaction_pages_freed

@@ -35,6 +35,8 @@ pub struct InodeState {
     pub flags: u32,
     pub generation: u64,
     pub log: LogCursor,
+    /// The record's `log_gen` when the log was last read or GC'd here.
+    pub log_gen: u64,
     pub body: Body,
     pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
     /// Entries in the log (for compaction decisions).
@@ -68,6 +70,7 @@ impl InodeState {
             flags: 0,
             generation,
             log: LogCursor::default(),
+            log_gen: 0,
             body: match kind {
                 FileKind::File => Body::File(FileMap::default()),
                 FileKind::Dir => Body::Dir(DirIndex::default()),
@@ -149,6 +152,7 @@ pub fn load_with_pages<P: Pmem + ?Sized>(
     st.flags = record_flags(rec).map_err(corrupt)?;
     st.log.head = rec.log_head;
     st.log.tail = rec.log_tail;
+    st.log_gen = rec.log_gen;
     // A log starts with an attribute entry, but fast GC may later unlink
     // that page once a newer attribute entry supersedes it: the log must
     // hold one somewhere.

@@ -80,8 +80,8 @@ pub mod testkit;
 pub mod crashtest;
 
 internal!(
-    alloc, dir, extents, fiemap, file, filemap, flags, format, fs, gc, health, inode, journal, log,
-    namei, pagetable, perm, recovery, shift, superblock, time, xattr,
+    alloc, dir, epoch, extents, fiemap, file, filemap, flags, format, fs, gc, health, inode,
+    journal, log, namei, pagetable, perm, recovery, shared, shift, superblock, time, xattr,
 );
 
 pub use error::{Error, Result};

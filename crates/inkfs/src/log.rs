@@ -326,6 +326,55 @@ pub fn walk<P: Pmem + ?Sized>(
     }
 }
 
+/// Walk the entries committed after position `from` (a tail this process
+/// replayed to earlier, so an entry boundary in a page of this log) up to
+/// `tail`: the rest of `from`'s page, then the pages its footer links to,
+/// with `walk`'s checks. The caller knows the pages after `from` are still
+/// this log's (the log's head and GC generation did not change). The
+/// summary's pages are the ones entered after `from`'s page.
+pub fn walk_from<P: Pmem + ?Sized>(
+    pm: &P,
+    geo: &Geometry,
+    owner_ino: u64,
+    from: u64,
+    tail: u64,
+    mut f: impl FnMut(u64, Entry<'_>) -> Result<()>,
+) -> Result<WalkSummary> {
+    let corrupt = |what: String| Error::Corrupt(format!("inode {owner_ino} log: {what}"));
+    if !geo.is_log_tail(from) || !geo.is_log_tail(tail) {
+        return Err(corrupt(format!("positions {from}..{tail} invalid")));
+    }
+    let mut summary = WalkSummary::default();
+    let first = from / BLOCK_SIZE;
+    let mut page = first;
+    let mut start = from % BLOCK_SIZE;
+    let mut buf = [0u8; BLOCK_SIZE as usize];
+    loop {
+        let footer: LogPageFooter = read_pod(pm, page * BLOCK_SIZE + LOG_FOOTER_OFFSET);
+        if footer.magic != LOG_MAGIC || footer.owner_ino != owner_ino {
+            return Err(corrupt(format!(
+                "block {page} is not a log page of this inode"
+            )));
+        }
+        summary.entries += page_entries_from(pm, owner_ino, page, start, tail, &mut buf, &mut f)?;
+        if tail / BLOCK_SIZE == page {
+            return Ok(summary);
+        }
+        let next = footer.next_block;
+        if !geo.is_data_range(next, 1) {
+            return Err(corrupt(format!(
+                "page {page} links to block {next}, out of range, before the tail"
+            )));
+        }
+        if next == first || summary.pages.contains(&next) {
+            return Err(corrupt(format!("cycle in log chain at block {next}")));
+        }
+        summary.pages.push(next);
+        page = next;
+        start = 0;
+    }
+}
+
 /// Decode the entries of one log page, calling `f` with each entry's
 /// offset: up to the tail on the tail page (`tail` is the log's tail), else
 /// up to a PAD or the end of the payload. Returns how many it saw.
@@ -333,6 +382,20 @@ pub fn page_entries<P: Pmem + ?Sized>(
     pm: &P,
     owner_ino: u64,
     page: u64,
+    tail: u64,
+    buf: &mut [u8; BLOCK_SIZE as usize],
+    f: &mut impl FnMut(u64, Entry<'_>) -> Result<()>,
+) -> Result<u64> {
+    page_entries_from(pm, owner_ino, page, 0, tail, buf, f)
+}
+
+/// `page_entries` from byte `start` of the page on (an entry boundary: a
+/// tail this process replayed to before).
+fn page_entries_from<P: Pmem + ?Sized>(
+    pm: &P,
+    owner_ino: u64,
+    page: u64,
+    start: u64,
     tail: u64,
     buf: &mut [u8; BLOCK_SIZE as usize],
     f: &mut impl FnMut(u64, Entry<'_>) -> Result<()>,
@@ -345,10 +408,19 @@ pub fn page_entries<P: Pmem + ?Sized>(
         LOG_PAGE_PAYLOAD
     };
     debug_assert!(end <= LOG_PAGE_PAYLOAD);
+    if start > end || !start.is_multiple_of(ENTRY_UNIT) {
+        return Err(corrupt(format!(
+            "position {} is past the tail or not an entry boundary",
+            page * BLOCK_SIZE + start
+        )));
+    }
     // Only the committed part of the page is read: a short log costs a
     // cache line, not a page (recovery reads every live inode's log).
-    pm.read(page * BLOCK_SIZE, &mut buf[..end as usize]);
-    let mut pos = 0u64;
+    pm.read(
+        page * BLOCK_SIZE + start,
+        &mut buf[start as usize..end as usize],
+    );
+    let mut pos = start;
     let mut count = 0;
     while pos < end {
         let kind = buf[pos as usize];

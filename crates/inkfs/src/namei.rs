@@ -468,7 +468,8 @@ impl<P: Pmem> Fs<P> {
             kind: kind as u32,
             reserved0: 0,
             flags: flags as u64,
-            reserved: [0; 72],
+            log_gen: 0,
+            reserved: [0; 64],
         };
         write_pod(&self.pm, rec_off, &record);
         self.pm.flush(rec_off, INODE_RECORD_SIZE);

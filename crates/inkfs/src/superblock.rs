@@ -203,7 +203,8 @@ fn write_root<P: Pmem + ?Sized>(pm: &P, log_block: u64, opts: &FormatOptions, no
         kind: FileKind::Dir as u32,
         reserved0: 0,
         flags: 0,
-        reserved: [0; 72],
+        log_gen: 0,
+        reserved: [0; 64],
     };
     let rec_off = lane_first_block(0) * BLOCK_SIZE + LANE_INODE_TABLE_BLOCK * BLOCK_SIZE;
     write_pod(pm, rec_off, &rec);

@@ -249,5 +249,5 @@ fn older_pools_mount_and_are_upgraded_by_a_read_write_mount() {
         let pm = fs.unmount().unwrap();
         assert_eq!(read_superblock(&pm).unwrap().0.version, FORMAT_VERSION);
     }
-    assert_eq!(FORMAT_VERSION, 3);
+    assert_eq!(FORMAT_VERSION, 4);
 }

@@ -382,7 +382,7 @@ fn a_version_2_pool_has_no_record_and_is_upgraded() {
     let fs = Fs::mount(pm, MountOptions::default()).unwrap();
     assert_eq!(fs.error_stats().recorded, ErrorRecord::default());
     let pm = fs.unmount().unwrap();
-    assert_eq!(media_superblocks(&pm)[0].version, 3);
+    assert_eq!(media_superblocks(&pm)[0].version, FORMAT_VERSION);
 }
 
 // ---------------------------------------------------------------- scrub

@@ -537,7 +537,11 @@ impl<P: Pmem> Filesystem<P> {
     pub fn open(&self, cred: &Credentials, ino: u64, flags: OpenFlags) -> Result<File> {
         let a = self.fs.getattr(ino)?;
         match a.kind {
-            FileKind::Dir if flags.writable() => return crate::error::errno(libc::EISDIR),
+            // O_TRUNC asks for write access too (may_open), so a
+            // directory refuses it whatever the access mode.
+            FileKind::Dir if flags.access_mask() & MAY_WRITE != 0 => {
+                return crate::error::errno(libc::EISDIR)
+            }
             FileKind::Dir | FileKind::File => {}
             FileKind::Symlink => return crate::error::errno(libc::ELOOP),
             _ => return crate::error::errno(libc::ENXIO),

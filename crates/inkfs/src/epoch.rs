@@ -1,0 +1,182 @@
+//! Epochs: blocks freed while readers in other processes may still be
+//! reading them wait in a limbo until every such reader has moved on
+//! (docs/KERNEL-FREE.md, "Reading: no message at all").
+//!
+//! A reader (a client of the kernel-free path) pins for the length of each
+//! call: its slot holds the global epoch it saw when the call began, 0 when
+//! it is between calls. The owner tags each block it frees with the global
+//! epoch and advances it. A reader pinned at E may hold a pointer to a
+//! block freed with tag T only if it pinned before the free: E <= T. So a
+//! block goes back to the free lists once every slot is 0 or later than its
+//! tag. A reader catches up with the log after pinning (shared.rs), before
+//! it looks at any block, so what it read between calls holds no pointer
+//! the limbo must protect.
+//!
+//! The table holds atomics only, with a fixed layout, so that it can live
+//! in memory shared between processes.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::Mutex;
+
+/// Readers one table serves at most.
+pub const READERS_MAX: usize = 64;
+
+/// The global epoch and one slot per reader.
+#[repr(C)]
+pub struct EpochTable {
+    global: AtomicU64,
+    /// 0: free; 1: taken by a reader.
+    claimed: [AtomicU32; READERS_MAX],
+    /// 0: not in a call; else the epoch the reader pinned.
+    pinned: [AtomicU64; READERS_MAX],
+}
+
+impl Default for EpochTable {
+    fn default() -> Self {
+        EpochTable {
+            // 0 means "not pinned": epochs start at 1.
+            global: AtomicU64::new(1),
+            claimed: std::array::from_fn(|_| AtomicU32::new(0)),
+            pinned: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl EpochTable {
+    /// A slot for a new reader, or None when all are taken.
+    pub fn claim(&self) -> Option<ReaderSlot<'_>> {
+        (0..READERS_MAX).find_map(|i| {
+            self.claimed[i]
+                .compare_exchange(0, 1, SeqCst, SeqCst)
+                .ok()
+                .map(|_| ReaderSlot { table: self, i })
+        })
+    }
+
+    /// Release slot `i` of a reader that is gone without releasing it (a
+    /// client the server reaped).
+    pub fn release_slot(&self, i: usize) {
+        if i < READERS_MAX {
+            self.pinned[i].store(0, SeqCst);
+            self.claimed[i].store(0, SeqCst);
+        }
+    }
+
+    /// The oldest epoch a reader is pinned at, or None when none is.
+    fn oldest_pinned(&self) -> Option<u64> {
+        self.pinned
+            .iter()
+            .map(|p| p.load(SeqCst))
+            .filter(|&e| e != 0)
+            .min()
+    }
+}
+
+/// A reader's slot; released when dropped.
+pub struct ReaderSlot<'a> {
+    table: &'a EpochTable,
+    i: usize,
+}
+
+impl ReaderSlot<'_> {
+    pub fn index(&self) -> usize {
+        self.i
+    }
+
+    /// Pin for one call: blocks freed from now on stay allocated until the
+    /// guard is dropped.
+    pub fn pin(&self) -> Pin<'_> {
+        let slot = &self.table.pinned[self.i];
+        debug_assert_eq!(slot.load(SeqCst), 0, "pins do not nest");
+        slot.store(self.table.global.load(SeqCst), SeqCst);
+        Pin { slot }
+    }
+}
+
+impl Drop for ReaderSlot<'_> {
+    fn drop(&mut self) {
+        self.table.release_slot(self.i);
+    }
+}
+
+/// A pinned call; unpins when dropped.
+pub struct Pin<'a> {
+    slot: &'a AtomicU64,
+}
+
+impl Drop for Pin<'_> {
+    fn drop(&mut self) {
+        self.slot.store(0, SeqCst);
+    }
+}
+
+/// Blocks freed while readers may hold them: (start, len, tag).
+#[derive(Default)]
+pub struct Limbo {
+    waiting: Mutex<VecDeque<(u64, u64, u64)>>,
+}
+
+impl Limbo {
+    /// Hold `len` blocks at `start` until no reader can hold them.
+    pub fn hold(&self, table: &EpochTable, start: u64, len: u64) {
+        let tag = table.global.fetch_add(1, SeqCst);
+        crate::inode::lock(&self.waiting).push_back((start, len, tag));
+    }
+
+    /// Hand every block no reader can hold any more to `free` (oldest
+    /// first: tags only grow).
+    pub fn reclaim(&self, table: &EpochTable, mut free: impl FnMut(u64, u64)) {
+        let oldest = table.oldest_pinned();
+        let mut waiting = crate::inode::lock(&self.waiting);
+        while let Some(&(start, len, tag)) = waiting.front() {
+            if oldest.is_some_and(|e| e <= tag) {
+                break;
+            }
+            waiting.pop_front();
+            free(start, len);
+        }
+    }
+
+    /// Hand every waiting block to `free`, readers or not (unmount: the
+    /// readers are gone with the mount).
+    pub fn drain(&self, mut free: impl FnMut(u64, u64)) {
+        for (start, len, _) in crate::inode::lock(&self.waiting).drain(..) {
+            free(start, len);
+        }
+    }
+
+    /// Blocks waiting.
+    pub fn blocks(&self) -> u64 {
+        crate::inode::lock(&self.waiting).iter().map(|w| w.1).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pinned_reader_holds_what_was_freed_after_it_pinned() {
+        let t = EpochTable::default();
+        let limbo = Limbo::default();
+        let reader = t.claim().unwrap();
+        let mut freed = Vec::new();
+        limbo.hold(&t, 10, 1); // before any pin: free at once
+        limbo.reclaim(&t, |s, _| freed.push(s));
+        assert_eq!(freed, [10]);
+        let pin = reader.pin();
+        limbo.hold(&t, 20, 1);
+        limbo.reclaim(&t, |s, _| freed.push(s));
+        assert_eq!(freed, [10], "held while the reader that could see it is pinned");
+        let late = t.claim().unwrap();
+        let late_pin = late.pin();
+        drop(pin);
+        limbo.reclaim(&t, |s, _| freed.push(s));
+        assert_eq!(freed, [10, 20], "a reader pinned after the free does not hold it");
+        drop(late_pin);
+        drop(late);
+        drop(reader);
+        assert!(t.claim().is_some());
+    }
+}

@@ -1,0 +1,280 @@
+//! A pool shared between an owner (the mounted engine) and a reader in
+//! another process's role (`Fs::attach` over a second mapping of the same
+//! pool, with its own DRAM state): the reader sees every change the owner
+//! commits, at its next access, without a message; blocks the owner frees
+//! while the reader is pinned are not reused under it (docs/KERNEL-FREE.md).
+
+use std::sync::Arc;
+
+use inkfs::epoch::EpochTable;
+use inkfs::pmem::{MappedPool, PoolOpenOptions};
+use inkfs::testkit::Rng;
+use inkfs::types::*;
+use inkfs::{Error, Fs};
+
+const ROOT: u64 = 1;
+
+struct Shared {
+    owner: Fs<MappedPool>,
+    reader: Fs<MappedPool>,
+    _path: PoolPath,
+}
+
+/// The pool file, removed when the test ends.
+struct PoolPath(std::path::PathBuf);
+
+impl Drop for PoolPath {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn shared(tag: &str, mode: Mode) -> Shared {
+    let path = std::path::PathBuf::from(format!(
+        "/dev/shm/inkfs-shared-{tag}-{}.pool",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&path);
+    let pm = MappedPool::open(
+        &path,
+        &PoolOpenOptions {
+            create_size_bytes: Some(64 << 20),
+            read_only: false,
+        },
+    )
+    .unwrap();
+    Fs::format(&pm, &FormatOptions::default()).unwrap();
+    let owner = Fs::mount(
+        pm,
+        MountOptions {
+            mode,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // A second mapping through a duplicate of the claimed descriptor, read
+    // only: the reader's own view of the pool, as another process has it.
+    let file = owner.pmem().pool_file().try_clone().unwrap();
+    let ro = PoolOpenOptions {
+        create_size_bytes: None,
+        read_only: true,
+    };
+    let reader = Fs::attach(MappedPool::map(file, &ro).unwrap(), mode).unwrap();
+    owner.set_shared(true);
+    Shared {
+        owner,
+        reader,
+        _path: PoolPath(path),
+    }
+}
+
+fn read_all(fs: &Fs<MappedPool>, ino: u64) -> Vec<u8> {
+    let fh = fs.open(ino).unwrap();
+    let size = fs.fgetattr(&fh).unwrap().size as usize;
+    let mut buf = vec![0u8; size];
+    let n = fs.read(&fh, 0, &mut buf).unwrap();
+    fs.release(fh);
+    buf.truncate(n);
+    buf
+}
+
+fn names(fs: &Fs<MappedPool>, dir: u64) -> Vec<Vec<u8>> {
+    let mut v = Vec::new();
+    fs.readdir(dir, 0, &mut |e| {
+        if e.name != b"." && e.name != b".." {
+            v.push(e.name);
+        }
+        true
+    })
+    .unwrap();
+    v.sort();
+    v
+}
+
+#[test]
+fn the_reader_sees_every_committed_change() {
+    let s = shared("seq", Mode::Strict);
+    let (o, r) = (&s.owner, &s.reader);
+    let d = o.mkdir(ROOT, b"d", 0o755, 0, 0).unwrap().ino;
+    assert_eq!(r.lookup(ROOT, b"d").unwrap().ino, d);
+    let (a, fh) = o.create(d, b"f", 0o644, 0, 0).unwrap();
+    o.write(&fh, 0, b"hello").unwrap();
+    assert_eq!(read_all(r, a.ino), b"hello");
+    // The reader holds the file open while it changes.
+    let rfh = r.open(a.ino).unwrap();
+    o.append(&fh, b", world").unwrap();
+    let mut buf = [0u8; 64];
+    let n = r.read(&rfh, 0, &mut buf).unwrap();
+    assert_eq!(&buf[..n], b"hello, world");
+    o.write(&fh, 1 << 20, b"far").unwrap();
+    assert_eq!(r.fgetattr(&rfh).unwrap().size, (1 << 20) + 3);
+    o.setattr(
+        a.ino,
+        &SetAttr {
+            size: Some(5),
+            mode: Some(0o600),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let ra = r.fgetattr(&rfh).unwrap();
+    assert_eq!((ra.size, ra.mode & 0o7777), (5, 0o600));
+    o.setxattr(a.ino, b"user.k", b"v", XattrFlags::Any).unwrap();
+    assert_eq!(r.getxattr(a.ino, b"user.k").unwrap(), b"v");
+    o.release(fh);
+    r.release(rfh);
+    // Namespace changes.
+    o.rename(d, b"f", ROOT, b"g", RenameFlags::default())
+        .unwrap();
+    assert_eq!(names(r, d), Vec::<Vec<u8>>::new());
+    assert_eq!(r.lookup(ROOT, b"g").unwrap().ino, a.ino);
+    assert!(matches!(r.lookup(d, b"f"), Err(Error::Errno(libc::ENOENT))));
+    o.unlink(ROOT, b"g").unwrap();
+    // The file is gone: by name, and by number through the stale object.
+    assert!(matches!(
+        r.lookup(ROOT, b"g"),
+        Err(Error::Errno(libc::ENOENT))
+    ));
+    assert!(matches!(r.getattr(a.ino), Err(Error::Errno(libc::ENOENT))));
+    // The slot is reused by a new inode: the reader sees the new one.
+    let (b, fh) = o.create(ROOT, b"h", 0o644, 0, 0).unwrap();
+    o.write(&fh, 0, b"new").unwrap();
+    o.release(fh);
+    assert_eq!(read_all(r, b.ino), b"new");
+    // The reader changes nothing.
+    assert!(matches!(
+        r.mkdir(ROOT, b"x", 0o755, 0, 0),
+        Err(Error::Errno(libc::EROFS))
+    ));
+}
+
+/// Log GC unlinks pages (fast GC) and rewrites logs (compaction) under a
+/// reader that cached positions in them: it must replay from the head.
+#[test]
+fn the_reader_follows_log_gc() {
+    let s = shared("gc", Mode::Strict);
+    let (o, r) = (&s.owner, &s.reader);
+    let (a, fh) = o.create(ROOT, b"hot", 0o644, 0, 0).unwrap();
+    o.write(&fh, 0, &vec![7u8; 8192]).unwrap();
+    // Many live entries (one per page written apart), so the log stays
+    // mostly live and fast GC, not compaction, removes the hot page's
+    // dead entries.
+    const LIVE: u64 = 600;
+    for i in 0..LIVE {
+        o.write(&fh, (4 + 2 * i) * 4096, &[i as u8; 100]).unwrap();
+    }
+    let d = o.mkdir(ROOT, b"churn", 0o755, 0, 0).unwrap().ino;
+    let mut live = Vec::new();
+    for round in 0..3000u32 {
+        // A hot page: every overwrite appends an entry that supersedes the
+        // last (fast GC unlinks whole dead pages; compaction rewrites).
+        let v = (round % 251) as u8;
+        o.write(&fh, 4096, &[v; 4096]).unwrap();
+        let name = format!("n{round}").into_bytes();
+        let (_, h) = o.create(d, &name, 0o644, 0, 0).unwrap();
+        o.release(h);
+        live.push(name);
+        if live.len() > 5 {
+            o.unlink(d, &live.remove(0)).unwrap();
+        }
+        if round % 97 == 0 {
+            let data = read_all(r, a.ino);
+            assert_eq!(&data[..4096], &[7u8; 4096][..]);
+            assert_eq!(&data[4096..8192], &[v; 4096][..], "round {round}");
+            for i in (0..LIVE).step_by(37) {
+                let at = ((4 + 2 * i) * 4096) as usize;
+                assert_eq!(&data[at..at + 100], &[i as u8; 100][..], "round {round}");
+            }
+            let mut want = live.clone();
+            want.sort();
+            assert_eq!(names(r, d), want, "round {round}");
+        }
+    }
+    o.release(fh);
+    let gc = o.gc_stats();
+    assert!(gc.fast_pages_freed > 0 && gc.compactions > 0, "{gc:?}");
+}
+
+/// While a reader is pinned, the blocks it may be reading stay what they
+/// were: the owner overwrites the file copy-on-write (freeing the old
+/// blocks) and writes another file (which would take the freed blocks
+/// first), and the old blocks still hold the old bytes until the reader
+/// unpins. Without the limbo the other file's bytes appear in them.
+#[test]
+fn a_pinned_reader_keeps_the_blocks_it_may_read() {
+    const PAGES: u64 = 16;
+    let s = shared("pin", Mode::Strict);
+    let table = Arc::new(EpochTable::default());
+    s.owner.share_epochs(table.clone());
+    let (a, fh) = s.owner.create(ROOT, b"f", 0o644, 0, 0).unwrap();
+    s.owner
+        .write(&fh, 0, &vec![1u8; (PAGES * 4096) as usize])
+        .unwrap();
+    let (_, other) = s.owner.create(ROOT, b"other", 0o644, 0, 0).unwrap();
+    let slot = table.claim().unwrap();
+    let mut rng = Rng::new(7);
+    for round in 0..20u8 {
+        let pin = slot.pin();
+        // What the reader sees now: the file's blocks.
+        let old: Vec<_> = s.reader.fiemap(a.ino, 0, PAGES * 4096).unwrap();
+        assert!(!old.is_empty());
+        s.owner
+            .write(&fh, 0, &vec![round + 2; (PAGES * 4096) as usize])
+            .unwrap();
+        for _ in 0..PAGES {
+            s.owner
+                .write(&other, rng.below(64) * 4096, &[0xEE; 4096])
+                .unwrap();
+        }
+        for e in &old {
+            let mut buf = vec![0u8; e.length as usize];
+            inkfs::pmem::Pmem::read(s.reader.pmem(), e.physical, &mut buf);
+            assert!(
+                buf.iter().all(|&b| b == round + 1),
+                "round {round}: a block the pinned reader could read was reused"
+            );
+        }
+        drop(pin);
+        assert_eq!(read_all(&s.reader, a.ino)[..4096], [round + 2; 4096][..]);
+    }
+    s.owner.release(fh);
+    s.owner.release(other);
+    drop(slot);
+    s.owner.reclaim_limbo();
+    assert_eq!(
+        s.owner.limbo_blocks(),
+        0,
+        "nothing pinned: the limbo empties"
+    );
+}
+
+/// The limbo costs nothing: after the readers are gone and the owner
+/// unmounts, the pool is exactly as full as its files say (fsck clean).
+#[test]
+fn limbo_blocks_return_at_unmount() {
+    let s = shared("limbo", Mode::Strict);
+    let table = Arc::new(EpochTable::default());
+    s.owner.share_epochs(table.clone());
+    let slot = table.claim().unwrap();
+    let pin = slot.pin();
+    let (_, fh) = s.owner.create(ROOT, b"f", 0o644, 0, 0).unwrap();
+    for i in 0..50u8 {
+        s.owner.write(&fh, 0, &[i; 8192]).unwrap();
+    }
+    s.owner.release(fh);
+    assert!(
+        s.owner.limbo_blocks() > 0,
+        "overwrites freed blocks while pinned"
+    );
+    drop(pin);
+    drop(slot);
+    let Shared {
+        owner,
+        reader,
+        _path,
+    } = s;
+    drop(reader);
+    let pm = owner.unmount().unwrap();
+    let report = inkfs::fsck::check(&pm, &Default::default()).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}
