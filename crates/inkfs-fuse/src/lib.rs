@@ -15,14 +15,16 @@
 //! `creds` (the caller's credentials, groups included), `fileattr` (the
 //! chattr/lsattr ioctls), `handles` (fh table), `serve` (the pool claimed,
 //! mounted and served), `stats` (counters, histograms, the stats socket),
-//! `scrub` (scrub requests on that socket, both ends), `mount` (options,
-//! daemon, dead mounts), `nullfs`.
+//! `scrub` (scrub requests on that socket, both ends), `inval` (telling
+//! the kernel what changed behind its back), `mount` (options, daemon,
+//! dead mounts), `nullfs`.
 
 pub mod clock;
 mod creds;
 pub mod fileattr;
 pub mod fs;
 pub mod handles;
+pub mod inval;
 pub mod mount;
 pub mod nullfs;
 pub mod poll;

@@ -13,7 +13,8 @@ use std::sync::Arc;
 use fuser::{Config, Filesystem, MountOption, Session, SessionACL};
 use inkfs::types::{ErrorsPolicy, Mode};
 
-use crate::fs::InkFuse;
+use crate::fs::{Caching, InkFuse};
+use crate::inval::Invalidator;
 use crate::scrub::ScrubService;
 use crate::stats::{Access, Field, Handler, Request, Stats, StatsServer};
 use crate::Engine;
@@ -30,6 +31,11 @@ Mount options (-o, comma separated, mount(8) style; -o may be repeated):
                            read-write mount needs `inkfs fsck -y` first
   allow_other / noallow_other            (default: allow_other when root)
   default_permissions / nodefault_permissions  kernel permission checks (default on)
+  writeback_cache / nowriteback_cache  posix mode only: writes land in the
+                           kernel's page cache and are written back later,
+                           durable at fsync, fdatasync, msync, sync, syncfs,
+                           O_SYNC/O_DSYNC (default on in posix mode; needs
+                           default_permissions; docs/MODES.md)
   threads=N                FUSE worker threads, 1 to 64 (default 2, 1 on a
                            1-CPU machine)
   poll / nopoll            spin on the FUSE device while requests keep coming,
@@ -110,6 +116,9 @@ pub struct MountConfig {
     pub errors: ErrorsPolicy,
     pub allow_other: bool,
     pub default_permissions: bool,
+    /// `writeback_cache` / `nowriteback_cache` if given (see
+    /// [`MountConfig::caching`] for the default).
+    pub writeback_cache: Option<bool>,
     pub threads: usize,
     /// Spin on the FUSE device while requests keep coming (`poll`).
     pub poll: bool,
@@ -163,6 +172,7 @@ impl MountConfig {
             errors: ErrorsPolicy::default(),
             allow_other: is_root(),
             default_permissions: true,
+            writeback_cache: None,
             threads: default_threads(),
             poll: false,
             fsname: None,
@@ -197,6 +207,8 @@ impl MountConfig {
                 ("noallow_other", None) => self.allow_other = false,
                 ("default_permissions", None) => self.default_permissions = true,
                 ("nodefault_permissions", None) => self.default_permissions = false,
+                ("writeback_cache", None) => self.writeback_cache = Some(true),
+                ("nowriteback_cache", None) => self.writeback_cache = Some(false),
                 ("threads", Some(v)) => {
                     self.threads = v
                         .parse()
@@ -254,7 +266,41 @@ impl MountConfig {
         for o in &args.options {
             cfg.apply_options(o)?;
         }
+        cfg.check_caching()?;
         Ok(cfg)
+    }
+
+    /// Refuse a writeback cache asked for where it cannot be had.
+    fn check_caching(&self) -> Result<(), String> {
+        if self.writeback_cache != Some(true) {
+            return Ok(());
+        }
+        if self.mode != Mode::Posix {
+            return Err(format!(
+                "writeback_cache: mode={} promises every write durable when it returns; \
+                 the cache is for mode=posix",
+                self.mode.name()
+            ));
+        }
+        if !self.default_permissions {
+            return Err(
+                "writeback_cache needs default_permissions: the kernel then checks \
+                 the times it sends on the caller's behalf"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// How the kernel may cache this mount. The writeback cache: in posix
+    /// mode, read-write, with `default_permissions`, unless
+    /// `nowriteback_cache` (strict and sync promise durability when a
+    /// write returns, which a cached write does not have).
+    pub fn caching(&self) -> Caching {
+        let possible = self.mode == Mode::Posix && !self.read_only && self.default_permissions;
+        Caching {
+            writeback: possible && self.writeback_cache != Some(false),
+        }
     }
 
     /// The fuser session configuration for this mount.
@@ -534,7 +580,7 @@ pub fn serve_session<F: Filesystem>(
     config: &Config,
     poll: Option<Arc<crate::stats::Counter>>,
     notify: &mut Notify,
-    on_ready: impl FnOnce(),
+    on_ready: impl FnOnce(fuser::Notifier),
 ) -> i32 {
     let session = match Session::new(fs, mountpoint, config) {
         Ok(s) => s,
@@ -550,7 +596,7 @@ pub fn serve_session<F: Filesystem>(
             .ok()
     });
     unmount_on_signal(mountpoint.to_path_buf());
-    on_ready();
+    on_ready(session.notifier());
     let daemon = notify.daemonised();
     notify.ready();
     if daemon {
@@ -603,6 +649,16 @@ fn mode_meaning(mode: Mode) -> &'static str {
     }
 }
 
+/// What the kernel caches, in a few words, for the statistics report.
+fn caching_meaning(c: Caching) -> &'static str {
+    if c.writeback {
+        "writes land in the kernel's page cache; written back at fsync, sync, close \
+         or by the kernel's flusher, each write-back durable when answered"
+    } else {
+        "every write goes to the server, which answers once it is done"
+    }
+}
+
 /// Serve `engine` per `cfg` (pool claimed, mount point prepared), then
 /// hand the engine to `finish` for its clean unmount. `info` fields go
 /// into the statistics report.
@@ -616,7 +672,9 @@ pub fn run_engine(
 ) -> i32 {
     let engine = Arc::new(engine);
     let stats = Arc::new(Stats::default());
-    let adapter = InkFuse::new(engine.clone(), stats.clone());
+    let caching = cfg.caching();
+    let inval = Arc::new(Invalidator::default());
+    let adapter = InkFuse::new(engine.clone(), stats.clone(), caching, inval.clone());
     let handler: Handler = {
         // Weak: the stats thread is never joined, and must not keep the
         // engine from its clean unmount.
@@ -630,10 +688,31 @@ pub fn run_engine(
                 .explained(mode_meaning(cfg.mode)),
             Field::flag("read_only", "read-only", cfg.read_only, "yes", "no"),
             Field::count("threads", "FUSE threads", cfg.threads as u64),
+            Field::flag(
+                "writeback_cache",
+                "writeback cache",
+                caching.writeback,
+                "on",
+                "off",
+            )
+            .explained(caching_meaning(caching)),
         ];
         fields.extend(info);
+        let inval = Arc::downgrade(&inval);
         let report = move |json: bool| {
             let mut lines = fields.clone();
+            if let Some(inval) = inval.upgrade() {
+                let (sent, failed) = inval.counts();
+                lines.push(
+                    Field::count("invalidations", "cache invalidations sent", sent)
+                        .explained("changes the kernel did not make, pushed to its caches"),
+                );
+                lines.push(Field::count(
+                    "invalidations_failed",
+                    "cache invalidations refused",
+                    failed,
+                ));
+            }
             if let Some(engine) = engine.upgrade() {
                 let s = engine.statfs();
                 let bs = s.block_size as u64;
@@ -676,18 +755,22 @@ pub fn run_engine(
         &cfg.fuser_config(),
         cfg.poll.then(|| stats.requests.clone()),
         notify,
-        || match StatsServer::start(
-            &run_dir(),
-            mnt,
-            cfg.stats_access,
-            handler,
-            Some(scrubs.handler()),
-        ) {
-            Ok(s) => server = Some(s),
-            Err(e) => eprintln!("inkfs: statistics socket: {e} (continuing without)"),
+        |notifier| {
+            inval.attach(notifier);
+            match StatsServer::start(
+                &run_dir(),
+                mnt,
+                cfg.stats_access,
+                handler,
+                Some(scrubs.handler()),
+            ) {
+                Ok(s) => server = Some(s),
+                Err(e) => eprintln!("inkfs: statistics socket: {e} (continuing without)"),
+            }
         },
     );
     drop(server);
+    inval.shutdown();
     // A running scrub holds the engine: stop it before taking it back.
     scrubs.shutdown();
     // The session and the stats server are gone: this is the last reference.

@@ -282,6 +282,20 @@ impl<P: Pmem> Fs<P> {
     /// pwrite: write `data` at `off`. Durable on return in strict and sync
     /// mode; atomic in strict mode.
     pub fn write(&self, fh: &FileHandle, off: u64, data: &[u8]) -> Result<usize> {
+        self.write_dropping(fh, off, data, fh.drops_setid)
+    }
+
+    /// `write`, with the set-id rule decided by the caller: `drops_setid`
+    /// says whether this writer lacks CAP_FSETID (a kernel in front that
+    /// knows the writer says so per write; write-back of its page cache
+    /// never drops them, as mmap writes do not).
+    pub fn write_dropping(
+        &self,
+        fh: &FileHandle,
+        off: u64,
+        data: &[u8],
+        drops_setid: bool,
+    ) -> Result<usize> {
         self.check_writable()?;
         Self::file_state_check(&fh.inode)?;
         self.revalidate(&fh.inode)?;
@@ -289,7 +303,7 @@ impl<P: Pmem> Fs<P> {
             return Ok(0);
         }
         let mut st = write(&fh.inode.state);
-        self.write_locked(fh, &mut st, off, data)?;
+        self.write_locked(fh, &mut st, off, data, drops_setid)?;
         Ok(data.len())
     }
 
@@ -301,7 +315,7 @@ impl<P: Pmem> Fs<P> {
         let mut st = write(&fh.inode.state);
         let off = st.attr.size;
         if !data.is_empty() {
-            self.write_locked(fh, &mut st, off, data)?;
+            self.write_locked(fh, &mut st, off, data, fh.drops_setid)?;
         }
         Ok((off, data.len()))
     }
@@ -388,10 +402,17 @@ impl<P: Pmem> Fs<P> {
         Ok(len)
     }
 
-    fn write_locked(&self, fh: &FileHandle, st: &mut InodeState, off: u64, data: &[u8]) -> Result<()> {
+    fn write_locked(
+        &self,
+        fh: &FileHandle,
+        st: &mut InodeState,
+        off: u64,
+        data: &[u8],
+        drops_setid: bool,
+    ) -> Result<()> {
         off.checked_add(data.len() as u64)
             .ok_or(Error::Errno(libc::EFBIG))?;
-        self.write_src_locked(&fh.inode, st, Src::Data { off, data }, fh.drops_setid)
+        self.write_src_locked(&fh.inode, st, Src::Data { off, data }, drops_setid)
     }
 
     /// Lay `src` over the file: the one write path of write, append and

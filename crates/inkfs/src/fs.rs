@@ -56,6 +56,19 @@ impl FileHandle {
     }
 }
 
+/// The times of a setattr that a kernel cache in front of the engine
+/// decided: FUSE's writeback cache keeps a regular file's mtime and ctime
+/// itself between write-backs, stamps them at each write, and sends them as
+/// explicit values, with its own write-back of them and with every setattr
+/// (a "now" included). The kernel has checked the caller's right to set
+/// them, so explicit times are judged as "now" is (owner or writer, and
+/// allowed on an append-only file); `ctime` is the kernel's change time
+/// (None: now).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct KernelTimes {
+    pub(crate) ctime: Option<TimeNs>,
+}
+
 pub struct Fs<P: Pmem> {
     pub(crate) pm: P,
     pub(crate) geo: Geometry,
@@ -543,9 +556,21 @@ impl<P: Pmem> Fs<P> {
     /// non-directory, and its truncate unless it is root, drop the set-id
     /// bits in the same entry (notify_change's ATTR_KILL_*).
     pub(crate) fn setattr_as(&self, actor: Actor<'_>, ino: u64, set: &SetAttr) -> Result<Attr> {
+        self.setattr_times_from(actor, ino, set, None)
+    }
+
+    /// setattr with the times a kernel cache in front decided (`kernel`:
+    /// see [`KernelTimes`]), or, with `None`, as `setattr_as`.
+    pub(crate) fn setattr_times_from(
+        &self,
+        actor: Actor<'_>,
+        ino: u64,
+        set: &SetAttr,
+        kernel: Option<KernelTimes>,
+    ) -> Result<Attr> {
         self.check_writable()?;
         let inode = self.iget(ino)?;
-        self.setattr_inode(actor, &inode, set)
+        self.setattr_inode(actor, &inode, set, kernel)
     }
 
     pub(crate) fn setattr_inode(
@@ -553,6 +578,7 @@ impl<P: Pmem> Fs<P> {
         actor: Actor<'_>,
         inode: &Arc<Inode>,
         set: &SetAttr,
+        kernel: Option<KernelTimes>,
     ) -> Result<Attr> {
         let mut st = write(&inode.state);
         live(&st)?;
@@ -564,12 +590,23 @@ impl<P: Pmem> Fs<P> {
                 _ => return errno(libc::EINVAL),
             }
         }
-        crate::flags::deny_setattr(&st, set)?;
-        let set = match actor.caller() {
-            Some(cred) => self.caller_setattr(cred, inode, &st, set)?,
+        // Times a kernel cache stamped are judged as "now" (its clock, at
+        // the caller's write or touch, checked by that kernel); their
+        // values are applied as given below.
+        let judged = match kernel {
+            Some(_) => set.times_as_now(),
             None => *set,
         };
-        let set = &set;
+        crate::flags::deny_setattr(&st, &judged)?;
+        let checked = match actor.caller() {
+            Some(cred) => self.caller_setattr(cred, inode, &st, &judged)?,
+            None => judged,
+        };
+        let set = &SetAttr {
+            atime: set.atime,
+            mtime: set.mtime,
+            ..checked
+        };
         let now = now_ns();
         let mut a = st.attr;
         if let Some(mode) = set.mode {
@@ -591,7 +628,7 @@ impl<P: Pmem> Fs<P> {
         if let Some(t) = set.mtime {
             a.mtime_ns = resolve(t);
         }
-        a.ctime_ns = now;
+        a.ctime_ns = kernel.and_then(|k| k.ctime).unwrap_or(now);
         if let Some(size) = set.size {
             if size > MAX_FILE_BYTES {
                 return errno(libc::EFBIG);

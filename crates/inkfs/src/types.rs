@@ -267,6 +267,18 @@ pub struct SetAttr {
     pub mtime: Option<TimeSet>,
 }
 
+impl SetAttr {
+    /// The same request with every time it sets set to "now": how the
+    /// permission and chattr rules judge times a kernel cache stamped.
+    pub(crate) fn times_as_now(&self) -> SetAttr {
+        SetAttr {
+            atime: self.atime.map(|_| TimeSet::Now),
+            mtime: self.mtime.map(|_| TimeSet::Now),
+            ..*self
+        }
+    }
+}
+
 /// rename(2) flags (renameat2).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RenameFlags {

@@ -12,7 +12,7 @@
 use inkfs::crashtest::{self, CrashTestOptions};
 
 /// The CI budget: an upper bound on distinct crash states over the three
-/// modes. The catalogue has about 74,000 crash points (8286 workloads × 3
+/// modes. The catalogue has about 87,000 crash points (9563 workloads × 3
 /// modes); the budget's share gives each point about one image, and many
 /// points have fewer distinct images than that, so the run checks every
 /// workload in every mode and ends near the bound. The test asserts that
