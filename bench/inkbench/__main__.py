@@ -33,7 +33,8 @@ def parse_args(argv):
                    help="run the harness's own tests (bench/tests)")
     m.add_argument("--cleanup", dest="mode", action="store_const", const="cleanup",
                    help="remove what a killed run left behind (mounts, loop devices, servers, files)")
-    ap.add_argument("--only", help="comma-separated workloads (micro,fio,filebench,sqlite,rocksdb,redis,meta,copy)")
+    ap.add_argument("--only", help="comma-separated workloads (micro,fio,filebench,sqlite,rocksdb,redis,meta,copy), "
+                    "each optionally NAME:STEP+STEP (e.g. filebench:fileserver+webproxy)")
     ap.add_argument("--contenders", help="comma-separated, from: " + ",".join(C.ALL_NAMES))
     ap.add_argument("--reps", type=int, help="repetitions (overrides the mode's)")
     ap.add_argument("--out", help="output directory (default bench/results/MODE-DATE)")
@@ -168,11 +169,18 @@ def main(argv=None) -> int:
             res["meta"]["contenders"][c.name] = c.describe
         wls = all_workloads(ctx, REPO)
         if a.only:
-            want = a.only.split(",")
+            # NAME or NAME:STEP+STEP (e.g. fio:randwrite-1j+seqwrite128k-1j).
+            want = dict(o.partition(":")[::2] for o in a.only.split(","))
             unknown = set(want) - {w.name for w in wls}
             if unknown:
                 raise CmdError(f"unknown workload(s): {', '.join(sorted(unknown))}")
             wls = [w for w in wls if w.name in want]
+            for w in wls:
+                if want[w.name]:
+                    try:
+                        w.restrict(want[w.name].split("+"))
+                    except ValueError as e:
+                        raise CmdError(str(e))
         total = 0
         for w in wls:
             if not w.unavailable():

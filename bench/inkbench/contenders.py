@@ -158,17 +158,32 @@ class NullFs(FuseServer):
 
 
 class InkfsFuse(FuseServer):
+    """`inkfs-MODE`, `inkfs-posix-nocache` (posix mode without the kernel's
+    writeback cache, as every mode was before it), and for experiments
+    `inkfs-MODE@OPTS`: more mount options (e.g. `inkfs-posix@threads=4`),
+    so that variants run interleaved in one run."""
+
     caps = frozenset({POSIX, DIRS, DATA})
 
-    def __init__(self, mode: str, *a, **kw) -> None:
-        self.mode = mode
-        self.name = f"inkfs-{mode}"
-        self.describe = f"inkfs over FUSE, mode={mode}, pool in /dev/shm"
+    def __init__(self, spec: str, *a, **kw) -> None:
+        base, _, extra = spec.partition("@")
+        opts = []
+        if base.endswith("-nocache"):
+            base = base[:-len("-nocache")]
+            opts.append("nowriteback_cache")
+        if extra:
+            opts.append(extra)
+        self.mode = base
+        self.opts = ",".join([f"mode={base}"] + opts)
+        self.name = "inkfs-" + spec
+        cache = " (no writeback cache)" if "nowriteback_cache" in opts else ""
+        more = f", -o {extra}" if extra else ""
+        self.describe = f"inkfs over FUSE, mode={base}{cache}{more}, pool in /dev/shm"
         self.durable = True
         super().__init__(*a, **kw)
 
     def prepare(self) -> None:
-        self.pool = os.path.join(self.work, f"{self.name}.pool")
+        self.pool = os.path.join(self.work, f"{self.name.replace('/', '_')}.pool")
         run([self.bins["inkfs"], "mkfs", self.pool, "--size", str(self.size), "--force"], timeout=120)
         try:
             st = run([self.bins["inkfs"], "stat", self.pool, "--json"], timeout=30)
@@ -177,7 +192,7 @@ class InkfsFuse(FuseServer):
             self.info = {}
 
     def server_cmd(self) -> List[str]:
-        return [self.bins["inkfs"], "mount", self.pool, self.mnt, "-f", "-o", f"mode={self.mode}"]
+        return [self.bins["inkfs"], "mount", self.pool, self.mnt, "-f", "-o", self.opts]
 
     def setup(self, cleanup: Cleanup) -> None:
         super().setup(cleanup)

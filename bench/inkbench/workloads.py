@@ -100,6 +100,16 @@ class Workload:
     def steps(self) -> List[str]:
         return ["run"]
 
+    def restrict(self, keep: List[str]) -> None:
+        """Run only the steps in `keep` (`--only NAME:STEP+STEP`)."""
+        every = self.steps()
+        unknown = set(keep) - set(every)
+        if unknown:
+            raise ValueError(f"{self.name} has no step(s) {', '.join(sorted(unknown))} "
+                             f"(its steps: {', '.join(every)})")
+        chosen = [s for s in every if s in keep]
+        self.steps = lambda: chosen  # type: ignore[method-assign]
+
     def cases(self) -> List[str]:
         return self.steps()
 
@@ -160,7 +170,7 @@ class Micro(Workload):
 
 class Fio(Workload):
     name = "fio"
-    title = "fio: 4 KiB psync I/O"
+    title = "fio: psync I/O, 4 KiB blocks (128 KiB in the seqwrite128k case)"
     stands_for = ("block-sized I/O through read/write system calls (psync), one file per job: "
                   "random write (in place over a laid-out file), sequential write, random read; "
                   "`-fsync` = fsync after every write")
@@ -168,7 +178,7 @@ class Fio(Workload):
     higher_is_better = True
     needs_any = [{POSIX}]
     ALL = [f"{rw}{s}-{j}j" for rw in ("randwrite", "seqwrite") for s in ("-fsync", "") for j in (1, 2)] + \
-          ["randread-1j", "randread-2j"]
+          ["seqwrite128k-1j", "randread-1j", "randread-2j"]
 
     def __init__(self, ctx: Ctx) -> None:
         super().__init__(ctx)
@@ -185,19 +195,19 @@ class Fio(Workload):
 
     @staticmethod
     def job_args(case: str) -> List[str]:
-        m = re.fullmatch(r"(randwrite|seqwrite|randread)(-fsync)?-(\d)j", case)
+        m = re.fullmatch(r"(randwrite|seqwrite|randread)(128k)?(-fsync)?-(\d)j", case)
         if not m:
             raise ValueError(case)
         rw = {"randwrite": "randwrite", "seqwrite": "write", "randread": "randread"}[m.group(1)]
-        a = [f"--rw={rw}", f"--numjobs={m.group(3)}"]
-        if m.group(2):
+        a = [f"--rw={rw}", f"--numjobs={m.group(4)}", f"--bs={m.group(2) or '4k'}"]
+        if m.group(3):
             a.append("--fsync=1")
         if rw == "randwrite":
             a.append("--overwrite=1")
         return a
 
     def params(self) -> dict:
-        return {"ioengine": "psync", "bs": "4k", "size_per_job": self.ctx.p["fio_size"],
+        return {"ioengine": "psync", "bs": "4k (128k where the case says so)", "size_per_job": self.ctx.p["fio_size"],
                 "runtime": self.ctx.p["fio_runtime"], "time_based": True, "fallocate": "none",
                 "randwrite": "--overwrite=1 (file laid out first)", "invalidate": "fio default (1)",
                 "files": "f.0, f.1 per contender, laid out once, reused by every job",
@@ -209,7 +219,7 @@ class Fio(Workload):
         d = self.dirs.get(c.name)
         if d is None:
             d = self.dirs[c.name] = self.ctx.scratch(c, "fio")
-        cmd = ["fio", "--name=job", f"--directory={d}", "--ioengine=psync", "--bs=4k",
+        cmd = ["fio", "--name=job", f"--directory={d}", "--ioengine=psync",
                f"--size={self.ctx.p['fio_size']}", f"--runtime={self.ctx.p['fio_runtime']}", "--time_based",
                "--group_reporting", "--output-format=json", "--fallocate=none", "--randrepeat=1",
                "--filename_format=f.$jobnum", *self.job_args(step)]
@@ -331,7 +341,7 @@ class Sqlite(Workload):
 
 class Rocksdb(Workload):
     name = "rocksdb"
-    title = "RocksDB db_bench fillunique (filluniquerandom)"
+    title = "RocksDB db_bench fillunique (filluniquerandom) and fillseq"
     stands_for = ("a log-structured key-value store loading unique keys in random order; "
                   "--sync=1 fsyncs the write-ahead log on every put")
     unit = "ops/s"
@@ -343,23 +353,25 @@ class Rocksdb(Workload):
             "db_bench not found: Debian's rocksdb-tools is not installed (apt-get install rocksdb-tools)"
 
     def steps(self) -> List[str]:
-        return ["sync1", "sync0"]
+        return ["sync1", "sync0", "fillseq-sync0"]
 
     def params(self) -> dict:
-        return {"benchmarks": "filluniquerandom (db_bench's name for fillunique)",
+        return {"benchmarks": "filluniquerandom (db_bench's name for fillunique); fillseq for fillseq-sync0",
                 "num": self.ctx.p["rocks_num"], "value_size": 100, "compression_type": "none",
                 "threads": 1, "note": "Debian's db_bench is built with assertions on (it says so)"}
 
     def run(self, c: Contender, step: str, rep: int) -> Dict[str, dict]:
         d = self.ctx.scratch(c, "rocksdb")
-        cmd = ["db_bench", "--benchmarks=filluniquerandom", f"--num={self.ctx.p['rocks_num'][step]}",
-               f"--sync={1 if step == 'sync1' else 0}", f"--db={d}/db", "--compression_type=none",
+        bench = "fillseq" if step.startswith("fillseq") else "filluniquerandom"
+        num = self.ctx.p["rocks_num"][step.rpartition("-")[2]]
+        cmd = ["db_bench", f"--benchmarks={bench}", f"--num={num}",
+               f"--sync={1 if step.endswith('sync1') else 0}", f"--db={d}/db", "--compression_type=none",
                "--value_size=100", "--threads=1", f"--seed={rep + 1}"]
         try:
             p = run(cmd, timeout=600)
         finally:
             self.ctx.clear(c, d)
-        r = parsers.db_bench(p.stdout)["filluniquerandom"]
+        r = parsers.db_bench(p.stdout)[bench]
         return {step: {"value": r["ops_per_sec"], "raw": r}}
 
 

@@ -71,6 +71,8 @@ impl MountOpts {
             mode,
             read_only: self.read_only != 0,
             errors,
+            // A hybrid pool's data device is found where mkfs recorded it.
+            ..Default::default()
         })
     }
 }

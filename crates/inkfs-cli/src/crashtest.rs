@@ -47,6 +47,10 @@ pub struct CrashtestArgs {
     /// Also tear multi-word stores (8-byte words stay atomic)
     #[arg(long)]
     torn: bool,
+    /// Explore hybrid pools: writes of a page or more go to a simulated
+    /// data device that keeps or loses each write not yet flushed
+    #[arg(long)]
+    hybrid: bool,
     /// Print the operations of the catalogue and exit
     #[arg(long)]
     list: bool,
@@ -139,6 +143,7 @@ pub fn main(a: &CrashtestArgs) -> Result<(), String> {
     opts.filter = a.workload.clone();
     opts.deep = !a.quick;
     opts.torn_stores = a.torn;
+    opts.hybrid = a.hybrid;
     let mut modes: Vec<Mode> = a.mode.iter().map(|&m| m.into()).collect();
     if opts.images.is_some() && !states_given {
         // Reproducing with exactly K images per point: every point, unless

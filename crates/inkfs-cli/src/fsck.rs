@@ -65,6 +65,10 @@ pub struct FsckArgs {
     /// full
     #[arg(short = 'f', long = "force")]
     _force: bool,
+    /// Hybrid pools: the data device or file, when not at the path
+    /// recorded by mkfs
+    #[arg(long, value_name = "PATH")]
+    pub data: Option<PathBuf>,
 }
 
 /// `inkfs fsck ...`; returns the exit status.
@@ -185,9 +189,14 @@ fn run(a: &FsckArgs) -> Result<i32, String> {
         tty: std::io::stderr().is_terminal(),
     };
     let started = Instant::now();
-    let result = fsck::check_with_progress(&pm, &FsckOptions { repair: a.repair }, &mut |p| {
-        bar.update(p)
-    });
+    let result = fsck::check_with_progress(
+        &pm,
+        &FsckOptions {
+            repair: a.repair,
+            data: a.data.clone().map(inkfs::api::DataDevice::Path),
+        },
+        &mut |p| bar.update(p),
+    );
     bar.finish();
     let report = result.map_err(|e| e.to_string())?;
     let elapsed = started.elapsed();
@@ -258,6 +267,16 @@ fn print_human(
         r.blocks_free,
         r.blocks_total
     );
+    if r.data_blocks_total > 0 {
+        let _ = writeln!(
+            out,
+            "{}: data device blocks: {} used, {} free, {} total",
+            path.display(),
+            r.data_blocks_used,
+            r.data_blocks_total - r.data_blocks_used,
+            r.data_blocks_total
+        );
+    }
     let found = r.errors_found();
     let verdict = if found == 0 {
         "no errors found".to_string()
@@ -324,6 +343,8 @@ fn json_report(
         "orphans": r.orphans,
         "blocks_total": r.blocks_total,
         "blocks_used": r.blocks_used,
+        "data_blocks_total": r.data_blocks_total,
+        "data_blocks_used": r.data_blocks_used,
         "blocks_free": r.blocks_free,
         "errors_found": r.errors_found(),
         "errors_fixed": r.errors_fixed(),

@@ -12,24 +12,7 @@ use crate::state::{held_json, holders_json, pool_state};
 
 /// Parse "4G", "512M", "64k", "1T" or plain bytes.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last() {
-        Some(c @ ('k' | 'K' | 'm' | 'M' | 'g' | 'G' | 't' | 'T')) => {
-            let shift = match c.to_ascii_lowercase() {
-                'k' => 10,
-                'm' => 20,
-                'g' => 30,
-                _ => 40,
-            };
-            (&s[..s.len() - 1], 1u64 << shift)
-        }
-        _ => (s, 1),
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("bad size '{s}' (use e.g. 4G, 512M, 65536)"))?;
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("size '{s}' is too large"))
+    inkfs_fuse::mount::parse_size(s)
 }
 
 fn human(bytes: u64) -> String {
@@ -79,9 +62,75 @@ pub struct MkfsArgs {
     /// waiting for one another [default: one per CPU, at least 4]
     #[arg(long, value_name = "N", value_parser = parse_lanes, allow_negative_numbers = true)]
     pub lanes: Option<u32>,
-    /// Overwrite what the pool holds (an inkfs pool or other data)
+    /// Overwrite what the pool holds (an inkfs pool or other data), and
+    /// what the data device holds
     #[arg(short, long)]
     pub force: bool,
+    /// Make a hybrid pool: file data of large writes on this block device
+    /// or file (on another file system), everything else on the pool.
+    /// A file is created with --data-size; a block device is used whole
+    #[arg(long, value_name = "DEV_OR_FILE")]
+    pub data: Option<PathBuf>,
+    /// Size of the data file (created, or re-made at this size); for a
+    /// block device, how much of it to use
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "data")]
+    pub data_size: Option<u64>,
+    /// Writes of at least SIZE bytes put their pages on the data device,
+    /// smaller ones on the pool (a mount may override it)
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "data",
+          default_value = "64k")]
+    pub data_threshold: u64,
+    /// An appending file grows on the data device in extents of SIZE
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "data",
+          default_value = "1M")]
+    pub data_unit: u64,
+}
+
+/// Open (or create) the data device of `a`, refusing one that holds data
+/// unless --force. Returns it, the path to record (absolute), and the
+/// blocks to use (None: all of it).
+fn open_data_device(
+    a: &MkfsArgs,
+    path: &Path,
+) -> Result<(inkfs::api::FileDev, PathBuf, Option<u64>), String> {
+    use inkfs::api::BlockDev;
+    let meta = std::fs::metadata(path);
+    let is_blockdev = matches!(&meta, Ok(m) if m.file_type().is_block_device());
+    let exists = meta.is_ok();
+    let show = path.display();
+    if !exists && a.data_size.is_none() {
+        return Err(format!(
+            "data device {show} does not exist; give --data-size to create it"
+        ));
+    }
+    if exists && !a.force {
+        let dev = inkfs::api::FileDev::open(path, true).map_err(|e| format!("{show}: {e}"))?;
+        if dev.size_bytes() >= 4096 {
+            let mut page = inkfs::blockdev::dev::pages(1);
+            dev.read_at(0, &mut page)
+                .map_err(|e| format!("{show}: {e}"))?;
+            if page[0].0.iter().any(|&b| b != 0) {
+                return Err(format!(
+                    "data device {show} holds data (its first block is not zero); use --force to overwrite it"
+                ));
+            }
+        }
+    }
+    let (dev, blocks) = match (is_blockdev, a.data_size) {
+        (false, Some(size)) => {
+            if size % 4096 != 0 {
+                return Err(format!("--data-size {size} is not a multiple of 4096"));
+            }
+            let d = inkfs::api::FileDev::create(path, size).map_err(|e| format!("{show}: {e}"))?;
+            (d, None)
+        }
+        (_, size) => {
+            let d = inkfs::api::FileDev::open(path, false).map_err(|e| format!("{show}: {e}"))?;
+            (d, size.map(|s| s / 4096))
+        }
+    };
+    let abs = path.canonicalize().map_err(|e| format!("{show}: {e}"))?;
+    Ok((dev, abs, blocks))
 }
 
 /// What is at the path now, for the "refuse to overwrite" decision.
@@ -215,7 +264,37 @@ pub fn mkfs(a: &MkfsArgs) -> Result<(), String> {
         lanes: a.lanes.unwrap_or(0),
         ..Default::default()
     };
-    let sb = Filesystem::format(&pm, &opts).map_err(|e| undo(e.to_string()))?;
+    let sb = match &a.data {
+        None => Filesystem::format(&pm, &opts).map_err(|e| undo(e.to_string()))?,
+        Some(data) => {
+            let unit = a.data_unit / 4096;
+            if !a.data_unit.is_multiple_of(4096) || unit == 0 || unit > u32::MAX as u64 {
+                return Err(undo(format!(
+                    "--data-unit {} is not a positive multiple of 4096",
+                    a.data_unit
+                )));
+            }
+            let threshold = u32::try_from(a.data_threshold).map_err(|_| {
+                undo(format!(
+                    "--data-threshold {} is too large",
+                    a.data_threshold
+                ))
+            })?;
+            let (dev, abs, blocks) = open_data_device(a, data).map_err(undo)?;
+            Filesystem::format_hybrid(
+                &pm,
+                &opts,
+                &inkfs::api::HybridFormat {
+                    device: &dev,
+                    path: &abs,
+                    blocks,
+                    threshold_bytes: threshold,
+                    unit_blocks: unit as u32,
+                },
+            )
+            .map_err(|e| undo(e.to_string()))?
+        }
+    };
     let info = pm.info();
     println!(
         "inkfs: {} formatted: {}, {} lanes, {} data blocks; backend {}, flush {}",
@@ -226,6 +305,16 @@ pub fn mkfs(a: &MkfsArgs) -> Result<(), String> {
         info.kind.describe(),
         info.flush.name()
     );
+    if let (Some(d), Some(data)) = (sb.data, &a.data) {
+        println!(
+            "inkfs: data device {}: {} ({} data blocks); writes of {} or more go there, in extents of {}",
+            data.display(),
+            human(d.blocks * 4096),
+            d.data_blocks(),
+            human(d.threshold_bytes as u64),
+            human(d.unit_blocks as u64 * 4096)
+        );
+    }
     if info.kind == inkfs::pmem::BackendKind::MsyncFile {
         println!(
             "inkfs: note: {} is on a disk file system: every persist is an msync (slow)",
@@ -271,6 +360,10 @@ pub struct StatArgs {
     /// Print one JSON object (for scripts)
     #[arg(long)]
     pub json: bool,
+    /// Hybrid pools: the data device or file, when not at the path
+    /// recorded by mkfs
+    #[arg(long, value_name = "PATH")]
+    pub data: Option<PathBuf>,
 }
 
 pub fn stat(a: &StatArgs) -> Result<(), String> {
@@ -303,6 +396,9 @@ pub fn stat(a: &StatArgs) -> Result<(), String> {
         })
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let info = pm.info();
+    // Hybrid pools: where mkfs recorded the data device (None: none, or
+    // an unreadable record).
+    let recorded_data = api::read_data_path(&pm);
     let mounted_on = inkfs_fuse::mount::mountpoints_of_pool(path);
     // A read-write holder changes the logs under us: read nothing but the
     // superblock (checksummed, with a backup copy), and point at the
@@ -315,6 +411,7 @@ pub fn stat(a: &StatArgs) -> Result<(), String> {
             pm,
             MountOptions {
                 read_only: true,
+                data: a.data.clone().map(inkfs::api::DataDevice::Path),
                 ..Default::default()
             },
         )
@@ -324,6 +421,8 @@ pub fn stat(a: &StatArgs) -> Result<(), String> {
             block_size: st.block_size as u64,
             blocks: st.blocks,
             blocks_free: st.blocks_free,
+            data_blocks: st.data_blocks,
+            data_blocks_free: st.data_blocks_free,
             inodes: st.files - st.files_free,
             backup_superblock: fs.mount_report().used_backup_superblock,
         };
@@ -356,11 +455,24 @@ pub fn stat(a: &StatArgs) -> Result<(), String> {
             "first_error": event(errors.first),
             "last_error": event(errors.last),
         });
+        if let Some(d) = sb.data {
+            v["data_device"] = json!({
+                "path": a.data.as_ref().or(recorded_data.as_ref()).map(|p| p.display().to_string()),
+                "recorded_path": recorded_data.as_ref().map(|p| p.display().to_string()),
+                "uuid": hex(&d.uuid),
+                "blocks": d.blocks,
+                "first_data_block": d.first_data_block,
+                "threshold_bytes": d.threshold_bytes,
+                "unit_bytes": d.unit_blocks as u64 * 4096,
+            });
+        }
         match space {
             Space::Counted {
                 block_size,
                 blocks,
                 blocks_free,
+                data_blocks,
+                data_blocks_free,
                 inodes,
                 backup_superblock,
             } => {
@@ -368,6 +480,14 @@ pub fn stat(a: &StatArgs) -> Result<(), String> {
                 v["blocks_total"] = blocks.into();
                 v["blocks_used"] = (blocks - blocks_free).into();
                 v["blocks_free"] = blocks_free.into();
+                if sb.data.is_some() {
+                    // Of the totals above: PM's and the data device's.
+                    v["pm_blocks_total"] = (blocks - data_blocks).into();
+                    v["pm_blocks_free"] = (blocks_free - data_blocks_free).into();
+                    v["data_device"]["blocks_total"] = data_blocks.into();
+                    v["data_device"]["blocks_used"] = (data_blocks - data_blocks_free).into();
+                    v["data_device"]["blocks_free"] = data_blocks_free.into();
+                }
                 v["inodes"] = inodes.into();
                 v["used_backup_superblock"] = backup_superblock.into();
             }
@@ -413,22 +533,51 @@ pub fn stat(a: &StatArgs) -> Result<(), String> {
             },
         ));
     }
+    if let Some(d) = sb.data {
+        lines.push((
+            "data device",
+            format!(
+                "{} (uuid {}, {}; writes of {} or more, extents of {})",
+                a.data
+                    .as_ref()
+                    .or(recorded_data.as_ref())
+                    .map_or("(path not recorded)".into(), |p| p.display().to_string()),
+                hex(&d.uuid),
+                human_bytes(d.blocks * 4096),
+                human_bytes(d.threshold_bytes as u64),
+                human_bytes(d.unit_blocks as u64 * 4096)
+            ),
+        ));
+    }
     let backup = match space {
         Space::Counted {
             block_size,
             blocks,
             blocks_free,
+            data_blocks,
+            data_blocks_free,
             inodes,
             backup_superblock,
         } => {
-            lines.push((
-                "data blocks",
+            let describe = |blocks: u64, free: u64| {
                 format!(
-                    "{blocks} total, {} used, {blocks_free} free ({block_size} B each; free: {})",
-                    blocks - blocks_free,
-                    human_bytes(blocks_free * block_size)
-                ),
-            ));
+                    "{blocks} total, {} used, {free} free ({block_size} B each; free: {})",
+                    blocks - free,
+                    human_bytes(free * block_size)
+                )
+            };
+            if sb.data.is_some() {
+                lines.push((
+                    "PM data blocks",
+                    describe(blocks - data_blocks, blocks_free - data_blocks_free),
+                ));
+                lines.push((
+                    "device data blocks",
+                    describe(data_blocks, data_blocks_free),
+                ));
+            } else {
+                lines.push(("data blocks", describe(blocks, blocks_free)));
+            }
             lines.push(("inodes in use", inodes.to_string()));
             backup_superblock
         }
@@ -459,10 +608,18 @@ enum Space {
         block_size: u64,
         blocks: u64,
         blocks_free: u64,
+        /// Of `blocks` and `blocks_free`, those on a hybrid pool's data
+        /// device (0 without one).
+        data_blocks: u64,
+        data_blocks_free: u64,
         inodes: u64,
         backup_superblock: bool,
     },
     /// In use by a read-write holder: only the mount knows (the flag: the
     /// backup superblock was read).
     Live(bool),
+}
+
+fn hex(uuid: &[u8; 16]) -> String {
+    uuid.iter().map(|b| format!("{b:02x}")).collect()
 }

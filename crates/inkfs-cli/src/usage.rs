@@ -27,7 +27,7 @@ pub fn version() -> String {
     format!(
         "{} (pool format version {})",
         env!("CARGO_PKG_VERSION"),
-        inkfs::format::FORMAT_VERSION
+        inkfs::api::pool::FORMAT_VERSION
     )
 }
 

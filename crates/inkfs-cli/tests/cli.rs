@@ -292,3 +292,108 @@ fn crashtest_images_honours_the_state_budget() {
         .unwrap_or_else(|| panic!("no run count in: {line}"));
     assert!(runs < 10, "{runs} runs for 10 states: {line}");
 }
+
+/// A data file on a disk file system, removed on drop.
+struct DataFile(PathBuf);
+impl DataFile {
+    fn new(tag: &str) -> DataFile {
+        let p = PathBuf::from(format!(
+            "/var/tmp/inkfs-cli-test-{}-{tag}.data",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&p);
+        DataFile(p)
+    }
+    fn s(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+impl Drop for DataFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn hybrid_mkfs_stat_fsck_and_refusals() {
+    let pool = Pool::new("hybrid");
+    let data = DataFile::new("hybrid");
+    // A data file that does not exist needs a size.
+    let o = inkfs(&["mkfs", pool.s(), "--size", "64M", "--data", data.s()]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--data-size"), "{}", text(&o));
+    assert!(!pool.0.exists(), "a failed mkfs left the pool file");
+    let o = inkfs(&[
+        "mkfs",
+        pool.s(),
+        "--size",
+        "64M",
+        "--data",
+        data.s(),
+        "--data-size",
+        "32M",
+        "--data-threshold",
+        "128k",
+        "--data-unit",
+        "256k",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = inkfs(&["stat", "--json", pool.s()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let d = &v["data_device"];
+    assert_eq!(d["path"].as_str(), Some(data.s()), "{v}");
+    assert_eq!(d["blocks"].as_u64(), Some(8192), "{v}");
+    assert_eq!(d["threshold_bytes"].as_u64(), Some(128 << 10), "{v}");
+    assert_eq!(d["unit_bytes"].as_u64(), Some(256 << 10), "{v}");
+    let dev_total = d["blocks_total"].as_u64().unwrap();
+    let pm_total = v["pm_blocks_total"].as_u64().unwrap();
+    assert_eq!(
+        v["blocks_total"].as_u64(),
+        Some(dev_total + pm_total),
+        "{v}"
+    );
+    let t = text(&inkfs(&["stat", pool.s()]));
+    assert!(
+        field(&t, "device data blocks").starts_with(&format!("{dev_total} total")),
+        "{t}"
+    );
+    assert!(
+        field(&t, "PM data blocks").starts_with(&format!("{pm_total} total")),
+        "{t}"
+    );
+    // fsck finds it clean, counting the device apart.
+    let o = inkfs(&["fsck", "--json", pool.s()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let f: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(f["data_blocks_total"].as_u64(), Some(dev_total), "{f}");
+    // The device holds a label now: a second mkfs onto it is refused.
+    let other = Pool::new("hybrid-other");
+    let o = inkfs(&["mkfs", other.s(), "--size", "64M", "--data", data.s()]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--force"), "{}", text(&o));
+    // Another pool's device: fsck and stat say which, fsck exits 4.
+    let other_data = DataFile::new("hybrid-other");
+    let o = inkfs(&[
+        "mkfs",
+        other.s(),
+        "--size",
+        "64M",
+        "--data",
+        other_data.s(),
+        "--data-size",
+        "16M",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = inkfs(&["fsck", pool.s(), "--data", other_data.s()]);
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    assert!(text(&o).contains("another pool"), "{}", text(&o));
+    let o = inkfs(&["stat", pool.s(), "--data", other_data.s()]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("another pool"), "{}", text(&o));
+    // A missing device.
+    std::fs::remove_file(&data.0).unwrap();
+    let o = inkfs(&["fsck", pool.s()]);
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    assert!(text(&o).contains("missing"), "{}", text(&o));
+}

@@ -6,7 +6,8 @@
 //! read-write) gets the pool's descriptor, the epoch table and a slot in
 //! it; others are refused with the reason. Posix mode is refused: its
 //! writes may wait in the kernel's page cache, where a client would not
-//! see them.
+//! see them. So are hybrid pools: their large files' data is on a block
+//! device, not in the mapping a client gets.
 //!
 //! Each attached client has a thread here blocked on its connection: the
 //! end of file on it, however the client ended (exit, SIGKILL), releases
@@ -53,6 +54,9 @@ struct Inner {
     engine: Weak<Engine>,
     epochs: Arc<SharedEpochs>,
     mode: Mode,
+    /// The pool keeps file data on a block device too (not in the mapping
+    /// a client gets).
+    hybrid: bool,
     state: Mutex<State>,
     /// Signalled when a client goes and at shutdown.
     changed: Condvar,
@@ -77,6 +81,7 @@ impl AttachService {
             engine: Arc::downgrade(engine),
             epochs: Arc::new(SharedEpochs::create()?),
             mode,
+            hybrid: engine.summary().data.is_some(),
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
             next_id: AtomicU64::new(1),
@@ -201,6 +206,13 @@ fn admit(inner: &Inner, conn: &UnixStream) -> Result<(Grant, OwnedFd), String> {
             "refused: this mount is in posix mode, where writes may wait in the \
                     kernel's page cache that an attached client does not see; attach \
                     serves strict and sync mounts"
+                .into(),
+        );
+    }
+    if inner.hybrid {
+        return Err(
+            "refused: this pool keeps file data on a block device (a hybrid pool), \
+                    which an attached client cannot read from the pool's mapping"
                 .into(),
         );
     }

@@ -40,6 +40,11 @@ const XFLAGS: [(u32, u32); 4] = [
     (0x80, NODUMP),    // FS_XFLAG_NODUMP
 ];
 
+/// Whether a successful `cmd` changed the inode (its flags and ctime).
+pub fn changes_inode(cmd: u32) -> bool {
+    matches!(cmd, FS_IOC_SETFLAGS | FS_IOC_FSSETXATTR)
+}
+
 fn to_xflags(flags: u32) -> u32 {
     XFLAGS
         .iter()

@@ -4,44 +4,70 @@
 //! engine's; this file only translates requests and replies.
 //!
 //! # Caching (why these settings)
-//! - No writeback cache: with it the kernel acknowledges `write(2)` from
-//!   its page cache and sends the data later, so a write that returned is not
-//!   yet in the pool — that breaks the promise of `strict` and `sync` modes
-//!   (durable on return). Without it every write is sent synchronously and
-//!   returns only after the engine persisted it.
+//! - Writeback cache in posix mode (`Caching::writeback`, on unless
+//!   `nowriteback_cache`): `write(2)` lands in the kernel's page cache and
+//!   returns; the kernel writes back later (its flusher, fsync, fdatasync,
+//!   msync, sync, syncfs, an O_SYNC/O_DSYNC write, and every close), which
+//!   posix mode allows. Each write-back (and copy_file_range) is made durable
+//!   before it is answered (`write_for_cache`), so every one of those points
+//!   is durable once the kernel has written back, including sync(2) and
+//!   syncfs(2), which FUSE never forwards; FSYNC then has nothing left to do
+//!   and is answered ENOSYS, as in strict and sync modes. The kernel owns a
+//!   regular file's size, mtime and ctime between write-backs: it places
+//!   O_APPEND writes at its own end of file (several writers on this mount
+//!   stay correct), stamps the times and sends them with SETATTR
+//!   (`setattr_kernel_times`), and fills partial pages by reading through
+//!   the writer's handle, a write-only one included (`File::allow_cache_fill`).
+//!   An append-only file is opened `FOPEN_DIRECT_IO` (a write-back rewrites
+//!   whole pages). The kernel answers SEEK_DATA/SEEK_HOLE itself (LSEEK:
+//!   ENOSYS), since the pool cannot see its dirty pages. A file whose last
+//!   name goes is pinned until the kernel forgets it (`pin_victim`).
+//! - No writeback cache in strict and sync modes: a write acknowledged from
+//!   the page cache is not yet in the pool, which breaks their promise
+//!   (durable on return). Every write is sent synchronously and returns only
+//!   after the engine persisted it.
 //! - Page cache kept across opens (`FOPEN_KEEP_CACHE`), no `direct_io`:
 //!   this server is the only way into the pool while it is mounted (the pool
 //!   lock refuses a second server) and every change goes through this kernel,
-//!   which keeps its cached pages coherent (writes are written through,
-//!   truncate and fallocate drop the affected pages). So cached reads are
-//!   never stale, repeated reads cost no round trip, and `mmap` works,
-//!   including shared writable mappings (which `direct_io` would forbid);
-//!   dirty mmap pages reach the engine at `msync`/`fsync`/unmap, as POSIX
-//!   allows.
+//!   which keeps its cached pages coherent (writes are written through or
+//!   are its own, truncate and fallocate drop the affected pages). So cached
+//!   reads are never stale, repeated reads cost no round trip, and `mmap`
+//!   works, including shared writable mappings (which `direct_io` would
+//!   forbid); dirty mmap pages reach the engine at `msync`/`fsync`/unmap, as
+//!   POSIX allows.
 //! - Two worker threads blocking on the device (`threads=2`, no polling)
 //!   by default. On this 2-vCPU VM a single thread sleeping between
 //!   requests costs ~30 µs of wake-up per request; polling (`-o poll`,
 //!   `crate::poll`) hides that for one thread (1.4–1.7× on fio 4 KiB I/O),
 //!   but two blocking threads are faster still: 1.3–1.6× the polling thread
 //!   with one client, ~2× with two (bench/fuse-floor). Four are slower.
-//! - Attribute and entry TTL of 1 s: the kernel updates or invalidates its
-//!   copy on every change it sends us, so the TTL only bounds staleness in
-//!   cases we did not foresee; 1 s is libfuse's default and keeps
-//!   `stat`-heavy tools (git, make) from paying a round trip per call.
-//!   Negative lookups are cached for the same TTL (see `lookup`).
+//! - Attribute, entry and negative-entry TTL of an hour (`CACHE_TTL`): this
+//!   server is the only writer of the pool while it is mounted, and the
+//!   kernel updates or invalidates its copy on every change it sends us; the
+//!   changes it did not make (a chattr's ctime, a write-back the engine
+//!   refused) are pushed to it through `crate::inval`, the one place future
+//!   writers (the kernel-free path) must go through too. `stat`-heavy tools
+//!   (git, make) then pay no round trip per call.
+//! - Largest request: 1 MiB (`MAX_WRITE_BYTES`, 256 pages, what the kernel
+//!   allows by default); readahead is the kernel's (128 KiB by default: INIT
+//!   may only lower it). No splice and no FUSE over io_uring: fuser 0.18
+//!   offers neither. FOPEN_PARALLEL_DIRECT_WRITES would only concern the
+//!   `direct_io` opens of append-only files.
 //! - FLUSH is answered ENOSYS: nothing is buffered here, and the kernel
 //!   then stops sending it, so a close costs one request (RELEASE) instead
-//!   of two; dirty mmap pages are still written back at close.
-//! - FSYNC and FSYNCDIR are answered ENOSYS in strict and sync modes (and on
-//!   a read-only mount), where every call is durable when it is answered:
-//!   `fsync(2)` then costs no round trip. The kernel still writes dirty mmap
-//!   pages back first. In posix mode FSYNC does the work of making in-place
-//!   writes durable, and is served.
+//!   of two; the kernel still writes a file's dirty pages back at close
+//!   (with the writeback cache: every close), and dirty mmap pages too.
+//! - FSYNC and FSYNCDIR are answered ENOSYS where every answered request is
+//!   durable (strict and sync modes, posix mode with the writeback cache, a
+//!   read-only mount): `fsync(2)` then costs no round trip. The kernel still
+//!   writes dirty pages back first. Posix mode without the writeback cache
+//!   serves FSYNC: that is where its in-place writes become durable.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
@@ -51,19 +77,28 @@ use fuser::{
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use inkfs::api::{
-    self, Attr, Credentials, DirEntry, FallocFlags, File, FileKind, RenameFlags, SetAttr, TimeSet,
-    Whence, XattrFlags,
+    self, inode_flags, Attr, Credentials, DirEntry, FallocFlags, File, FileKind, RenameFlags,
+    SetAttr, TimeSet, Whence, XattrFlags,
 };
 
 use crate::clock::{self, Tick};
 use crate::creds::CredCache;
 use crate::handles::HandleTable;
+use crate::inval::{Change, Invalidator};
 use crate::stats::{Op, Stats};
 use crate::Engine;
 
+/// How the kernel may cache an inkfs mount, chosen when it is mounted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Caching {
+    /// FUSE's writeback cache (posix mode only; see the module comment):
+    /// `write(2)` lands in the page cache, the kernel writes back later.
+    pub writeback: bool,
+}
+
 /// The FUSE protocol settings of an inkfs mount: capabilities asked at
 /// INIT (`configure_kernel`) and the flags every open gets (`OPEN_FLAGS`).
-pub fn configure_kernel(config: &mut KernelConfig) {
+pub fn configure_kernel(config: &mut KernelConfig, caching: Caching) {
     // Ask for each capability on its own: an old kernel lacking one
     // should not cost us the others.
     for cap in [
@@ -83,15 +118,19 @@ pub fn configure_kernel(config: &mut KernelConfig) {
     ] {
         let _ = config.add_capabilities(cap);
     }
-    // Deliberately not FUSE_WRITEBACK_CACHE (see the module comment).
+    if caching.writeback {
+        let _ = config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE);
+    }
     let _ = config.set_max_write(MAX_WRITE_BYTES);
 }
 
 /// See `configure_kernel`.
 pub const OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_KEEP_CACHE;
 
-/// See the module comment.
-const TTL: Duration = Duration::from_secs(1);
+/// How long the kernel may keep attributes, names and negative lookups
+/// without asking again (see the module comment).
+pub const CACHE_TTL: Duration = Duration::from_secs(3600);
+const TTL: Duration = CACHE_TTL;
 /// Largest write the kernel may send in one request.
 pub const MAX_WRITE_BYTES: u32 = 1 << 20;
 /// Entries fetched per readdirplus request (each costs a getattr).
@@ -102,6 +141,12 @@ pub struct InkFuse {
     handles: HandleTable<File>,
     creds: CredCache,
     stats: Arc<Stats>,
+    caching: Caching,
+    inval: Arc<Invalidator>,
+    /// Regular files this server unlinked (their last name gone) that the
+    /// kernel may still write back to, by inode: kept until it forgets
+    /// them (see `pin_victim`).
+    pins: Mutex<HashMap<u64, api::Pin>>,
 }
 
 /// The attributes of a negative lookup reply: only node 0 matters.
@@ -254,14 +299,14 @@ impl Answer<u32> for ReplyWrite {
     }
 }
 
-impl Answer<(Attr, u64)> for ReplyCreate {
-    fn ok(self, (a, fh): (Attr, u64)) {
+impl Answer<(Attr, u64, FopenFlags)> for ReplyCreate {
+    fn ok(self, (a, fh, flags): (Attr, u64, FopenFlags)) {
         self.created(
             &TTL,
             &file_attr(&a),
             Generation(a.generation),
             FileHandle(fh),
-            OPEN_FLAGS,
+            flags,
         );
     }
     fn fail(self, e: Errno) {
@@ -296,13 +341,90 @@ impl Answer<(Vec<u8>, u32)> for ReplyXattr {
 }
 
 impl InkFuse {
-    pub fn new(fs: Arc<Engine>, stats: Arc<Stats>) -> InkFuse {
+    pub fn new(
+        fs: Arc<Engine>,
+        stats: Arc<Stats>,
+        caching: Caching,
+        inval: Arc<Invalidator>,
+    ) -> InkFuse {
+        debug_assert!(
+            !caching.writeback || fs.mode() == inkfs::api::Mode::Posix,
+            "the writeback cache is for posix mode only"
+        );
         InkFuse {
             fs,
             handles: HandleTable::default(),
             creds: CredCache::default(),
             stats,
+            caching,
+            inval,
+            pins: Mutex::default(),
         }
+    }
+
+    /// Under the writeback cache, before a call that may remove the last
+    /// name of `name` in `dir` (unlink, rename over it): pin the regular
+    /// file it names. The kernel stamps a ctime on the file it unlinked and
+    /// writes it back right after the call (fuse_update_ctime), and may
+    /// write back pages or times until it forgets the inode; freed at once,
+    /// that inode would answer ENOENT (which the kernel keeps for the next
+    /// syncfs(2) of the mount), and its number, given to a new file, would
+    /// take the old file's times. The kernel's own locks on `dir` keep the
+    /// name from changing before the call.
+    fn pin_victim(&self, cred: &Credentials, dir: u64, name: &[u8]) -> Option<api::Pin> {
+        if !self.caching.writeback {
+            return None;
+        }
+        let a = self.fs.lookup(cred, dir, name).ok()?;
+        if a.kind != FileKind::File {
+            return None;
+        }
+        self.fs.pin(a.ino).ok()
+    }
+
+    /// After that call: keep the pin until FORGET if the file has no name
+    /// left, else let it go.
+    fn keep_if_unlinked(&self, pin: Option<api::Pin>) {
+        let Some(pin) = pin else { return };
+        let unlinked = self.fs.getattr(pin.ino()).is_ok_and(|a| a.nlink == 0);
+        if !unlinked {
+            self.fs.unpin(pin);
+            return;
+        }
+        let old = self.lock_pins().insert(pin.ino(), pin);
+        if let Some(old) = old {
+            self.fs.unpin(old);
+        }
+    }
+
+    fn lock_pins(&self) -> std::sync::MutexGuard<'_, HashMap<u64, api::Pin>> {
+        // A panic elsewhere cannot leave the map half-changed.
+        self.pins.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether FSYNC has nothing to do: every answered request is durable
+    /// (strict and sync modes; posix mode with the writeback cache, where
+    /// each write-back is made durable before it is answered; a read-only
+    /// mount).
+    fn fsync_is_noop(&self) -> bool {
+        self.fs.fsync_is_noop() || self.caching.writeback
+    }
+
+    /// The open flags for `file`, opened with `flags`, and what the
+    /// writeback cache needs of it (see the module comment).
+    fn prepare_open(&self, file: &File, flags: i32) -> api::Result<FopenFlags> {
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        if !self.caching.writeback || !writes {
+            return Ok(OPEN_FLAGS);
+        }
+        file.allow_cache_fill();
+        // An append-only file grows only at its end, and a write-back
+        // rewrites whole pages from their start: such a file is written
+        // through, uncached, as without the cache.
+        if self.fs.get_flags(file.ino())? & inode_flags::APPEND != 0 {
+            return Ok(OPEN_FLAGS | FopenFlags::FOPEN_DIRECT_IO);
+        }
+        Ok(OPEN_FLAGS)
     }
 
     /// The shape of every handler: time the request, run it, answer the
@@ -348,6 +470,42 @@ impl InkFuse {
         self.handles.with(fh.0, f).unwrap_or(fail(libc::EBADF))
     }
 
+    /// A WRITE under the writeback cache: the kernel decided the offset
+    /// (it owns the file's size, so an O_APPEND write's end of file is its
+    /// own) and whether set-id bits go (`FUSE_WRITE_KILL_SUIDGID`, on the
+    /// writes it sends through for a writer without CAP_FSETID; never on a
+    /// write-back). Durable before it is answered (`fsync_is_noop`).
+    fn write_for_cache(
+        &self,
+        f: &File,
+        offset: u64,
+        data: &[u8],
+        write_flags: WriteFlags,
+    ) -> api::Result<api::Written> {
+        let write_back = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) && !write_back;
+        let w = match self.fs.write_placed(f, offset, data, kill) {
+            Ok(w) => w,
+            Err(e) => {
+                if write_back {
+                    // Refused (a chattr +i or +a set since the file was
+                    // opened, errors=remount-ro, no space): the kernel
+                    // reports it at fsync and close, but would keep showing
+                    // the pages it could not write. Queued, so it runs once
+                    // this reply has ended their write-back.
+                    self.inval.changed(Change::Data {
+                        ino: f.ino(),
+                        off: offset,
+                        len: data.len() as u64,
+                    });
+                }
+                return Err(e);
+            }
+        };
+        self.fs.fsync(f, true)?;
+        Ok(w)
+    }
+
     fn release_handle(&self, fh: FileHandle) {
         if let Some(file) = self.handles.remove(fh.0) {
             self.fs.release(file);
@@ -357,15 +515,19 @@ impl InkFuse {
 
 impl Filesystem for InkFuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        configure_kernel(config);
+        configure_kernel(config, self.caching);
         Ok(())
     }
 
     fn destroy(&mut self) {
-        // The kernel is gone: release what it never closed so that unlinked
-        // inodes are reclaimed before the engine unmounts.
+        // The kernel is gone: release what it never closed or forgot so
+        // that unlinked inodes are reclaimed before the engine unmounts.
         for file in self.handles.drain() {
             self.fs.release(file);
+        }
+        let pins: Vec<_> = self.lock_pins().drain().map(|(_, p)| p).collect();
+        for pin in pins {
+            self.fs.unpin(pin);
         }
     }
 
@@ -393,9 +555,14 @@ impl Filesystem for InkFuse {
         }
     }
 
-    fn forget(&self, _req: &Request, _ino: INodeNo, _nlookup: u64) {
+    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
         // The engine keeps no lookup counts: open handles keep unlinked
-        // inodes alive, and the kernel holds a handle for every open file.
+        // inodes alive, and the kernel holds a handle for every open file;
+        // under the writeback cache, the pins of `pin_victim` until here.
+        let pin = self.lock_pins().remove(&ino.0);
+        if let Some(pin) = pin {
+            self.fs.unpin(pin);
+        }
         self.stats.record(Op::forget, clock::now(), true);
     }
 
@@ -413,7 +580,7 @@ impl Filesystem for InkFuse {
         size: Option<u64>,
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
+        ctime: Option<SystemTime>,
         fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
@@ -430,10 +597,19 @@ impl Filesystem for InkFuse {
             mtime: mtime.map(time_set),
         };
         let cred = self.cred(req);
+        // With the writeback cache the kernel owns a regular file's mtime
+        // and ctime and sends them, with a ctime, as explicit values.
+        let kernel_times = ctime.filter(|_| self.caching.writeback).map(time_ns);
+        let setattr = |f: Option<&File>| match kernel_times {
+            Some(ctime) => self
+                .fs
+                .setattr_kernel_times(&cred, ino.0, &set, Some(ctime), f),
+            None => self.fs.setattr(&cred, ino.0, &set, f),
+        };
         self.answer(Op::setattr, reply, || match fh {
             // ftruncate and friends: through the open file.
-            Some(fh) => self.with_file(fh, |f| self.fs.setattr(&cred, ino.0, &set, Some(f))),
-            None => self.fs.setattr(&cred, ino.0, &set, None),
+            Some(fh) => self.with_file(fh, |f| setattr(Some(f))),
+            None => setattr(None),
         });
     }
 
@@ -476,7 +652,10 @@ impl Filesystem for InkFuse {
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let cred = self.cred(req);
         self.answer(Op::unlink, reply, || {
-            self.fs.unlink(&cred, parent.0, name_bytes(name))
+            let pin = self.pin_victim(&cred, parent.0, name_bytes(name));
+            let r = self.fs.unlink(&cred, parent.0, name_bytes(name));
+            self.keep_if_unlinked(pin);
+            r
         });
     }
 
@@ -525,7 +704,10 @@ impl Filesystem for InkFuse {
                 to: name_bytes(newname),
                 flags: RenameFlags::from_bits(flags.bits())?,
             };
-            self.fs.rename(&cred, &r)
+            let pin = self.pin_victim(&cred, newparent.0, name_bytes(newname));
+            let res = self.fs.rename(&cred, &r);
+            self.keep_if_unlinked(pin);
+            res
         });
     }
 
@@ -548,7 +730,14 @@ impl Filesystem for InkFuse {
         self.answer(Op::open, reply, || {
             // With FUSE_ATOMIC_O_TRUNC the engine truncates for O_TRUNC.
             let file = self.fs.open(&cred, ino.0, api::OpenFlags::new(flags.0))?;
-            Ok((self.handles.insert(file), OPEN_FLAGS))
+            let fopen = match self.prepare_open(&file, flags.0) {
+                Ok(f) => f,
+                Err(e) => {
+                    self.fs.release(file);
+                    return Err(e);
+                }
+            };
+            Ok((self.handles.insert(file), fopen))
         });
     }
 
@@ -622,6 +811,9 @@ impl Filesystem for InkFuse {
     ) {
         self.answer(Op::write, reply, || {
             let w = self.with_file(fh, |f| {
+                if self.caching.writeback {
+                    return self.write_for_cache(f, offset, data, write_flags);
+                }
                 // O_APPEND from write(2) (the file's flags as they are now,
                 // after any F_SETFL), not page-cache write-back of an mmap:
                 // the engine places the data at the end atomically.
@@ -685,7 +877,7 @@ impl Filesystem for InkFuse {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        if self.fs.fsync_is_noop() {
+        if self.fsync_is_noop() {
             // Every write was durable when it was answered. ENOSYS makes the
             // kernel stop sending FSYNC for this connection: fsync(2) then
             // costs no round trip. The kernel still writes dirty mmap pages
@@ -826,7 +1018,7 @@ impl Filesystem for InkFuse {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        if self.fs.fsync_is_noop() {
+        if self.fsync_is_noop() {
             // Directory changes are durable on return in every mode; in
             // these modes nothing else is pending either (see `fsync`).
             let t = clock::now();
@@ -931,7 +1123,14 @@ impl Filesystem for InkFuse {
                 mode & 0o7777,
                 api::OpenFlags::new(flags),
             )?;
-            Ok((attr, self.handles.insert(file)))
+            let fopen = match self.prepare_open(&file, flags) {
+                Ok(f) => f,
+                Err(e) => {
+                    self.fs.release(file);
+                    return Err(e);
+                }
+            };
+            Ok((attr, self.handles.insert(file), fopen))
         });
     }
 
@@ -960,6 +1159,16 @@ impl Filesystem for InkFuse {
         whence: i32,
         reply: ReplyLseek,
     ) {
+        if self.caching.writeback {
+            // The kernel asks without writing its dirty pages back first
+            // (fs/fuse/file.c, fuse_lseek), so the pool's holes may be data
+            // in its cache. ENOSYS: it stops asking and answers itself,
+            // every byte up to its size being data, as POSIX allows.
+            let t = clock::now();
+            reply.error(Errno::ENOSYS);
+            self.done(Op::lseek, t, true);
+            return;
+        }
         self.answer(Op::lseek, reply, || {
             let w = match whence {
                 libc::SEEK_DATA => Whence::Data,
@@ -1003,6 +1212,10 @@ impl Filesystem for InkFuse {
             let src = self.handles.get(fh_in.0).ok_or_else(ebadf)?;
             let dst = self.handles.get(fh_out.0).ok_or_else(ebadf)?;
             let n = self.fs.copy_range(&src, offset_in, &dst, offset_out, len)?;
+            if self.caching.writeback {
+                // Durable when answered, as every write (`fsync_is_noop`).
+                self.fs.fsync(&dst, true)?;
+            }
             self.stats.bytes_written.add(n);
             // COPY_MAX keeps every count within the reply's 32 bits.
             Ok(n.min(u32::MAX as u64) as u32)
@@ -1026,6 +1239,11 @@ impl Filesystem for InkFuse {
             .unwrap_or(fail(libc::ENOTTY));
         match r {
             Ok(data) => {
+                if crate::fileattr::changes_inode(cmd) {
+                    // The flags and the ctime changed: the kernel expects
+                    // neither of an ioctl.
+                    self.inval.changed(Change::Attr { ino: ino.0 });
+                }
                 reply.ioctl(0, &data);
                 self.done(Op::ioctl, t, true);
             }

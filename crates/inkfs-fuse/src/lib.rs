@@ -16,7 +16,8 @@
 //! chattr/lsattr ioctls), `handles` (fh table), `serve` (the pool claimed,
 //! mounted and served), `stats` (counters, histograms, the stats socket),
 //! `scrub` (scrub requests on that socket, both ends), `attach` (attach
-//! requests on that socket: the kernel-free path's clients), `mount` (options,
+//! requests on that socket: the kernel-free path's clients), `inval`
+//! (telling the kernel what changed behind its back), `mount` (options,
 //! daemon, dead mounts), `nullfs`.
 
 pub mod attach;
@@ -25,6 +26,7 @@ mod creds;
 pub mod fileattr;
 pub mod fs;
 pub mod handles;
+pub mod inval;
 pub mod mount;
 pub mod nullfs;
 pub mod poll;

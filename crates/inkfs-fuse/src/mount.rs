@@ -14,7 +14,8 @@ use fuser::{Config, Filesystem, MountOption, Session, SessionACL};
 use inkfs::types::{ErrorsPolicy, Mode};
 
 use crate::attach::AttachService;
-use crate::fs::InkFuse;
+use crate::fs::{Caching, InkFuse};
+use crate::inval::Invalidator;
 use crate::scrub::ScrubService;
 use crate::stats::{Access, Field, Handler, Request, Stats, StatsServer};
 use crate::Engine;
@@ -31,6 +32,11 @@ Mount options (-o, comma separated, mount(8) style; -o may be repeated):
                            read-write mount needs `inkfs fsck -y` first
   allow_other / noallow_other            (default: allow_other when root)
   default_permissions / nodefault_permissions  kernel permission checks (default on)
+  writeback_cache / nowriteback_cache  posix mode only: writes land in the
+                           kernel's page cache and are written back later,
+                           durable at fsync, fdatasync, msync, sync, syncfs,
+                           O_SYNC/O_DSYNC (default on in posix mode; needs
+                           default_permissions; docs/MODES.md)
   threads=N                FUSE worker threads, 1 to 64 (default 2, 1 on a
                            1-CPU machine)
   poll / nopoll            spin on the FUSE device while requests keep coming,
@@ -39,6 +45,13 @@ Mount options (-o, comma separated, mount(8) style; -o may be repeated):
   fsname=NAME, subtype=NAME  shown in /proc/mounts (default POOL, inkfs)
   stats=owner|all          who may read `inkfs stat MOUNTPOINT`: the mount's
                            owner and root (default), or every local user
+  data=PATH                hybrid pools: the data device or file, when not
+                           at the path recorded by mkfs (checked by its
+                           label: another device is refused)
+  data_cache=SIZE          hybrid pools: DRAM cache of data-device blocks
+                           (default 256M; 0 disables it)
+  data_threshold=SIZE      hybrid pools: writes of at least SIZE bytes put
+                           their pages on the data device (default: mkfs's)
   dev, nodev, suid, nosuid, exec, noexec, atime, noatime, sync, async, dirsync
   ignored: defaults, auto, noauto, nofail, _netdev, user, nouser, users,
            relatime, strictatime, nodiratime, x-*, comment=*
@@ -104,6 +117,9 @@ pub struct MountConfig {
     pub errors: ErrorsPolicy,
     pub allow_other: bool,
     pub default_permissions: bool,
+    /// `writeback_cache` / `nowriteback_cache` if given (see
+    /// [`MountConfig::caching`] for the default).
+    pub writeback_cache: Option<bool>,
     pub threads: usize,
     /// Spin on the FUSE device while requests keep coming (`poll`).
     pub poll: bool,
@@ -113,6 +129,32 @@ pub struct MountConfig {
     pub stats_access: Access,
     /// Kernel flags passed through (dev, suid, exec, noatime, ...).
     pub flags: Vec<MountOption>,
+    /// Hybrid pools: `data=`, `data_cache=`, `data_threshold=`.
+    pub data: Option<PathBuf>,
+    pub data_cache_bytes: Option<u64>,
+    pub data_threshold_bytes: Option<u64>,
+}
+
+/// Parse "4G", "512M", "64k", "1T" or plain bytes (binary units).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some(c @ ('k' | 'K' | 'm' | 'M' | 'g' | 'G' | 't' | 'T')) => {
+            let shift = match c.to_ascii_lowercase() {
+                'k' => 10,
+                'm' => 20,
+                'g' => 30,
+                _ => 40,
+            };
+            (&s[..s.len() - 1], 1u64 << shift)
+        }
+        _ => (s, 1),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("bad size '{s}' (use e.g. 4G, 512M, 65536)"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size '{s}' is too large"))
 }
 
 fn is_root() -> bool {
@@ -131,12 +173,16 @@ impl MountConfig {
             errors: ErrorsPolicy::default(),
             allow_other: is_root(),
             default_permissions: true,
+            writeback_cache: None,
             threads: default_threads(),
             poll: false,
             fsname: None,
             subtype: "inkfs".into(),
             stats_access: Access::OwnerAndRoot,
             flags: Vec::new(),
+            data: None,
+            data_cache_bytes: None,
+            data_threshold_bytes: None,
         }
     }
 
@@ -162,6 +208,8 @@ impl MountConfig {
                 ("noallow_other", None) => self.allow_other = false,
                 ("default_permissions", None) => self.default_permissions = true,
                 ("nodefault_permissions", None) => self.default_permissions = false,
+                ("writeback_cache", None) => self.writeback_cache = Some(true),
+                ("nowriteback_cache", None) => self.writeback_cache = Some(false),
                 ("threads", Some(v)) => {
                     self.threads = v
                         .parse()
@@ -176,6 +224,15 @@ impl MountConfig {
                 ("stats", Some("all")) => self.stats_access = Access::Everyone,
                 ("stats", Some(v)) => return Err(format!("stats={v}: expected owner or all")),
                 ("subtype", Some(v)) => self.subtype = v.to_string(),
+                ("data", Some(v)) if !v.is_empty() => self.data = Some(PathBuf::from(v)),
+                ("data_cache", Some(v)) => {
+                    self.data_cache_bytes =
+                        Some(parse_size(v).map_err(|e| format!("data_cache: {e}"))?)
+                }
+                ("data_threshold", Some(v)) => {
+                    self.data_threshold_bytes =
+                        Some(parse_size(v).map_err(|e| format!("data_threshold: {e}"))?)
+                }
                 ("dev", None) => self.flags.push(MountOption::Dev),
                 ("nodev", None) => self.flags.push(MountOption::NoDev),
                 ("suid", None) => self.flags.push(MountOption::Suid),
@@ -210,7 +267,41 @@ impl MountConfig {
         for o in &args.options {
             cfg.apply_options(o)?;
         }
+        cfg.check_caching()?;
         Ok(cfg)
+    }
+
+    /// Refuse a writeback cache asked for where it cannot be had.
+    fn check_caching(&self) -> Result<(), String> {
+        if self.writeback_cache != Some(true) {
+            return Ok(());
+        }
+        if self.mode != Mode::Posix {
+            return Err(format!(
+                "writeback_cache: mode={} promises every write durable when it returns; \
+                 the cache is for mode=posix",
+                self.mode.name()
+            ));
+        }
+        if !self.default_permissions {
+            return Err(
+                "writeback_cache needs default_permissions: the kernel then checks \
+                 the times it sends on the caller's behalf"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// How the kernel may cache this mount. The writeback cache: in posix
+    /// mode, read-write, with `default_permissions`, unless
+    /// `nowriteback_cache` (strict and sync promise durability when a
+    /// write returns, which a cached write does not have).
+    pub fn caching(&self) -> Caching {
+        let possible = self.mode == Mode::Posix && !self.read_only && self.default_permissions;
+        Caching {
+            writeback: possible && self.writeback_cache != Some(false),
+        }
     }
 
     /// The fuser session configuration for this mount.
@@ -490,7 +581,7 @@ pub fn serve_session<F: Filesystem>(
     config: &Config,
     poll: Option<Arc<crate::stats::Counter>>,
     notify: &mut Notify,
-    on_ready: impl FnOnce(),
+    on_ready: impl FnOnce(fuser::Notifier),
 ) -> i32 {
     let session = match Session::new(fs, mountpoint, config) {
         Ok(s) => s,
@@ -506,7 +597,7 @@ pub fn serve_session<F: Filesystem>(
             .ok()
     });
     unmount_on_signal(mountpoint.to_path_buf());
-    on_ready();
+    on_ready(session.notifier());
     let daemon = notify.daemonised();
     notify.ready();
     if daemon {
@@ -559,6 +650,16 @@ fn mode_meaning(mode: Mode) -> &'static str {
     }
 }
 
+/// What the kernel caches, in a few words, for the statistics report.
+fn caching_meaning(c: Caching) -> &'static str {
+    if c.writeback {
+        "writes land in the kernel's page cache; written back at fsync, sync, close \
+         or by the kernel's flusher, each write-back durable when answered"
+    } else {
+        "every write goes to the server, which answers once it is done"
+    }
+}
+
 /// Serve `engine` per `cfg` (pool claimed, mount point prepared), then
 /// hand the engine to `finish` for its clean unmount. `info` fields go
 /// into the statistics report.
@@ -572,7 +673,9 @@ pub fn run_engine(
 ) -> i32 {
     let engine = Arc::new(engine);
     let stats = Arc::new(Stats::default());
-    let adapter = InkFuse::new(engine.clone(), stats.clone());
+    let caching = cfg.caching();
+    let inval = Arc::new(Invalidator::default());
+    let adapter = InkFuse::new(engine.clone(), stats.clone(), caching, inval.clone());
     let attach = AttachService::new(&engine, cfg.mode)
         .map_err(|e| eprintln!("inkfs: attach: {e} (continuing without)"))
         .ok()
@@ -590,11 +693,32 @@ pub fn run_engine(
                 .explained(mode_meaning(cfg.mode)),
             Field::flag("read_only", "read-only", cfg.read_only, "yes", "no"),
             Field::count("threads", "FUSE threads", cfg.threads as u64),
+            Field::flag(
+                "writeback_cache",
+                "writeback cache",
+                caching.writeback,
+                "on",
+                "off",
+            )
+            .explained(caching_meaning(caching)),
         ];
         fields.extend(info);
         let attached = attach.clone();
+        let inval = Arc::downgrade(&inval);
         let report = move |json: bool| {
             let mut lines = fields.clone();
+            if let Some(inval) = inval.upgrade() {
+                let (sent, failed) = inval.counts();
+                lines.push(
+                    Field::count("invalidations", "cache invalidations sent", sent)
+                        .explained("changes the kernel did not make, pushed to its caches"),
+                );
+                lines.push(Field::count(
+                    "invalidations_failed",
+                    "cache invalidations refused",
+                    failed,
+                ));
+            }
             if let Some(engine) = engine.upgrade() {
                 let s = engine.statfs();
                 let bs = s.block_size as u64;
@@ -603,6 +727,21 @@ pub fn run_engine(
                 lines.push(Field::bytes("bytes_free", "space free", s.blocks_free * bs));
                 lines.push(Field::count("inodes_total", "inodes total", s.files));
                 lines.push(Field::count("inodes_free", "inodes free", s.files_free));
+                if s.data_blocks > 0 {
+                    let pm = (s.blocks - s.data_blocks, s.blocks_free - s.data_blocks_free);
+                    lines.push(Field::bytes("pm_bytes_total", "PM space total", pm.0 * bs));
+                    lines.push(Field::bytes("pm_bytes_free", "PM space free", pm.1 * bs));
+                    lines.push(Field::bytes(
+                        "data_bytes_total",
+                        "data device space total",
+                        s.data_blocks * bs,
+                    ));
+                    lines.push(Field::bytes(
+                        "data_bytes_free",
+                        "data device space free",
+                        s.data_blocks_free * bs,
+                    ));
+                }
                 lines.extend(crate::serve::report_fields(&engine));
                 lines.push(
                     Field::count(
@@ -643,12 +782,16 @@ pub fn run_engine(
         &cfg.fuser_config(),
         cfg.poll.then(|| stats.requests.clone()),
         notify,
-        || match StatsServer::start(&run_dir(), mnt, cfg.stats_access, handler, takers) {
-            Ok(s) => server = Some(s),
-            Err(e) => eprintln!("inkfs: statistics socket: {e} (continuing without)"),
+        |notifier| {
+            inval.attach(notifier);
+            match StatsServer::start(&run_dir(), mnt, cfg.stats_access, handler, takers) {
+                Ok(s) => server = Some(s),
+                Err(e) => eprintln!("inkfs: statistics socket: {e} (continuing without)"),
+            }
         },
     );
     drop(server);
+    inval.shutdown();
     // Attached clients' sessions end (they see the end of file), and
     // nothing of the attach service touches the engine any more.
     if let Some(a) = &attach {

@@ -418,6 +418,6 @@ pub fn null_main(args: &NullArgs) -> i32 {
         config.clone_fd = threads > 1;
         let fs = NullFs::default();
         let requests = poll.then(|| fs.requests.clone());
-        serve_session(fs, &mnt, &config, requests, &mut notify, || {})
+        serve_session(fs, &mnt, &config, requests, &mut notify, |_| {})
     })
 }

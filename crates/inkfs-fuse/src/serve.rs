@@ -70,6 +70,39 @@ pub fn report_fields(fs: &Engine) -> Vec<Field> {
         Field::text("errors_policy", "on errors", e.policy.name())
             .explained("errors= mount option"),
     ];
+    if let Some(d) = fs.data_stats() {
+        fields.push(Field::text(
+            "data_device",
+            "data device",
+            fs.data_device().unwrap_or_default(),
+        ));
+        fields.extend([
+            Field::bytes(
+                "data_bytes_written",
+                "data device: bytes written",
+                d.bytes_written,
+            ),
+            Field::bytes("data_bytes_read", "data device: bytes read", d.bytes_read),
+            Field::count(
+                "data_flushes_requested",
+                "data device: flushes requested",
+                d.flushes_requested,
+            ),
+            Field::count(
+                "data_flushes_issued",
+                "data device: flushes issued",
+                d.flushes_issued,
+            )
+            .explained("fewer than requested: group commit shared them"),
+            Field::bytes("data_cache_bytes", "data device: DRAM cache", d.cache_bytes),
+            Field::count("data_cache_hits", "data device: cache hits", d.cache_hits),
+            Field::count(
+                "data_cache_misses",
+                "data device: cache misses",
+                d.cache_misses,
+            ),
+        ]);
+    }
     if let Some(last) = e.recorded.last {
         fields.push(Field::text("last_error", "last error", last.describe()));
     }
@@ -99,6 +132,9 @@ pub fn serve_pool(cfg: &MountConfig, mnt: &Path, notify: &mut Notify, pm: Mapped
             mode: cfg.mode,
             read_only: cfg.read_only,
             errors: cfg.errors,
+            data: cfg.data.clone().map(inkfs::api::DataDevice::Path),
+            data_cache_bytes: cfg.data_cache_bytes,
+            data_threshold_bytes: cfg.data_threshold_bytes,
         },
     ) {
         Ok(f) => f,

@@ -544,6 +544,39 @@ fn posix_mode_refuses_attach() {
     assert!(first.contains("posix mode"), "{first}");
 }
 
+/// A hybrid pool (file data on a block device) is refused, saying why.
+#[test]
+fn a_hybrid_pool_refuses_attach() {
+    let pool = Pool::new("attach-hybrid", 32);
+    let data = std::path::PathBuf::from(format!(
+        "/var/tmp/inkfs-fuse-test-attach-hybrid-{}.data",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&data);
+    {
+        let pm = inkfs::pmem::MappedPool::open(&pool.path, &Default::default()).unwrap();
+        let dev = inkfs::blockdev::FileDev::create(&data, 32 << 20).unwrap();
+        inkfs::api::Filesystem::format_hybrid(
+            &pm,
+            &Default::default(),
+            &inkfs::api::HybridFormat {
+                device: &dev,
+                path: &data,
+                blocks: None,
+                threshold_bytes: 64 << 10,
+                unit_blocks: 256,
+            },
+        )
+        .unwrap();
+    }
+    let m = Mounted::new(&pool, "");
+    let (_c, first) = ClientProc::start(m.path(), None);
+    drop(m);
+    let _ = std::fs::remove_file(&data);
+    assert!(first.starts_with("refused "), "{first}");
+    assert!(first.contains("hybrid pool"), "{first}");
+}
+
 /// The client's descriptor shares the server's claim: with the server
 /// killed, no new mount gets the pool while the client lives; once it is
 /// gone the pool mounts (recovered) and checks clean. An unmount with a

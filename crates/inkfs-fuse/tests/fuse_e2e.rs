@@ -840,7 +840,10 @@ fn mount_t_fuse_inkfs() {
 #[test]
 fn stats_socket() {
     let pool = Pool::new("stats", 64);
-    let m = Mounted::new(&pool, "");
+    // Strict mode, whatever INKFS_TEST_MOUNT_OPTS says: every write
+    // reaches the server (no writeback cache merges them) and every
+    // overwrite is logged (posix mode overwrites in place, logging nothing).
+    let m = Mounted::new(&pool, "mode=strict");
     fs::write(m.p("f"), vec![1u8; 100_000]).unwrap();
     let _ = fs::read(m.p("f")).unwrap();
     // A hot page: every overwrite appends a log entry, which GC reclaims.
@@ -910,16 +913,19 @@ fn close_costs_no_flush_round_trip() {
 }
 
 #[test]
-fn fsync_costs_a_round_trip_only_in_posix_mode() {
-    // Strict and sync modes persist every write before answering it, so they
-    // answer the first FSYNC with ENOSYS and the kernel sends no more. Posix
-    // mode's fsync makes in-place overwrites durable: every one must reach
-    // the server.
+fn fsync_costs_a_round_trip_only_in_uncached_posix_mode() {
+    // Strict and sync modes persist every write before answering it, and so
+    // does posix mode with the writeback cache (each write-back: fsync
+    // writes the dirty pages back first), so they answer the first FSYNC
+    // with ENOSYS and the kernel sends no more. Posix mode without the
+    // cache makes in-place overwrites durable at fsync: every one must
+    // reach the server.
     use std::io::{Seek, SeekFrom, Write};
     for (opts, max_fsyncs) in [
         ("mode=strict", 1),
         ("mode=sync", 1),
-        ("mode=posix", u64::MAX),
+        ("mode=posix", 1),
+        ("mode=posix,nowriteback_cache", u64::MAX),
     ] {
         let pool = Pool::new("fsyncs", 64);
         let m = Mounted::new(&pool, opts);

@@ -5,6 +5,9 @@
 //! blocks with non-temporal stores, the FILE_WRITE entries that map them are
 //! flushed, one fence covers both, and only then does the tail move.
 
+use crate::blockdev::dev::{self as blockdev_pages, Page};
+use crate::blockdev::engine::DEV_BYTES_BASE;
+use crate::blockdev::Side;
 use crate::error::{errno, Error, Result};
 use crate::filemap::FileMap;
 use crate::format::*;
@@ -104,8 +107,15 @@ struct DataTx {
     /// Blocks taken from the reservation, subtracted from the reserved
     /// count when the operation ends: that atomic add is a locked
     /// instruction, which waits for all earlier stores, so before the copy
-    /// it would only delay it.
+    /// it would only delay it. Per side (a hybrid pool's reservation may be
+    /// on either).
     reserved_taken: u64,
+    reserved_taken_dev: u64,
+    /// Hybrid pools: where fresh blocks go (`Fs::place`).
+    side: Side,
+    /// Hybrid pools: device blocks were written, to be flushed before the
+    /// commit that names them.
+    dev_written: bool,
 }
 
 impl DataTx {
@@ -116,16 +126,23 @@ impl DataTx {
             pages: NewPages::default(),
             prealloc: st.prealloc,
             reserved_taken: 0,
+            reserved_taken_dev: 0,
+            side: Side::Pm,
+            dev_written: false,
         }
     }
 }
 
-/// Blocks reserved (in DRAM only) past the end of a file that is being
-/// appended to, so the next appends take blocks without touching the
-/// allocator and stay in one extent (as ext4's per-inode preallocation).
-/// Returned at the last close, truncate-free paths keep it; a crash simply
-/// leaves the blocks unreferenced, hence free.
-const PREALLOC_BLOCKS: u64 = 16;
+/// Pages one device write carries at most (1 MiB): the DRAM buffer a
+/// large write goes through.
+const DEV_WRITE_PAGES: u64 = 256;
+
+// Blocks reserved (in DRAM only) past the end of a file that is being
+// appended to, so the next appends take blocks without touching the
+// allocator and stay in one extent (as ext4's per-inode preallocation):
+// `Fs::prealloc_blocks` (16 on PM, the pool's unit on a data device).
+// Returned at the last close, truncate-free paths keep it; a crash simply
+// leaves the blocks unreferenced, hence free.
 
 fn write_entry(file_page: u64, block: u64, pages: u64, size: u64, mtime_ns: i64) -> WriteEntry {
     WriteEntry {
@@ -213,14 +230,16 @@ impl<P: Pmem> Fs<P> {
         let Some(map) = st.file() else {
             return errno(libc::EINVAL);
         };
+        let mut failed = Ok(());
         runs(map, off, n as u64, |rel, at, len| {
             let part = &mut buf[rel as usize..(rel + len) as usize];
             match at {
-                Some(at) => self.pm.read(at, part),
+                Some(at) if failed.is_ok() => failed = self.data_read(at, part),
+                Some(_) => {}
                 None => part.fill(0),
             }
         });
-        Ok(n)
+        failed.map(|()| n)
     }
 
     /// Zero-copy read: `f` gets the file's bytes `[off, off + len)` (clipped
@@ -254,12 +273,29 @@ impl<P: Pmem> Fs<P> {
             return Ok(None);
         }
         let at = (e.block + (page - e.page)) * BLOCK_SIZE + off % BLOCK_SIZE;
+        if at >= DEV_BYTES_BASE {
+            return Ok(None); // on the data device: `read` copies it
+        }
         Ok(self.pm.mapped(at, n).map(f))
     }
 
     /// pwrite: write `data` at `off`. Durable on return in strict and sync
     /// mode; atomic in strict mode.
     pub fn write(&self, fh: &FileHandle, off: u64, data: &[u8]) -> Result<usize> {
+        self.write_dropping(fh, off, data, fh.drops_setid)
+    }
+
+    /// `write`, with the set-id rule decided by the caller: `drops_setid`
+    /// says whether this writer lacks CAP_FSETID (a kernel in front that
+    /// knows the writer says so per write; write-back of its page cache
+    /// never drops them, as mmap writes do not).
+    pub fn write_dropping(
+        &self,
+        fh: &FileHandle,
+        off: u64,
+        data: &[u8],
+        drops_setid: bool,
+    ) -> Result<usize> {
         self.check_writable()?;
         Self::file_state_check(&fh.inode)?;
         self.revalidate(&fh.inode)?;
@@ -267,7 +303,7 @@ impl<P: Pmem> Fs<P> {
             return Ok(0);
         }
         let mut st = write(&fh.inode.state);
-        self.write_locked(fh, &mut st, off, data)?;
+        self.write_locked(fh, &mut st, off, data, drops_setid)?;
         Ok(data.len())
     }
 
@@ -279,7 +315,7 @@ impl<P: Pmem> Fs<P> {
         let mut st = write(&fh.inode.state);
         let off = st.attr.size;
         if !data.is_empty() {
-            self.write_locked(fh, &mut st, off, data)?;
+            self.write_locked(fh, &mut st, off, data, fh.drops_setid)?;
         }
         Ok((off, data.len()))
     }
@@ -366,10 +402,17 @@ impl<P: Pmem> Fs<P> {
         Ok(len)
     }
 
-    fn write_locked(&self, fh: &FileHandle, st: &mut InodeState, off: u64, data: &[u8]) -> Result<()> {
+    fn write_locked(
+        &self,
+        fh: &FileHandle,
+        st: &mut InodeState,
+        off: u64,
+        data: &[u8],
+        drops_setid: bool,
+    ) -> Result<()> {
         off.checked_add(data.len() as u64)
             .ok_or(Error::Errno(libc::EFBIG))?;
-        self.write_src_locked(&fh.inode, st, Src::Data { off, data }, fh.drops_setid)
+        self.write_src_locked(&fh.inode, st, Src::Data { off, data }, drops_setid)
     }
 
     /// Lay `src` over the file: the one write path of write, append and
@@ -408,6 +451,7 @@ impl<P: Pmem> Fs<P> {
         }
         let new_size = st.attr.size.max(end);
         let mut tx = DataTx::new(st);
+        tx.side = self.place(end - off);
         let r = match self.mode {
             Mode::Strict => self.cow_range(
                 st,
@@ -510,6 +554,12 @@ impl<P: Pmem> Fs<P> {
                 )
                 .map(|_| ());
         }
+        // The device blocks the entries name are durable before the tail
+        // that commits them is stored, in every mode (a posix commit's
+        // tail may persist at any moment after its store).
+        if let (Ok(()), true) = (&appended, tx.dev_written) {
+            appended = self.dev_sync();
+        }
         if let Err(e) = appended {
             self.abort_data(st, tx);
             return Err(e);
@@ -602,6 +652,10 @@ impl<P: Pmem> Fs<P> {
         if taken > 0 {
             self.reserved_changed(-(taken as i64));
         }
+        let taken = std::mem::take(&mut tx.reserved_taken_dev);
+        if taken > 0 {
+            self.reserved_changed_at(crate::format::DEV_BLOCK_BASE, -(taken as i64));
+        }
     }
 
     /// Blocks for file data: from the inode's reservation when it continues
@@ -614,30 +668,36 @@ impl<P: Pmem> Fs<P> {
         appending: bool,
     ) -> Result<(u64, u64)> {
         let (start, len) = tx.prealloc;
-        if len > 0 && goal == start {
+        // The reservation serves the file's next pages when they belong on
+        // its side (a hybrid pool's small and large writes go to different
+        // sides).
+        if len > 0 && goal == start && Side::of(start) == tx.side {
             let k = want.min(len);
             tx.prealloc = (start + k, len - k);
-            tx.reserved_taken += k;
+            match Side::of(start) {
+                Side::Pm => tx.reserved_taken += k,
+                Side::Dev => tx.reserved_taken_dev += k,
+            }
             return Ok((start, k));
         }
-        let ask = if appending && goal != 0 && want < PREALLOC_BLOCKS {
-            want + PREALLOC_BLOCKS - 1
+        let unit = self.prealloc_blocks(tx.side);
+        let ask = if appending && goal != 0 && want < unit {
+            want + unit - 1
         } else {
             want
         };
         let (block, got) = self
-            .blocks
-            .alloc_near(self.lane(), goal, ask)
+            .alloc_file_blocks(tx.side, goal, ask)
             .ok_or(Error::Errno(libc::ENOSPC))?;
         if got <= want {
             return Ok((block, got));
         }
         if len > 0 {
-            self.reserved_changed(-(len as i64));
+            self.reserved_changed_at(start, -(len as i64));
             self.free_blocks(start, len);
         }
         tx.prealloc = (block + want, got - want);
-        self.reserved_changed((got - want) as i64);
+        self.reserved_changed_at(block, (got - want) as i64);
         Ok((block, want))
     }
 
@@ -682,10 +742,61 @@ impl<P: Pmem> Fs<P> {
             let w = write_entry(page, block, got, size, now);
             tx.fresh.push(w);
             tx.pieces.push(w);
-            for i in 0..got {
-                self.fill_page(st, page + i, block + i, src);
+            if Side::of(block) == Side::Dev {
+                self.fill_dev_run(st, page, block, got, src, tx)?;
+            } else {
+                for i in 0..got {
+                    self.fill_page(st, page + i, block + i, src)?;
+                }
             }
             page += got;
+        }
+        Ok(())
+    }
+
+    /// Device blocks `[block, block + n)` get file pages `[page, page +
+    /// n)`: old contents (zeros for a hole) overlaid with `src`, built in
+    /// DRAM and written in runs of `DEV_WRITE_PAGES`. Flushed at commit.
+    #[allow(clippy::too_many_arguments)]
+    fn fill_dev_run(
+        &self,
+        st: &InodeState,
+        page: u64,
+        block: u64,
+        n: u64,
+        src: Src<'_>,
+        tx: &mut DataTx,
+    ) -> Result<()> {
+        let mut buf = blockdev_pages::pages(n.min(DEV_WRITE_PAGES) as usize);
+        let mut done = 0;
+        while done < n {
+            let k = (n - done).min(DEV_WRITE_PAGES);
+            for i in 0..k {
+                self.page_image(st, page + done + i, src, &mut buf[i as usize])?;
+            }
+            tx.dev_written = true;
+            self.dev_write(block + done, &buf[..k as usize])?;
+            done += k;
+        }
+        Ok(())
+    }
+
+    /// File page `page` as it will read after `src` is laid over it, in
+    /// DRAM: its old contents (zeros for a hole) where `src` leaves them.
+    fn page_image(&self, st: &InodeState, page: u64, src: Src<'_>, out: &mut Page) -> Result<()> {
+        let p0 = page * BLOCK_SIZE;
+        let (a, b) = src.clip(p0, p0 + BLOCK_SIZE);
+        if a != p0 || b != p0 + BLOCK_SIZE {
+            // Bytes past EOF in the last page are always zero, so the whole
+            // old page can be copied.
+            match st.file().and_then(|m| m.find(page)) {
+                Some(e) => self.data_read((e.block + (page - e.page)) * BLOCK_SIZE, &mut out.0)?,
+                None => out.0.fill(0),
+            }
+        }
+        if a < b {
+            let (lo, hi) = ((a - p0) as usize, (b - p0) as usize);
+            self.load_src(st, src, a, b, &mut out.0[lo..hi])?;
         }
         Ok(())
     }
@@ -750,7 +861,7 @@ impl<P: Pmem> Fs<P> {
                                 grows,
                                 now,
                                 tx,
-                            );
+                            )?;
                         }
                         page = run_end;
                     }
@@ -781,61 +892,76 @@ impl<P: Pmem> Fs<P> {
         grows: bool,
         now: i64,
         tx: &mut DataTx,
-    ) {
-        let (a, b) = src.clip(page * BLOCK_SIZE, run_end * BLOCK_SIZE);
-        let at = block * BLOCK_SIZE + (a - page * BLOCK_SIZE);
-        self.store_src(st, src, a, b, at);
+    ) -> Result<()> {
+        if Side::of(block) == Side::Dev {
+            // Whole blocks to the device: partial pages read, merged and
+            // written back (not atomic, as any overwrite in place).
+            self.fill_dev_run(st, page, block, run_end - page, src, tx)?;
+        } else {
+            let (a, b) = src.clip(page * BLOCK_SIZE, run_end * BLOCK_SIZE);
+            let at = block * BLOCK_SIZE + (a - page * BLOCK_SIZE);
+            self.store_src(st, src, a, b, at)?;
+        }
         if self.mode == Mode::Sync || grows {
             tx.pieces
                 .push(write_entry(page, block, run_end - page, size, now));
         }
+        Ok(())
     }
 
     /// Fill fresh block `block` with file page `page`: old contents (zeros
     /// for a hole) overlaid with `src`, written non-temporally.
-    fn fill_page(&self, st: &InodeState, page: u64, block: u64, src: Src<'_>) {
+    fn fill_page(&self, st: &InodeState, page: u64, block: u64, src: Src<'_>) -> Result<()> {
         let p0 = page * BLOCK_SIZE;
         let (a, b) = src.clip(p0, p0 + BLOCK_SIZE);
         let dst = block * BLOCK_SIZE;
         if a == p0 && b == p0 + BLOCK_SIZE {
-            self.store_src(st, src, a, b, dst);
-            return;
+            return self.store_src(st, src, a, b, dst);
         }
         let mut buf = [0u8; BLOCK_SIZE as usize];
         // Bytes past EOF in the last page are always zero (truncate zeroes
         // them), so the whole old page can be copied.
         if let Some(e) = st.file().and_then(|m| m.find(page)) {
-            self.pm
-                .read((e.block + (page - e.page)) * BLOCK_SIZE, &mut buf);
+            self.data_read((e.block + (page - e.page)) * BLOCK_SIZE, &mut buf)?;
         }
         if a < b {
             let (lo, hi) = ((a - p0) as usize, (b - p0) as usize);
-            self.load_src(st, src, a, b, &mut buf[lo..hi]);
+            self.load_src(st, src, a, b, &mut buf[lo..hi])?;
         }
         self.pm.copy_nt(dst, &buf);
+        Ok(())
     }
 
     /// Store bytes `[a, b)` of `src` at pool offset `at`, non-temporally.
     /// `st` is the destination's state (the source of `Src::File` with no
     /// map of its own).
-    fn store_src(&self, st: &InodeState, src: Src<'_>, a: u64, b: u64, at: u64) {
+    fn store_src(&self, st: &InodeState, src: Src<'_>, a: u64, b: u64, at: u64) -> Result<()> {
+        debug_assert!(at < DEV_BYTES_BASE, "stores to PM only; device runs are built in DRAM");
         match src {
             Src::Data { off, data } => self
                 .pm
                 .copy_nt(at, &data[(a - off) as usize..(b - off) as usize]),
             Src::Zeros { .. } => self.pm.zero_nt(at, b - a),
             Src::File { off, from, map, .. } => match map.or(st.file()) {
-                Some(map) => runs(map, from + (a - off), b - a, |rel, run, len| match run {
-                    Some(run) => self.copy_in_pool(run, at + rel, len),
-                    None => self.pm.zero_nt(at + rel, len),
-                }),
+                Some(map) => {
+                    let mut failed = Ok(());
+                    runs(map, from + (a - off), b - a, |rel, run, len| match run {
+                        Some(run) if failed.is_ok() => {
+                            failed = self.copy_in_pool(run, at + rel, len)
+                        }
+                        Some(_) => {}
+                        None => self.pm.zero_nt(at + rel, len),
+                    });
+                    return failed;
+                }
                 None => self.pm.zero_nt(at, b - a),
             },
         }
+        Ok(())
     }
 
     /// Bytes `[a, b)` of `src` into `buf` (DRAM); see `store_src`.
-    fn load_src(&self, st: &InodeState, src: Src<'_>, a: u64, b: u64, buf: &mut [u8]) {
+    fn load_src(&self, st: &InodeState, src: Src<'_>, a: u64, b: u64, buf: &mut [u8]) -> Result<()> {
         debug_assert_eq!(buf.len() as u64, b - a);
         match src {
             Src::Data { off, data } => {
@@ -843,36 +969,45 @@ impl<P: Pmem> Fs<P> {
             }
             Src::Zeros { .. } => buf.fill(0),
             Src::File { off, from, map, .. } => match map.or(st.file()) {
-                Some(map) => runs(map, from + (a - off), b - a, |rel, run, len| {
-                    let part = &mut buf[rel as usize..(rel + len) as usize];
-                    match run {
-                        Some(run) => self.pm.read(run, part),
-                        None => part.fill(0),
-                    }
-                }),
+                Some(map) => {
+                    let mut failed = Ok(());
+                    runs(map, from + (a - off), b - a, |rel, run, len| {
+                        let part = &mut buf[rel as usize..(rel + len) as usize];
+                        match run {
+                            Some(run) if failed.is_ok() => failed = self.data_read(run, part),
+                            Some(_) => {}
+                            None => part.fill(0),
+                        }
+                    });
+                    return failed;
+                }
                 None => buf.fill(0),
             },
         }
+        Ok(())
     }
 
     /// Copy `len` pool bytes from `from` to `to` non-temporally, straight
     /// from the mapping when the pool is mapped.
-    fn copy_in_pool(&self, from: u64, to: u64, len: u64) {
+    fn copy_in_pool(&self, from: u64, to: u64, len: u64) -> Result<()> {
         // A copy reads blocks the write does not store to: another file's,
         // or other bytes of the same file (overlapping ranges are refused).
         debug_assert!(from + len <= to || to + len <= from, "copy overlaps itself");
-        if let Some(bytes) = self.pm.mapped(from, len) {
-            self.pm.copy_nt(to, bytes);
-            return;
+        if from < DEV_BYTES_BASE {
+            if let Some(bytes) = self.pm.mapped(from, len) {
+                self.pm.copy_nt(to, bytes);
+                return Ok(());
+            }
         }
         let mut buf = [0u8; BLOCK_SIZE as usize];
         let mut done = 0;
         while done < len {
             let n = (len - done).min(BLOCK_SIZE);
-            self.pm.read(from + done, &mut buf[..n as usize]);
+            self.data_read(from + done, &mut buf[..n as usize])?;
             self.pm.copy_nt(to + done, &buf[..n as usize]);
             done += n;
         }
+        Ok(())
     }
 
     /// Zero `[a, b)` inside one page (a partial page of truncate, punch or
@@ -909,6 +1044,10 @@ impl<P: Pmem> Fs<P> {
         new_size: u64,
     ) -> Result<()> {
         let old_size = st.attr.size;
+        // Truncate is durable on return, and so is the data it keeps: a
+        // posix overwrite in place on the data device, not yet flushed,
+        // is flushed first (on PM, the commit's fence drains it).
+        self.dev_sync()?;
         let mut tx = DataTx::new(st);
         if new_size < old_size && !new_size.is_multiple_of(BLOCK_SIZE) {
             let page_end = (new_size / BLOCK_SIZE + 1) * BLOCK_SIZE;
@@ -943,6 +1082,10 @@ impl<P: Pmem> Fs<P> {
         if end > MAX_FILE_BYTES {
             return errno(libc::EFBIG);
         }
+        // As truncate: the file's data is durable with the operation,
+        // including posix overwrites in place not yet flushed from the
+        // data device (a shift moves them to other offsets).
+        self.dev_sync()?;
         if flags.shifts() {
             return self.shift_range(inode, &mut st, off, len, flags.collapse_range);
         }
@@ -954,6 +1097,7 @@ impl<P: Pmem> Fs<P> {
             old_size.max(end)
         };
         let mut tx = DataTx::new(&st);
+        tx.side = self.place(len);
         let r = if flags.punch_hole || flags.zero_range {
             self.clear_range(&st, off, end, size, now, flags.zero_range, &mut tx)
         } else {
@@ -1109,6 +1253,9 @@ impl<P: Pmem> Fs<P> {
             // pending (strict and sync), or nothing can be (read-only).
             return Ok(());
         }
+        // Data written in place on the data device becomes durable first
+        // (group commit: one flush for every fsync waiting on it).
+        self.dev_sync()?;
         let mut st = write(&inode.state);
         if st.gone {
             return Ok(());

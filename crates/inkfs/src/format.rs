@@ -23,9 +23,14 @@ pub const MAGIC: [u8; 8] = *b"INKFSpm1";
 /// `seq` is the name's readdir position, a keyed hash of the name (dir.rs),
 /// where older pools' sequence numbers stay valid positions. 4: an inode
 /// record's `log_gen` counts the times log GC unlinked pages of its log
-/// (formerly reserved, hence zero in older pools). Older pools are read as
-/// they are and marked with this version by the first read-write mount.
-pub const FORMAT_VERSION: u32 = 4;
+/// (formerly reserved, hence zero in older pools). 5: hybrid pools: the
+/// superblock names a data device (`data_*` fields, formerly reserved,
+/// hence zero: no data device in older pools), a FILE_WRITE may map pages
+/// to device blocks (numbers from [`DEV_BLOCK_BASE`]), and blocks 0 and 1
+/// hold the device's recorded path ([`DataRecord`]) past the superblock.
+/// Older pools are read as they are and marked with this version by the
+/// first read-write mount.
+pub const FORMAT_VERSION: u32 = 5;
 
 /// Block numbers of the two superblock copies.
 pub const SUPER_PRIMARY_BLOCK: u64 = 0;
@@ -132,7 +137,23 @@ pub struct Superblock {
     /// What was damaged: an [`ErrorReason`] code.
     pub first_error_reason: u32,
     pub last_error_reason: u32,
-    pub reserved: [u8; 116],
+    /// Hybrid pools (version 5): the data device's uuid, written in its
+    /// label (its first block). All zero: no data device, file data on PM
+    /// only; then every other `data_*` field is zero too.
+    pub data_uuid: [u8; 16],
+    /// Blocks of the data device the pool uses (label, save area, data).
+    pub data_blocks: u64,
+    /// First device block the allocator manages: after the label and the
+    /// free-list save area (`dev_first_data_block(data_blocks)`).
+    pub data_first_block: u64,
+    /// Placement: a write of at least this many bytes puts its new pages on
+    /// the data device; smaller ones on PM (docs/DESIGN.md, "Hybrid
+    /// pools"). A mount option may override it.
+    pub data_threshold_bytes: u32,
+    /// Blocks an appending file reserves on the device at a time, so that
+    /// it grows in extents of this many blocks.
+    pub data_unit_blocks: u32,
+    pub reserved: [u8; 76],
     /// crc32c of every byte before this field.
     pub checksum: u32,
 }
@@ -146,7 +167,12 @@ const _: () = assert!(std::mem::offset_of!(Superblock, last_error_unix_ns) == 11
 const _: () = assert!(std::mem::offset_of!(Superblock, last_error_ino) == 120);
 const _: () = assert!(std::mem::offset_of!(Superblock, first_error_reason) == 128);
 const _: () = assert!(std::mem::offset_of!(Superblock, last_error_reason) == 132);
-const _: () = assert!(std::mem::offset_of!(Superblock, reserved) == 136);
+const _: () = assert!(std::mem::offset_of!(Superblock, data_uuid) == 136);
+const _: () = assert!(std::mem::offset_of!(Superblock, data_blocks) == 152);
+const _: () = assert!(std::mem::offset_of!(Superblock, data_first_block) == 160);
+const _: () = assert!(std::mem::offset_of!(Superblock, data_threshold_bytes) == 168);
+const _: () = assert!(std::mem::offset_of!(Superblock, data_unit_blocks) == 172);
+const _: () = assert!(std::mem::offset_of!(Superblock, reserved) == 176);
 const _: () = assert!(std::mem::offset_of!(Superblock, checksum) == 252);
 
 /// What a runtime error found damaged (`Superblock::*_error_reason`).
@@ -198,6 +224,10 @@ impl ErrorReason {
 }
 
 impl Superblock {
+    /// Whether the pool has a data device (a hybrid pool).
+    pub fn has_data_device(&self) -> bool {
+        self.data_uuid != [0; 16]
+    }
     pub fn compute_checksum(&self) -> u32 {
         let bytes = self.as_bytes();
         crc32c::crc32c(&bytes[..bytes.len() - 4])
@@ -802,6 +832,156 @@ pub fn entry_checksum_ok(bytes: &[u8]) -> bool {
     }
     let stored = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
     entry_crc(bytes) == stored
+}
+
+// ---------------------------------------------------------------------------
+// Hybrid pools: the data device (version 5)
+// ---------------------------------------------------------------------------
+
+/// Device blocks are named in FILE_WRITE entries (and in DRAM indexes) as
+/// `DEV_BLOCK_BASE + device block`: above any PM pool's range (a PM pool
+/// of 2^48 blocks would be 1 EiB), so one u64 says which side a block is
+/// on, runs of consecutive numbers never cross from one side to the
+/// other, and every structure that maps pages to blocks works unchanged.
+pub const DEV_BLOCK_BASE: u64 = 1 << 48;
+/// Most blocks a data device may have (so that `DEV_BLOCK_BASE + block`
+/// and its byte address stay far from overflow): 2^44 blocks, 64 PiB.
+pub const DEV_BLOCKS_MAX: u64 = 1 << 44;
+/// The smallest data device: label, one save block, and room for data.
+pub const DEV_BLOCKS_MIN: u64 = 64;
+/// The device's label: its first block.
+pub const DEV_LABEL_BLOCK: u64 = 0;
+/// The device's free-list save area starts after the label.
+pub const DEV_SAVE_FIRST_BLOCK: u64 = 1;
+/// Save-area blocks at most (1 MiB: 65,532 ranges).
+pub const DEV_SAVE_BLOCKS_MAX: u64 = 256;
+/// Largest placement threshold (larger writes than this always go to the
+/// device when it has room).
+pub const DATA_THRESHOLD_MAX: u32 = 1 << 30;
+/// Largest device extent unit, in blocks (64 MiB).
+pub const DATA_UNIT_BLOCKS_MAX: u32 = 16384;
+
+/// Save-area blocks of a device of `blocks` blocks: one per 1024 blocks
+/// (a range per 4 blocks of data, far more than allocation leaves), at
+/// least 1, at most `DEV_SAVE_BLOCKS_MAX`.
+pub fn dev_save_blocks(blocks: u64) -> u64 {
+    (blocks / 1024).clamp(1, DEV_SAVE_BLOCKS_MAX)
+}
+
+/// The first device block the allocator manages.
+pub fn dev_first_data_block(blocks: u64) -> u64 {
+    DEV_SAVE_FIRST_BLOCK + dev_save_blocks(blocks)
+}
+
+pub const DEV_LABEL_MAGIC: [u8; 8] = *b"INKFSdv1";
+
+/// The label in a data device's first block: who it is and which pool it
+/// belongs to. Written at mkfs, never changed; a mount reads it to refuse
+/// a wrong device.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceLabel {
+    pub magic: [u8; 8],
+    /// The format version that wrote it.
+    pub version: u32,
+    pub block_size: u32,
+    /// The device's own uuid (the superblock's `data_uuid`).
+    pub uuid: [u8; 16],
+    /// The uuid of the pool it belongs to (the superblock's `uuid`).
+    pub pool_uuid: [u8; 16],
+    /// Blocks the pool uses (the superblock's `data_blocks`).
+    pub blocks: u64,
+    pub first_data_block: u64,
+    pub created_unix_ns: u64,
+    pub reserved: [u8; 68],
+    /// crc32c of every byte before this field.
+    pub checksum: u32,
+}
+pod!(DeviceLabel, 144);
+
+impl DeviceLabel {
+    pub fn compute_checksum(&self) -> u32 {
+        let bytes = self.as_bytes();
+        crc32c::crc32c(&bytes[..bytes.len() - 4])
+    }
+    pub fn seal(&mut self) {
+        self.checksum = self.compute_checksum();
+    }
+}
+
+pub const DEV_SAVE_MAGIC: u64 = u64::from_le_bytes(*b"INKDSAV1");
+
+/// Header of the device's free-list save area, written at clean unmount;
+/// followed by `ranges` `SavedRange`s of device blocks (numbered as
+/// FILE_WRITE names them, from `DEV_BLOCK_BASE`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceSaveHeader {
+    pub magic: u64,
+    /// Must equal `Superblock::mount_epoch` of the unmount that wrote it.
+    pub epoch: u64,
+    pub ranges: u64,
+    pub reserved: [u8; 36],
+    /// crc32c over the header (this field zero) and all ranges.
+    pub checksum: u32,
+}
+pod!(DeviceSaveHeader, 64);
+
+/// Ranges the save area of a device of `blocks` blocks holds.
+pub fn dev_save_max_ranges(blocks: u64) -> u64 {
+    (dev_save_blocks(blocks) * BLOCK_SIZE - size_of::<DeviceSaveHeader>() as u64)
+        / size_of::<SavedRange>() as u64
+}
+
+pub const DATA_RECORD_MAGIC: u64 = u64::from_le_bytes(*b"INKDREC1");
+/// Where the data record sits in superblock blocks 0 and 1 (the
+/// superblock fills their first 256 bytes; the rest was zero before).
+pub const DATA_RECORD_OFFSET: u64 = 2048;
+/// Longest recorded device path.
+pub const DATA_PATH_MAX: usize = 2000;
+
+/// Where a hybrid pool's data device was at mkfs (its path), after the
+/// superblock in blocks 0 and 1, written in the same order as the
+/// superblock (primary, then backup). Only a hint: the device is matched
+/// by uuid, and the mount option `data=PATH` overrides it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataRecord {
+    pub magic: u64,
+    pub path_len: u32,
+    pub reserved0: u32,
+    pub path: [u8; DATA_PATH_MAX],
+    pub reserved: [u8; 28],
+    /// crc32c of every byte before this field.
+    pub checksum: u32,
+}
+pod!(DataRecord, 2048);
+const _: () = assert!(DATA_RECORD_OFFSET + size_of::<DataRecord>() as u64 <= BLOCK_SIZE);
+const _: () = assert!(DATA_RECORD_OFFSET >= size_of::<Superblock>() as u64);
+
+impl DataRecord {
+    pub fn new(path: &[u8]) -> Option<DataRecord> {
+        if path.is_empty() || path.len() > DATA_PATH_MAX {
+            return None;
+        }
+        let mut r = DataRecord::zeroed();
+        r.magic = DATA_RECORD_MAGIC;
+        r.path_len = path.len() as u32;
+        r.path[..path.len()].copy_from_slice(path);
+        r.checksum = r.compute_checksum();
+        Some(r)
+    }
+    pub fn compute_checksum(&self) -> u32 {
+        let bytes = self.as_bytes();
+        crc32c::crc32c(&bytes[..bytes.len() - 4])
+    }
+    /// The recorded path, if the record is whole.
+    pub fn path(&self) -> Option<&[u8]> {
+        let ok = self.magic == DATA_RECORD_MAGIC
+            && self.checksum == self.compute_checksum()
+            && (1..=DATA_PATH_MAX).contains(&(self.path_len as usize));
+        ok.then(|| &self.path[..self.path_len as usize])
+    }
 }
 
 const _: () =

@@ -56,6 +56,19 @@ impl FileHandle {
     }
 }
 
+/// The times of a setattr that a kernel cache in front of the engine
+/// decided: FUSE's writeback cache keeps a regular file's mtime and ctime
+/// itself between write-backs, stamps them at each write, and sends them as
+/// explicit values, with its own write-back of them and with every setattr
+/// (a "now" included). The kernel has checked the caller's right to set
+/// them, so explicit times are judged as "now" is (owner or writer, and
+/// allowed on an append-only file); `ctime` is the kernel's change time
+/// (None: now).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct KernelTimes {
+    pub(crate) ctime: Option<TimeNs>,
+}
+
 pub struct Fs<P: Pmem> {
     pub(crate) pm: P,
     pub(crate) geo: Geometry,
@@ -89,6 +102,9 @@ pub struct Fs<P: Pmem> {
     pub(crate) epochs: std::sync::OnceLock<crate::epoch::SharedTable>,
     pub(crate) limbo: crate::epoch::Limbo,
     report: MountReport,
+    /// Hybrid pools: the data device and everything about it
+    /// (`blockdev/`); None when file data lives on PM only.
+    pub(crate) data: Option<crate::blockdev::store::DataStore>,
 }
 
 /// What a mount (or an attach) puts together before the engine exists.
@@ -99,6 +115,8 @@ pub(crate) struct Parts {
     pub blocks: BlockAllocator,
     pub slots: InodeSlots,
     pub report: MountReport,
+    /// Hybrid pools: the block side (None: file data on PM only).
+    pub data: Option<crate::blockdev::store::DataStore>,
 }
 
 /// A count kept per lane, one cache line each, and summed when read: the
@@ -140,6 +158,15 @@ impl<P: Pmem> Fs<P> {
         superblock::format(pm, opts)
     }
 
+    /// Lay out an empty hybrid pool on `pm` and `data.device` (mkfs).
+    pub fn format_hybrid(
+        pm: &P,
+        opts: &FormatOptions,
+        data: &crate::blockdev::HybridFormat<'_>,
+    ) -> Result<Superblock> {
+        crate::blockdev::attach::format_pool(pm, opts, data)
+    }
+
     /// Open a formatted pool: instant after a clean unmount, a journal
     /// replay plus a scan of every live log after a crash. A pool whose
     /// superblock records errors met while mounted is refused read-write
@@ -165,6 +192,10 @@ impl<P: Pmem> Fs<P> {
             )));
         }
         let geo = Geometry::of(&sb);
+        // A hybrid pool's data device is found and checked before
+        // anything is written (journal replay, recovery): a missing or
+        // wrong device refuses the mount with the pool untouched.
+        let device = crate::blockdev::attach::open_device(&pm, &sb, &opts)?;
         let tables = InodeTables::open(&geo);
         let mut report = MountReport {
             was_clean: sb.state == STATE_CLEAN,
@@ -180,7 +211,7 @@ impl<P: Pmem> Fs<P> {
                 JournalState::Discarded => report.journals_discarded += 1,
             }
         }
-        let restored = if sb.state == STATE_CLEAN && report.journals_replayed == 0 {
+        let mut restored = if sb.state == STATE_CLEAN && report.journals_replayed == 0 {
             BlockAllocator::restore(
                 &pm,
                 geo.lane_count,
@@ -191,6 +222,20 @@ impl<P: Pmem> Fs<P> {
         } else {
             None
         };
+        // The device's free lists come from its own save area; if it is
+        // not valid, both sides are rebuilt by the scan.
+        let mut dev_blocks = None;
+        if let (Some(_), Some(dev)) = (&restored, &device) {
+            dev_blocks = crate::blockdev::layout::restore(
+                &**dev,
+                geo.lane_count,
+                sb.data_blocks,
+                sb.mount_epoch,
+            );
+            if dev_blocks.is_none() {
+                restored = None;
+            }
+        }
         let (blocks, slots) = match restored {
             Some(pair) => {
                 report.allocator_restored = true;
@@ -200,7 +245,17 @@ impl<P: Pmem> Fs<P> {
                 let rebuilt = recovery::rebuild(&pm, &geo, &tables, opts.read_only)?;
                 report.orphans_reclaimed = rebuilt.orphans_reclaimed;
                 report.inodes_scanned = rebuilt.inodes_scanned;
+                dev_blocks = rebuilt.dev_blocks;
                 (rebuilt.blocks, rebuilt.slots)
+            }
+        };
+        let data = match (device, dev_blocks) {
+            (Some(dev), Some(alloc)) => Some(crate::blockdev::attach::store(dev, &sb, &opts, alloc)),
+            (None, _) => None,
+            (Some(_), None) => {
+                return Err(Error::Corrupt(
+                    "no allocator for the data device (engine bug)".into(),
+                ))
             }
         };
         if !opts.read_only {
@@ -219,6 +274,7 @@ impl<P: Pmem> Fs<P> {
             blocks,
             slots,
             report,
+            data,
         };
         let fs = Fs::assemble(pm, parts, &opts);
         let root = fs.iget(ROOT_INO)?;
@@ -241,6 +297,7 @@ impl<P: Pmem> Fs<P> {
             blocks,
             slots,
             report,
+            data,
         } = parts;
         let journals = (0..geo.lane_count)
             .map(|l| Mutex::new(Journal::open(&pm, l)))
@@ -265,6 +322,7 @@ impl<P: Pmem> Fs<P> {
             gc: Default::default(),
             health: crate::health::Health::new(opts.errors),
             report,
+            data,
         }
     }
 
@@ -289,6 +347,14 @@ impl<P: Pmem> Fs<P> {
         // Readers of other processes are gone with the mount.
         self.limbo.drain(|start, len| self.free_now(start, len));
         let mut sb = *lock(&self.sb);
+        if let Some(d) = &self.data {
+            // Data written in place (posix) becomes durable, then the
+            // device's free lists are saved and flushed, all before the
+            // superblock says clean: a crash before that store rebuilds
+            // both sides by scanning.
+            d.sync().map_err(crate::blockdev::engine::io_errno)?;
+            d.save(sb.mount_epoch)?;
+        }
         // If the free lists do not fit the save areas, the next mount
         // rebuilds them by scanning: slower, never wrong.
         let _saved = self
@@ -500,9 +566,21 @@ impl<P: Pmem> Fs<P> {
     /// non-directory, and its truncate unless it is root, drop the set-id
     /// bits in the same entry (notify_change's ATTR_KILL_*).
     pub(crate) fn setattr_as(&self, actor: Actor<'_>, ino: u64, set: &SetAttr) -> Result<Attr> {
+        self.setattr_times_from(actor, ino, set, None)
+    }
+
+    /// setattr with the times a kernel cache in front decided (`kernel`:
+    /// see [`KernelTimes`]), or, with `None`, as `setattr_as`.
+    pub(crate) fn setattr_times_from(
+        &self,
+        actor: Actor<'_>,
+        ino: u64,
+        set: &SetAttr,
+        kernel: Option<KernelTimes>,
+    ) -> Result<Attr> {
         self.check_writable()?;
         let inode = self.iget(ino)?;
-        self.setattr_inode(actor, &inode, set)
+        self.setattr_inode(actor, &inode, set, kernel)
     }
 
     pub(crate) fn setattr_inode(
@@ -510,6 +588,7 @@ impl<P: Pmem> Fs<P> {
         actor: Actor<'_>,
         inode: &Arc<Inode>,
         set: &SetAttr,
+        kernel: Option<KernelTimes>,
     ) -> Result<Attr> {
         let mut st = write(&inode.state);
         live(&st)?;
@@ -521,12 +600,23 @@ impl<P: Pmem> Fs<P> {
                 _ => return errno(libc::EINVAL),
             }
         }
-        crate::flags::deny_setattr(&st, set)?;
-        let set = match actor.caller() {
-            Some(cred) => self.caller_setattr(cred, inode, &st, set)?,
+        // Times a kernel cache stamped are judged as "now" (its clock, at
+        // the caller's write or touch, checked by that kernel); their
+        // values are applied as given below.
+        let judged = match kernel {
+            Some(_) => set.times_as_now(),
             None => *set,
         };
-        let set = &set;
+        crate::flags::deny_setattr(&st, &judged)?;
+        let checked = match actor.caller() {
+            Some(cred) => self.caller_setattr(cred, inode, &st, &judged)?,
+            None => judged,
+        };
+        let set = &SetAttr {
+            atime: set.atime,
+            mtime: set.mtime,
+            ..checked
+        };
         let now = now_ns();
         let mut a = st.attr;
         if let Some(mode) = set.mode {
@@ -548,7 +638,7 @@ impl<P: Pmem> Fs<P> {
         if let Some(t) = set.mtime {
             a.mtime_ns = resolve(t);
         }
-        a.ctime_ns = now;
+        a.ctime_ns = kernel.and_then(|k| k.ctime).unwrap_or(now);
         if let Some(size) = set.size {
             if size > MAX_FILE_BYTES {
                 return errno(libc::EFBIG);
@@ -652,7 +742,7 @@ impl<P: Pmem> Fs<P> {
     pub(crate) fn drop_prealloc(&self, st: &mut InodeState) {
         let (start, len) = std::mem::take(&mut st.prealloc);
         if len > 0 {
-            self.reserved_changed(-(len as i64));
+            self.reserved_changed_at(start, -(len as i64));
             self.free_blocks(start, len);
         }
     }
@@ -730,7 +820,8 @@ impl<P: Pmem> Fs<P> {
     }
 
     pub(crate) fn free_now(&self, start: u64, len: u64) {
-        if let Err(e) = self.blocks.free(start, len) {
+        // To the allocator of the block's side (PM or the data device).
+        if let Err(e) = self.free_on_side(start, len) {
             // A double free means DRAM state disagrees with itself; keep
             // going (the allocator refused the free), but say so loudly.
             eprintln!("inkfs: internal error freeing blocks {start}+{len}: {e:?}");
@@ -742,20 +833,24 @@ impl<P: Pmem> Fs<P> {
         let data_blocks = self.geo.total_blocks - self.geo.first_data_block;
         let free = self.blocks.free_blocks() + self.reserved_blocks.sum();
         let used_inodes = self.slots.used_count();
-        // Each inode needs at least one log page.
+        let (dev_blocks, dev_free) = self.data.as_ref().map_or((0, 0), |d| d.space());
+        // Each inode needs at least one log page, on PM.
         StatFs {
             block_size: BLOCK_SIZE as u32,
-            blocks: data_blocks,
-            blocks_free: free,
+            blocks: data_blocks + dev_blocks,
+            blocks_free: free + dev_free,
             files: used_inodes + free,
             files_free: free,
             name_max: NAME_MAX as u32,
+            data_blocks: dev_blocks,
+            data_blocks_free: dev_free,
         }
     }
 
     /// syncfs: every mode already persists metadata at each call; this makes
     /// pending posix-mode data durable.
     pub fn sync(&self) -> Result<()> {
+        self.dev_sync()?;
         self.pm.fence();
         Ok(())
     }

@@ -225,7 +225,7 @@ pub fn apply_entry<P: Pmem + ?Sized>(
             let Body::File(map) = &mut st.body else {
                 return Err("write entry in a non-file log".into());
             };
-            if w.block != 0 && !geo.is_data_range(w.block, w.pages as u64) {
+            if w.block != 0 && !geo.is_file_data_range(w.block, w.pages as u64) {
                 return Err(format!(
                     "write entry maps blocks {}+{} out of range",
                     w.block, w.pages

@@ -63,6 +63,7 @@ macro_rules! internal {
 // errors it speaks in, the pools it mounts, and the administration tools
 // (fsck, scrub's report).
 pub mod api;
+pub mod blockdev;
 pub mod error;
 pub mod fsck;
 pub mod pmem;

@@ -19,6 +19,9 @@ use crate::superblock::Geometry;
 
 pub struct Rebuilt {
     pub blocks: BlockAllocator,
+    /// Hybrid pools: the data device's allocator, rebuilt from the same
+    /// scan (FILE_WRITE entries name device blocks by number).
+    pub dev_blocks: Option<BlockAllocator>,
     pub slots: InodeSlots,
     pub orphans_reclaimed: u64,
     pub inodes_scanned: u64,
@@ -30,7 +33,12 @@ pub fn rebuild<P: Pmem + ?Sized>(
     tables: &InodeTables,
     read_only: bool,
 ) -> Result<Rebuilt> {
-    let used = UsedBlocks::new(geo.first_data_block, geo.total_blocks);
+    let used = Used {
+        pm: UsedBlocks::new(geo.first_data_block, geo.total_blocks),
+        dev: geo
+            .has_device()
+            .then(|| UsedBlocks::new(geo.dev_first, geo.dev_end)),
+    };
     let slots = InodeSlots::new(geo.lane_count);
     let orphans = AtomicU64::new(0);
     let scanned = AtomicU64::new(0);
@@ -72,14 +80,36 @@ pub fn rebuild<P: Pmem + ?Sized>(
         geo.lane_count,
         geo.first_data_block,
         geo.total_blocks,
-        &used,
+        &used.pm,
     );
+    let dev_blocks = used
+        .dev
+        .as_ref()
+        .map(|d| BlockAllocator::from_used(geo.lane_count, geo.dev_first, geo.dev_end, d));
     Ok(Rebuilt {
         blocks,
+        dev_blocks,
         slots,
         orphans_reclaimed: orphans.into_inner(),
         inodes_scanned: scanned.into_inner(),
     })
+}
+
+/// The used-block bitmaps the scan fills: PM's data area, and the data
+/// device's in a hybrid pool.
+struct Used {
+    pm: UsedBlocks,
+    dev: Option<UsedBlocks>,
+}
+
+impl Used {
+    /// Mark `[start, start + len)` in the bitmap of its side.
+    fn mark(&self, start: u64, len: u64) -> std::result::Result<(), crate::alloc::AllocError> {
+        match &self.dev {
+            Some(dev) if start >= DEV_BLOCK_BASE => dev.mark(start, len),
+            _ => self.pm.mark(start, len),
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -89,7 +119,7 @@ fn scan_lane<P: Pmem + ?Sized>(
     tables: &InodeTables,
     lane: u32,
     read_only: bool,
-    blocks: &UsedBlocks,
+    blocks: &Used,
     slots: &InodeSlots,
     orphans: &AtomicU64,
     scanned: &AtomicU64,

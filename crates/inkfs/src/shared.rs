@@ -89,6 +89,13 @@ impl<P: Pmem> Fs<P> {
                 "the pool is not mounted: nothing to attach to".into(),
             ));
         }
+        if sb.has_data_device() {
+            // A reader would need the data device too, opened shared while
+            // the owner holds it exclusively: not designed yet.
+            return Err(Error::BadPool(
+                "attaching to a hybrid pool (one with a data device) is not supported yet".into(),
+            ));
+        }
         let geo = Geometry::of(&sb);
         let parts = Parts {
             sb,
@@ -98,6 +105,7 @@ impl<P: Pmem> Fs<P> {
             blocks: BlockAllocator::new_all_used(geo.lane_count, geo.first_data_block, geo.total_blocks),
             slots: InodeSlots::new(geo.lane_count),
             report: MountReport::default(),
+            data: None,
         };
         let opts = MountOptions {
             mode,

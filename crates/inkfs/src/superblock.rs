@@ -24,15 +24,50 @@ pub struct Geometry {
     pub lane_count: u32,
     pub total_blocks: u64,
     pub first_data_block: u64,
+    /// Hybrid pools: the device blocks file data may use, as FILE_WRITE
+    /// names them (`DEV_BLOCK_BASE + device block`), `[dev_first,
+    /// dev_end)`; both 0 without a data device.
+    pub dev_first: u64,
+    pub dev_end: u64,
 }
 
 impl Geometry {
     pub fn of(sb: &Superblock) -> Geometry {
+        let (dev_first, dev_end) = if sb.has_data_device() {
+            (
+                DEV_BLOCK_BASE + sb.data_first_block,
+                DEV_BLOCK_BASE + sb.data_blocks,
+            )
+        } else {
+            (0, 0)
+        };
         Geometry {
             lane_count: sb.lane_count,
             total_blocks: sb.total_blocks,
             first_data_block: sb.first_data_block,
+            dev_first,
+            dev_end,
         }
+    }
+    /// Whether the pool has a data device.
+    pub fn has_device(&self) -> bool {
+        self.dev_end > self.dev_first
+    }
+    /// True if `[block, block + len)` lies in the data device's managed
+    /// blocks (none without a device).
+    pub fn is_dev_range(&self, block: u64, len: u64) -> bool {
+        block >= self.dev_first
+            && len > 0
+            && block
+                .checked_add(len)
+                .is_some_and(|end| end <= self.dev_end)
+    }
+    /// True if `[block, block + len)` may hold file data: the PM data area
+    /// or, in a hybrid pool, the data device (never both: the two ranges
+    /// are far apart). Everything else the logs name (log pages, table
+    /// blocks, symlink targets) is on PM: `is_data_range`.
+    pub fn is_file_data_range(&self, block: u64, len: u64) -> bool {
+        self.is_data_range(block, len) || self.is_dev_range(block, len)
     }
     /// True if `[block, block + len)` lies inside the allocator-managed area.
     pub fn is_data_range(&self, block: u64, len: u64) -> bool {
@@ -66,9 +101,47 @@ pub fn default_lanes() -> u32 {
     cpus.clamp(4, 64)
 }
 
+/// What the superblock of a hybrid pool records of its data device
+/// (`crate::blockdev::format_device` writes the device's side first).
+#[derive(Clone, Copy, Debug)]
+pub struct DataFormat<'a> {
+    pub uuid: [u8; 16],
+    pub blocks: u64,
+    pub threshold_bytes: u32,
+    pub unit_blocks: u32,
+    /// Where the device is (recorded, a hint for the mount).
+    pub path: &'a [u8],
+}
+
 /// Lay out a fresh file system on `pm`, with an empty root directory.
 /// The whole pool is overwritten; the caller decided that was wanted.
 pub fn format<P: Pmem + ?Sized>(pm: &P, opts: &FormatOptions) -> Result<Superblock> {
+    format_with(pm, opts, None, new_uuid(crate::time::now_ns()))
+}
+
+/// `format`, for a hybrid pool when `data` is given: `uuid` is the pool's
+/// (the device's label names it, so the caller draws it first).
+pub fn format_with<P: Pmem + ?Sized>(
+    pm: &P,
+    opts: &FormatOptions,
+    data: Option<&DataFormat<'_>>,
+    uuid: [u8; 16],
+) -> Result<Superblock> {
+    if let Some(d) = data {
+        check_data_fields(d.blocks, d.threshold_bytes, d.unit_blocks).map_err(Error::BadPool)?;
+        if d.uuid == [0; 16] {
+            return Err(Error::BadPool("data device uuid is zero".into()));
+        }
+    }
+    let record = match data {
+        Some(d) => Some(DataRecord::new(d.path).ok_or_else(|| {
+            Error::BadPool(format!(
+                "data device path of {} bytes: 1 to {DATA_PATH_MAX} allowed",
+                d.path.len()
+            ))
+        })?),
+        None => None,
+    };
     let lanes = if opts.lanes == 0 {
         default_lanes()
     } else {
@@ -93,6 +166,8 @@ pub fn format<P: Pmem + ?Sized>(pm: &P, opts: &FormatOptions) -> Result<Superblo
         lane_count: lanes,
         total_blocks,
         first_data_block,
+        dev_first: data.map_or(0, |d| DEV_BLOCK_BASE + dev_first_data_block(d.blocks)),
+        dev_end: data.map_or(0, |d| DEV_BLOCK_BASE + d.blocks),
     };
 
     // Invalidate any previous superblock first: a crash during mkfs must not
@@ -138,7 +213,7 @@ pub fn format<P: Pmem + ?Sized>(pm: &P, opts: &FormatOptions) -> Result<Superblo
         state: STATE_CLEAN,
         mount_epoch: 1,
         first_data_block,
-        uuid: new_uuid(now),
+        uuid,
         created_unix_ns: now as u64,
         unmounted_unix_ns: now as u64,
         errors_count: 0,
@@ -148,7 +223,12 @@ pub fn format<P: Pmem + ?Sized>(pm: &P, opts: &FormatOptions) -> Result<Superblo
         last_error_ino: 0,
         first_error_reason: 0,
         last_error_reason: 0,
-        reserved: [0; 116],
+        data_uuid: data.map_or([0; 16], |d| d.uuid),
+        data_blocks: data.map_or(0, |d| d.blocks),
+        data_first_block: data.map_or(0, |d| dev_first_data_block(d.blocks)),
+        data_threshold_bytes: data.map_or(0, |d| d.threshold_bytes),
+        data_unit_blocks: data.map_or(0, |d| d.unit_blocks),
+        reserved: [0; 76],
         checksum: 0,
     };
     let saved = blocks
@@ -157,8 +237,54 @@ pub fn format<P: Pmem + ?Sized>(pm: &P, opts: &FormatOptions) -> Result<Superblo
     debug_assert!(saved, "a fresh allocator always fits its save area");
     debug_assert_eq!(Geometry::of(&sb), geo);
     sb.seal();
+    if let Some(r) = &record {
+        // Before the superblocks: until they are written the pool is
+        // blank to a mount, whatever this record says.
+        write_data_record(pm, r);
+    }
     write_superblocks(pm, &sb);
     Ok(sb)
+}
+
+/// Write the data record into both superblock blocks, primary then
+/// backup, each persisted before the next.
+pub fn write_data_record<P: Pmem + ?Sized>(pm: &P, r: &DataRecord) {
+    for block in [SUPER_PRIMARY_BLOCK, SUPER_BACKUP_BLOCK] {
+        let off = block * BLOCK_SIZE + DATA_RECORD_OFFSET;
+        write_pod(pm, off, r);
+        pm.persist(off, std::mem::size_of::<DataRecord>() as u64);
+    }
+}
+
+/// The data device's recorded path: the primary's record, or the
+/// backup's when the primary is damaged; None when neither is whole.
+pub fn read_data_path<P: Pmem + ?Sized>(pm: &P) -> Option<Vec<u8>> {
+    [SUPER_PRIMARY_BLOCK, SUPER_BACKUP_BLOCK].iter().find_map(|b| {
+        let r: DataRecord = read_pod(pm, b * BLOCK_SIZE + DATA_RECORD_OFFSET);
+        r.path().map(|p| p.to_vec())
+    })
+}
+
+/// The ranges of a hybrid pool's data fields: a device of
+/// `DEV_BLOCKS_MIN` … `DEV_BLOCKS_MAX` blocks, a threshold up to
+/// `DATA_THRESHOLD_MAX`, a unit of 1 … `DATA_UNIT_BLOCKS_MAX` blocks.
+pub fn check_data_fields(blocks: u64, threshold: u32, unit: u32) -> std::result::Result<(), String> {
+    if !(DEV_BLOCKS_MIN..=DEV_BLOCKS_MAX).contains(&blocks) {
+        return Err(format!(
+            "data device of {blocks} blocks: {DEV_BLOCKS_MIN} to {DEV_BLOCKS_MAX} allowed"
+        ));
+    }
+    if threshold > DATA_THRESHOLD_MAX {
+        return Err(format!(
+            "data threshold {threshold} bytes above {DATA_THRESHOLD_MAX}"
+        ));
+    }
+    if unit == 0 || unit > DATA_UNIT_BLOCKS_MAX {
+        return Err(format!(
+            "data unit of {unit} blocks: 1 to {DATA_UNIT_BLOCKS_MAX} allowed"
+        ));
+    }
+    Ok(())
 }
 
 /// The root directory: inode record (lane 0, slot 0) and a one-entry log.
@@ -211,7 +337,7 @@ fn write_root<P: Pmem + ?Sized>(pm: &P, log_block: u64, opts: &FormatOptions, no
     pm.persist(rec_off, INODE_RECORD_SIZE);
 }
 
-fn new_uuid(now: i64) -> [u8; 16] {
+pub fn new_uuid(now: i64) -> [u8; 16] {
     let mut seed = [0u8; 16];
     // getrandom may be unavailable in odd sandboxes: fall back to time + pid.
     // SAFETY: the buffer is valid for 16 bytes.
@@ -277,6 +403,24 @@ pub fn check_one(sb: &Superblock, pool_bytes: u64) -> std::result::Result<(), St
         || sb.total_blocks < sb.first_data_block + MIN_DATA_BLOCKS
     {
         return Err("inconsistent geometry in superblock".into());
+    }
+    if sb.has_data_device() {
+        if sb.version < 5 {
+            return Err(format!(
+                "format version {} cannot have a data device",
+                sb.version
+            ));
+        }
+        check_data_fields(sb.data_blocks, sb.data_threshold_bytes, sb.data_unit_blocks)?;
+        if sb.data_first_block != dev_first_data_block(sb.data_blocks) {
+            return Err("inconsistent data device geometry in superblock".into());
+        }
+    } else if sb.data_blocks != 0
+        || sb.data_first_block != 0
+        || sb.data_threshold_bytes != 0
+        || sb.data_unit_blocks != 0
+    {
+        return Err("data device fields set without a data device uuid".into());
     }
     if sb.size_bytes != pool_bytes {
         return Err(format!(

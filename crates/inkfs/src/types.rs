@@ -41,6 +41,37 @@ pub struct MountOptions {
     pub read_only: bool,
     /// What to do on corruption met while mounted (ext4's `errors=`).
     pub errors: ErrorsPolicy,
+    /// Hybrid pools: the data device, when not at the path recorded at
+    /// mkfs (`data=PATH`), or already open. Matched by its label's uuid.
+    pub data: Option<DataDevice>,
+    /// Hybrid pools: bytes of DRAM caching data-device blocks
+    /// (`data_cache=SIZE`); None: [`DATA_CACHE_DEFAULT_BYTES`].
+    pub data_cache_bytes: Option<u64>,
+    /// Hybrid pools: the placement threshold for this mount
+    /// (`data_threshold=SIZE`): writes of at least this many bytes go to
+    /// the data device. None: the one recorded at mkfs.
+    pub data_threshold_bytes: Option<u64>,
+}
+
+/// DRAM cache of data-device blocks when the mount does not say.
+pub const DATA_CACHE_DEFAULT_BYTES: u64 = 256 << 20;
+
+/// A hybrid pool's data device, as a mount is given it.
+#[derive(Clone)]
+pub enum DataDevice {
+    /// A block device or file to open (instead of the recorded path).
+    Path(std::path::PathBuf),
+    /// A device already open: the crash simulator's, an in-memory one.
+    Open(std::sync::Arc<dyn crate::blockdev::BlockDev>),
+}
+
+impl std::fmt::Debug for DataDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DataDevice::Path(p) => write!(f, "Path({})", p.display()),
+            DataDevice::Open(d) => write!(f, "Open({})", d.describe()),
+        }
+    }
 }
 
 /// What the engine does when it meets corruption while mounted, besides
@@ -236,6 +267,18 @@ pub struct SetAttr {
     pub mtime: Option<TimeSet>,
 }
 
+impl SetAttr {
+    /// The same request with every time it sets set to "now": how the
+    /// permission and chattr rules judge times a kernel cache stamped.
+    pub(crate) fn times_as_now(&self) -> SetAttr {
+        SetAttr {
+            atime: self.atime.map(|_| TimeSet::Now),
+            mtime: self.mtime.map(|_| TimeSet::Now),
+            ..*self
+        }
+    }
+}
+
 /// rename(2) flags (renameat2).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RenameFlags {
@@ -296,11 +339,17 @@ pub struct GcStats {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StatFs {
     pub block_size: u32,
+    /// Data blocks of both sides (PM's data area and, in a hybrid pool,
+    /// the data device's), and those free: what df shows.
     pub blocks: u64,
     pub blocks_free: u64,
     pub files: u64,
     pub files_free: u64,
     pub name_max: u32,
+    /// Of `blocks` and `blocks_free`, those on the data device (0 without
+    /// one); the rest are on PM.
+    pub data_blocks: u64,
+    pub data_blocks_free: u64,
 }
 
 /// setxattr flags.

@@ -201,7 +201,14 @@ fn check_and_remount(fs: F, mode: Mode) -> F {
     let before = check(&fs, 0);
     let free = fs.statfs().blocks_free;
     let pm = fs.unmount().unwrap();
-    let report = inkfs::fsck::check(&pm, &inkfs::fsck::FsckOptions { repair: false }).unwrap();
+    let report = inkfs::fsck::check(
+        &pm,
+        &inkfs::fsck::FsckOptions {
+            repair: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert!(
         report.is_clean(),
         "fsck after unmount: {:#?}",

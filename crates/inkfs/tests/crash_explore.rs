@@ -12,7 +12,7 @@
 use inkfs::crashtest::{self, CrashTestOptions};
 
 /// The CI budget: an upper bound on distinct crash states over the three
-/// modes. The catalogue has about 74,000 crash points (8286 workloads × 3
+/// modes. The catalogue has about 87,000 crash points (9563 workloads × 3
 /// modes); the budget's share gives each point about one image, and many
 /// points have fewer distinct images than that, so the run checks every
 /// workload in every mode and ends near the bound. The test asserts that
@@ -168,4 +168,52 @@ fn regression_posix_overwrite_past_unfenced_size() {
         inkfs::types::Mode::Posix,
         64,
     );
+}
+
+/// Hybrid pools (`CrashTestOptions::hybrid`): the catalogue's writes of a
+/// page or more go to a simulated data device that keeps or loses each
+/// unflushed write, line by line. A smaller budget than the PM-only run:
+/// every one-operation workload and a seeded sample of the longer ones,
+/// in every mode.
+const HYBRID_CI_STATES: u64 = 20_000;
+
+#[test]
+fn crash_exploration_hybrid_pools() {
+    let opts = CrashTestOptions {
+        states_budget: env_u64("INKFS_CRASHTEST_HYBRID_STATES").unwrap_or(HYBRID_CI_STATES),
+        seed: env_u64("INKFS_CRASHTEST_SEED").unwrap_or(CrashTestOptions::default().seed),
+        hybrid: true,
+        ..Default::default()
+    };
+    let report = crashtest::run(&opts, |_| {});
+    for v in report.violations.iter().take(10) {
+        eprintln!("{v}");
+    }
+    let summary = format!(
+        "crash_explore (hybrid): {} crash states checked (strict {}, sync {}, posix {}) over {} of {} \
+         workloads ({} runs) in {:.1}s; {} violations",
+        report.states_checked,
+        report.states_per_mode[0],
+        report.states_per_mode[1],
+        report.states_per_mode[2],
+        report.workloads,
+        report.workloads_total,
+        report.runs,
+        report.elapsed.as_secs_f64(),
+        report.violations.len()
+    );
+    std::io::Write::write_all(&mut std::io::stderr(), format!("{summary}\n").as_bytes()).unwrap();
+    assert!(
+        report.violations.is_empty(),
+        "{} violations (first shown above)",
+        report.violations.len()
+    );
+    // Every mode explored, and every one-operation workload in each.
+    let ones = crashtest::workload::OPS.len() as u64;
+    for (i, &n) in report.complete_runs_per_mode.iter().enumerate() {
+        assert!(
+            n >= ones,
+            "mode {i}: {n} complete runs, fewer than the {ones} single operations"
+        );
+    }
 }

@@ -1491,7 +1491,14 @@ fn check_record_image(image: Vec<u8>, want: &inkfs::format::Superblock, what: &s
             "{what}: a partial record"
         );
     }
-    let r = fsck::check(&pm, &FsckOptions { repair: false }).unwrap();
+    let r = fsck::check(
+        &pm,
+        &FsckOptions {
+            repair: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let torn_copy = |p: &fsck::Problem| p.kind == ProblemKind::Superblock && p.repairable;
     assert!(
         r.errors()
@@ -1569,7 +1576,14 @@ fn error_record_updates_are_crash_atomic() {
     let pm = SimPool::from_image(with_record.unwrap());
     pm.set_torn_stores(true);
     pm.start_trace();
-    let r = inkfs::fsck::check(&pm, &inkfs::fsck::FsckOptions { repair: true }).unwrap();
+    let r = inkfs::fsck::check(
+        &pm,
+        &inkfs::fsck::FsckOptions {
+            repair: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let trace = pm.stop_trace();
     assert_eq!(r.exit_code(), 1, "{:#?}", r.problems);
     let (mut cleared, mut kept) = (0, 0);

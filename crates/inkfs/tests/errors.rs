@@ -62,7 +62,14 @@ macro_rules! expect_errno {
 
 fn remount(fs: F, mode: Mode) -> F {
     let pm = fs.unmount().unwrap();
-    let r = inkfs::fsck::check(&pm, &inkfs::fsck::FsckOptions { repair: false }).unwrap();
+    let r = inkfs::fsck::check(
+        &pm,
+        &inkfs::fsck::FsckOptions {
+            repair: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert!(r.is_clean(), "{:#?}", r.problems);
     Fs::mount(
         pm,

@@ -601,7 +601,14 @@ fn unknown_flag_bits_are_refused_by_the_mount_and_cleared_by_fsck() {
     }
     drop(fs);
 
-    let r = fsck::check(&pm, &FsckOptions { repair: true }).unwrap();
+    let r = fsck::check(
+        &pm,
+        &FsckOptions {
+            repair: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert_eq!(r.errors_fixed(), 1, "{:#?}", r.problems);
     assert_eq!(r.errors_remaining, 0);
     assert_eq!(pm.read_u64(off), APPEND as u64, "the known bit stays");

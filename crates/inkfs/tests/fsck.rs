@@ -28,11 +28,25 @@ fn mount(pm: SimPool) -> Fs<SimPool> {
 }
 
 fn check(pm: &SimPool) -> FsckReport {
-    fsck::check(pm, &FsckOptions { repair: false }).unwrap()
+    fsck::check(
+        pm,
+        &FsckOptions {
+            repair: false,
+            ..Default::default()
+        },
+    )
+    .unwrap()
 }
 
 fn repair(pm: &SimPool) -> FsckReport {
-    fsck::check(pm, &FsckOptions { repair: true }).unwrap()
+    fsck::check(
+        pm,
+        &FsckOptions {
+            repair: true,
+            ..Default::default()
+        },
+    )
+    .unwrap()
 }
 
 fn assert_clean(r: &FsckReport) {

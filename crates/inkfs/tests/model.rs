@@ -1202,7 +1202,7 @@ impl Harness {
         let pm = fs
             .unmount()
             .map_err(|e| TestCaseError::fail(format!("unmount: {e}")))?;
-        let report = inkfs::fsck::check(&pm, &inkfs::fsck::FsckOptions { repair: false })
+        let report = inkfs::fsck::check(&pm, &inkfs::fsck::FsckOptions::default())
             .map_err(|e| TestCaseError::fail(format!("fsck: {e}")))?;
         prop_assert!(
             report.is_clean(),

@@ -256,7 +256,14 @@ fn one_pass_never_returns_a_name_twice() {
     assert!(!fs.mount_report().was_clean);
     assert_eq!(cookies(&fs, d), before);
     let pm = fs.unmount().unwrap();
-    let report = inkfs::fsck::check(&pm, &inkfs::fsck::FsckOptions { repair: false }).unwrap();
+    let report = inkfs::fsck::check(
+        &pm,
+        &inkfs::fsck::FsckOptions {
+            repair: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert!(report.is_clean(), "{:#?}", report.problems);
 }
 
@@ -432,6 +439,13 @@ fn version_2_sequential_positions_are_kept_and_mix_with_hashed_ones() {
     assert_eq!(cookies(&fs, d), now);
     assert_eq!(only(&now, &before).len(), FILES);
     let pm = fs.unmount().unwrap();
-    let report = inkfs::fsck::check(&pm, &inkfs::fsck::FsckOptions { repair: false }).unwrap();
+    let report = inkfs::fsck::check(
+        &pm,
+        &inkfs::fsck::FsckOptions {
+            repair: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert!(report.is_clean(), "{:#?}", report.problems);
 }

@@ -213,7 +213,14 @@ fn remount_ro_counts_records_refuses_and_fsck_clears() {
     drop(ro);
 
     // fsck reports the record; -y keeps it while the log is still damaged.
-    let r = fsck::check(&pm, &FsckOptions { repair: false }).unwrap();
+    let r = fsck::check(
+        &pm,
+        &FsckOptions {
+            repair: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert!(
         r.errors().any(|p| p.kind == ProblemKind::ErrorsRecorded),
         "{:#?}",
@@ -223,7 +230,14 @@ fn remount_ro_counts_records_refuses_and_fsck_clears() {
         .errors()
         .any(|p| p.kind == ProblemKind::Log && p.ino == Some(victim)));
     assert_eq!(r.exit_code(), 4);
-    let r = fsck::check(&pm, &FsckOptions { repair: true }).unwrap();
+    let r = fsck::check(
+        &pm,
+        &FsckOptions {
+            repair: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert_eq!(r.exit_code(), 4);
     assert!(r
         .errors()
@@ -233,7 +247,14 @@ fn remount_ro_counts_records_refuses_and_fsck_clears() {
     // The damage undone (what a repair of the log would do): -y finds
     // nothing else wrong and clears the record; the pool mounts again.
     flip(&pm, at);
-    let r = fsck::check(&pm, &FsckOptions { repair: true }).unwrap();
+    let r = fsck::check(
+        &pm,
+        &FsckOptions {
+            repair: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert!(
         r.errors()
             .all(|p| p.kind == ProblemKind::ErrorsRecorded && p.repaired),
@@ -245,7 +266,14 @@ fn remount_ro_counts_records_refuses_and_fsck_clears() {
         assert_eq!(sb.errors_count, 0);
         assert_eq!(sb.checksum, sb.compute_checksum());
     }
-    let r = fsck::check(&pm, &FsckOptions { repair: false }).unwrap();
+    let r = fsck::check(
+        &pm,
+        &FsckOptions {
+            repair: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert_eq!(r.exit_code(), 0, "{:#?}", r.problems);
     let fs = Fs::mount(pm, MountOptions::default()).unwrap();
     assert_eq!(read_all(&fs, victim), vec![7u8; 5000]);

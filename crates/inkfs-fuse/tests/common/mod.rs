@@ -81,9 +81,19 @@ impl Drop for Pool {
     }
 }
 
+/// Options every mount of a test run starts from (`INKFS_TEST_MOUNT_OPTS`,
+/// e.g. `mode=posix` to run the whole suite in posix mode with the
+/// writeback cache); a test's own options come after them and win.
+pub const MOUNT_OPTS_ENV: &str = "INKFS_TEST_MOUNT_OPTS";
+
 pub fn mount_with(pool: &Path, mnt: &Path, opts: &str) -> Output {
     let mut c = Command::new(BIN);
     c.arg("mount").arg(pool).arg(mnt);
+    if let Ok(base) = std::env::var(MOUNT_OPTS_ENV) {
+        if !base.is_empty() {
+            c.arg("-o").arg(base);
+        }
+    }
     if !opts.is_empty() {
         c.arg("-o").arg(opts);
     }
@@ -166,6 +176,14 @@ impl Drop for Mounted {
 pub fn stats_json(mnt: &Path) -> Option<serde_json::Value> {
     let report = inkfs_fuse::stat_mountpoint(mnt, true)?.ok()?;
     serde_json::from_str(&report).ok()
+}
+
+/// Whether the mount at `mnt` has the writeback cache (posix mode).
+pub fn writeback_cache(mnt: &Path) -> bool {
+    let report = stats_json(mnt).expect("statistics of the mount");
+    report["writeback_cache"]
+        .as_bool()
+        .unwrap_or_else(|| panic!("no writeback_cache in {report}"))
 }
 
 pub fn server_pid(mnt: &Path) -> Option<u32> {

@@ -50,10 +50,13 @@ pub mod pool;
 use std::path::Path;
 use std::sync::atomic::{AtomicI32, Ordering};
 
-use crate::fs::{FileHandle, Fs};
+use crate::fs::{FileHandle, Fs, KernelTimes};
 use crate::perm::{self, Actor};
 use crate::pmem::{MappedPool, PoolFile, PoolOpenOptions};
 
+pub use crate::blockdev::{
+    BlockDev, DataStats, FileDev, HybridFormat, DATA_THRESHOLD_DEFAULT, DATA_UNIT_DEFAULT_BLOCKS,
+};
 pub use crate::error::{Error, Result};
 pub use crate::fs::MountReport;
 pub use crate::perm::{Credentials, MAY_EXEC, MAY_READ, MAY_WRITE};
@@ -65,8 +68,9 @@ pub use crate::types::{
     FallocFlags, FiemapExtent, FileKind, FormatOptions, GcStats, Mode, MountOptions, RenameFlags,
     SetAttr, StatFs, TimeSet, Whence, XattrFlags,
 };
+pub use crate::types::{DataDevice, DATA_CACHE_DEFAULT_BYTES};
 pub use path::{Follow, Resolved, PATH_MAX, SYMLINKS_MAX};
-pub use pool::{looks_like_inkfs, read_summary, PoolSummary};
+pub use pool::{looks_like_inkfs, read_data_path, read_summary, DataSummary, PoolSummary};
 
 /// How long a write that finds no free block waits for attached clients'
 /// calls to end (the blocks they hold to leave the limbo) before it
@@ -117,6 +121,20 @@ impl OpenFlags {
 const SETTABLE_STATUS_FLAGS: i32 =
     libc::O_APPEND | libc::O_NONBLOCK | libc::O_NOATIME | libc::O_DIRECT;
 
+/// An inode kept alive (even unlinked) without being open: what a front
+/// end holds while a kernel still refers to an inode it may write back to
+/// (see [`Filesystem::pin`]).
+#[derive(Debug)]
+pub struct Pin {
+    handle: FileHandle,
+}
+
+impl Pin {
+    pub fn ino(&self) -> u64 {
+        self.handle.ino()
+    }
+}
+
 /// An open file or directory: the inode (kept alive while open, even
 /// unlinked) and the flags it was opened with.
 #[derive(Debug)]
@@ -148,6 +166,20 @@ impl File {
         let new = (old.0 & !SETTABLE_STATUS_FLAGS) | (flags.0 & SETTABLE_STATUS_FLAGS);
         self.flags.store(new, Ordering::Relaxed);
         Ok(())
+    }
+    /// Let a write-only file be read as well: a kernel page cache in
+    /// front of the engine (FUSE's writeback cache) fills the pages around
+    /// a partial write by reading through the writer's own handle. That
+    /// kernel refuses read(2) on a write-only descriptor itself, so only
+    /// its page fills come this way; the open's permission checks were
+    /// made with the access mode asked for. `flags()` says `O_RDWR` after.
+    pub fn allow_cache_fill(&self) {
+        let _ = self
+            .flags
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |f| {
+                (f & libc::O_ACCMODE == libc::O_WRONLY)
+                    .then_some((f & !libc::O_ACCMODE) | libc::O_RDWR)
+            });
     }
     fn append_only(&self) -> bool {
         let st = crate::inode::read(&self.handle.inode.state);
@@ -240,6 +272,18 @@ impl<P: Pmem> Filesystem<P> {
         Ok(PoolSummary::of(&sb, false))
     }
 
+    /// Lay out an empty hybrid pool (mkfs): file data of large writes on
+    /// `data.device`, everything else on `pool`. The device is formatted
+    /// first (its label names the pool), then the pool.
+    pub fn format_hybrid(
+        pool: &P,
+        opts: &FormatOptions,
+        data: &HybridFormat<'_>,
+    ) -> Result<PoolSummary> {
+        let sb = crate::blockdev::attach::format_pool(pool, opts, data)?;
+        Ok(PoolSummary::of(&sb, false))
+    }
+
     /// The mounted pool's superblock.
     pub fn summary(&self) -> PoolSummary {
         PoolSummary::of(
@@ -303,6 +347,16 @@ impl<P: Pmem> Filesystem<P> {
     }
     pub fn error_stats(&self) -> ErrorStats {
         self.fs.error_stats()
+    }
+    /// Hybrid pools: the block side's counters since mount (None: the pool
+    /// has no data device).
+    pub fn data_stats(&self) -> Option<DataStats> {
+        self.fs.data_stats()
+    }
+    /// Hybrid pools: what the data device is (e.g. "file /var/tmp/d
+    /// (O_DIRECT)"); None without one.
+    pub fn data_device(&self) -> Option<String> {
+        self.fs.data_device_description()
     }
     /// Inodes loaded in DRAM and the log pages they hold.
     pub fn loaded_log_pages(&self) -> (u64, u64) {
@@ -378,6 +432,37 @@ impl<P: Pmem> Filesystem<P> {
         set: &SetAttr,
         via: Option<&File>,
     ) -> Result<Attr> {
+        self.setattr_checked(cred, ino, set, via, None)
+    }
+
+    /// setattr from a front end whose kernel keeps a regular file's mtime
+    /// and ctime itself between write-backs (FUSE's writeback cache): it
+    /// stamps them at each write and sends them as explicit values, with its
+    /// own write-back of them and with every setattr, a `touch` to "now"
+    /// included, and it has checked the caller's right to set them
+    /// (`default_permissions`). So explicit times are judged as "now" is
+    /// (owner or writer; allowed on an append-only file) and applied as
+    /// given; `ctime` is the kernel's change time (None: now). Everything
+    /// else in `set` is checked as by [`Filesystem::setattr`].
+    pub fn setattr_kernel_times(
+        &self,
+        cred: &Credentials,
+        ino: u64,
+        set: &SetAttr,
+        ctime: Option<i64>,
+        via: Option<&File>,
+    ) -> Result<Attr> {
+        self.setattr_checked(cred, ino, set, via, Some(KernelTimes { ctime }))
+    }
+
+    fn setattr_checked(
+        &self,
+        cred: &Credentials,
+        ino: u64,
+        set: &SetAttr,
+        via: Option<&File>,
+        kernel: Option<KernelTimes>,
+    ) -> Result<Attr> {
         if set.size.is_some() {
             match via {
                 Some(f) if !f.flags().writable() => return crate::error::errno(libc::EINVAL),
@@ -390,7 +475,8 @@ impl<P: Pmem> Filesystem<P> {
                 }
             }
         }
-        self.fs.setattr_as(Actor::Caller(cred), ino, set)
+        self.fs
+            .setattr_times_from(Actor::Caller(cred), ino, set, kernel)
     }
 
     /// mknod(2): a regular file, FIFO, socket or device node (the type in
@@ -560,6 +646,26 @@ impl<P: Pmem> Filesystem<P> {
         self.fs.release(file.handle)
     }
 
+    /// Keep inode `ino` from being freed (and its number from being given
+    /// to a new inode) until [`Filesystem::unpin`], as an open handle does,
+    /// unlinked or not; no permission is checked and nothing is written.
+    /// For a front end whose kernel may still send requests for an inode
+    /// after the call that unlinked it (FUSE's writeback cache writes the
+    /// ctime it stamped at unlink back afterwards): held until that kernel
+    /// forgets the inode. After a crash, recovery frees a pinned orphan as
+    /// it frees one left open.
+    pub fn pin(&self, ino: u64) -> Result<Pin> {
+        Ok(Pin {
+            handle: self.fs.open(ino)?,
+        })
+    }
+
+    /// Let a pinned inode go: the last of its handles and pins frees it if
+    /// it is unlinked.
+    pub fn unpin(&self, pin: Pin) {
+        self.fs.release(pin.handle)
+    }
+
     /// pread(2): up to `buf.len()` bytes at `off`, short at end of file.
     pub fn read(&self, file: &File, off: u64, buf: &mut [u8]) -> Result<usize> {
         file.require(true)?;
@@ -605,6 +711,28 @@ impl<P: Pmem> Filesystem<P> {
     pub fn write_at(&self, file: &File, off: u64, data: &[u8]) -> Result<Written> {
         file.require(false)?;
         let len = self.waiting_for_limbo(|| self.fs.write(&file.handle, off, data))?;
+        Ok(Written { offset: off, len })
+    }
+
+    /// A write whose place and set-id rule a kernel in front decided
+    /// (FUSE with its writeback cache owns the file's size, so the end of
+    /// file an O_APPEND write goes to is its own): at `off` whatever the
+    /// file's `O_APPEND` says; set-id bits and file capabilities dropped
+    /// only if `kill_setid` (that kernel asks when the writer lacks
+    /// CAP_FSETID; a write-back of its page cache never does, as a write
+    /// through mmap does not). No `O_SYNC` handling: that kernel calls
+    /// fsync.
+    pub fn write_placed(
+        &self,
+        file: &File,
+        off: u64,
+        data: &[u8],
+        kill_setid: bool,
+    ) -> Result<Written> {
+        file.require(false)?;
+        let len = self
+            .fs
+            .write_dropping(&file.handle, off, data, kill_setid)?;
         Ok(Written { offset: off, len })
     }
 

@@ -30,6 +30,29 @@ pub struct PoolSummary {
     pub errors: ErrorRecord,
     /// The primary superblock was damaged and the backup was read.
     pub from_backup: bool,
+    /// Hybrid pools: the data device the superblock names.
+    pub data: Option<DataSummary>,
+}
+
+/// What a hybrid pool's superblock says of its data device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataSummary {
+    pub uuid: [u8; 16],
+    /// Device blocks the pool uses (label and save area included).
+    pub blocks: u64,
+    /// First block file data may use.
+    pub first_data_block: u64,
+    /// Writes of at least this many bytes go to the device.
+    pub threshold_bytes: u32,
+    /// Blocks an appending file reserves on the device at a time.
+    pub unit_blocks: u32,
+}
+
+impl DataSummary {
+    /// Blocks file data may use on the device.
+    pub fn data_blocks(&self) -> u64 {
+        self.blocks - self.first_data_block
+    }
 }
 
 impl PoolSummary {
@@ -46,6 +69,13 @@ impl PoolSummary {
             unmounted_unix_ns: sb.unmounted_unix_ns,
             errors: ErrorRecord::of(sb),
             from_backup,
+            data: sb.has_data_device().then_some(DataSummary {
+                uuid: sb.data_uuid,
+                blocks: sb.data_blocks,
+                first_data_block: sb.data_first_block,
+                threshold_bytes: sb.data_threshold_bytes,
+                unit_blocks: sb.data_unit_blocks,
+            }),
         }
     }
 
@@ -67,4 +97,12 @@ pub fn read_summary<P: Pmem + ?Sized>(pool: &P) -> Result<PoolSummary> {
 /// damaged or newer one): what mkfs refuses to overwrite without --force.
 pub fn looks_like_inkfs<P: Pmem + ?Sized>(pool: &P) -> bool {
     superblock::looks_like_inkfs(pool)
+}
+
+/// Where a hybrid pool's data device was recorded at mkfs (None: no
+/// record, or a damaged one: the mount then needs `data=PATH`).
+pub fn read_data_path<P: Pmem + ?Sized>(pool: &P) -> Option<std::path::PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    superblock::read_data_path(pool)
+        .map(|p| std::path::PathBuf::from(std::ffi::OsStr::from_bytes(&p)))
 }

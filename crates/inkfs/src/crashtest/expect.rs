@@ -130,7 +130,8 @@ pub fn check(
         Point::InFlight(i) => i - 1,
         Point::After(c) => c,
     };
-    let in_flight_data = matches!(at, Point::InFlight(i) if records[i - 1].class == OpClass::Data);
+    let in_flight_data = matches!(at, Point::InFlight(i)
+        if matches!(records[i - 1].class, OpClass::Data | OpClass::DataSync));
     let (strip_content, strip_size) = match mode {
         Mode::Strict => (false, false),
         Mode::Sync => (in_flight_data, false),
@@ -186,7 +187,7 @@ pub fn check(
                         continue;
                     }
                     match r.class {
-                        OpClass::Sync => lo_sync = j + 1,
+                        OpClass::Sync | OpClass::DataSync => lo_sync = j + 1,
                         OpClass::DurableData => durable.push(j + 1),
                         _ => {}
                     }
@@ -403,6 +404,35 @@ mod tests {
         assert!(check(Mode::Posix, &snap(b"aa\0\0"), &states, &r, Point::After(2)).is_ok());
         assert!(check(Mode::Posix, &snap(b"bb\0\0"), &states, &r, Point::After(2)).is_ok());
         assert!(check(Mode::Posix, &snap(b"bbaa"), &states, &r, Point::After(2)).is_err());
+    }
+
+    #[test]
+    fn a_write_back_is_a_write_in_flight_and_durable_once_done() {
+        // A write-back (write + fdatasync, fences 0..2), then a metadata op.
+        let states = [snap(b"aaaa"), snap(b"bbbbbb"), snap(b"bbbbbb")];
+        let r = [
+            rec(OpClass::DataSync, (0, 2)),
+            OpRecord {
+                class: OpClass::Meta,
+                target: None,
+                ok: true,
+                fences: (2, 3),
+            },
+        ];
+        // In flight: old, new or (sync and posix) a mix, never invented.
+        for mode in [Mode::Sync, Mode::Posix] {
+            for ok in [&b"aaaa"[..], b"bbbbbb", b"abab"] {
+                assert!(check(mode, &snap(ok), &states, &r, Point::InFlight(1)).is_ok());
+            }
+            assert!(check(mode, &snap(b"aaza"), &states, &r, Point::InFlight(1)).is_err());
+        }
+        // Done: nothing of it may be lost, in any mode.
+        for mode in [Mode::Strict, Mode::Sync, Mode::Posix] {
+            for lost in [&b"aaaa"[..], b"abab", b"bbbb"] {
+                assert!(check(mode, &snap(lost), &states, &r, Point::InFlight(2)).is_err());
+            }
+            assert!(check(mode, &snap(b"bbbbbb"), &states, &r, Point::After(2)).is_ok());
+        }
     }
 
     #[test]

@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 
 use crate::fs::Fs;
 use crate::pmem::{Pmem, SimPool, SimTrace};
+
 use crate::testkit::Rng;
 use crate::types::*;
 
@@ -67,6 +68,10 @@ pub struct CrashTestOptions {
     /// After each recovery also unmount, remount cleanly, compare, and run
     /// a probe write (slower, finds allocator and save-area bugs).
     pub deep: bool,
+    /// Explore hybrid pools: the workloads' large writes go to a simulated
+    /// data device that loses (or keeps, line by line) every write not yet
+    /// flushed (`workload::base_image_for`).
+    pub hybrid: bool,
 }
 
 impl Default for CrashTestOptions {
@@ -80,6 +85,7 @@ impl Default for CrashTestOptions {
             filter: None,
             torn_stores: false,
             deep: true,
+            hybrid: false,
         }
     }
 }
@@ -100,6 +106,8 @@ pub struct Violation {
     pub images: usize,
     /// Torn stores were simulated (`--torn`).
     pub torn_stores: bool,
+    /// A hybrid pool was explored (`--hybrid`).
+    pub hybrid: bool,
     /// How the operations ended and where the point lies.
     pub context: String,
     pub diff: String,
@@ -109,12 +117,13 @@ impl Violation {
     /// The command that rebuilds this image and checks it again.
     pub fn repro_command(&self) -> String {
         format!(
-            "inkfs crashtest --workload {} --mode {} --seed {:#x} --images {}{}",
+            "inkfs crashtest --workload {} --mode {} --seed {:#x} --images {}{}{}",
             self.workload,
             self.mode.name(),
             self.seed,
             self.images,
-            if self.torn_stores { " --torn" } else { "" }
+            if self.torn_stores { " --torn" } else { "" },
+            if self.hybrid { " --hybrid" } else { "" }
         )
     }
 }
@@ -217,7 +226,7 @@ pub fn select_workloads(filter: Option<&str>, seed: u64) -> Vec<Workload> {
 pub fn run(opts: &CrashTestOptions, mut progress: impl FnMut(&Progress<'_>)) -> CrashTestReport {
     let t0 = Instant::now();
     let workloads = select_workloads(opts.filter.as_deref(), opts.seed);
-    let base = workload::base_image();
+    let base = workload::base_image_for(opts.hybrid);
     let mut report = CrashTestReport {
         workloads_total: workloads.len() as u64,
         runs_total: (workloads.len() * opts.modes.len()) as u64,
@@ -282,15 +291,9 @@ struct Recorded {
 }
 
 fn record(base: &[u8], w: &Workload, mode: Mode, torn: bool) -> Result<Recorded, String> {
-    let fs = Fs::mount(
-        SimPool::from_image(base.to_vec()),
-        MountOptions {
-            mode,
-            read_only: false,
-            ..Default::default()
-        },
-    )
-    .map_err(|e| format!("mount the base image: {e:?}"))?;
+    let pm = workload::pool_of(base.to_vec());
+    let mopts = workload::mount_options(&pm, mode);
+    let fs = Fs::mount(pm, mopts).map_err(|e| format!("mount the base image: {e:?}"))?;
     fs.pmem().sync_all().map_err(|e| e.to_string())?;
     let mut states = vec![snapshot(&fs).map_err(|e| format!("base state: {e}"))?];
     let mut free = vec![fs.statfs().blocks_free];
@@ -376,6 +379,7 @@ fn run_one(
                 image_index: index,
                 images,
                 torn_stores: opts.torn_stores,
+                hybrid: opts.hybrid,
                 context,
                 diff,
             }
@@ -479,12 +483,8 @@ fn check_image(
     rec: &Recorded,
     at: Point,
 ) -> Result<(), String> {
-    let mopts = MountOptions {
-        mode,
-        read_only: false,
-        ..Default::default()
-    };
-    let pm = SimPool::from_image(image);
+    let pm = workload::pool_of(image);
+    let mopts = workload::mount_options(&pm, mode);
     // fsck sees the crash image as the next mount will: pending journals
     // and orphans are notes; any error is a violation.
     fsck_clean(&pm, false)?;
@@ -577,8 +577,12 @@ fn check_image(
 /// fsck (`crate::fsck::check`, read-only) of a crash image (`no_notes`
 /// false: errors only) or of a recovered, cleanly unmounted one (`no_notes`
 /// true: nothing at all may be reported).
-fn fsck_clean<P: Pmem>(pm: &P, no_notes: bool) -> Result<(), String> {
-    let r = crate::fsck::check(pm, &crate::fsck::FsckOptions::default())
+fn fsck_clean(pm: &SimPool, no_notes: bool) -> Result<(), String> {
+    let opts = crate::fsck::FsckOptions {
+        data: workload::mount_options(pm, Mode::Strict).data,
+        ..Default::default()
+    };
+    let r = crate::fsck::check(pm, &opts)
         .map_err(|e| format!("  fsck could not check the pool: {e}\n"))?;
     let bad: Vec<String> = r
         .problems

@@ -77,6 +77,19 @@ pub enum OpKind {
         path: &'static str,
         datasync: bool,
     },
+    /// What the FUSE server does for one write-back of the kernel's page
+    /// cache (posix mode with the writeback cache): whole pages written
+    /// where the kernel placed them, set-id bits kept, then fdatasync,
+    /// all before the request is answered.
+    WriteBack {
+        path: &'static str,
+        off: u64,
+        len: usize,
+        salt: u8,
+    },
+    /// setattr with the times the kernel's writeback cache stamped: an
+    /// explicit mtime and the kernel's own ctime.
+    KernelTimes(&'static str),
 }
 
 /// What a mode promises about an operation (docs/MODES.md).
@@ -92,6 +105,10 @@ pub enum OpClass {
     DurableData,
     /// fsync/fdatasync of a file: makes its data durable (posix mode).
     Sync,
+    /// A write made durable before it returns (a write-back under the
+    /// FUSE writeback cache: write, then fdatasync): in flight, as `Data`;
+    /// completed, as `Sync` of what it wrote.
+    DataSync,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -106,6 +123,7 @@ impl Op {
             OpKind::Write { .. } | OpKind::Copy { .. } => OpClass::Data,
             OpKind::Truncate(..) | OpKind::Fallocate { .. } => OpClass::DurableData,
             OpKind::Fsync { .. } => OpClass::Sync,
+            OpKind::WriteBack { .. } => OpClass::DataSync,
             _ => OpClass::Meta,
         }
     }
@@ -129,7 +147,8 @@ impl Op {
             | OpKind::Copy { to: path, .. }
             | OpKind::Truncate(path, _)
             | OpKind::Fallocate { path, .. }
-            | OpKind::Fsync { path, .. } => Some(path),
+            | OpKind::Fsync { path, .. }
+            | OpKind::WriteBack { path, .. } => Some(path),
             _ => None,
         }
     }
@@ -411,6 +430,20 @@ pub const OPS: &[Op] = &[
             datasync: false,
         },
     ),
+    // The FUSE server under the kernel's writeback cache (posix mode):
+    // a write-back of whole pages over the end of file (the kernel sends
+    // the tail page whole, its size its own), durable when answered; the
+    // times the kernel stamped, written back.
+    op(
+        "writeback_bar_pages",
+        OpKind::WriteBack {
+            path: "/bar",
+            off: 4096,
+            len: 3 * 4096,
+            salt: 24,
+        },
+    ),
+    op("kernel_times_foo", OpKind::KernelTimes("/A/foo")),
 ];
 
 /// A workload: one, two or three operations of [`OPS`] (indices), optionally with
@@ -507,6 +540,11 @@ pub fn all_workloads() -> Vec<Workload> {
     out
 }
 
+/// The mtime and ctime `kernel_times_foo` sets (as a kernel would have
+/// stamped them: in the past, the ctime not before the mtime).
+const KERNEL_MTIME: TimeNs = 1_700_000_000_123_456_789;
+const KERNEL_CTIME: TimeNs = 1_700_000_001_000_000_001;
+
 /// Paths a `held` workload keeps open.
 pub const HELD_PATHS: [&str; 2] = ["/A/foo", "/bar"];
 
@@ -540,19 +578,68 @@ impl Held {
 /// A formatted, populated and cleanly unmounted pool holding the fixed
 /// namespace; every workload starts from a copy of it.
 pub fn base_image() -> Vec<u8> {
-    let pm = SimPool::new(POOL_BYTES);
-    Fs::format(
-        &pm,
-        &FormatOptions {
-            lanes: 2,
-            ..Default::default()
-        },
-    )
+    base_image_for(false)
+}
+
+/// Data device of a hybrid crash-test pool: 128 blocks (the label, one
+/// save block, 126 for data).
+pub const DEV_BYTES: u64 = 128 * crate::format::BLOCK_SIZE;
+/// Placement threshold of a hybrid crash-test pool: the catalogue's
+/// writes of a page or more go to the device, smaller ones (and every
+/// partial-page zeroing of truncate and punch) stay on PM, so workloads
+/// mix both sides and move data from one to the other.
+pub const HYBRID_THRESHOLD: u32 = 4096;
+/// Device extent unit of a hybrid crash-test pool, in blocks.
+pub const HYBRID_UNIT_BLOCKS: u32 = 4;
+
+/// The populated base image: the pool, followed in a hybrid pool
+/// (`hybrid`) by its data device's bytes ([`pool_of`] splits them).
+pub fn base_image_for(hybrid: bool) -> Vec<u8> {
+    let dev_bytes = if hybrid { DEV_BYTES } else { 0 };
+    let pm = SimPool::with_device(vec![0; POOL_BYTES as usize], &vec![0; dev_bytes as usize]);
+    let opts = FormatOptions {
+        lanes: 2,
+        ..Default::default()
+    };
+    match pm.device() {
+        Some(dev) => Fs::format_hybrid(
+            &pm,
+            &opts,
+            &crate::blockdev::HybridFormat {
+                device: &*dev,
+                path: std::path::Path::new("/nonexistent/inkfs-crashtest-device"),
+                blocks: None,
+                threshold_bytes: HYBRID_THRESHOLD,
+                unit_blocks: HYBRID_UNIT_BLOCKS,
+            },
+        ),
+        None => Fs::format(&pm, &opts),
+    }
     .expect("format the crash-test pool");
-    let fs = Fs::mount(pm, MountOptions::default()).expect("mount the fresh pool");
+    let mopts = mount_options(&pm, Mode::Strict);
+    let fs = Fs::mount(pm, mopts).expect("mount the fresh pool");
     setup(&fs).expect("populate the fixed namespace");
     let pm = fs.unmount().expect("unmount the populated pool");
     pm.current_image()
+}
+
+/// A simulated pool of `image` (a base or crash image: the pool's
+/// `POOL_BYTES`, then its data device's bytes if it has one), all durable.
+pub fn pool_of(image: Vec<u8>) -> SimPool {
+    SimPool::from_combined(image, POOL_BYTES)
+}
+
+/// Mount options in `mode` for `pm`, naming its simulated data device
+/// when it has one.
+pub fn mount_options(pm: &SimPool, mode: Mode) -> MountOptions {
+    MountOptions {
+        mode,
+        read_only: false,
+        data: pm
+            .device()
+            .map(|d| DataDevice::Open(d as std::sync::Arc<dyn crate::blockdev::BlockDev>)),
+        ..Default::default()
+    }
 }
 
 fn setup<P: Pmem>(fs: &Fs<P>) -> Result<()> {
@@ -703,6 +790,26 @@ pub fn exec<P: Pmem>(fs: &Fs<P>, op: &Op, held: &Held) -> Result<()> {
         OpKind::Fsync { path, datasync } => {
             with_handle(fs, held, path, |fh| fs.fsync(fh, datasync))?
         }
+        OpKind::WriteBack {
+            path,
+            off,
+            len,
+            salt,
+        } => with_handle(fs, held, path, |fh| {
+            fs.write_dropping(fh, off, &pattern(len, salt), false)?;
+            fs.fsync(fh, true)
+        })?,
+        OpKind::KernelTimes(path) => {
+            let ino = resolve(fs, path)?;
+            let set = SetAttr {
+                mtime: Some(TimeSet::At(KERNEL_MTIME)),
+                ..Default::default()
+            };
+            let kernel = crate::fs::KernelTimes {
+                ctime: Some(KERNEL_CTIME),
+            };
+            fs.setattr_times_from(crate::perm::Actor::Engine, ino, &set, Some(kernel))?;
+        }
     }
     Ok(())
 }
@@ -736,8 +843,8 @@ pub fn result_name(r: &std::result::Result<(), Error>) -> String {
 mod tests {
     use super::*;
 
-    /// The whiteout, collapse and insert operations do what their names
-    /// say on the fixed namespace (a failing one would only explore the
+    /// The whiteout, collapse, insert and write-back operations do what
+    /// their names say on the fixed namespace (a failing one would only explore the
     /// error path).
     #[test]
     fn whiteout_and_shift_ops_succeed_on_the_namespace() {
@@ -747,6 +854,8 @@ mod tests {
             "whiteout_sub_B_sub",
             "collapse_bar_mid",
             "insert_foo_start",
+            "writeback_bar_pages",
+            "kernel_times_foo",
         ] {
             let op = OPS
                 .iter()
@@ -769,6 +878,14 @@ mod tests {
                     FOO_LEN as u64 + 4096
                 };
                 assert_eq!(size, want, "{name}");
+            }
+            if name == "writeback_bar_pages" {
+                let a = fs.getattr(resolve(&fs, "/bar").unwrap()).unwrap();
+                assert_eq!(a.size, 4 * 4096, "{name}");
+            }
+            if name == "kernel_times_foo" {
+                let a = fs.getattr(resolve(&fs, "/A/foo").unwrap()).unwrap();
+                assert_eq!((a.mtime_ns, a.ctime_ns), (KERNEL_MTIME, KERNEL_CTIME));
             }
         }
     }

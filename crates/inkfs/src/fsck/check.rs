@@ -48,6 +48,9 @@ pub(super) struct Checker<'a, P: Pmem + ?Sized> {
     pub(super) inodes: BTreeMap<u64, InoInfo>,
     pub(super) blocks: BlockMap,
     pub(super) counts: [u64; 6],
+    /// Hybrid pools: the data device, when it was found and is the one
+    /// the superblock names (`check_data_device`).
+    pub(super) dev: Option<std::sync::Arc<dyn crate::blockdev::BlockDev>>,
 }
 
 // Indexes of `Checker::counts`, the totals of `FsckReport`.
@@ -75,6 +78,7 @@ pub(super) fn show_name(name: &[u8]) -> String {
 impl<'a, P: Pmem + ?Sized> Checker<'a, P> {
     pub(super) fn run(
         pm: &'a P,
+        data: Option<&crate::types::DataDevice>,
         phase: &'static str,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<Checker<'a, P>> {
@@ -92,13 +96,16 @@ impl<'a, P: Pmem + ?Sized> Checker<'a, P> {
             inodes: BTreeMap::new(),
             blocks: BlockMap::default(),
             counts: [0; 6],
+            dev: None,
         };
+        c.check_data_device(data);
         c.check_error_record();
         c.load_tables();
         c.check_journals();
         c.scan_inodes(phase, progress);
         c.check_namespace();
         c.check_save_areas();
+        c.check_device_save_area();
         Ok(c)
     }
 
@@ -143,6 +150,14 @@ impl<'a, P: Pmem + ?Sized> Checker<'a, P> {
 
     pub(super) fn report(&self) -> FsckReport {
         let blocks_total = self.geo.total_blocks - self.geo.first_data_block;
+        // A hybrid pool's device blocks in use are counted apart.
+        let dev_used: u64 = self
+            .blocks
+            .map
+            .range(DEV_BLOCK_BASE..)
+            .map(|(&s, &(e, _))| e - s)
+            .sum();
+        let pm_used = self.blocks.used - dev_used;
         FsckReport {
             problems: self.found.iter().map(|f| f.problem.clone()).collect(),
             inodes_checked: self.counts[C_INODES],
@@ -152,8 +167,10 @@ impl<'a, P: Pmem + ?Sized> Checker<'a, P> {
             other: self.counts[C_OTHER],
             orphans: self.counts[C_ORPHANS],
             blocks_total,
-            blocks_used: self.blocks.used,
-            blocks_free: blocks_total.saturating_sub(self.blocks.used),
+            blocks_used: pm_used,
+            blocks_free: blocks_total.saturating_sub(pm_used),
+            data_blocks_total: self.geo.dev_end - self.geo.dev_first,
+            data_blocks_used: dev_used,
             was_clean: self.sb.state == STATE_CLEAN,
             modified: false,
             errors_remaining: 0,

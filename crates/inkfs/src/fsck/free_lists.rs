@@ -62,7 +62,14 @@ impl<P: Pmem + ?Sized> Checker<'_, P> {
             .map(|(s, n)| (s, s + n))
             .collect();
         free.sort_unstable();
-        let used: Vec<(u64, u64)> = self.blocks.map.iter().map(|(&s, &(e, _))| (s, e)).collect();
+        // PM's blocks only: a hybrid pool's device blocks are checked
+        // against the device's own save area (`device.rs`).
+        let used: Vec<(u64, u64)> = self
+            .blocks
+            .map
+            .range(..DEV_BLOCK_BASE)
+            .map(|(&s, &(e, _))| (s, e))
+            .collect();
 
         // In use and on a free list.
         let (mut both, mut first_both) = (0u64, None);

@@ -113,7 +113,9 @@ pub(super) struct Loaded {
 
 impl<P: Pmem + ?Sized> Checker<'_, P> {
     fn use_blocks(&mut self, start: u64, len: u64, u: Use) {
-        if !self.geo.is_data_range(start, len) {
+        // File data may be on a hybrid pool's data device; nothing else.
+        let on_device = matches!(u, Use::Data(_)) && self.geo.is_dev_range(start, len);
+        if !self.geo.is_data_range(start, len) && !on_device {
             self.error(
                 ProblemKind::BlockRange,
                 u.ino(),
@@ -139,20 +141,39 @@ impl<P: Pmem + ?Sized> Checker<'_, P> {
     fn check_past_eof(&mut self, ino: u64, size: u64, map: &FileMap) {
         let first = size / BLOCK_SIZE;
         let mut dirty: Vec<(u64, u64)> = Vec::new();
+        let mut dev_dirty = 0u64;
         let mut buf = [0u8; BLOCK_SIZE as usize];
         for e in map.iter().filter(|e| e.end() > first) {
             for page in e.page.max(first)..e.end() {
                 let block = e.block + (page - e.page);
+                let from = if page == first { size % BLOCK_SIZE } else { 0 };
+                if self.geo.is_dev_range(block, 1) {
+                    if self.dev_page_dirty(block, from as usize, &mut buf) {
+                        dev_dirty += 1;
+                    }
+                    continue;
+                }
                 if !self.geo.is_data_range(block, 1) {
                     continue; // reported by `use_blocks`
                 }
-                let from = if page == first { size % BLOCK_SIZE } else { 0 };
                 let part = &mut buf[from as usize..];
                 self.pm.read(block * BLOCK_SIZE + from, part);
                 if part.iter().any(|&b| b != 0) {
                     dirty.push((block * BLOCK_SIZE + from, BLOCK_SIZE - from));
                 }
             }
+        }
+        if dev_dirty > 0 {
+            // Repair zeroes PM only; the data device's pages are left.
+            self.error(
+                ProblemKind::PastEof,
+                Some(ino),
+                format!(
+                    "{dev_dirty} page(s) on the data device hold non-zero bytes past the end of \
+                     file (size {size})"
+                ),
+                None,
+            );
         }
         if let Some(&(off, _)) = dirty.first() {
             self.error(

@@ -29,6 +29,8 @@
 //!   named twice, unreachable inodes, link counts, "..";
 //! - `free_lists.rs`: on a clean pool, the saved free lists against what
 //!   is in use;
+//! - `device.rs`: a hybrid pool's data device: its identity, and on a
+//!   clean pool its saved free list against the device blocks in use;
 //! - `repair.rs`: the fixes the check proposes and how they are applied
 //!   (on media directly, or through a repair mount of the engine).
 //!
@@ -37,6 +39,7 @@
 //! between a first check and a verifying one.
 
 mod check;
+mod device;
 mod free_lists;
 mod inodes;
 mod namespace;
@@ -55,6 +58,9 @@ pub use report::{FsckReport, Problem, ProblemKind, Progress, Severity};
 pub struct FsckOptions {
     /// Repair what is safely repairable (`inkfs fsck -y`).
     pub repair: bool,
+    /// Hybrid pools: the data device, when not at the path recorded at
+    /// mkfs (`inkfs fsck --data PATH`), or already open.
+    pub data: Option<crate::types::DataDevice>,
 }
 
 /// Check `pm` (and repair it if asked). `Err` only when there is nothing
@@ -69,7 +75,7 @@ pub fn check_with_progress<P: Pmem>(
     opts: &FsckOptions,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<FsckReport> {
-    let first = Checker::run(pm, "check", progress)?;
+    let first = Checker::run(pm, opts.data.as_ref(), "check", progress)?;
     let mut report = first.report();
     if !opts.repair {
         report.errors_remaining = report.errors_found();
@@ -97,11 +103,11 @@ pub fn check_with_progress<P: Pmem>(
     );
     let fs_fixes: Vec<(usize, Fix)> = fixes.into_iter().filter(|(_, f)| f.needs_mount()).collect();
     if !fs_fixes.is_empty() {
-        repair::apply_mounted_fixes(pm, &fs_fixes, blocked, &mut report);
+        repair::apply_mounted_fixes(pm, opts.data.clone(), &fs_fixes, blocked, &mut report);
     }
 
     // What is left.
-    let second = Checker::run(pm, "verify", progress)?;
+    let second = Checker::run(pm, opts.data.as_ref(), "verify", progress)?;
     let mut after = second.report();
     repair::settle_error_record(pm, &mut report, &mut after)?;
     let same = |a: &Problem, b: &Problem| a.kind == b.kind && a.ino == b.ino;

@@ -134,6 +134,7 @@ pub(super) fn apply_media_fixes<P: Pmem>(
 /// each problem is marked repaired, or a note says why not.
 pub(super) fn apply_mounted_fixes<P: Pmem>(
     pm: &P,
+    data: Option<crate::types::DataDevice>,
     fs_fixes: &[(usize, Fix)],
     blocked: bool,
     report: &mut FsckReport,
@@ -151,7 +152,7 @@ pub(super) fn apply_mounted_fixes<P: Pmem>(
         });
     } else {
         report.modified = true;
-        match repair_mounted(pm, fs_fixes) {
+        match repair_mounted(pm, data, fs_fixes) {
             Ok(results) => {
                 for (i, r) in results {
                     match r {
@@ -294,7 +295,11 @@ type FixResults = Vec<(usize, Result<()>)>;
 
 /// Mount read-write (allocator rebuilt by scanning), apply the namespace
 /// fixes through the engine's commit paths, unmount cleanly.
-fn repair_mounted<P: Pmem>(pm: &P, fixes: &[(usize, Fix)]) -> Result<FixResults> {
+fn repair_mounted<P: Pmem>(
+    pm: &P,
+    data: Option<crate::types::DataDevice>,
+    fixes: &[(usize, Fix)],
+) -> Result<FixResults> {
     let sb = superblock::read_superblock(pm)?.0;
     // A zeroed header is what a save that did not fit leaves: the mount
     // then rebuilds the allocator from the logs.
@@ -309,6 +314,9 @@ fn repair_mounted<P: Pmem>(pm: &P, fixes: &[(usize, Fix)]) -> Result<FixResults>
         MountOptions {
             mode: Mode::Strict,
             read_only: false,
+            // A hybrid pool's rebuild scans both sides (the device's save
+            // area is only read when the PM ones are valid).
+            data,
             ..Default::default()
         },
     )?;

@@ -62,6 +62,9 @@ pub enum ProblemKind {
     ErrorsRecorded,
     /// A repair step failed.
     Repair,
+    /// A hybrid pool's data device is missing, or is not the one the
+    /// superblock names (another pool's, formatted again, truncated).
+    DataDevice,
 }
 
 impl ProblemKind {
@@ -88,6 +91,7 @@ impl ProblemKind {
             ProblemKind::PastEof => "past-eof",
             ProblemKind::ErrorsRecorded => "errors-recorded",
             ProblemKind::Repair => "repair",
+            ProblemKind::DataDevice => "data-device",
         }
     }
 
@@ -103,6 +107,7 @@ impl ProblemKind {
                 | ProblemKind::Journal
                 | ProblemKind::BlockRange
                 | ProblemKind::BlockTwice
+                | ProblemKind::DataDevice
         )
     }
 }
@@ -157,6 +162,10 @@ pub struct FsckReport {
     pub blocks_total: u64,
     pub blocks_used: u64,
     pub blocks_free: u64,
+    /// Hybrid pools: the data device's data blocks, and those file extents
+    /// use (both 0 without a data device).
+    pub data_blocks_total: u64,
+    pub data_blocks_used: u64,
     /// The superblock said "cleanly unmounted" when the check started.
     pub was_clean: bool,
     /// A repair was asked for and something was written.

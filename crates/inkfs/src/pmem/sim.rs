@@ -13,6 +13,15 @@
 //!   [`SimPool::set_torn_stores`] one is taken per 8-byte word, so multi-word
 //!   stores can also tear (which real hardware allows).
 //!
+//! A simulated pool may carry a block device behind it ([`SimDevice`], a
+//! hybrid pool's data device): its bytes follow the pool's in the same
+//! image, so a crash image holds both sides at one instant. A device write
+//! is a cached store never written back by the engine's flushes: each of
+//! its lines may persist or not, in any order, until the device's own
+//! flush makes every pending device line durable (and is a crash point,
+//! as a fence is). `sync_all`, the pool's clean-shutdown flush, leaves the
+//! device alone.
+//!
 //! A crash image is the durable image plus, for each pending line, one of
 //! its possible contents. Memory is the pool image (twice) plus one 64-byte
 //! version per store and line still pending; a trace adds one start image
@@ -110,11 +119,21 @@ impl Media {
 
     /// Every write-back issued so far becomes durable.
     fn fence(&mut self) {
+        self.fence_from(0);
+    }
+
+    /// The write-backs issued so far of lines at or after `first_line`
+    /// become durable (a device flush: the pool's lines, written back but
+    /// not fenced, stay as they are).
+    fn fence_from(&mut self, first_line: u64) {
         if self.flushed.is_empty() {
             return;
         }
+        let (done, keep): (Vec<u64>, Vec<u64>) =
+            self.flushed.drain(..).partition(|&l| l >= first_line);
+        self.flushed = keep;
         let durable = Arc::make_mut(&mut self.durable);
-        for line in self.flushed.drain(..) {
+        for line in done {
             let Some(p) = self.pending.get_mut(&line) else {
                 unreachable!("flushed line {line} is not pending");
             };
@@ -163,6 +182,10 @@ enum Event {
         line: u64,
     },
     Fence,
+    /// A device flush: lines from `first_line` on become durable.
+    DeviceFlush {
+        first_line: u64,
+    },
 }
 
 /// A trace being recorded.
@@ -175,8 +198,10 @@ struct Recorder {
 }
 
 struct SimState {
-    /// What loads see (all stores).
+    /// What loads see (all stores): the pool, then the device's bytes.
     current: Vec<u8>,
+    /// The device's first line (the pool's line count).
+    dev_first_line: u64,
     media: Media,
     fences: u64,
     torn_stores: bool,
@@ -186,7 +211,23 @@ struct SimState {
 /// An in-memory pool that knows which bytes are durable.
 pub struct SimPool {
     size_bytes: u64,
-    state: Mutex<SimState>,
+    dev_bytes: u64,
+    state: Arc<Mutex<SimState>>,
+}
+
+/// The block device behind a [`SimPool`] (see the module documentation):
+/// a hybrid pool's data device under the crash model of
+/// `blockdev::BlockDev`.
+pub struct SimDevice {
+    pool_bytes: u64,
+    dev_bytes: u64,
+    state: Arc<Mutex<SimState>>,
+}
+
+impl std::fmt::Debug for SimDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SimDevice({} bytes)", self.dev_bytes)
+    }
 }
 
 impl SimPool {
@@ -200,21 +241,57 @@ impl SimPool {
     /// A pool holding `image`, all of it durable (e.g. a crash image, to
     /// run recovery on).
     pub fn from_image(image: Vec<u8>) -> SimPool {
+        let n = image.len() as u64;
+        SimPool::from_combined(image, n)
+    }
+
+    /// A pool of `pool_image` with a simulated block device holding
+    /// `dev_image` behind it, all durable.
+    pub fn with_device(pool_image: Vec<u8>, dev_image: &[u8]) -> SimPool {
+        let n = pool_image.len() as u64;
+        let mut image = pool_image;
+        image.extend_from_slice(dev_image);
+        SimPool::from_combined(image, n)
+    }
+
+    /// A pool whose first `pool_bytes` bytes of `image` are the pool and
+    /// the rest its device (a crash image of a pool with a device).
+    pub fn from_combined(image: Vec<u8>, pool_bytes: u64) -> SimPool {
         assert!(
-            image.len() & (LINE_BYTES - 1) == 0,
+            image.len() & (LINE_BYTES - 1) == 0 && pool_bytes.is_multiple_of(CACHE_LINE),
             "simulated pool size {} is not a multiple of the cache line",
             image.len()
         );
+        assert!(pool_bytes <= image.len() as u64);
         SimPool {
-            size_bytes: image.len() as u64,
-            state: Mutex::new(SimState {
+            size_bytes: pool_bytes,
+            dev_bytes: image.len() as u64 - pool_bytes,
+            state: Arc::new(Mutex::new(SimState {
                 current: image.clone(),
+                dev_first_line: pool_bytes / CACHE_LINE,
                 media: Media::new(image),
                 fences: 0,
                 torn_stores: false,
                 trace: None,
-            }),
+            })),
         }
+    }
+
+    /// The block device behind the pool, if it has one (bytes on it are
+    /// in every image after the pool's).
+    pub fn device(&self) -> Option<Arc<SimDevice>> {
+        (self.dev_bytes > 0).then(|| {
+            Arc::new(SimDevice {
+                pool_bytes: self.size_bytes,
+                dev_bytes: self.dev_bytes,
+                state: Arc::clone(&self.state),
+            })
+        })
+    }
+
+    /// Bytes of the device behind the pool (0: none).
+    pub fn device_bytes(&self) -> u64 {
+        self.dev_bytes
     }
 
     /// Record a version after every 8-byte word of a store instead of one
@@ -224,7 +301,8 @@ impl SimPool {
         self.lock().torn_stores = on;
     }
 
-    /// What a clean shutdown leaves: every store.
+    /// What a clean shutdown leaves: every store (the device's bytes
+    /// follow the pool's, if it has one).
     pub fn current_image(&self) -> Vec<u8> {
         self.lock().current.clone()
     }
@@ -287,11 +365,7 @@ impl SimPool {
     }
 
     fn lock(&self) -> MutexGuard<'_, SimState> {
-        // A test that panicked while holding the lock left a consistent
-        // state (every mutation completes under the lock): keep going.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock_state(&self.state)
     }
 
     fn check(&self, off: u64, len: u64) {
@@ -302,6 +376,14 @@ impl SimPool {
             self.size_bytes
         );
     }
+}
+
+fn lock_state(state: &Mutex<SimState>) -> MutexGuard<'_, SimState> {
+    // A test that panicked while holding the lock left a consistent state
+    // (every mutation completes under the lock): keep going.
+    state
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl SimState {
@@ -349,6 +431,27 @@ impl SimState {
         if let Some(trace) = &mut self.trace {
             trace.fence_events.push(trace.events.len());
             trace.events.push(Event::Fence);
+        }
+    }
+
+    /// A device flush: every pending device line written back and made
+    /// durable; a crash point like a fence (counted among the fences).
+    fn device_flush(&mut self) {
+        let first = self.dev_first_line;
+        let lines: Vec<u64> = self
+            .media
+            .pending_sorted()
+            .into_iter()
+            .filter(|&l| l >= first)
+            .collect();
+        for line in lines {
+            self.flush(line);
+        }
+        self.media.fence_from(first);
+        self.fences += 1;
+        if let Some(trace) = &mut self.trace {
+            trace.fence_events.push(trace.events.len());
+            trace.events.push(Event::DeviceFlush { first_line: first });
         }
     }
 }
@@ -421,14 +524,60 @@ impl Pmem for SimPool {
         self.lock().fence();
     }
 
-    /// Like msync + fence: every pending line is written back, then fenced.
+    /// Like msync + fence: every pending line of the pool (not of its
+    /// device) is written back, then fenced.
     fn sync_all(&self) -> std::io::Result<()> {
         let mut state = self.lock();
+        let first_dev = state.dev_first_line;
         for line in state.media.pending_sorted() {
-            state.flush(line);
+            if line < first_dev {
+                state.flush(line);
+            }
         }
         state.fence();
         Ok(())
+    }
+}
+
+impl SimDevice {
+    fn check(&self, off: u64, len: u64) -> std::io::Result<()> {
+        match off.checked_add(len) {
+            Some(end) if end <= self.dev_bytes && off.is_multiple_of(crate::format::BLOCK_SIZE) => {
+                Ok(())
+            }
+            _ => Err(std::io::Error::from_raw_os_error(libc::EIO)),
+        }
+    }
+}
+
+impl crate::blockdev::BlockDev for SimDevice {
+    fn size_bytes(&self) -> u64 {
+        self.dev_bytes
+    }
+
+    fn read_at(&self, off: u64, buf: &mut [crate::blockdev::Page]) -> std::io::Result<()> {
+        let out = crate::blockdev::dev::as_bytes_mut(buf);
+        self.check(off, out.len() as u64)?;
+        let at = (self.pool_bytes + off) as usize;
+        out.copy_from_slice(&lock_state(&self.state).current[at..at + out.len()]);
+        Ok(())
+    }
+
+    /// A cached store of every line: pending until `flush`.
+    fn write_at(&self, off: u64, data: &[crate::blockdev::Page]) -> std::io::Result<()> {
+        let data = crate::blockdev::dev::as_bytes(data);
+        self.check(off, data.len() as u64)?;
+        lock_state(&self.state).store(self.pool_bytes + off, data, false);
+        Ok(())
+    }
+
+    fn flush(&self) -> std::io::Result<()> {
+        lock_state(&self.state).device_flush();
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        "crash simulator device".into()
     }
 }
 
@@ -519,6 +668,7 @@ impl SimTrace {
                     media.flush(line);
                 }
                 Event::Fence => media.fence(),
+                Event::DeviceFlush { first_line } => media.fence_from(first_line),
             }
         }
         applied = end;

@@ -1,0 +1,230 @@
+//! A hybrid pool (metadata on the pool in /dev/shm, large writes' data on
+//! a data file on a disk file system) through the FUSE mount: files of
+//! every size written, read back, kept across a clean remount and across
+//! a SIGKILL of the server (what was fsynced); the mount's statistics show
+//! both sides; a missing or wrong data device is refused, saying which.
+
+mod common;
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use inkfs::api::{Filesystem, FormatOptions, HybridFormat};
+use inkfs::blockdev::FileDev;
+
+/// A hybrid pool: the pool in /dev/shm, its data file in /var/tmp (a disk
+/// file system, so O_DIRECT and fdatasync are real); both removed on drop.
+struct Hybrid {
+    pool: Pool,
+    data: PathBuf,
+}
+
+impl Hybrid {
+    fn new(name: &str) -> Hybrid {
+        let pid = std::process::id();
+        let path = PathBuf::from(format!("/dev/shm/inkfs-fuse-test-{name}-{pid}.pool"));
+        let data = PathBuf::from(format!("/var/tmp/inkfs-fuse-test-{name}-{pid}.data"));
+        let _ = fs::remove_file(&path);
+        let pm = inkfs::pmem::MappedPool::open(
+            &path,
+            &inkfs::pmem::PoolOpenOptions {
+                create_size_bytes: Some(64 << 20),
+                read_only: false,
+            },
+        )
+        .expect("create pool");
+        let dev = FileDev::create(&data, 256 << 20).expect("create data file");
+        Filesystem::format_hybrid(
+            &pm,
+            &FormatOptions::default(),
+            &HybridFormat {
+                device: &dev,
+                path: &data,
+                blocks: None,
+                threshold_bytes: 64 << 10,
+                unit_blocks: 256,
+            },
+        )
+        .expect("format hybrid pool");
+        Hybrid {
+            pool: Pool { path },
+            data,
+        }
+    }
+}
+
+impl Drop for Hybrid {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.data);
+    }
+}
+
+fn pattern(seed: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|j| (seed.wrapping_mul(31) ^ j.wrapping_mul(7) ^ (j >> 12)) as u8)
+        .collect()
+}
+
+/// Sizes on both sides of the threshold, sequential and not.
+const SIZES: [usize; 6] = [100, 5000, 70_000, 300_000, 1 << 20, (3 << 20) + 777];
+
+fn write_files(root: &Path, tag: &str) {
+    for (i, &len) in SIZES.iter().enumerate() {
+        let mut f = fs::File::create(root.join(format!("{tag}{i}"))).unwrap();
+        f.write_all(&pattern(i, len)).unwrap();
+        f.sync_all().unwrap();
+    }
+}
+
+fn check_files(root: &Path, tag: &str) {
+    for (i, &len) in SIZES.iter().enumerate() {
+        let got = fs::read(root.join(format!("{tag}{i}"))).unwrap();
+        assert!(
+            got == pattern(i, len),
+            "{tag}{i}: {len} bytes read back differ"
+        );
+    }
+}
+
+fn stat_u64(v: &serde_json::Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no {key} in the statistics: {v}"))
+}
+
+#[test]
+fn hybrid_pool_through_fuse_in_every_mode() {
+    for mode in ["strict", "sync", "posix"] {
+        let h = Hybrid::new(&format!("hy-{mode}"));
+        let opts = format!("mode={mode}");
+        let m = Mounted::new(&h.pool, &opts);
+        write_files(m.path(), "f");
+        // An overwrite in the middle of a device-side file, then an
+        // unaligned small one.
+        let big = m.p("big");
+        let mut want = pattern(9, 2 << 20);
+        fs::write(&big, &want).unwrap();
+        {
+            use std::os::unix::fs::FileExt;
+            let f = fs::OpenOptions::new().write(true).open(&big).unwrap();
+            f.write_all_at(&[0xab; 200_000], 300_001).unwrap();
+            want[300_001..500_001].fill(0xab);
+            f.write_all_at(b"small", 1_000_003).unwrap();
+            want[1_000_003..1_000_008].copy_from_slice(b"small");
+            f.sync_all().unwrap();
+        }
+        check_files(m.path(), "f");
+        assert!(fs::read(&big).unwrap() == want, "{mode}: big file differs");
+        let s = stats_json(m.path()).expect("statistics");
+        let total = stat_u64(&s, "data_bytes_total");
+        let free = stat_u64(&s, "data_bytes_free");
+        assert!(
+            total - free >= 4 << 20,
+            "{mode}: the large files are not on the data device: {s}"
+        );
+        assert!(stat_u64(&s, "data_bytes_written") >= 4 << 20, "{s}");
+        assert!(stat_u64(&s, "pm_bytes_total") > 0, "{s}");
+        let dir = m.unmount();
+        let m = Mounted::at(&h.pool, dir, &opts);
+        assert!(mounted_clean(m.path()));
+        check_files(m.path(), "f");
+        assert!(
+            fs::read(m.p("big")).unwrap() == want,
+            "{mode}: big file after remount"
+        );
+        drop(m);
+        // fsck of the pool and its data device finds nothing.
+        let r = inkfs::fsck::check(
+            &inkfs::pmem::MappedPool::open(
+                &h.pool.path,
+                &inkfs::pmem::PoolOpenOptions {
+                    create_size_bytes: None,
+                    read_only: true,
+                },
+            )
+            .unwrap(),
+            &inkfs::fsck::FsckOptions::default(),
+        )
+        .unwrap();
+        assert!(r.problems.is_empty(), "{mode}: {:?}", r.problems);
+    }
+}
+
+#[test]
+fn hybrid_kill9_keeps_fsynced_data() {
+    for mode in ["strict", "posix"] {
+        let h = Hybrid::new(&format!("hykill-{mode}"));
+        let opts = format!("mode={mode}");
+        let m = Mounted::new(&h.pool, &opts);
+        let root = m.path().to_path_buf();
+        let mut synced = Vec::new();
+        for i in 0..12 {
+            let len = 1000 + i * 97_003;
+            let mut f = fs::File::create(root.join(format!("w{i}"))).unwrap();
+            f.write_all(&pattern(i, len)).unwrap();
+            f.sync_all().unwrap();
+            synced.push((i, len));
+        }
+        // Written, not fsynced: posix may lose it, strict keeps it.
+        fs::write(root.join("late"), pattern(99, 500_000)).unwrap();
+        let dir = m.kill9();
+        let m = Mounted::at(&h.pool, dir, &opts);
+        assert!(
+            !mounted_clean(m.path()),
+            "{mode}: a kill leaves the pool to recover"
+        );
+        for (i, len) in synced {
+            let got = fs::read(m.p(&format!("w{i}"))).unwrap();
+            assert!(
+                got == pattern(i, len),
+                "{mode}: w{i} ({len} bytes) lost after the kill"
+            );
+        }
+        if mode == "strict" {
+            assert!(fs::read(m.p("late")).unwrap() == pattern(99, 500_000));
+        }
+    }
+}
+
+#[test]
+fn a_missing_or_wrong_data_device_is_refused() {
+    require_root();
+    let h = Hybrid::new("hyrefuse");
+    let other = Hybrid::new("hyother");
+    let dir = tempfile::Builder::new()
+        .prefix("inkfs-mnt-")
+        .tempdir()
+        .unwrap();
+    let text = |o: std::process::Output| {
+        assert!(!o.status.success(), "mounted: {o:?}");
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    let msg = text(mount_with(
+        &h.pool.path,
+        dir.path(),
+        &format!("data={}", other.data.display()),
+    ));
+    assert!(msg.contains("another pool"), "{msg}");
+    let moved = PathBuf::from(format!("{}.moved", h.data.display()));
+    fs::rename(&h.data, &moved).unwrap();
+    let msg = text(mount_with(&h.pool.path, dir.path(), ""));
+    assert!(msg.contains("missing") && msg.contains("data="), "{msg}");
+    // Named where it moved to, it mounts.
+    let out = mount_with(
+        &h.pool.path,
+        dir.path(),
+        &format!("data={}", moved.display()),
+    );
+    assert!(out.status.success(), "{out:?}");
+    let pid = server_pid(dir.path()).unwrap();
+    run(Command::new("umount").arg(dir.path()));
+    wait_exit(pid);
+    fs::rename(&moved, &h.data).unwrap();
+}

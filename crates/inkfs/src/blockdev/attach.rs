@@ -1,0 +1,151 @@
+//! Finding and checking a hybrid pool's data device at mount, before the
+//! mount writes anything: the device the mount names (`data=PATH`, or one
+//! already open), else the path recorded at mkfs; refused, saying which
+//! and why, when it is missing or is not the device the superblock names.
+
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::dev::{BlockDev, FileDev};
+use super::layout;
+use super::store::{DataStore, Placement};
+use crate::alloc::BlockAllocator;
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::pmem::Pmem;
+use crate::types::{DataDevice, MountOptions, DATA_CACHE_DEFAULT_BYTES};
+
+/// The data device of the pool whose superblock is `sb`, opened and
+/// checked; None for a pool without one. Nothing is written.
+pub fn open_device<P: Pmem + ?Sized>(
+    pm: &P,
+    sb: &Superblock,
+    opts: &MountOptions,
+) -> Result<Option<Arc<dyn BlockDev>>> {
+    if !sb.has_data_device() {
+        if opts.data.is_some() {
+            return Err(Error::BadPool(
+                "a data device was given, but this pool has none (it keeps file data on PM)".into(),
+            ));
+        }
+        return Ok(None);
+    }
+    let (dev, name): (Arc<dyn BlockDev>, String) = match &opts.data {
+        Some(DataDevice::Open(d)) => (d.clone(), d.describe()),
+        Some(DataDevice::Path(p)) => (open_path(p, opts.read_only, "given")?, p.display().to_string()),
+        None => {
+            let recorded = crate::superblock::read_data_path(pm).ok_or_else(|| {
+                Error::BadPool(
+                    "the record of the data device's path is damaged; mount with data=PATH".into(),
+                )
+            })?;
+            let path = Path::new(std::ffi::OsStr::from_bytes(&recorded));
+            (
+                open_path(path, opts.read_only, "recorded at mkfs")?,
+                path.display().to_string(),
+            )
+        }
+    };
+    layout::verify(&*dev, sb)
+        .map_err(|why| Error::BadPool(format!("data device {name}: {why}")))?;
+    Ok(Some(dev))
+}
+
+fn open_path(path: &Path, read_only: bool, how: &str) -> Result<Arc<dyn BlockDev>> {
+    match FileDev::open(path, read_only) {
+        Ok(d) => Ok(Arc::new(d)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::BadPool(format!(
+            "data device {} ({how}) is missing; mount with data=PATH if it moved",
+            path.display()
+        ))),
+        Err(e) => Err(Error::BadPool(format!(
+            "data device {} ({how}): {e}",
+            path.display()
+        ))),
+    }
+}
+
+/// The block side of a mount: `dev` (checked by `open_device`) with its
+/// allocator, and the placement and cache the superblock and the mount
+/// options say.
+pub fn store(
+    dev: Arc<dyn BlockDev>,
+    sb: &Superblock,
+    opts: &MountOptions,
+    blocks: BlockAllocator,
+) -> DataStore {
+    let policy = Placement {
+        threshold_bytes: opts
+            .data_threshold_bytes
+            .unwrap_or(sb.data_threshold_bytes as u64),
+        unit_blocks: sb.data_unit_blocks.max(1) as u64,
+    };
+    let cache = opts.data_cache_bytes.unwrap_or(DATA_CACHE_DEFAULT_BYTES);
+    DataStore::new(dev, blocks, sb.data_blocks, policy, cache)
+}
+
+/// How mkfs lays out a hybrid pool's data device.
+#[derive(Clone, Copy, Debug)]
+pub struct HybridFormat<'a> {
+    /// The device, open for writing.
+    pub device: &'a dyn BlockDev,
+    /// Where the device is, recorded for the mount to find it.
+    pub path: &'a Path,
+    /// Blocks of the device the pool uses: None, all of it.
+    pub blocks: Option<u64>,
+    /// Writes of at least this many bytes go to the device.
+    pub threshold_bytes: u32,
+    /// Blocks an appending file reserves on the device at a time.
+    pub unit_blocks: u32,
+}
+
+/// Placement threshold mkfs records when not told (docs/DESIGN.md,
+/// "Hybrid pools": a judgment, not yet measured).
+pub const DATA_THRESHOLD_DEFAULT: u32 = 64 << 10;
+/// Device extent unit mkfs records when not told: 1 MiB.
+pub const DATA_UNIT_DEFAULT_BLOCKS: u32 = 256;
+
+/// mkfs of a hybrid pool: the device's label and save area first
+/// (flushed), then the pool, whose superblock names the device. A crash
+/// before the superblocks are written leaves no pool (mkfs zeroes them
+/// first); the device's label alone makes nothing mountable.
+pub fn format_pool<P: Pmem + ?Sized>(
+    pm: &P,
+    opts: &crate::types::FormatOptions,
+    data: &HybridFormat<'_>,
+) -> Result<Superblock> {
+    let dev_blocks_max = data.device.size_bytes() / BLOCK_SIZE;
+    let blocks = data.blocks.unwrap_or(dev_blocks_max).min(DEV_BLOCKS_MAX);
+    if blocks > dev_blocks_max {
+        return Err(Error::BadPool(format!(
+            "data device of {} bytes is smaller than the {} bytes asked for",
+            data.device.size_bytes(),
+            blocks * BLOCK_SIZE
+        )));
+    }
+    crate::superblock::check_data_fields(blocks, data.threshold_bytes, data.unit_blocks)
+        .map_err(Error::BadPool)?;
+    let path = data.path.as_os_str().as_bytes();
+    if path.is_empty() || path.len() > DATA_PATH_MAX {
+        return Err(Error::BadPool(format!(
+            "data device path of {} bytes: 1 to {DATA_PATH_MAX} allowed",
+            path.len()
+        )));
+    }
+    let now = crate::time::now_ns();
+    let pool_uuid = crate::superblock::new_uuid(now);
+    let uuid = layout::format_device(data.device, pool_uuid, blocks, now)?;
+    crate::superblock::format_with(
+        pm,
+        opts,
+        Some(&crate::superblock::DataFormat {
+            uuid,
+            blocks,
+            threshold_bytes: data.threshold_bytes,
+            unit_blocks: data.unit_blocks,
+            path,
+        }),
+        pool_uuid,
+    )
+}

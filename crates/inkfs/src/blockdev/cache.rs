@@ -1,0 +1,220 @@
+//! A bounded DRAM cache of data-device blocks (the data device is opened
+//! with O_DIRECT, so nothing else caches them): CLOCK replacement in
+//! shards, each shard a fixed set of page slots allocated as they fill.
+//!
+//! Coherence: every write to the device goes through the engine, which
+//! writes the device first and then puts the new contents here (`put`).
+//! A reader that missed reads the device and offers what it read (`fill`),
+//! which is kept only if nothing wrote to that block's shard since the
+//! reader looked (`stamp`): a read racing with a write of the same block
+//! (possible only for readahead past the reader's own file, whose blocks
+//! another file may be writing) can never leave old contents behind.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use super::dev::Page;
+use crate::format::BLOCK_SIZE;
+
+const SHARDS: usize = 16;
+/// Consecutive blocks share a shard, so a sequential read takes few locks.
+const RUN_SHIFT: u32 = 4;
+
+struct Slot {
+    block: u64,
+    referenced: bool,
+}
+
+struct Shard {
+    map: HashMap<u64, u32>,
+    slots: Vec<Slot>,
+    pages: Vec<Page>,
+    capacity: usize,
+    hand: usize,
+    /// Bumped by every `put` (a write).
+    stamp: u64,
+}
+
+impl Shard {
+    /// A slot for `block` (not present): a free one while the shard fills,
+    /// else the CLOCK victim.
+    fn slot_for(&mut self, block: u64) -> usize {
+        if self.slots.len() < self.capacity {
+            self.slots.push(Slot {
+                block,
+                referenced: false,
+            });
+            self.pages.push(Page::zeroed());
+            return self.slots.len() - 1;
+        }
+        loop {
+            let i = self.hand;
+            self.hand = (self.hand + 1) % self.slots.len();
+            if std::mem::take(&mut self.slots[i].referenced) {
+                continue;
+            }
+            self.map.remove(&self.slots[i].block);
+            self.slots[i].block = block;
+            return i;
+        }
+    }
+
+    fn store(&mut self, block: u64, data: &[u8]) {
+        let i = match self.map.get(&block) {
+            Some(&i) => i as usize,
+            None => {
+                let i = self.slot_for(block);
+                self.map.insert(block, i as u32);
+                i
+            }
+        };
+        self.pages[i].0.copy_from_slice(data);
+        self.slots[i].referenced = true;
+    }
+}
+
+/// The cache. A capacity of 0 disables it (every read goes to the device).
+pub struct DataCache {
+    shards: Box<[Mutex<Shard>]>,
+    pub(crate) hits: AtomicU64,
+    pub(crate) misses: AtomicU64,
+    capacity_pages: u64,
+}
+
+impl DataCache {
+    pub fn new(bytes: u64) -> DataCache {
+        let pages = bytes / BLOCK_SIZE;
+        let per_shard = pages.div_ceil(SHARDS as u64) as usize;
+        DataCache {
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        map: HashMap::new(),
+                        slots: Vec::new(),
+                        pages: Vec::new(),
+                        capacity: per_shard,
+                        hand: 0,
+                        stamp: 0,
+                    })
+                })
+                .collect(),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            capacity_pages: per_shard as u64 * SHARDS as u64,
+        }
+    }
+
+    pub fn capacity_bytes(&self) -> u64 {
+        self.capacity_pages * BLOCK_SIZE
+    }
+
+    fn shard(&self, block: u64) -> MutexGuard<'_, Shard> {
+        let i = (block >> RUN_SHIFT) as usize % SHARDS;
+        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Bytes `[at, at + out.len())` of `block` (within the block) into
+    /// `out`, if cached.
+    pub fn get(&self, block: u64, at: usize, out: &mut [u8]) -> bool {
+        if self.capacity_pages == 0 {
+            return false;
+        }
+        let mut s = self.shard(block);
+        let hit = match s.map.get(&block) {
+            Some(&i) => {
+                let i = i as usize;
+                out.copy_from_slice(&s.pages[i].0[at..at + out.len()]);
+                s.slots[i].referenced = true;
+                true
+            }
+            None => false,
+        };
+        drop(s);
+        let counter = if hit { &self.hits } else { &self.misses };
+        counter.fetch_add(1, Ordering::Relaxed);
+        hit
+    }
+
+    pub fn contains(&self, block: u64) -> bool {
+        self.capacity_pages != 0 && self.shard(block).map.contains_key(&block)
+    }
+
+    /// The write stamp of `block`'s shard, taken before reading the device.
+    pub fn stamp(&self, block: u64) -> u64 {
+        self.shard(block).stamp
+    }
+
+    /// `block` now holds `data` on the device (written): cache it.
+    pub fn put(&self, block: u64, data: &Page) {
+        if self.capacity_pages == 0 {
+            return;
+        }
+        let mut s = self.shard(block);
+        s.stamp += 1;
+        s.store(block, &data.0);
+    }
+
+    /// A reader read `data` from the device for `block` after taking
+    /// `stamp`: keep it unless cached already or written since.
+    pub fn fill(&self, block: u64, data: &Page, stamp: u64) {
+        if self.capacity_pages == 0 {
+            return;
+        }
+        let mut s = self.shard(block);
+        if s.stamp == stamp && !s.map.contains_key(&block) {
+            s.store(block, &data.0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(v: u8) -> Page {
+        Page([v; BLOCK_SIZE as usize])
+    }
+
+    #[test]
+    fn put_get_and_eviction_stay_bounded() {
+        let c = DataCache::new(SHARDS as u64 * 2 * BLOCK_SIZE);
+        let mut out = [0u8; 8];
+        for b in 0..1000u64 {
+            c.put(b, &page(b as u8));
+        }
+        let cached = (0..1000).filter(|&b| c.contains(b)).count();
+        assert_eq!(cached, SHARDS * 2);
+        assert!(c.get(999, 100, &mut out));
+        assert_eq!(out, [999u64 as u8; 8]);
+        assert!(!c.get(0, 0, &mut out));
+    }
+
+    #[test]
+    fn a_fill_racing_a_write_is_dropped() {
+        let c = DataCache::new(1 << 20);
+        let stamp = c.stamp(7);
+        c.put(7, &page(2)); // a write lands after the reader looked
+        c.fill(7, &page(1), stamp); // the reader's older copy
+        let mut out = [0u8; 1];
+        assert!(c.get(7, 0, &mut out));
+        assert_eq!(out[0], 2);
+        // Evicted meanwhile: still dropped, the stamp moved.
+        let c = DataCache::new(1 << 20);
+        let stamp = c.stamp(9);
+        c.put((SHARDS as u64) << RUN_SHIFT, &page(3)); // block 9's shard
+        c.fill(9, &page(1), stamp);
+        assert!(!c.contains(9));
+        let stamp = c.stamp(9);
+        c.fill(9, &page(1), stamp);
+        assert!(c.contains(9));
+    }
+
+    #[test]
+    fn disabled_cache_holds_nothing() {
+        let c = DataCache::new(0);
+        c.put(1, &page(1));
+        let mut out = [0u8; 1];
+        assert!(!c.get(1, 0, &mut out));
+    }
+}

@@ -1,0 +1,130 @@
+//! The engine's hooks into the block side, for `file.rs`'s data path and
+//! `fs.rs`'s space accounting: read file bytes wherever they are, choose a
+//! side for new pages, allocate there (or on the other side when one is
+//! full), write and flush device blocks.
+//!
+//! A pool without a data device takes the PM branch of every hook (one
+//! comparison of a block number, or `self.data` being None).
+
+use super::dev::Page;
+use super::store::{DataStore, Side};
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::fs::Fs;
+use crate::pmem::Pmem;
+
+/// Blocks an appending file reserves on PM at a time (ext4-like
+/// per-inode preallocation; see `file.rs`).
+pub const PM_PREALLOC_BLOCKS: u64 = 16;
+
+/// The first byte address of the device side.
+pub const DEV_BYTES_BASE: u64 = DEV_BLOCK_BASE * BLOCK_SIZE;
+
+/// A device error as the errno the caller sees (EIO when the OS gave none).
+pub fn io_errno(e: std::io::Error) -> Error {
+    Error::Errno(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+impl<P: Pmem> Fs<P> {
+    fn store_or_corrupt(&self, what: u64) -> Result<&DataStore> {
+        self.data.as_ref().ok_or_else(|| {
+            Error::Corrupt(format!(
+                "block {what} is on a data device, and this pool has none"
+            ))
+        })
+    }
+
+    /// Read the file bytes at byte address `at` (a block number times
+    /// `BLOCK_SIZE`, plus an offset), on PM or on the device.
+    pub(crate) fn data_read(&self, at: u64, buf: &mut [u8]) -> Result<()> {
+        if at < DEV_BYTES_BASE {
+            self.pm.read(at, buf);
+            return Ok(());
+        }
+        self.store_or_corrupt(at / BLOCK_SIZE)?
+            .read(at, buf)
+            .map_err(io_errno)
+    }
+
+    /// Where the new pages of a write of `bytes` go (always PM without a
+    /// data device): `Placement::choose` with PM's free space.
+    pub(crate) fn place(&self, bytes: u64) -> Side {
+        match &self.data {
+            None => Side::Pm,
+            Some(d) => d.policy.choose(
+                bytes,
+                self.blocks.free_blocks(),
+                self.blocks.capacity_blocks(),
+            ),
+        }
+    }
+
+    /// Blocks an appending file reserves at a time on `side`.
+    pub(crate) fn prealloc_blocks(&self, side: Side) -> u64 {
+        match (side, &self.data) {
+            (Side::Dev, Some(d)) => d.policy.unit_blocks,
+            _ => PM_PREALLOC_BLOCKS,
+        }
+    }
+
+    /// Up to `want` blocks for file data on `side`, starting at `goal`
+    /// when it is free and on that side; on the other side when `side` is
+    /// full. None: both are full.
+    pub(crate) fn alloc_file_blocks(&self, side: Side, goal: u64, want: u64) -> Option<(u64, u64)> {
+        let goal_on = |s: Side| if Side::of(goal) == s { goal } else { 0 };
+        let pm = || self.blocks.alloc_near(self.lane(), goal_on(Side::Pm), want);
+        match &self.data {
+            None => pm(),
+            Some(d) => {
+                let dev = || d.blocks.alloc_near(self.lane(), goal_on(Side::Dev), want);
+                match side {
+                    Side::Dev => dev().or_else(pm),
+                    Side::Pm => pm().or_else(dev),
+                }
+            }
+        }
+    }
+
+    /// Return blocks of either side to their allocator.
+    pub(crate) fn free_on_side(&self, start: u64, len: u64) -> std::result::Result<(), crate::alloc::AllocError> {
+        match (Side::of(start), &self.data) {
+            (Side::Dev, Some(d)) => d.blocks.free(start, len),
+            _ => self.blocks.free(start, len),
+        }
+    }
+
+    /// Blocks starting at `block` entered (`n > 0`) or left inodes'
+    /// reservations, on `block`'s side.
+    pub(crate) fn reserved_changed_at(&self, block: u64, n: i64) {
+        match (Side::of(block), &self.data) {
+            (Side::Dev, Some(d)) => d.reserved_changed(n),
+            _ => self.reserved_changed(n),
+        }
+    }
+
+    /// Write `pages` to device blocks from `block` (not durable yet).
+    pub(crate) fn dev_write(&self, block: u64, pages: &[Page]) -> Result<()> {
+        self.store_or_corrupt(block)?
+            .write(block, pages)
+            .map_err(io_errno)
+    }
+
+    /// Make every device write completed so far durable (group commit);
+    /// nothing to do without a device.
+    pub(crate) fn dev_sync(&self) -> Result<()> {
+        match &self.data {
+            Some(d) => d.sync().map_err(io_errno),
+            None => Ok(()),
+        }
+    }
+
+    /// Counters of the block side since mount (None: no data device).
+    pub fn data_stats(&self) -> Option<super::DataStats> {
+        self.data.as_ref().map(|d| d.stats())
+    }
+
+    /// What the data device is, for `inkfs stat` (None: no data device).
+    pub fn data_device_description(&self) -> Option<String> {
+        self.data.as_ref().map(|d| d.device().describe())
+    }
+}

@@ -1,0 +1,319 @@
+//! The block side of a mounted hybrid pool: the device, its block
+//! allocator, the DRAM cache in front of it, the group flush, the
+//! placement policy and the counters `inkfs stat` shows.
+//!
+//! Device blocks are numbered as FILE_WRITE entries name them
+//! (`DEV_BLOCK_BASE + device block`); byte addresses are those numbers
+//! times `BLOCK_SIZE`, so the engine's data path passes one `u64` and the
+//! side follows from its value.
+
+use std::io;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::cache::DataCache;
+use super::dev::{self, BlockDev, Page};
+use super::flush::GroupFlush;
+use super::layout;
+use crate::alloc::BlockAllocator;
+use crate::format::*;
+
+/// Where a write's new pages go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    Pm,
+    Dev,
+}
+
+impl Side {
+    /// The side block number `block` is on.
+    pub fn of(block: u64) -> Side {
+        if block >= DEV_BLOCK_BASE {
+            Side::Dev
+        } else {
+            Side::Pm
+        }
+    }
+}
+
+/// Readahead past a sequential reader's request, in blocks.
+const READAHEAD_BLOCKS: u64 = 64;
+/// Largest single device read.
+const READ_RUN_MAX: u64 = 256;
+
+/// The placement policy (docs/DESIGN.md, "Hybrid pools"): small writes on
+/// PM, large ones on the device, PM kept for metadata when it runs low.
+#[derive(Clone, Copy, Debug)]
+pub struct Placement {
+    /// Writes of at least this many bytes go to the device.
+    pub threshold_bytes: u64,
+    /// Blocks an appending file reserves on the device at a time.
+    pub unit_blocks: u64,
+}
+
+impl Placement {
+    /// The side for a write of `bytes`, given PM's free and total data
+    /// blocks: the device for large writes, and for every write once PM's
+    /// free space falls below an eighth (logs, directories and inode tables
+    /// need it, and only PM can hold them).
+    pub fn choose(&self, bytes: u64, pm_free: u64, pm_total: u64) -> Side {
+        if bytes >= self.threshold_bytes || pm_free < pm_total / 8 {
+            Side::Dev
+        } else {
+            Side::Pm
+        }
+    }
+}
+
+/// Counters since mount (`inkfs stat MOUNTPOINT`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DataStats {
+    pub bytes_written: u64,
+    pub bytes_read: u64,
+    pub flushes_requested: u64,
+    pub flushes_issued: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub cache_bytes: u64,
+}
+
+/// See the module documentation.
+pub struct DataStore {
+    pub(crate) dev: Arc<dyn BlockDev>,
+    pub(crate) blocks: BlockAllocator,
+    pub(crate) cache: DataCache,
+    pub(crate) flusher: GroupFlush,
+    pub(crate) policy: Placement,
+    /// Device blocks the pool uses (label and save area included).
+    pub(crate) dev_blocks: u64,
+    /// Device blocks held in inodes' DRAM reservations (free for statfs).
+    reserved: AtomicI64,
+    bytes_written: AtomicU64,
+    bytes_read: AtomicU64,
+}
+
+impl DataStore {
+    pub fn new(
+        dev: Arc<dyn BlockDev>,
+        blocks: BlockAllocator,
+        dev_blocks: u64,
+        policy: Placement,
+        cache_bytes: u64,
+    ) -> DataStore {
+        DataStore {
+            dev,
+            blocks,
+            cache: DataCache::new(cache_bytes),
+            flusher: GroupFlush::default(),
+            policy,
+            dev_blocks,
+            reserved: AtomicI64::new(0),
+            bytes_written: AtomicU64::new(0),
+            bytes_read: AtomicU64::new(0),
+        }
+    }
+
+    pub fn device(&self) -> &dyn BlockDev {
+        &*self.dev
+    }
+
+    /// Data blocks the allocator manages, and those free (reservations
+    /// count as free: they return at the last close, and after a crash).
+    pub fn space(&self) -> (u64, u64) {
+        let reserved = self.reserved.load(Ordering::Relaxed).max(0) as u64;
+        (
+            self.blocks.capacity_blocks(),
+            self.blocks.free_blocks() + reserved,
+        )
+    }
+
+    pub fn reserved_changed(&self, n: i64) {
+        self.reserved.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn stats(&self) -> DataStats {
+        DataStats {
+            bytes_written: self.bytes_written.load(Ordering::Relaxed),
+            bytes_read: self.bytes_read.load(Ordering::Relaxed),
+            flushes_requested: self.flusher.requests.load(Ordering::Relaxed),
+            flushes_issued: self.flusher.issued.load(Ordering::Relaxed),
+            cache_hits: self.cache.hits.load(Ordering::Relaxed),
+            cache_misses: self.cache.misses.load(Ordering::Relaxed),
+            cache_bytes: self.cache.capacity_bytes(),
+        }
+    }
+
+    fn dev_offset(block: u64) -> u64 {
+        debug_assert!(block >= DEV_BLOCK_BASE);
+        (block - DEV_BLOCK_BASE) * BLOCK_SIZE
+    }
+
+    /// Write `pages` to blocks `[block, block + pages.len())`: in the
+    /// device's volatile cache on return, durable after `sync`; the DRAM
+    /// cache holds the new contents from then on.
+    pub fn write(&self, block: u64, pages: &[Page]) -> io::Result<()> {
+        debug_assert!(
+            block >= DEV_BLOCK_BASE + dev_first_data_block(self.dev_blocks)
+                && block + pages.len() as u64 <= DEV_BLOCK_BASE + self.dev_blocks,
+            "device write {block}+{} outside the data blocks",
+            pages.len()
+        );
+        self.dev.write_at(Self::dev_offset(block), pages)?;
+        self.flusher.wrote();
+        self.bytes_written
+            .fetch_add(pages.len() as u64 * BLOCK_SIZE, Ordering::Relaxed);
+        for (i, p) in pages.iter().enumerate() {
+            self.cache.put(block + i as u64, p);
+        }
+        Ok(())
+    }
+
+    /// Make every completed write durable (group commit).
+    pub fn sync(&self) -> io::Result<()> {
+        self.flusher.flush(|| self.dev.flush())
+    }
+
+    /// Read the bytes at byte address `at` (a device block number times
+    /// `BLOCK_SIZE`, plus an offset) into `buf`: from the cache, or from
+    /// the device in runs, reading ahead when the reader is sequential.
+    pub fn read(&self, at: u64, buf: &mut [u8]) -> io::Result<()> {
+        let end_block = DEV_BLOCK_BASE + self.dev_blocks;
+        let mut done = 0usize;
+        while done < buf.len() {
+            let pos = at + done as u64;
+            let block = pos / BLOCK_SIZE;
+            let off = (pos % BLOCK_SIZE) as usize;
+            let n = (BLOCK_SIZE as usize - off).min(buf.len() - done);
+            if self.cache.get(block, off, &mut buf[done..done + n]) {
+                done += n;
+                continue;
+            }
+            // Miss: read from here to the end of the request in one run,
+            // and further when the block before was read (sequential).
+            let want_end = (at + buf.len() as u64).div_ceil(BLOCK_SIZE);
+            let ahead = if self.cache.contains(block - 1) {
+                READAHEAD_BLOCKS
+            } else {
+                0
+            };
+            let run = (want_end - block + ahead)
+                .min(READ_RUN_MAX)
+                .min(end_block.saturating_sub(block))
+                .max(1);
+            let stamps: Vec<u64> = (0..run).map(|i| self.cache.stamp(block + i)).collect();
+            let mut pages = dev::pages(run as usize);
+            self.dev.read_at(Self::dev_offset(block), &mut pages)?;
+            self.bytes_read
+                .fetch_add(run * BLOCK_SIZE, Ordering::Relaxed);
+            for (i, p) in pages.iter().enumerate() {
+                self.cache.fill(block + i as u64, p, stamps[i]);
+            }
+            // The request's part of the run.
+            let bytes = dev::as_bytes(&pages);
+            let take = (bytes.len() - off).min(buf.len() - done);
+            buf[done..done + take].copy_from_slice(&bytes[off..off + take]);
+            done += take;
+        }
+        Ok(())
+    }
+
+    /// One whole block's current contents.
+    pub fn read_page(&self, block: u64, page: &mut Page) -> io::Result<()> {
+        self.read(block * BLOCK_SIZE, &mut page.0)
+    }
+
+    /// Save the free lists for `epoch` (clean unmount), flushed.
+    pub fn save(&self, epoch: u64) -> io::Result<bool> {
+        layout::write_save_area(
+            &*self.dev,
+            self.dev_blocks,
+            epoch,
+            &layout::ranges_of(&self.blocks),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blockdev::MemDev;
+
+    fn store(cache: u64) -> DataStore {
+        let dev = Arc::new(MemDev::new(128 * BLOCK_SIZE));
+        let first = DEV_BLOCK_BASE + dev_first_data_block(128);
+        DataStore::new(
+            dev,
+            BlockAllocator::new_all_free(2, first, DEV_BLOCK_BASE + 128),
+            128,
+            Placement {
+                threshold_bytes: 8192,
+                unit_blocks: 4,
+            },
+            cache,
+        )
+    }
+
+    #[test]
+    fn reads_see_writes_with_and_without_cache() {
+        for cache in [0, 1 << 20] {
+            let s = store(cache);
+            let b = DEV_BLOCK_BASE + 10;
+            let mut p = dev::pages(3);
+            for (i, page) in p.iter_mut().enumerate() {
+                page.0.fill(i as u8 + 1);
+            }
+            s.write(b, &p).unwrap();
+            let mut buf = vec![0u8; 5000];
+            s.read(b * BLOCK_SIZE + 4000, &mut buf).unwrap();
+            assert!(buf[..96].iter().all(|&x| x == 1));
+            assert!(buf[96..4192].iter().all(|&x| x == 2));
+            assert!(buf[4192..].iter().all(|&x| x == 3));
+            // Again, from the cache when there is one.
+            s.read(b * BLOCK_SIZE + 4000, &mut buf).unwrap();
+            assert!(buf[4192..].iter().all(|&x| x == 3));
+            assert_eq!(s.stats().cache_hits > 0, cache > 0);
+            s.sync().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_sequential_reader_reads_ahead_a_first_read_does_not() {
+        let s = store(1 << 20);
+        let first = DEV_BLOCK_BASE + dev_first_data_block(128);
+        let pages = dev::pages(100);
+        s.write(first, &pages).unwrap();
+        // Written blocks are cached: start from a cold cache.
+        let s = DataStore::new(
+            s.dev.clone(),
+            BlockAllocator::new_all_used(2, first, DEV_BLOCK_BASE + 128),
+            128,
+            s.policy,
+            1 << 20,
+        );
+        let mut buf = vec![0u8; BLOCK_SIZE as usize];
+        s.read(first * BLOCK_SIZE, &mut buf).unwrap();
+        assert_eq!(s.stats().bytes_read, BLOCK_SIZE, "a first read: no readahead");
+        s.read((first + 1) * BLOCK_SIZE, &mut buf).unwrap();
+        let ahead = s.stats().bytes_read;
+        assert_eq!(ahead, (1 + 1 + READAHEAD_BLOCKS) * BLOCK_SIZE, "sequential: read ahead");
+        // The next blocks come from the cache.
+        for b in 2..=READAHEAD_BLOCKS {
+            s.read((first + b) * BLOCK_SIZE, &mut buf).unwrap();
+        }
+        assert_eq!(s.stats().bytes_read, ahead);
+        assert!(s.stats().cache_hits >= READAHEAD_BLOCKS - 1);
+    }
+
+    #[test]
+    fn placement_by_size_and_pm_pressure() {
+        let p = Placement {
+            threshold_bytes: 65536,
+            unit_blocks: 16,
+        };
+        assert_eq!(p.choose(4096, 100, 100), Side::Pm);
+        assert_eq!(p.choose(65536, 100, 100), Side::Dev);
+        assert_eq!(p.choose(4096, 10, 100), Side::Dev);
+        assert_eq!(Side::of(DEV_BLOCK_BASE), Side::Dev);
+        assert_eq!(Side::of(DEV_BLOCK_BASE - 1), Side::Pm);
+    }
+}
