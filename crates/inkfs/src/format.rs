@@ -26,8 +26,8 @@ pub const MAGIC: [u8; 8] = *b"INKFSpm1";
 /// (formerly reserved, hence zero in older pools). 5: hybrid pools: the
 /// superblock names a data device (`data_*` fields, formerly reserved,
 /// hence zero: no data device in older pools), a FILE_WRITE may map pages
-/// to device blocks (numbers from [`DEV_BLOCK_BASE`]), and blocks 0 and 1
-/// hold the device's recorded path ([`DataRecord`]) past the superblock.
+/// to device blocks (numbers from `DEV_BLOCK_BASE`), and blocks 0 and 1
+/// hold the device's recorded path (`DataRecord`) past the superblock.
 /// Older pools are read as they are and marked with this version by the
 /// first read-write mount.
 pub const FORMAT_VERSION: u32 = 5;
