@@ -201,18 +201,18 @@ fn wait_for_end(conn: &UnixStream) {
 /// Check the peer and the mount, claim a slot and register the session:
 /// the grant and a duplicate of the pool's descriptor, or why not.
 fn admit(inner: &Inner, conn: &UnixStream) -> Result<(Grant, OwnedFd), String> {
+    if inner.hybrid {
+        return Err(
+            "refused: this pool keeps file data on a block device (a hybrid pool), \
+                    which an attached client cannot read from the pool's mapping"
+                .into(),
+        );
+    }
     if inner.mode == Mode::Posix {
         return Err(
             "refused: this mount is in posix mode, where writes may wait in the \
                     kernel's page cache that an attached client does not see; attach \
                     serves strict and sync mounts"
-                .into(),
-        );
-    }
-    if inner.hybrid {
-        return Err(
-            "refused: this pool keeps file data on a block device (a hybrid pool), \
-                    which an attached client cannot read from the pool's mapping"
                 .into(),
         );
     }

@@ -516,7 +516,7 @@ fn a_stalled_client_delays_the_writes_that_need_its_space() {
 fn a_peer_that_could_not_open_the_pool_is_refused() {
     let pool = Pool::new("attach-trust", 64);
     std::fs::set_permissions(&pool.path, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let m = Mounted::new(&pool, "stats=all");
+    let m = Mounted::new(&pool, "mode=strict,stats=all");
     let mnt = m.path().to_path_buf();
     let (_c, first) = ClientProc::start(&mnt, Some(NOBODY));
     assert!(first.starts_with("refused "), "{first}");
@@ -569,7 +569,7 @@ fn a_hybrid_pool_refuses_attach() {
         )
         .unwrap();
     }
-    let m = Mounted::new(&pool, "");
+    let m = Mounted::new(&pool, "mode=strict");
     let (_c, first) = ClientProc::start(m.path(), None);
     drop(m);
     let _ = std::fs::remove_file(&data);
@@ -584,12 +584,12 @@ fn a_hybrid_pool_refuses_attach() {
 #[test]
 fn the_clients_descriptor_keeps_the_claim() {
     let pool = Pool::new("attach-claim", 64);
-    let m = Mounted::new(&pool, "");
+    let m = Mounted::new(&pool, "mode=strict");
     std::fs::write(m.p("f"), b"kept").unwrap();
     let (mut c, first) = ClientProc::start(m.path(), None);
     assert!(first.starts_with("attached "), "{first}");
     let dir = m.kill9();
-    let out = mount_with(&pool.path, dir.path(), "");
+    let out = mount_with(&pool.path, dir.path(), "mode=strict");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success(),
@@ -603,7 +603,7 @@ fn the_clients_descriptor_keeps_the_claim() {
     assert_eq!(c.ask("cat f"), format!("cat 4 {}", b'k'));
     assert_eq!(c.ask("alive"), "alive false");
     c.kill9();
-    let m = Mounted::at(&pool, dir, "");
+    let m = Mounted::at(&pool, dir, "mode=strict");
     assert!(!mounted_clean(m.path()), "the server was killed: recovered");
     assert_eq!(std::fs::read(m.p("f")).unwrap(), b"kept");
     // Unmount with a client attached.

@@ -20,7 +20,8 @@ use crate::epoch::{EpochTable, TABLE_BYTES};
 /// and nobody can lift that.
 const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 
-/// An [`EpochTable`] in a shared memfd mapping; unmapped when dropped.
+/// An `EpochTable` (epoch.rs) in a shared memfd mapping; unmapped when
+/// dropped.
 pub struct SharedEpochs {
     table: NonNull<EpochTable>,
     map_len: usize,

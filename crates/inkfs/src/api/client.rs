@@ -5,7 +5,7 @@
 //! [`attach`] finds the mount a path is on, asks its server on the control
 //! socket ([`super::attach`]), and gets the pool's descriptor (sharing the
 //! server's claim), the shared epoch table and a slot in it. The pool is
-//! mapped read-only, and the engine over it ([`crate::Fs::attach`]) checks
+//! mapped read-only, and the engine over it (`Fs::attach`) checks
 //! each inode against its record before use, so every call sees a state
 //! some commit of the server produced. Each call pins the client's epoch
 //! slot for its length: blocks the server frees meanwhile stay out of the
