@@ -15,10 +15,12 @@
 //! `creds` (the caller's credentials, groups included), `fileattr` (the
 //! chattr/lsattr ioctls), `handles` (fh table), `serve` (the pool claimed,
 //! mounted and served), `stats` (counters, histograms, the stats socket),
-//! `scrub` (scrub requests on that socket, both ends), `inval` (telling
-//! the kernel what changed behind its back), `mount` (options, daemon,
-//! dead mounts), `nullfs`.
+//! `scrub` (scrub requests on that socket, both ends), `attach` (attach
+//! requests on that socket: the kernel-free path's clients), `inval`
+//! (telling the kernel what changed behind its back), `mount` (options,
+//! daemon, dead mounts), `nullfs`.
 
+pub mod attach;
 pub mod clock;
 mod creds;
 pub mod fileattr;

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use fuser::{Config, Filesystem, MountOption, Session, SessionACL};
 use inkfs::types::{ErrorsPolicy, Mode};
 
+use crate::attach::AttachService;
 use crate::fs::{Caching, InkFuse};
 use crate::inval::Invalidator;
 use crate::scrub::ScrubService;
@@ -675,6 +676,10 @@ pub fn run_engine(
     let caching = cfg.caching();
     let inval = Arc::new(Invalidator::default());
     let adapter = InkFuse::new(engine.clone(), stats.clone(), caching, inval.clone());
+    let attach = AttachService::new(&engine, cfg.mode)
+        .map_err(|e| eprintln!("inkfs: attach: {e} (continuing without)"))
+        .ok()
+        .map(Arc::new);
     let handler: Handler = {
         // Weak: the stats thread is never joined, and must not keep the
         // engine from its clean unmount.
@@ -698,6 +703,7 @@ pub fn run_engine(
             .explained(caching_meaning(caching)),
         ];
         fields.extend(info);
+        let attached = attach.clone();
         let inval = Arc::downgrade(&inval);
         let report = move |json: bool| {
             let mut lines = fields.clone();
@@ -737,6 +743,22 @@ pub fn run_engine(
                     ));
                 }
                 lines.extend(crate::serve::report_fields(&engine));
+                lines.push(
+                    Field::count(
+                        "limbo_blocks",
+                        "freed blocks held for clients",
+                        engine.limbo_blocks(),
+                    )
+                    .explained(
+                        "return to the free lists when no attached client can be reading them",
+                    ),
+                );
+            }
+            if let Some(a) = &attached {
+                lines.push(
+                    Field::count("clients_attached", "attached clients", a.attached() as u64)
+                        .explained("processes reading the pool directly (inkfs::api::client)"),
+                );
             }
             stats.report(&lines, json)
         };
@@ -748,6 +770,11 @@ pub fn run_engine(
         })
     };
     let scrubs = ScrubService::new(&engine);
+    let mut takers = vec![(crate::scrub::REQUEST, scrubs.handler())];
+    if let Some(a) = &attach {
+        takers.push((inkfs::api::attach::REQUEST, a.handler()));
+    }
+    let takers = Arc::new(takers);
     let mut server = None;
     let code = serve_session(
         adapter,
@@ -757,13 +784,7 @@ pub fn run_engine(
         notify,
         |notifier| {
             inval.attach(notifier);
-            match StatsServer::start(
-                &run_dir(),
-                mnt,
-                cfg.stats_access,
-                handler,
-                Some(scrubs.handler()),
-            ) {
+            match StatsServer::start(&run_dir(), mnt, cfg.stats_access, handler, takers) {
                 Ok(s) => server = Some(s),
                 Err(e) => eprintln!("inkfs: statistics socket: {e} (continuing without)"),
             }
@@ -771,6 +792,11 @@ pub fn run_engine(
     );
     drop(server);
     inval.shutdown();
+    // Attached clients' sessions end (they see the end of file), and
+    // nothing of the attach service touches the engine any more.
+    if let Some(a) = &attach {
+        a.shutdown();
+    }
     // A running scrub holds the engine: stop it before taking it back.
     scrubs.shutdown();
     // The session and the stats server are gone: this is the last reference.

@@ -31,7 +31,7 @@ use inkfs::api::{ScrubProgress, ScrubReport};
 use crate::Engine;
 
 /// The request word that asks for a scrub instead of the statistics.
-pub const REQUEST: &[u8] = b"scrub";
+pub const REQUEST: &str = "scrub";
 
 /// Takes a connection whose request was [`REQUEST`] (the statistics server
 /// calls it and goes back to its other clients).

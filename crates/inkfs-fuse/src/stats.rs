@@ -18,9 +18,10 @@
 //! - the client sends one line, at most [`REQUEST_BYTES_MAX`] bytes: a
 //!   request word, then blank-separated arguments, then `\n` (or it shuts
 //!   its side down). Words today: `text` (the report for people), `json`
-//!   (the same for scripts), and `scrub`, after which the connection
-//!   belongs to the scrub's own line protocol (`scrub.rs`) instead of the
-//!   status line below.
+//!   (the same for scripts), and `scrub` and `attach`, after which the
+//!   connection belongs to their own protocols (`scrub.rs`, `attach.rs`;
+//!   an attached client's session then holds it open outside the limits
+//!   below, one epoch slot each) instead of the status line below.
 //! - the server answers with a status line and closes: `ok\n` followed by
 //!   the body, or `error MESSAGE\n`. The client reads to the end.
 //!
@@ -58,7 +59,7 @@ use serde_json::{Map, Value};
 use crate::clock::{self, Tick};
 
 /// Where servers put their sockets and pid files.
-pub const RUN_DIR: &str = "/run/inkfs";
+pub use inkfs::api::attach::RUN_DIR;
 
 /// Latency buckets: bucket i counts requests that took [2^i, 2^(i+1)) ns;
 /// 40 buckets reach about 18 minutes.
@@ -452,26 +453,10 @@ pub fn aligned(fields: &[Field]) -> String {
     out
 }
 
-/// FNV-1a: a stable hash of the mount point path (std's hasher is not
-/// stable across releases, and client and server may be different builds).
-fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
-
 /// The socket a server for `mountpoint` (absolute, canonical) listens on,
-/// in run directory `dir`.
-pub fn socket_path(dir: &Path, mountpoint: &Path) -> PathBuf {
-    use std::os::unix::ffi::OsStrExt;
-    dir.join(format!(
-        "{:016x}.sock",
-        fnv1a(mountpoint.as_os_str().as_bytes())
-    ))
-}
+/// in run directory `dir` (named in the engine's API: attaching clients
+/// find it too).
+pub use inkfs::api::attach::socket_path;
 
 /// Longest request line (a word and its arguments), in bytes.
 pub const REQUEST_BYTES_MAX: usize = 256;
@@ -509,6 +494,10 @@ impl Request {
 /// Answers one request: the body of an `ok` answer, or the message of an
 /// `error` one. Dispatches on [`Request::word`].
 pub type Handler = Arc<dyn Fn(&Request) -> Result<String, String> + Send + Sync>;
+
+/// Request words whose connections leave this protocol for their own
+/// (`scrub`, `attach`), with the handler that takes each connection.
+pub type Takers = Arc<Vec<(&'static str, crate::scrub::Handler)>>;
 
 /// Who may ask the server (`-o stats=owner|all`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -655,7 +644,7 @@ impl StatsServer {
         mountpoint: &Path,
         access: Access,
         handler: Handler,
-        scrub: Option<crate::scrub::Handler>,
+        takers: Takers,
     ) -> std::io::Result<StatsServer> {
         prepare_dir(dir)?;
         let path = socket_path(dir, mountpoint);
@@ -681,7 +670,7 @@ impl StatsServer {
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name("inkfs-stats".into())
-            .spawn(move || accept_loop(&listener, &stop2, &admission, &handler, &scrub))?;
+            .spawn(move || accept_loop(&listener, &stop2, &admission, &handler, &takers))?;
         Ok(StatsServer {
             path,
             ino,
@@ -717,7 +706,7 @@ fn accept_loop(
     stop: &AtomicBool,
     admission: &Arc<Admission>,
     handler: &Handler,
-    scrub: &Option<crate::scrub::Handler>,
+    takers: &Takers,
 ) {
     for conn in listener.incoming() {
         if stop.load(Relaxed) {
@@ -735,13 +724,13 @@ fn accept_loop(
             Err(msg) => refuse(conn, &msg),
             Ok(slot) => {
                 let handler = handler.clone();
-                let scrub = scrub.clone();
+                let takers = takers.clone();
                 // If the thread cannot start, the closure (the connection
                 // and the slot) is dropped: the client sees the end.
                 let _ = std::thread::Builder::new()
                     .name("inkfs-stats-client".into())
                     .spawn(move || {
-                        serve_client(conn, &handler, scrub.as_ref());
+                        serve_client(conn, &handler, &takers);
                         drop(slot);
                     });
             }
@@ -759,14 +748,15 @@ fn error_line(msg: &str) -> String {
     format!("error {}\n", msg.replace('\n', " "))
 }
 
-fn serve_client(mut conn: UnixStream, handler: &Handler, scrub: Option<&crate::scrub::Handler>) {
+fn serve_client(mut conn: UnixStream, handler: &Handler, takers: &Takers) {
     let request = read_request(&mut conn, Instant::now() + REQUEST_TIMEOUT)
         .and_then(|line| Request::parse(&line));
-    if let (Ok(req), Some(scrub)) = (&request, scrub) {
-        if req.word.as_bytes() == crate::scrub::REQUEST {
-            // A scrub streams its own protocol (scrub.rs) from its own
-            // thread, and checks who may ask itself.
-            scrub(conn);
+    if let Ok(req) = &request {
+        if let Some((_, take)) = takers.iter().find(|(word, _)| req.word == *word) {
+            // A scrub or an attach speaks its own protocol (scrub.rs,
+            // attach.rs) from its own thread, and checks who may ask
+            // itself.
+            take(conn);
             return;
         }
     }
@@ -959,8 +949,14 @@ mod tests {
             "text" => Ok(format!("report {}\n", req.args.join(" "))),
             other => Err(format!("unknown request '{other}'")),
         });
-        let server = StatsServer::start(&dir.path().join("run"), &mnt, access, handler, None)
-            .expect("start");
+        let server = StatsServer::start(
+            &dir.path().join("run"),
+            &mnt,
+            access,
+            handler,
+            Default::default(),
+        )
+        .expect("start");
         (dir, mnt, server)
     }
 

@@ -19,8 +19,20 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::sync::Mutex;
 
+/// The table an engine holds its frees against: on the heap, or mapped
+/// from memory shared with the readers (shm.rs).
+pub type SharedTable = std::sync::Arc<dyn AsRef<EpochTable> + Send + Sync>;
+
 /// Readers one table serves at most.
 pub const READERS_MAX: usize = 64;
+
+/// Bytes of an [`EpochTable`]: what a process mapping one another process
+/// made (shm.rs) checks before it looks inside.
+pub const TABLE_BYTES: usize = std::mem::size_of::<EpochTable>();
+const _: () = assert!(TABLE_BYTES == 8 + READERS_MAX * 4 + READERS_MAX * 8);
+/// The table's layout, as the attach protocol names it: a client built
+/// with another layout is refused rather than pinning the wrong word.
+pub const TABLE_LAYOUT: u32 = 1;
 
 /// The global epoch and one slot per reader.
 #[repr(C)]
@@ -54,6 +66,32 @@ impl EpochTable {
         })
     }
 
+    /// Claim a slot on behalf of a reader in another process (the server
+    /// claims for the client it attaches, so that it knows which slot to
+    /// release when the client dies, whatever the client says): its index,
+    /// or None when all are taken. Released by [`EpochTable::release_slot`].
+    pub fn claim_index(&self) -> Option<usize> {
+        (0..READERS_MAX).find(|&i| {
+            self.claimed[i]
+                .compare_exchange(0, 1, SeqCst, SeqCst)
+                .is_ok()
+        })
+    }
+
+    /// Pin slot `i` (claimed for this reader by [`EpochTable::claim_index`])
+    /// for one call; None if `i` is out of range.
+    pub fn pin_at(&self, i: usize) -> Option<Pin<'_>> {
+        let slot = self.pinned.get(i)?;
+        debug_assert_eq!(slot.load(SeqCst), 0, "pins do not nest");
+        slot.store(self.global.load(SeqCst), SeqCst);
+        Some(Pin { slot })
+    }
+
+    /// Slots claimed now.
+    pub fn claimed_count(&self) -> usize {
+        self.claimed.iter().filter(|c| c.load(SeqCst) != 0).count()
+    }
+
     /// Release slot `i` of a reader that is gone without releasing it (a
     /// client the server reaped).
     pub fn release_slot(&self, i: usize) {
@@ -70,6 +108,12 @@ impl EpochTable {
             .map(|p| p.load(SeqCst))
             .filter(|&e| e != 0)
             .min()
+    }
+}
+
+impl AsRef<EpochTable> for EpochTable {
+    fn as_ref(&self) -> &EpochTable {
+        self
     }
 }
 

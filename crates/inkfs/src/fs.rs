@@ -10,7 +10,7 @@ use crate::dir::NameHasher;
 use crate::error::{errno, Error, Result};
 use crate::filemap::IndexKind;
 use crate::format::*;
-use crate::inode::{self, lock, read, write, Body, Inode, InodeCache, InodeState, InodeTables};
+use crate::inode::{lock, read, write, Body, Inode, InodeCache, InodeState, InodeTables};
 use crate::journal::{self, Journal, JournalState};
 use crate::log::{self, EntryBuf, LogCursor, NewPages};
 use crate::pmem::{read_pod, Pmem};
@@ -99,7 +99,7 @@ pub struct Fs<P: Pmem> {
     pub(crate) shared: std::sync::atomic::AtomicBool,
     /// Readers in other processes (epoch.rs): while set, freed blocks wait
     /// in `limbo` until no reader can hold them.
-    pub(crate) epochs: std::sync::OnceLock<Arc<crate::epoch::EpochTable>>,
+    pub(crate) epochs: std::sync::OnceLock<crate::epoch::SharedTable>,
     pub(crate) limbo: crate::epoch::Limbo,
     report: MountReport,
     /// Hybrid pools: the data device and everything about it
@@ -431,8 +431,18 @@ impl<P: Pmem> Fs<P> {
     /// errors= path ([`Fs::corruption`]).
     pub(crate) fn iget(&self, ino: u64) -> Result<Arc<Inode>> {
         let inode = self.iget_cached(ino)?;
-        self.revalidate(&inode)?;
-        Ok(inode)
+        match self.revalidate(&inode) {
+            Ok(()) => Ok(inode),
+            // Another process freed the inode this object was loaded from,
+            // and may have reused its slot since: the stale object is out
+            // of the cache now, so load what the slot holds today.
+            Err(Error::Errno(libc::ENOENT)) if self.is_shared() && inode.is_gone() => {
+                let fresh = self.iget_cached(ino)?;
+                self.revalidate(&fresh)?;
+                Ok(fresh)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// The loaded inode `ino` as this process last saw it (no catching up
@@ -464,8 +474,8 @@ impl<P: Pmem> Fs<P> {
             }
             let kind = FileKind::from_u32(rec.kind)
                 .ok_or_else(|| bad_record(format!("inode {ino}: unknown kind {}", rec.kind)))?;
-            let st = inode::load(&self.pm, &self.geo, ino, &rec)
-                .map_err(|e| self.corruption(ErrorReason::Log, Some(ino), e))?;
+            // Waits out a record another process is changing (shared.rs).
+            let (st, _) = self.load_log(ino, rec_off, &rec)?;
             Ok(Arc::new(Inode {
                 ino,
                 kind,
@@ -799,7 +809,7 @@ impl<P: Pmem> Fs<P> {
     }
 
     pub(crate) fn free_blocks(&self, start: u64, len: u64) {
-        if let Some(table) = self.epochs.get() {
+        if let Some(table) = self.epoch_table() {
             // Readers in other processes may still be reading them.
             self.limbo.hold(table, start, len);
             self.limbo

@@ -128,6 +128,13 @@ pub struct Inode {
     pub state: RwLock<InodeState>,
 }
 
+impl Inode {
+    /// Freed by another process since this object was loaded (shared.rs).
+    pub fn is_gone(&self) -> bool {
+        read(&self.state).gone
+    }
+}
+
 /// Rebuild an inode's DRAM state by replaying its log.
 pub fn load<P: Pmem + ?Sized>(
     pm: &P,
@@ -572,6 +579,19 @@ impl InodeCache {
 
     pub fn remove(&self, ino: u64) {
         write(self.shard(ino)).remove(&ino);
+    }
+
+    /// Remove `inode` if it is still the object cached for its number (a
+    /// stale one another process freed: a fresh object a thread loaded
+    /// meanwhile stays).
+    pub fn remove_stale(&self, inode: &Inode) {
+        let mut shard = write(self.shard(inode.ino));
+        if shard
+            .get(&inode.ino)
+            .is_some_and(|c| std::ptr::eq(Arc::as_ptr(c), inode))
+        {
+            shard.remove(&inode.ino);
+        }
     }
 
     pub fn all(&self) -> Vec<Arc<Inode>> {

@@ -32,7 +32,7 @@ use crate::types::{Mode, MountOptions};
 /// The fields of an inode record that say whether a cached state is current
 /// (the first cache line of the record holds them all).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct RecordView {
+pub(crate) struct RecordView {
     state: u64,
     head: u64,
     tail: u64,
@@ -41,9 +41,19 @@ struct RecordView {
     log_gen: u64,
 }
 
+/// How long a reader waits for a record whose log does not replay to
+/// change (the owner between two stores of a log switch) before it calls
+/// the log corrupt.
+const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// Changes of a record one load follows at most before giving up.
+const SETTLE_CHANGES_MAX: u32 = 1000;
+
 impl RecordView {
     fn read<P: Pmem>(pm: &P, rec_off: u64) -> RecordView {
-        let rec: InodeRecord = read_pod(pm, rec_off);
+        RecordView::of(&read_pod(pm, rec_off))
+    }
+
+    fn of(rec: &InodeRecord) -> RecordView {
         RecordView {
             state: rec.state,
             head: rec.log_head,
@@ -108,13 +118,19 @@ impl<P: Pmem> Fs<P> {
         Ok(fs)
     }
 
-    /// Serve readers in other processes that pin epochs in `table`: this
-    /// engine then checks cached inodes against their records (the readers'
-    /// clients may write too) and holds the blocks it frees until no reader
-    /// can hold them.
-    pub fn share_epochs(&self, table: Arc<EpochTable>) {
+    /// Serve readers in other processes that pin epochs in `table` (on
+    /// the heap, or in memory shared with them: shm.rs): this engine then
+    /// checks cached inodes against their records (the readers' clients
+    /// may write too) and holds the blocks it frees until no reader can
+    /// hold them. The first table given stays for the engine's life.
+    pub fn share_epochs<T: AsRef<EpochTable> + Send + Sync + 'static>(&self, table: Arc<T>) {
         let _ = self.epochs.set(table);
         self.set_shared(true);
+    }
+
+    /// The table of readers' epochs, once shared.
+    pub(crate) fn epoch_table(&self) -> Option<&EpochTable> {
+        self.epochs.get().map(|t| (**t).as_ref())
     }
 
     /// Blocks freed and waiting for readers to move on.
@@ -124,7 +140,7 @@ impl<P: Pmem> Fs<P> {
 
     /// Return to the free lists every held block no reader can hold now.
     pub fn reclaim_limbo(&self) {
-        if let Some(table) = self.epochs.get() {
+        if let Some(table) = self.epoch_table() {
             self.limbo
                 .reclaim(table, |start, len| self.free_now(start, len));
         }
@@ -174,38 +190,190 @@ impl<P: Pmem> Fs<P> {
 
     fn catch_up(&self, inode: &Inode, st: &mut InodeState, now: RecordView) -> Result<()> {
         if now.state == INODE_FREE || now.generation != st.generation {
-            // Freed (and perhaps reused) by another process: this object is
-            // stale; a new lookup loads whatever the slot holds now.
-            st.gone = true;
-            self.cache.remove(inode.ino);
-            return errno(libc::ENOENT);
+            return self.gone(inode, st);
         }
         let incremental = now.head == st.log.head && now.log_gen == st.log_gen;
-        if incremental && now.tail != st.log.tail {
-            let geo = self.geo;
-            let summary = log::walk_from(&self.pm, &geo, inode.ino, st.log.tail, now.tail, |off, e| {
-                inode::apply_entry(&self.pm, &geo, st, e, &mut |_, _| {}).map_err(|m| {
-                    crate::Error::Corrupt(format!("inode {} log offset {off}: {m}", inode.ino))
-                })
-            })
-            .map_err(|e| self.corruption(ErrorReason::Log, Some(inode.ino), e))?;
-            st.log.tail = now.tail;
-            st.log.pages += summary.pages.len() as u64;
-            st.log_entries += summary.entries;
-        } else if !incremental {
-            let rec: InodeRecord = read_pod(&self.pm, inode.rec_off);
-            let fresh = inode::load(&self.pm, &self.geo, inode.ino, &rec)
-                .map_err(|e| self.corruption(ErrorReason::Log, Some(inode.ino), e))?;
-            // DRAM-only facts of this process survive: its open handles
-            // and its own block reservation.
-            let (open_count, prealloc) = (st.open_count, st.prealloc);
-            *st = fresh;
-            st.open_count = open_count;
-            st.prealloc = prealloc;
+        if incremental && now.tail != st.log.tail && self.replay_tail(inode, st, now).is_ok() {
+            st.flags = now.flags as u32;
+            st.orphan = now.state == INODE_ORPHAN;
+            debug_assert!(now.matches(st));
+            return Ok(());
         }
-        st.flags = now.flags as u32;
-        st.orphan = now.state == INODE_ORPHAN;
-        debug_assert!(now.matches(st) || !incremental);
+        if incremental && now.tail == st.log.tail {
+            st.flags = now.flags as u32;
+            st.orphan = now.state == INODE_ORPHAN;
+            return Ok(());
+        }
+        // From the head: the log was switched or pages left it (or the
+        // tail did not replay: read again from the head, which also
+        // waits out a record caught mid-change).
+        let rec: InodeRecord = read_pod(&self.pm, inode.rec_off);
+        let (fresh, seen) = self.load_log(inode.ino, inode.rec_off, &rec)?;
+        if seen.state == INODE_FREE || seen.generation != st.generation {
+            return self.gone(inode, st);
+        }
+        // DRAM-only facts of this process survive: its open handles and
+        // its own block reservation.
+        let (open_count, prealloc) = (st.open_count, st.prealloc);
+        *st = fresh;
+        st.open_count = open_count;
+        st.prealloc = prealloc;
+        st.flags = seen.flags as u32;
+        st.orphan = seen.state == INODE_ORPHAN;
         Ok(())
+    }
+
+    /// Freed (and perhaps reused) by another process: this object is
+    /// stale; a new lookup loads whatever the slot holds now.
+    fn gone(&self, inode: &Inode, st: &mut InodeState) -> Result<()> {
+        st.gone = true;
+        self.cache.remove_stale(inode);
+        errno(libc::ENOENT)
+    }
+
+    /// Replay the entries committed after the cached tail, up to `now`'s.
+    fn replay_tail(&self, inode: &Inode, st: &mut InodeState, now: RecordView) -> Result<()> {
+        let geo = self.geo;
+        let summary = log::walk_from(&self.pm, &geo, inode.ino, st.log.tail, now.tail, |off, e| {
+            inode::apply_entry(&self.pm, &geo, st, e, &mut |_, _| {}).map_err(|m| {
+                crate::Error::Corrupt(format!("inode {} log offset {off}: {m}", inode.ino))
+            })
+        })?;
+        st.log.tail = now.tail;
+        st.log.pages += summary.pages.len() as u64;
+        st.log_entries += summary.entries;
+        Ok(())
+    }
+
+    /// Replay inode `ino`'s log from the head as `rec` (read at `rec_off`)
+    /// describes it, and the record fields that state matches.
+    ///
+    /// In a shared pool the owner may be switching the record to a new log
+    /// while this process reads it: compaction stores the new head, then
+    /// the new tail, then the GC generation, so a record read between the
+    /// first two names a tail outside its head's chain, and the replay
+    /// fails. The old log's pages are not reused meanwhile (the owner frees
+    /// them after the switch, into the limbo, and this reader is pinned),
+    /// so the reader waits for the record to change and replays again;
+    /// only a record that stays as it is for [`SETTLE_WAIT`] and still
+    /// fails to replay is corrupt.
+    pub(crate) fn load_log(
+        &self,
+        ino: u64,
+        rec_off: u64,
+        rec: &InodeRecord,
+    ) -> Result<(InodeState, RecordView)> {
+        let mut rec = *rec;
+        for _ in 0..SETTLE_CHANGES_MAX {
+            let err = match inode::load(&self.pm, &self.geo, ino, &rec) {
+                Ok(st) => return Ok((st, RecordView::of(&rec))),
+                Err(e) if !self.is_shared() => e,
+                Err(e) => match self.changed_record(rec_off, RecordView::of(&rec)) {
+                    Some(newer) => {
+                        rec = newer;
+                        continue;
+                    }
+                    None => e,
+                },
+            };
+            return Err(self.corruption(ErrorReason::Log, Some(ino), err));
+        }
+        Err(self.corruption(
+            ErrorReason::Log,
+            Some(ino),
+            Error::Corrupt(format!(
+                "inode {ino}: record changed {SETTLE_CHANGES_MAX} times without a log that replays"
+            )),
+        ))
+    }
+
+    /// The record at `rec_off` once it differs from `seen`, or None if it
+    /// stays as it is for [`SETTLE_WAIT`].
+    fn changed_record(&self, rec_off: u64, seen: RecordView) -> Option<InodeRecord> {
+        let start = std::time::Instant::now();
+        for round in 0u32.. {
+            let rec: InodeRecord = read_pod(&self.pm, rec_off);
+            if RecordView::of(&rec) != seen {
+                return Some(rec);
+            }
+            if start.elapsed() >= SETTLE_WAIT {
+                return None;
+            }
+            if round < 64 {
+                std::hint::spin_loop();
+            } else {
+                // The owner's thread may be off its CPU between two stores.
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pmem::{MappedPool, PoolOpenOptions};
+    use crate::types::FormatOptions;
+
+    /// A record caught between the two stores of a log switch (the new
+    /// head, the old tail) is waited out: the reader's call succeeds once
+    /// the owner stores the new tail, instead of reporting the log corrupt.
+    #[test]
+    fn a_record_caught_mid_switch_is_waited_out() {
+        let path = std::path::PathBuf::from(format!(
+            "/dev/shm/inkfs-midswitch-{}.pool",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&path);
+        let opts = PoolOpenOptions {
+            create_size_bytes: Some(32 << 20),
+            read_only: false,
+        };
+        let pm = MappedPool::open(&path, &opts).unwrap();
+        let _ = std::fs::remove_file(&path);
+        Fs::format(&pm, &FormatOptions::default()).unwrap();
+        let owner = Fs::mount(pm, Default::default()).unwrap();
+        let ro = PoolOpenOptions {
+            create_size_bytes: None,
+            read_only: true,
+        };
+        let file = owner.pmem().pool_file().try_clone().unwrap();
+        let reader = Fs::attach(MappedPool::map(file, &ro).unwrap(), Mode::Strict).unwrap();
+        let (a, fh) = owner.create(ROOT_INO, b"f", 0o644, 0, 0).unwrap();
+        for i in 0..50u8 {
+            owner.write(&fh, 0, &[i; 4096]).unwrap();
+        }
+        let read_all = |fs: &Fs<MappedPool>| {
+            let h = fs.open(a.ino)?;
+            let mut buf = vec![0u8; 4096];
+            let n = fs.read(&h, 0, &mut buf);
+            fs.release(h);
+            n.map(|n| buf[..n].to_vec())
+        };
+        assert_eq!(read_all(&reader).unwrap(), [49u8; 4096]);
+        // The owner compacts the log, then the test puts the old tail back
+        // beside the new head: the state between the switch's two stores.
+        let inode = owner.iget(a.ino).unwrap();
+        let (old_tail, new_tail) = {
+            let mut st = write(&inode.state);
+            let old_tail = st.log.tail;
+            crate::gc::compact(&owner, &inode, &mut st).unwrap();
+            (old_tail, st.log.tail)
+        };
+        assert_ne!(old_tail, new_tail);
+        let tail_at = inode.rec_off + INODE_TAIL_FIELD;
+        owner.pm.write_u64(tail_at, old_tail);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                owner.pm.write_u64(tail_at, new_tail);
+            });
+            let t = std::time::Instant::now();
+            assert_eq!(read_all(&reader).unwrap(), [49u8; 4096]);
+            assert!(t.elapsed() >= std::time::Duration::from_millis(90));
+        });
+        assert_eq!(reader.error_stats().count, 0, "no error noted");
+        owner.release(fh);
     }
 }

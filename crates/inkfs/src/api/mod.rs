@@ -42,6 +42,8 @@
 //! # Ok(()) }
 //! ```
 
+pub mod attach;
+pub mod client;
 mod path;
 pub mod pool;
 
@@ -60,6 +62,7 @@ pub use crate::fs::MountReport;
 pub use crate::perm::{Credentials, MAY_EXEC, MAY_READ, MAY_WRITE};
 pub use crate::pmem::Pmem;
 pub use crate::scrub::{ScrubProgress, ScrubReport};
+pub use crate::shm::SharedEpochs;
 pub use crate::types::{
     inode_flags, Attr, DirEntry, ErrorEvent, ErrorReason, ErrorRecord, ErrorStats, ErrorsPolicy,
     FallocFlags, FiemapExtent, FileKind, FormatOptions, GcStats, Mode, MountOptions, RenameFlags,
@@ -68,6 +71,11 @@ pub use crate::types::{
 pub use crate::types::{DataDevice, DATA_CACHE_DEFAULT_BYTES};
 pub use path::{Follow, Resolved, PATH_MAX, SYMLINKS_MAX};
 pub use pool::{looks_like_inkfs, read_data_path, read_summary, DataSummary, PoolSummary};
+
+/// How long a write that finds no free block waits for attached clients'
+/// calls to end (the blocks they hold to leave the limbo) before it
+/// reports ENOSPC.
+pub const LIMBO_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The root directory's inode number.
 pub const ROOT_INO: u64 = crate::format::ROOT_INO;
@@ -354,6 +362,27 @@ impl<P: Pmem> Filesystem<P> {
     pub fn loaded_log_pages(&self) -> (u64, u64) {
         self.fs.loaded_log_pages()
     }
+    /// Serve read-only clients in other processes that pin epochs in
+    /// `table` (client.rs): from now on the blocks this engine frees wait
+    /// in a limbo until no client's call can still be reading them. Before
+    /// the first client, frees go straight to the free lists.
+    pub fn share_epochs(&self, table: std::sync::Arc<SharedEpochs>) {
+        self.fs.share_epochs(table);
+        // Read-only clients change nothing, so this engine's cached inodes
+        // stay current without checking their records at each access
+        // (clients holding write leases will need it on).
+        self.fs.set_shared(false);
+    }
+    /// Return to the free lists the freed blocks no client can hold now
+    /// (the server calls it when clients move on or go).
+    pub fn reclaim_limbo(&self) {
+        self.fs.reclaim_limbo()
+    }
+    /// Freed blocks waiting for clients to move on.
+    pub fn limbo_blocks(&self) -> u64 {
+        self.fs.limbo_blocks()
+    }
+
     /// Verify every checksum of the mounted pool while it keeps serving
     /// (`inkfs scrub`); `progress` returns false to stop early.
     pub fn scrub(&self, progress: &mut dyn FnMut(ScrubProgress) -> bool) -> ScrubReport {
@@ -681,7 +710,7 @@ impl<P: Pmem> Filesystem<P> {
     /// mapping), with no `O_SYNC` handling (its kernel calls fsync).
     pub fn write_at(&self, file: &File, off: u64, data: &[u8]) -> Result<Written> {
         file.require(false)?;
-        let len = self.fs.write(&file.handle, off, data)?;
+        let len = self.waiting_for_limbo(|| self.fs.write(&file.handle, off, data))?;
         Ok(Written { offset: off, len })
     }
 
@@ -710,8 +739,28 @@ impl<P: Pmem> Filesystem<P> {
     /// A write at the end of file, decided under the inode's lock.
     pub fn append(&self, file: &File, data: &[u8]) -> Result<Written> {
         file.require(false)?;
-        let (offset, len) = self.fs.append(&file.handle, data)?;
+        let (offset, len) = self.waiting_for_limbo(|| self.fs.append(&file.handle, data))?;
         Ok(Written { offset, len })
+    }
+
+    /// `op`, a write that changes nothing when it fails, again while the
+    /// blocks freed under attached clients' calls come back, if it found
+    /// no space and some are waiting in the limbo (client.rs): a client
+    /// stalled in a call delays the writes that need the space it holds,
+    /// up to [`LIMBO_WAIT`], instead of failing them at once. Nothing is
+    /// added to a write that succeeds.
+    fn waiting_for_limbo<T>(&self, mut op: impl FnMut() -> Result<T>) -> Result<T> {
+        let mut r = op();
+        let deadline = std::time::Instant::now() + LIMBO_WAIT;
+        while matches!(r, Err(Error::Errno(libc::ENOSPC)))
+            && self.fs.limbo_blocks() > 0
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            self.fs.reclaim_limbo();
+            r = op();
+        }
+        r
     }
 
     /// copy_file_range(2) inside the pool (see `Fs::copy_range`).

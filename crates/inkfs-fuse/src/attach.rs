@@ -1,0 +1,419 @@
+//! Attach requests on the control socket, the server's side
+//! (docs/KERNEL-FREE.md, "Attaching"; the exchange: `inkfs::api::attach`).
+//!
+//! A client that could open the pool itself (its owner, root, a member of
+//! its group when the pool is group read-write, anyone when it is world
+//! read-write) gets the pool's descriptor, the epoch table and a slot in
+//! it; others are refused with the reason. Posix mode is refused: its
+//! writes may wait in the kernel's page cache, where a client would not
+//! see them. So are hybrid pools: their large files' data is on a block
+//! device, not in the mapping a client gets.
+//!
+//! Each attached client has a thread here blocked on its connection: the
+//! end of file on it, however the client ended (exit, SIGKILL), releases
+//! the client's epoch slot, and the limbo is reclaimed. While clients are
+//! attached a reclaimer thread also returns the limbo's blocks every
+//! [`RECLAIM_EVERY`] (clients unpin without telling anyone); the engine
+//! itself reclaims after each free. Nothing is added to the request path.
+//!
+//! The epoch table lives in a sealed memfd made at mount; the engine holds
+//! frees against it from the first attach on (before that they go straight
+//! to the free lists). Nothing here keeps the engine alive: the unmount
+//! takes it back after [`AttachService::shutdown`], which closes every
+//! client's session.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::net::Shutdown;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use inkfs::api::attach::{send_grant, Grant};
+use inkfs::api::{Mode, SharedEpochs};
+
+use crate::Engine;
+
+/// How often the limbo is reclaimed while clients are attached.
+pub const RECLAIM_EVERY: Duration = Duration::from_millis(50);
+/// Time allowed to send the grant.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Supplementary groups of a peer looked at, at most (NGROUPS_MAX).
+const GROUPS_MAX: usize = 65536;
+
+/// The attach service of one mount.
+pub struct AttachService {
+    inner: Arc<Inner>,
+    reclaimer: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+struct Inner {
+    engine: Weak<Engine>,
+    epochs: Arc<SharedEpochs>,
+    mode: Mode,
+    /// The pool keeps file data on a block device too (not in the mapping
+    /// a client gets).
+    hybrid: bool,
+    state: Mutex<State>,
+    /// Signalled when a client goes and at shutdown.
+    changed: Condvar,
+    next_id: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    stopping: bool,
+    /// Attached clients' connections, by client id (to end them at
+    /// shutdown).
+    sessions: HashMap<u64, UnixStream>,
+    /// A client went since the last reclaim.
+    reclaim_due: bool,
+}
+
+impl AttachService {
+    /// The service for `engine`, mounted in `mode`: the epoch table is made
+    /// now (a memfd), shared with the engine at the first attach.
+    pub fn new(engine: &Arc<Engine>, mode: Mode) -> std::io::Result<AttachService> {
+        let inner = Arc::new(Inner {
+            engine: Arc::downgrade(engine),
+            epochs: Arc::new(SharedEpochs::create()?),
+            mode,
+            hybrid: engine.summary().data.is_some(),
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+            next_id: AtomicU64::new(1),
+        });
+        let r = inner.clone();
+        let reclaimer = std::thread::Builder::new()
+            .name("inkfs-reclaim".into())
+            .spawn(move || reclaim_loop(&r))?;
+        Ok(AttachService {
+            inner,
+            reclaimer: Mutex::new(Some(reclaimer)),
+        })
+    }
+
+    /// Takes the connections whose request was `attach`.
+    pub fn handler(&self) -> crate::scrub::Handler {
+        let inner = self.inner.clone();
+        Arc::new(move |conn: UnixStream| {
+            let inner = inner.clone();
+            let spawned = std::thread::Builder::new()
+                .name("inkfs-attach".into())
+                .spawn(move || session(&inner, conn));
+            if let Err(e) = spawned {
+                eprintln!("inkfs: attach: cannot start a thread: {e}");
+            }
+        })
+    }
+
+    /// Clients attached now.
+    pub fn attached(&self) -> usize {
+        self.inner.lock().sessions.len()
+    }
+
+    /// Refuse new clients, end every session (the clients see the end of
+    /// file), and stop the reclaimer: after this nothing here touches the
+    /// engine.
+    pub fn shutdown(&self) {
+        {
+            let mut st = self.inner.lock();
+            st.stopping = true;
+            for conn in st.sessions.values() {
+                let _ = conn.shutdown(Shutdown::Both);
+            }
+        }
+        self.inner.changed.notify_all();
+        let reclaimer = self
+            .reclaimer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(t) = reclaimer {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for AttachService {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One client, on its own thread: the grant, then its session until the
+/// end of file.
+fn session(inner: &Inner, conn: UnixStream) {
+    let _ = conn.set_write_timeout(Some(WRITE_TIMEOUT));
+    let (grant, pool) = match admit(inner, &conn) {
+        Ok(g) => g,
+        Err(why) => {
+            use std::io::Write;
+            let _ = (&conn).write_all(format!("error {}\n", why.replace('\n', " ")).as_bytes());
+            return;
+        }
+    };
+    let sent = send_grant(&conn, &grant, pool.as_fd(), inner.epochs.fd());
+    // Our duplicate of the pool's descriptor: the client has its own now.
+    drop(pool);
+    if sent.is_ok() {
+        wait_for_end(&conn);
+    }
+    end_session(inner, &grant);
+}
+
+/// The client is gone: its slot is free, and what it held can be reclaimed.
+fn end_session(inner: &Inner, grant: &Grant) {
+    inner.epochs.release_slot(grant.slot);
+    let mut st = inner.lock();
+    st.sessions.remove(&grant.id);
+    st.reclaim_due = true;
+    drop(st);
+    inner.changed.notify_all();
+}
+
+/// Block until the client's end of the connection closes. Nothing is
+/// expected from it yet; whatever it sends is read and dropped
+/// (descriptors it might pass are closed by the kernel: plain reads take
+/// none).
+fn wait_for_end(conn: &UnixStream) {
+    let _ = conn.set_read_timeout(None);
+    let mut buf = [0u8; 256];
+    loop {
+        match (&*conn).read(&mut buf) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// Check the peer and the mount, claim a slot and register the session:
+/// the grant and a duplicate of the pool's descriptor, or why not.
+fn admit(inner: &Inner, conn: &UnixStream) -> Result<(Grant, OwnedFd), String> {
+    if inner.hybrid {
+        return Err(
+            "refused: this pool keeps file data on a block device (a hybrid pool), \
+                    which an attached client cannot read from the pool's mapping"
+                .into(),
+        );
+    }
+    if inner.mode == Mode::Posix {
+        return Err(
+            "refused: this mount is in posix mode, where writes may wait in the \
+                    kernel's page cache that an attached client does not see; attach \
+                    serves strict and sync mounts"
+                .into(),
+        );
+    }
+    let peer = Peer::of(conn)?;
+    let mut st = inner.lock();
+    if st.stopping {
+        return Err("the file system is being unmounted".into());
+    }
+    // Held only under the lock, which shutdown takes before the unmount.
+    let engine = inner
+        .engine
+        .upgrade()
+        .ok_or("the file system is being unmounted")?;
+    let file = engine.pool().pool_file().file();
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot stat the pool: {e}"))?;
+    peer.may_open(&meta)?;
+    let pool = file
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| format!("cannot duplicate the pool's descriptor: {e}"))?;
+    let session = conn
+        .try_clone()
+        .map_err(|e| format!("cannot keep the session: {e}"))?;
+    let slot = inner.epochs.claim_index().ok_or_else(|| {
+        format!(
+            "busy: {} clients attached, the most one mount serves",
+            inkfs::api::attach::CLIENTS_MAX
+        )
+    })?;
+    // From the first client on, frees wait for the clients' pins.
+    engine.share_epochs(inner.epochs.clone());
+    let id = inner.next_id.fetch_add(1, Relaxed);
+    st.sessions.insert(id, session);
+    Ok((
+        Grant {
+            id,
+            slot,
+            mode: inner.mode,
+        },
+        pool,
+    ))
+}
+
+/// Return the limbo's blocks while clients are attached (every
+/// [`RECLAIM_EVERY`]) and once after each client goes.
+fn reclaim_loop(inner: &Inner) {
+    let mut st = inner.lock();
+    loop {
+        if st.stopping {
+            return;
+        }
+        let due = st.reclaim_due || !st.sessions.is_empty();
+        st.reclaim_due = false;
+        if due {
+            drop(st);
+            if let Some(engine) = inner.engine.upgrade() {
+                engine.reclaim_limbo();
+            }
+            st = inner.lock();
+            if st.stopping {
+                return;
+            }
+        }
+        let wait = if st.sessions.is_empty() {
+            Duration::from_secs(3600)
+        } else {
+            RECLAIM_EVERY
+        };
+        st = inner
+            .changed
+            .wait_timeout(st, wait)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+    }
+}
+
+/// Who is at the other end of a connection (SO_PEERCRED, SO_PEERGROUPS).
+struct Peer {
+    uid: u32,
+    gid: u32,
+    groups: Vec<u32>,
+}
+
+impl Peer {
+    fn of(conn: &UnixStream) -> Result<Peer, String> {
+        let mut cred = libc::ucred {
+            pid: 0,
+            uid: u32::MAX,
+            gid: u32::MAX,
+        };
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        // SAFETY: getsockopt fills at most `len` bytes of `cred`, a valid
+        // ucred that lives for the whole call.
+        let rc = unsafe {
+            libc::getsockopt(
+                conn.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                (&mut cred as *mut libc::ucred).cast(),
+                &mut len,
+            )
+        };
+        if rc != 0 {
+            return Err(format!(
+                "cannot tell who asks: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(Peer {
+            uid: cred.uid,
+            gid: cred.gid,
+            groups: peer_groups(conn),
+        })
+    }
+
+    /// The trust rule: could this peer open the pool for writing itself?
+    fn may_open(&self, pool: &std::fs::Metadata) -> Result<(), String> {
+        self.may_open_file(pool.uid(), pool.gid(), pool.mode())
+    }
+
+    /// [`Peer::may_open`] of a file owned by `owner`:`group` with `mode`.
+    fn may_open_file(&self, owner: u32, group: u32, mode: u32) -> Result<(), String> {
+        let in_group = self.gid == group || self.groups.contains(&group);
+        let ok = self.uid == 0
+            || self.uid == owner
+            || (in_group && mode & 0o060 == 0o060)
+            || mode & 0o006 == 0o006;
+        if ok {
+            return Ok(());
+        }
+        Err(format!(
+            "permission denied: attach hands the pool itself over, so it serves only \
+             those who could open the pool read-write (root, its owner uid {owner}, group \
+             {group} when the pool is group read-write); uid {} cannot (pool mode {:04o})",
+            self.uid,
+            mode & 0o7777
+        ))
+    }
+}
+
+/// The peer's supplementary groups (SO_PEERGROUPS, Linux 4.13), empty if
+/// the kernel cannot say.
+fn peer_groups(conn: &UnixStream) -> Vec<u32> {
+    /// SO_PEERGROUPS (asm-generic/socket.h; x86 and arm use it).
+    const SO_PEERGROUPS: libc::c_int = 59;
+    let mut groups = vec![0u32; 64];
+    loop {
+        let mut len = (groups.len() * 4) as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into `groups`,
+        // which holds that many and lives for the call.
+        let rc = unsafe {
+            libc::getsockopt(
+                conn.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let n = len as usize / 4;
+        if rc == 0 {
+            groups.truncate(n.min(groups.len()));
+            return groups;
+        }
+        let err = std::io::Error::last_os_error().raw_os_error();
+        if err == Some(libc::ERANGE) && n > groups.len() && n <= GROUPS_MAX {
+            groups.resize(n, 0);
+            continue;
+        }
+        return Vec::new();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_trust_rule() {
+        let peer = |uid, gid, groups: &[u32]| Peer {
+            uid,
+            gid,
+            groups: groups.to_vec(),
+        };
+        // (peer, owner, group, mode, may attach)
+        let cases = [
+            (peer(0, 0, &[]), 1000, 1000, 0o600, true),
+            (peer(1000, 1000, &[]), 1000, 1000, 0o600, true),
+            (peer(1001, 1001, &[]), 1000, 1000, 0o600, false),
+            (peer(1001, 1001, &[]), 1000, 1000, 0o640, false),
+            (peer(1001, 1000, &[]), 1000, 1000, 0o660, true),
+            (peer(1001, 1001, &[50, 1000]), 1000, 1000, 0o660, true),
+            (peer(1001, 1001, &[50]), 1000, 1000, 0o660, false),
+            (peer(1001, 1001, &[]), 1000, 1000, 0o664, false),
+            (peer(1001, 1001, &[]), 1000, 1000, 0o666, true),
+        ];
+        for (i, (p, owner, group, mode, want)) in cases.iter().enumerate() {
+            let got = p.may_open_file(*owner, *group, *mode);
+            assert_eq!(got.is_ok(), *want, "case {i}: {got:?}");
+        }
+    }
+}

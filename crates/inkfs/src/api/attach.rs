@@ -1,0 +1,299 @@
+//! The attach exchange on a mount server's control socket
+//! (docs/KERNEL-FREE.md, "Attaching"): where the socket is, and the one
+//! message that carries descriptors. Both ends use it: the client
+//! ([`super::client`]) and the server (inkfs-fuse's `attach.rs`).
+//!
+//! ```text
+//! client: attach\n
+//! server: ok layout=L id=N slot=I mode=MODE\n    + 2 descriptors (SCM_RIGHTS):
+//!         the pool (the server's own open file description: the client
+//!         shares its claim) and the memfd of the epoch table
+//!     or: error MESSAGE\n                          and the server closes
+//! ```
+//!
+//! After a grant the connection stays open for the client's session: the
+//! server learns of the client's end, however it ends, by the end of file
+//! on it, and releases the client's epoch slot. Nothing else is said on it
+//! yet (leases and recalls will be, docs/KERNEL-FREE.md "Writing").
+//!
+//! Descriptors travel with `nix`'s `sendmsg`/`recvmsg` (already in the
+//! tree under fuser): its control-message buffers get the alignment and
+//! the truncation flag right, which hand-written CMSG arithmetic is the
+//! usual place to get wrong.
+
+use std::io::{self, IoSlice, IoSliceMut, Read};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags};
+
+use crate::epoch::TABLE_LAYOUT;
+use crate::types::Mode;
+
+/// The request word.
+pub const REQUEST: &str = "attach";
+
+/// Where servers run by root put their sockets and pid files; other users'
+/// servers use `/tmp/inkfs-UID`.
+pub const RUN_DIR: &str = "/run/inkfs";
+
+/// Clients one mount serves at once (one epoch slot each).
+pub const CLIENTS_MAX: usize = crate::epoch::READERS_MAX;
+
+/// Longest grant or refusal line, in bytes.
+pub const ANSWER_BYTES_MAX: usize = 512;
+
+/// The control socket a server for `mountpoint` (absolute, canonical)
+/// listens on, in run directory `dir`.
+pub fn socket_path(dir: &Path, mountpoint: &Path) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    dir.join(format!(
+        "{:016x}.sock",
+        fnv1a(mountpoint.as_os_str().as_bytes())
+    ))
+}
+
+/// FNV-1a: a stable hash of the mount point path (std's hasher is not
+/// stable across releases, and client and server may be different builds).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// What the server grants an attaching client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// The client's number, unique while the server runs.
+    pub id: u64,
+    /// The epoch slot the server claimed for the client.
+    pub slot: usize,
+    /// The mount's consistency mode (the client's engine runs in it).
+    pub mode: Mode,
+}
+
+impl Grant {
+    fn line(&self) -> String {
+        format!(
+            "ok layout={TABLE_LAYOUT} id={} slot={} mode={}\n",
+            self.id,
+            self.slot,
+            self.mode.name()
+        )
+    }
+
+    /// Parse a grant line (without its newline); every field must be there
+    /// and the table layout must be this build's.
+    pub fn parse(line: &str) -> Result<Grant, String> {
+        let mut words = line.split_ascii_whitespace();
+        if words.next() != Some("ok") {
+            return Err(format!("not a grant: {line:?}"));
+        }
+        let (mut layout, mut id, mut slot, mut mode) = (None, None, None, None);
+        for w in words {
+            match w.split_once('=') {
+                Some(("layout", v)) => layout = v.parse::<u32>().ok(),
+                Some(("id", v)) => id = v.parse::<u64>().ok(),
+                Some(("slot", v)) => slot = v.parse::<usize>().ok(),
+                Some(("mode", v)) => mode = Mode::parse(v),
+                _ => {} // a later server's extra field
+            }
+        }
+        match (layout, id, slot, mode) {
+            (Some(TABLE_LAYOUT), Some(id), Some(slot), Some(mode))
+                if slot < crate::epoch::READERS_MAX =>
+            {
+                Ok(Grant { id, slot, mode })
+            }
+            (Some(l), ..) if l != TABLE_LAYOUT => Err(format!(
+                "the server's epoch table has layout {l}, this build's {TABLE_LAYOUT}"
+            )),
+            _ => Err(format!("malformed grant: {line:?}")),
+        }
+    }
+}
+
+/// Send the request line (the client), without SIGPIPE if the server
+/// has closed.
+pub fn send_request(conn: &UnixStream) -> io::Result<()> {
+    let line = format!("{REQUEST}\n");
+    let mut rest = line.as_bytes();
+    while !rest.is_empty() {
+        match socket::send(conn.as_raw_fd(), rest, MsgFlags::MSG_NOSIGNAL) {
+            Ok(n) => rest = &rest[n..],
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Send `grant` with the pool's descriptor and the epoch table's (the
+/// server).
+pub fn send_grant(
+    conn: &UnixStream,
+    grant: &Grant,
+    pool: BorrowedFd<'_>,
+    epochs: BorrowedFd<'_>,
+) -> io::Result<()> {
+    let line = grant.line();
+    let fds = [pool.as_raw_fd(), epochs.as_raw_fd()];
+    let cmsg = [ControlMessage::ScmRights(&fds)];
+    let iov = [IoSlice::new(line.as_bytes())];
+    let sent = socket::sendmsg::<()>(conn.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None)
+        .map_err(io::Error::from)?;
+    // The descriptors went with the first byte; the rest of a short send
+    // follows as plain bytes.
+    let mut rest = &line.as_bytes()[sent..];
+    while !rest.is_empty() {
+        let n = socket::send(conn.as_raw_fd(), rest, MsgFlags::MSG_NOSIGNAL)
+            .map_err(io::Error::from)?;
+        rest = &rest[n..];
+    }
+    Ok(())
+}
+
+/// The server's answer: the grant and its two descriptors (pool, epoch
+/// table), or the server's reason for refusing (`Err(Refused)`).
+pub fn recv_grant(conn: &mut UnixStream) -> Result<(Grant, OwnedFd, OwnedFd), Answer> {
+    let mut buf = [0u8; ANSWER_BYTES_MAX];
+    let (mut len, fds) = recv_with_fds(conn, &mut buf).map_err(Answer::Io)?;
+    while !buf[..len].contains(&b'\n') && len < buf.len() {
+        match conn.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Answer::Io(e)),
+        }
+    }
+    let end = buf[..len]
+        .iter()
+        .position(|&b| b == b'\n')
+        .ok_or_else(|| Answer::Malformed("no answer line (server gone?)".into()))?;
+    let line = std::str::from_utf8(&buf[..end])
+        .map_err(|_| Answer::Malformed("the answer is not UTF-8".into()))?;
+    if let Some(msg) = line.strip_prefix("error ") {
+        return Err(Answer::Refused(msg.to_string()));
+    }
+    let grant = Grant::parse(line).map_err(Answer::Malformed)?;
+    let mut fds = fds.into_iter();
+    match (fds.next(), fds.next(), fds.next()) {
+        (Some(pool), Some(epochs), None) => Ok((grant, pool, epochs)),
+        _ => Err(Answer::Malformed(
+            "the grant did not carry exactly two descriptors".into(),
+        )),
+    }
+}
+
+/// Why an attach got no grant.
+#[derive(Debug)]
+pub enum Answer {
+    /// The server refused, and said why.
+    Refused(String),
+    /// The answer made no sense (another build, a broken server).
+    Malformed(String),
+    /// The socket failed.
+    Io(io::Error),
+}
+
+impl std::fmt::Display for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Answer::Refused(m) => write!(f, "refused: {m}"),
+            Answer::Malformed(m) => write!(f, "bad answer: {m}"),
+            Answer::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// Descriptors one answer may carry; more are closed and refused.
+const FDS_MAX: usize = 4;
+
+/// One recvmsg: the bytes, and the descriptors that came with them (owned
+/// at once, so that every path closes them).
+fn recv_with_fds(conn: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut space = nix::cmsg_space!([RawFd; FDS_MAX]);
+    let mut iov = [IoSliceMut::new(buf)];
+    let msg = loop {
+        match socket::recvmsg::<()>(
+            conn.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            other => break other.map_err(io::Error::from)?,
+        }
+    };
+    let mut fds = Vec::new();
+    // An error here is a truncated control buffer: the kernel closed what
+    // did not fit, and the answer is malformed (no descriptors kept).
+    if let Ok(cmsgs) = msg.cmsgs() {
+        for c in cmsgs {
+            if let ControlMessageOwned::ScmRights(raw) = c {
+                // SAFETY: the kernel installed these descriptors in this
+                // process for us; nothing else owns them.
+                fds.extend(
+                    raw.into_iter()
+                        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                );
+            }
+        }
+    }
+    Ok((msg.bytes, fds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grants_round_trip_and_bad_ones_are_refused() {
+        let g = Grant {
+            id: 7,
+            slot: 3,
+            mode: Mode::Sync,
+        };
+        assert_eq!(Grant::parse(g.line().trim_end()), Ok(g));
+        for bad in [
+            "ok id=1 slot=2 mode=strict",
+            "ok layout=1 id=1 slot=64 mode=strict",
+            "ok layout=1 id=x slot=2 mode=strict",
+            "ok layout=1 id=1 slot=2 mode=fast",
+            "ko layout=1 id=1 slot=2 mode=strict",
+        ] {
+            assert!(Grant::parse(bad).is_err(), "{bad}");
+        }
+        assert!(Grant::parse("ok layout=9 id=1 slot=2 mode=strict")
+            .unwrap_err()
+            .contains("layout 9"));
+    }
+
+    #[test]
+    fn descriptors_travel_with_the_grant() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let f = tempfile::tempfile().unwrap();
+        let g = Grant {
+            id: 1,
+            slot: 0,
+            mode: Mode::Strict,
+        };
+        use std::os::fd::AsFd;
+        send_grant(&a, &g, f.as_fd(), f.as_fd()).unwrap();
+        let (got, p, e) = recv_grant(&mut b).unwrap();
+        assert_eq!(got, g);
+        assert_ne!(p.as_raw_fd(), e.as_raw_fd());
+        drop(a);
+        let (a, mut b) = UnixStream::pair().unwrap();
+        use std::io::Write;
+        (&a).write_all(b"error permission denied: no\n").unwrap();
+        match recv_grant(&mut b) {
+            Err(Answer::Refused(m)) => assert_eq!(m, "permission denied: no"),
+            other => panic!("{other:?}"),
+        }
+    }
+}
