@@ -300,29 +300,8 @@ struct Peer {
 
 impl Peer {
     fn of(conn: &UnixStream) -> Result<Peer, String> {
-        let mut cred = libc::ucred {
-            pid: 0,
-            uid: u32::MAX,
-            gid: u32::MAX,
-        };
-        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-        // SAFETY: getsockopt fills at most `len` bytes of `cred`, a valid
-        // ucred that lives for the whole call.
-        let rc = unsafe {
-            libc::getsockopt(
-                conn.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_PEERCRED,
-                (&mut cred as *mut libc::ucred).cast(),
-                &mut len,
-            )
-        };
-        if rc != 0 {
-            return Err(format!(
-                "cannot tell who asks: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
+        let cred =
+            crate::stats::peer_cred(conn).map_err(|e| format!("cannot tell who asks: {e}"))?;
         Ok(Peer {
             uid: cred.uid,
             gid: cred.gid,

@@ -20,7 +20,6 @@
 //! whole pool, and what it finds can turn the file system read-only).
 
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
@@ -156,29 +155,7 @@ fn run(engine: &Weak<Engine>, st: &State, conn: &mut UnixStream) {
 
 /// Root, or the user the server runs as.
 fn permitted(conn: &UnixStream) -> Result<(), String> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: u32::MAX,
-        gid: u32::MAX,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt fills at most `len` bytes of `cred`, a valid
-    // ucred that lives for the whole call.
-    let rc = unsafe {
-        libc::getsockopt(
-            conn.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(format!(
-            "cannot tell who asks: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
+    let cred = crate::stats::peer_cred(conn).map_err(|e| format!("cannot tell who asks: {e}"))?;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
     if cred.uid == 0 || cred.uid == me {

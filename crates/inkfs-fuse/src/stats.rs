@@ -581,22 +581,35 @@ impl Drop for Slot {
     }
 }
 
-/// The uid of the process at the other end (SO_PEERCRED).
-fn peer_uid(conn: &UnixStream) -> Option<u32> {
-    // SAFETY: ucred is plain data; getsockopt fills at most `len` bytes of
-    // it and both live for the whole call.
-    unsafe {
-        let mut cred: libc::ucred = std::mem::zeroed();
-        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-        let rc = libc::getsockopt(
+/// Who is at the other end of `conn` (SO_PEERCRED): the pid, uid and gid
+/// the kernel recorded when it connected, which the peer cannot forge.
+pub(crate) fn peer_cred(conn: &UnixStream) -> std::io::Result<libc::ucred> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: u32::MAX,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt fills at most `len` bytes of `cred`, a valid
+    // ucred that lives for the whole call.
+    let rc = unsafe {
+        libc::getsockopt(
             conn.as_raw_fd(),
             libc::SOL_SOCKET,
             libc::SO_PEERCRED,
             (&mut cred as *mut libc::ucred).cast(),
             &mut len,
-        );
-        (rc == 0).then_some(cred.uid)
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
     }
+    Ok(cred)
+}
+
+/// The uid of the process at the other end.
+fn peer_uid(conn: &UnixStream) -> Option<u32> {
+    peer_cred(conn).ok().map(|c| c.uid)
 }
 
 /// Make `dir` (if needed) and check that only this user can write in it:
