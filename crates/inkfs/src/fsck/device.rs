@@ -5,6 +5,7 @@
 //! one on both would be handed out twice).
 
 use super::check::Checker;
+use super::free_lists::compare;
 use super::repair::Fix;
 use super::report::ProblemKind;
 use crate::blockdev::{dev, layout};
@@ -105,48 +106,4 @@ impl<P: Pmem + ?Sized> Checker<'_, P> {
             );
         }
     }
-}
-
-/// Used ranges against free ranges (both `[start, end)`, sorted, inside
-/// `[lo, hi)`): the first block on both and how many are, the first gap
-/// on neither (start, length) and how many blocks are in gaps.
-pub(super) type Overlap = Option<(u64, u64)>;
-pub(super) type Gap = Option<((u64, u64), u64)>;
-
-pub(super) fn compare(
-    used: &[(u64, u64)],
-    free: &[(u64, u64)],
-    lo: u64,
-    hi: u64,
-) -> (Overlap, Gap) {
-    let (mut both, mut first_both) = (0u64, None);
-    let (mut i, mut j) = (0, 0);
-    while i < used.len() && j < free.len() {
-        let a = used[i].0.max(free[j].0);
-        let b = used[i].1.min(free[j].1);
-        if a < b {
-            both += b - a;
-            first_both.get_or_insert(a);
-        }
-        if used[i].1 < free[j].1 {
-            i += 1;
-        } else {
-            j += 1;
-        }
-    }
-    let (mut leaked, mut first_leak) = (0u64, None);
-    let mut all: Vec<(u64, u64)> = used.iter().chain(free.iter()).copied().collect();
-    all.sort_unstable();
-    let mut covered = lo;
-    for (s, e) in all.into_iter().chain([(hi, hi)]) {
-        if s > covered {
-            leaked += s - covered;
-            first_leak.get_or_insert((covered, s - covered));
-        }
-        covered = covered.max(e);
-    }
-    (
-        first_both.map(|b| (b, both)),
-        first_leak.map(|g| (g, leaked)),
-    )
 }
