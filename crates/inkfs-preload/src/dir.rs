@@ -112,7 +112,12 @@ unsafe fn kernel_readdir(d: *mut DIR, ofd: &Ofd) -> *mut dirent64 {
     stats::bump(&stats::DIR_KERNEL);
     // SAFETY: the program's DIR.
     unsafe {
-        real::seekdir(d, ofd.offset.load(Ordering::Acquire) as c_long);
+        // glibc's position is the cookie of the last entry it returned;
+        // seek (and drop its buffer) only if the library's differs.
+        let pos = ofd.offset.load(Ordering::Acquire) as c_long;
+        if real::telldir(d) != pos {
+            real::seekdir(d, pos);
+        }
         let r = real::readdir64(d);
         if !r.is_null() {
             ofd.offset.store(real::telldir(d) as u64, Ordering::Release);

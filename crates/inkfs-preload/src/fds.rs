@@ -49,9 +49,12 @@ pub fn adopt(fd: c_int, _dirfd: c_int, path: &[u8], flags: c_int) {
     if kind != libc::S_IFREG && kind != libc::S_IFDIR {
         return;
     }
-    let Some((mi, _)) = mounts::by_dev(st.st_dev) else {
+    let Some((mi, m)) = mounts::by_dev(st.st_dev) else {
         return;
     };
+    if m.is_refused() {
+        return;
+    }
     table::register(fd, mi, st.st_ino, kind, flags);
 }
 

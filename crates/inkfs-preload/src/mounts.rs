@@ -184,6 +184,12 @@ impl Mount {
         Some(Slot { client, files })
     }
 
+    /// Whether an attach was refused (or the server left): nothing on
+    /// this mount is served.
+    pub fn is_refused(&self) -> bool {
+        self.refused.load(Ordering::Relaxed)
+    }
+
     /// Whether the mount's server still serves this process: checked on
     /// path calls (a mount point whose server left shows the directory
     /// under it). A dead server makes the mount kernel-only.
