@@ -181,6 +181,7 @@ fn every_command_answers_help() {
         "selftest",
         "null-fs",
         "install-helper",
+        "run",
     ] {
         let o = inkfs(&[cmd, "--help"]);
         assert!(o.status.success(), "{cmd} --help: {}", text(&o));

@@ -12,6 +12,7 @@ use libc::{size_t, ssize_t};
 use crate::io::{route, Op, Route};
 use crate::mounts::{self, Mount};
 use crate::path::{self, CwdBuf};
+use crate::table::Ofd;
 use crate::{attr, guard, real, stats};
 
 /// The attributes of what `path` (relative to `dirfd`) names, from the
@@ -46,11 +47,8 @@ fn path_attr(
     }
 }
 
-/// The attributes of a served descriptor, from the pool.
-fn fd_attr(fd: c_int) -> Option<(Attr, &'static Mount)> {
-    let Route::Served(_, ofd) = route(fd, Op::Stat) else {
-        return None;
-    };
+/// The attributes of a served open file, from the pool.
+fn fd_attr(ofd: &Ofd) -> Option<(Attr, &'static Mount)> {
     let got = (|| {
         let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
         let lease = m.checkout()?;
@@ -75,8 +73,8 @@ fn empty(path: *const c_char) -> bool {
 
 #[no_mangle]
 pub unsafe extern "C" fn fstat64(fd: c_int, st: *mut libc::stat64) -> c_int {
-    if !st.is_null() && !matches!(route(fd, Op::Stat), Route::Kernel) {
-        if let Some(Some((a, m))) = guard::run(|| fd_attr(fd)) {
+    if let (Route::Served(_, ofd), false) = (route(fd, Op::Stat), st.is_null()) {
+        if let Some(Some((a, m))) = guard::run(|| fd_attr(ofd)) {
             // SAFETY: the program's stat buffer.
             attr::to_stat(&a, m, unsafe { &mut *st });
             return 0;
@@ -166,11 +164,18 @@ pub unsafe extern "C" fn statx(
     let servable =
         !sx.is_null() && !guard::inside() && mask & !(attr::STATX_SERVED | libc::STATX_BTIME) == 0;
     if servable {
-        let by_fd = flags & libc::AT_EMPTY_PATH != 0 && empty(path);
+        let by_fd = match (
+            flags & libc::AT_EMPTY_PATH != 0 && empty(path),
+            route(dirfd, Op::Stat),
+        ) {
+            (true, Route::Served(_, ofd)) => Some(Some(ofd)),
+            (true, Route::Kernel) => Some(None),
+            (false, _) => None,
+        };
         let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
         let got = guard::run(|| {
-            let (a, m) = if by_fd {
-                fd_attr(dirfd)?
+            let (a, m) = if let Some(ofd) = by_fd {
+                fd_attr(ofd?)?
             } else {
                 path_attr(dirfd, path, follow, false)?
             };
