@@ -52,6 +52,16 @@ pub fn adopt(fd: c_int, _dirfd: c_int, path: &[u8], flags: c_int) {
     let Some((mi, m)) = mounts::by_dev(st.st_dev) else {
         return;
     };
+    // Attach now (or learn the refusal), and make sure the mount is the
+    // one this process attached to: a device number is reused by the next
+    // FUSE mount once a mount is gone, and a client of a gone server must
+    // not serve a newer mount's files. All clients busy: another thread
+    // of this process checked the server a moment ago.
+    if let Some(lease) = m.checkout() {
+        if !m.alive(&lease) {
+            return;
+        }
+    }
     if m.is_refused() {
         return;
     }

@@ -167,6 +167,7 @@ impl Mount {
                     // (64 slots taken) only cost this cell.
                     if i == 0 {
                         self.refused.store(true, Ordering::Relaxed);
+                        crate::stats::bump(&crate::stats::ATTACH_REFUSED);
                     }
                     return None;
                 }

@@ -7,14 +7,18 @@
 //! (their epoch slots and sessions are the parent's) and attaches as its
 //! own client at its first served call.
 //!
-//! **exec** (execve and every exec form, posix_spawn, system, popen): the
+//! **exec** (execve and every exec form, posix_spawn, system, popen; vfork
+//! is made a fork, so the child's dup2 and close calls touch its own
+//! table): the
 //! new image knows nothing of the library's offsets. Each served
 //! descriptor that survives the exec (no FD_CLOEXEC) has its offset
 //! written to the kernel descriptor (lseek) and its entry handed to the
 //! kernel for good: from then on every process sharing it, this one
 //! included, uses the kernel descriptor and its offset, which the new
-//! image moves. The new image's library does not adopt inherited
-//! descriptors: they stay kernel descriptors there.
+//! image moves. posix_spawn hands over every served descriptor, close-on-
+//! exec or not: its file actions may dup2 one onto a number the child
+//! keeps. The new image's library does not adopt inherited descriptors:
+//! they stay kernel descriptors there.
 //!
 //! The exec interposers set no thread-local state and allocate nothing: a
 //! vfork child runs them on its parent's memory.
@@ -40,15 +44,38 @@ pub unsafe extern "C" fn fork() -> pid_t {
     pid
 }
 
+/// vfork: made a fork. A vfork child runs on its parent's memory, so the
+/// dup2 and close calls it makes before exec would change the parent's
+/// descriptor table; a forked child changes its own. (POSIX lets vfork be
+/// fork; what it costs is the copy of the page tables.)
+#[no_mangle]
+pub unsafe extern "C" fn vfork() -> pid_t {
+    // SAFETY: as called.
+    unsafe { fork() }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __vfork() -> pid_t {
+    // SAFETY: as called.
+    unsafe { fork() }
+}
+
 /// Before an exec: hand every inherited served descriptor to the kernel.
 pub fn before_exec() {
+    hand_over(false);
+}
+
+/// Hand served descriptors to the kernel: those without FD_CLOEXEC, or
+/// (`all`) every one, for a spawn whose file actions (dup2 onto another
+/// number) may pass on a close-on-exec descriptor.
+fn hand_over(all: bool) {
     table::each(|fd, _, o| {
         if o.state.load(std::sync::atomic::Ordering::Acquire) != LOCAL {
             return;
         }
         // SAFETY: no memory involved.
         let fdflags = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
-        if fdflags < 0 || fdflags & libc::FD_CLOEXEC != 0 {
+        if fdflags < 0 || (!all && fdflags & libc::FD_CLOEXEC != 0) {
             return;
         }
         let off = o.offset.load(std::sync::atomic::Ordering::Acquire);
@@ -118,7 +145,7 @@ pub unsafe extern "C" fn posix_spawn(
     argv: *const *mut c_char,
     envp: *const *mut c_char,
 ) -> c_int {
-    before_exec();
+    hand_over(true);
     // SAFETY: as called.
     unsafe { real::posix_spawn(pid, p, fa, attr, argv, envp) }
 }
@@ -132,7 +159,7 @@ pub unsafe extern "C" fn posix_spawnp(
     argv: *const *mut c_char,
     envp: *const *mut c_char,
 ) -> c_int {
-    before_exec();
+    hand_over(true);
     // SAFETY: as called.
     unsafe { real::posix_spawnp(pid, f, fa, attr, argv, envp) }
 }

@@ -3,7 +3,7 @@
 //! counted). With `INKFS_PRELOAD_STATS=FILE` in the environment, each
 //! process appends one line to FILE when it exits:
 //! `pid=P read_local=N read_kernel=N stat_local=N stat_kernel=N
-//! dir_local=N dir_kernel=N write_kernel=N`. That is how the tests tell a
+//! dir_local=N dir_kernel=N write_kernel=N attach_refused=N`. That is how the tests tell a
 //! read served from the pool from one the kernel served.
 
 use std::io::Write;
@@ -16,8 +16,10 @@ pub static STAT_KERNEL: AtomicU64 = AtomicU64::new(0);
 pub static DIR_LOCAL: AtomicU64 = AtomicU64::new(0);
 pub static DIR_KERNEL: AtomicU64 = AtomicU64::new(0);
 pub static WRITE_KERNEL: AtomicU64 = AtomicU64::new(0);
+/// Mounts whose server refused this process (or could not be reached).
+pub static ATTACH_REFUSED: AtomicU64 = AtomicU64::new(0);
 
-const ALL: [&AtomicU64; 7] = [
+const ALL: [&AtomicU64; 8] = [
     &READ_LOCAL,
     &READ_KERNEL,
     &STAT_LOCAL,
@@ -25,6 +27,7 @@ const ALL: [&AtomicU64; 7] = [
     &DIR_LOCAL,
     &DIR_KERNEL,
     &WRITE_KERNEL,
+    &ATTACH_REFUSED,
 ];
 
 pub const ENV: &str = "INKFS_PRELOAD_STATS";
@@ -79,7 +82,7 @@ pub fn report() {
     let v = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let _ = writeln!(
         cur,
-        "pid={} read_local={} read_kernel={} stat_local={} stat_kernel={} dir_local={} dir_kernel={} write_kernel={}",
+        "pid={} read_local={} read_kernel={} stat_local={} stat_kernel={} dir_local={} dir_kernel={} write_kernel={} attach_refused={}",
         std::process::id(),
         v(&READ_LOCAL),
         v(&READ_KERNEL),
@@ -88,6 +91,7 @@ pub fn report() {
         v(&DIR_LOCAL),
         v(&DIR_KERNEL),
         v(&WRITE_KERNEL),
+        v(&ATTACH_REFUSED),
     );
     let n = cur.position() as usize;
     // SAFETY: NUL-terminated path, our own buffer; real calls only.
