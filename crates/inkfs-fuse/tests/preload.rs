@@ -476,3 +476,43 @@ fn a_refused_mount_and_other_paths_run_as_without_the_library() {
         "the library did not load"
     );
 }
+
+const PY_STALE: &str = r#"
+import ctypes, os, sys
+m, other = sys.argv[1], sys.argv[2]
+libc = ctypes.CDLL(None, use_errno=True)
+fd = os.open(m + "/nums", os.O_RDONLY)
+print(os.read(fd, 4))
+# Closed behind the library's back (as glibc closes inside fclose or
+# freopen): the kernel hands the number out again.
+libc.syscall(3, fd)  # SYS_close
+fd2 = os.open(other, os.O_RDONLY)
+print(fd2 == fd, os.read(fd2, 5), os.fstat(fd2).st_size)
+f = open(m + "/nums", "rb", buffering=0)
+print(f.read(4))
+"#;
+
+#[test]
+fn a_number_the_kernel_hands_out_again_is_not_served_as_the_old_file() {
+    let pool = Pool::new("preload-stale", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    populate(&m);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let other = dir.path().join("other");
+    std::fs::write(&other, "other file\n").expect("write");
+    let py = dir.path().join("stale.py");
+    std::fs::write(&py, PY_STALE).expect("script");
+    let stats = stats_file("stale");
+    let (ok, out, err) = sh_run(
+        &format!(
+            "{PYTHON} {} {} {}",
+            py.display(),
+            m.path().display(),
+            other.display()
+        ),
+        Some(stats.path()),
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out, "b'1\\n2\\n'\nTrue b'other' 11\nb'1\\n2\\n'\n");
+    assert!(c(&counts(stats.path()), "read_local") >= 2);
+}

@@ -264,8 +264,9 @@ pub unsafe extern "C" fn opendir(p: *const c_char) -> *mut DIR {
     if !d.is_null() {
         let _ = guard::run(|| {
             // SAFETY: the program's path; glibc's new DIR.
+            let fd = unsafe { real::dirfd(d) };
+            table::release(fd);
             if let Some(b) = unsafe { path::bytes(p) } {
-                let fd = unsafe { real::dirfd(d) };
                 fds::adopt(fd, libc::AT_FDCWD, b, libc::O_RDONLY | libc::O_DIRECTORY);
             }
         });

@@ -72,6 +72,9 @@ fn open_at(dirfd: c_int, p: *const c_char, flags: c_int, mode: mode_t) -> c_int 
     // SAFETY: the program's arguments, passed on.
     let fd = unsafe { real::openat(dirfd, p, flags, mode) };
     if fd >= 0 {
+        // The kernel just gave this number: whatever the table says of it
+        // is stale (a descriptor glibc closed internally).
+        table::release(fd);
         let _ = guard::run(|| {
             // SAFETY: the program's path string.
             if let Some(b) = unsafe { path::bytes(p) } {

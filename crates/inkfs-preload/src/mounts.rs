@@ -45,6 +45,8 @@ pub struct Mount {
     /// mountinfo's mount id (statx's stx_mnt_id).
     pub mnt_id: u64,
     pub noexec: bool,
+    /// Without allow_other the kernel lets only the mount's owner in.
+    allow_other: bool,
     /// Another mount lies under this one: paths are not resolved here
     /// (descriptors still are).
     pub has_submounts: bool,
@@ -185,6 +187,14 @@ impl Mount {
         Some(Slot { client, files })
     }
 
+    /// Whether the kernel lets this process into the mount at all (a FUSE
+    /// mount without allow_other admits only its owner): paths are not
+    /// resolved here for anyone else.
+    pub fn admits_caller(&self) -> bool {
+        // SAFETY: geteuid cannot fail.
+        self.allow_other || self.owner == Some(unsafe { libc::geteuid() })
+    }
+
     /// Whether an attach was refused (or the server left): nothing on
     /// this mount is served.
     pub fn is_refused(&self) -> bool {
@@ -275,6 +285,7 @@ fn read_mounts() -> Vec<Mount> {
             owner: l.owner,
             mnt_id: l.id,
             noexec: l.noexec,
+            allow_other: l.allow_other,
             has_submounts,
             refused: AtomicBool::new(false),
             cells: [const {
@@ -302,6 +313,7 @@ struct Line {
     noexec: bool,
     fstype: Vec<u8>,
     owner: Option<u32>,
+    allow_other: bool,
 }
 
 /// One mountinfo line: `id parent major:minor root target opts ... -
@@ -319,12 +331,12 @@ fn parse(line: &[u8]) -> Option<Line> {
     let mut r = right.split(' ');
     let fstype = r.next()?.as_bytes().to_vec();
     let _source = r.next();
-    let owner = r
-        .next()
-        .unwrap_or("")
+    let superopts = r.next().unwrap_or("");
+    let owner = superopts
         .split(',')
         .find_map(|o| o.strip_prefix("user_id="))
         .and_then(|u| u.parse().ok());
+    let allow_other = superopts.split(',').any(|o| o == "allow_other");
     Some(Line {
         id,
         major: major.parse().ok()?,
@@ -333,6 +345,7 @@ fn parse(line: &[u8]) -> Option<Line> {
         noexec: opts.split(',').any(|o| o == "noexec"),
         fstype,
         owner,
+        allow_other,
     })
 }
 
@@ -387,6 +400,7 @@ mod tests {
         assert!(m.noexec);
         assert_eq!(m.fstype, b"fuse.inkfs");
         assert_eq!(m.owner, Some(1000));
+        assert!(!m.allow_other);
         assert!(parse(b"garbage").is_none());
     }
 

@@ -43,8 +43,13 @@ pub unsafe fn bytes<'a>(p: *const c_char) -> Option<&'a [u8]> {
     Some(unsafe { CStr::from_ptr(p) }.to_bytes())
 }
 
-/// Where `path` (relative to `dirfd`) lies, if on a served mount.
+/// Where `path` (relative to `dirfd`) lies, if on a served mount that
+/// admits this process.
 pub fn locate<'a>(dirfd: c_int, path: &'a [u8], cwd: &'a mut CwdBuf) -> Option<Target<'a>> {
+    locate_any(dirfd, path, cwd).filter(|t| t.mount.admits_caller())
+}
+
+fn locate_any<'a>(dirfd: c_int, path: &'a [u8], cwd: &'a mut CwdBuf) -> Option<Target<'a>> {
     if path.is_empty() || mounts::all().is_empty() {
         return None;
     }

@@ -84,6 +84,8 @@ mod fns {
         dirfd(d: *mut DIR) -> c_int, -1;
         fopen64(path: *const c_char, mode: *const c_char) -> *mut FILE, std::ptr::null_mut();
         fdopen(fd: c_int, mode: *const c_char) -> *mut FILE, std::ptr::null_mut();
+    fclose(f: *mut FILE) -> c_int, libc::EOF;
+    freopen64(path: *const c_char, mode: *const c_char, f: *mut FILE) -> *mut FILE, std::ptr::null_mut();
         fork() -> pid_t, -1;
         execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int, -1;
         execv(path: *const c_char, argv: *const *const c_char) -> c_int, -1;

@@ -8,7 +8,9 @@
 //! cookie FILE too. The cookie FILE's `_fileno` is set to the descriptor,
 //! so `fileno()` answers as for any FILE (fstat, fsync, fadvise on it go
 //! to the kernel descriptor). Not served: freopen (glibc reopens with its
-//! internal open), wide-character `,ccs=` modes.
+//! internal open; the library forgets the old and new numbers), wide-
+//! character `,ccs=` modes. fclose forgets the descriptor before glibc
+//! closes it.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -74,7 +76,7 @@ fn fileno_offset_ok() -> bool {
         } else {
             let fd = libc::fileno(f);
             let at = *(f.cast::<u8>().add(FILENO_OFFSET).cast::<c_int>());
-            libc::fclose(f);
+            real::fclose(f);
             fd >= 0 && at == fd
         }
     };
@@ -206,4 +208,44 @@ mod tests {
         assert!(parse_mode(b"r,ccs=UTF-8").is_none());
         assert!(parse_mode(b"q").is_none());
     }
+}
+
+/// fclose closes the descriptor inside glibc (a cookie FILE through this
+/// library's close, any other FILE not): forget it first, so the table
+/// never keeps a number the kernel will hand out again.
+#[no_mangle]
+pub unsafe extern "C" fn fclose(f: *mut FILE) -> c_int {
+    if !f.is_null() {
+        // SAFETY: the program's open FILE.
+        table::release(unsafe { libc::fileno(f) });
+    }
+    // SAFETY: as called.
+    unsafe { real::fclose(f) }
+}
+
+/// freopen closes the stream's descriptor inside glibc and opens the new
+/// file with glibc's own open (not served): forget both numbers.
+#[no_mangle]
+pub unsafe extern "C" fn freopen64(
+    p: *const c_char,
+    mode: *const c_char,
+    f: *mut FILE,
+) -> *mut FILE {
+    if !f.is_null() {
+        // SAFETY: the program's open FILE.
+        table::release(unsafe { libc::fileno(f) });
+    }
+    // SAFETY: as called.
+    let r = unsafe { real::freopen64(p, mode, f) };
+    if !r.is_null() {
+        // SAFETY: the reopened FILE.
+        table::release(unsafe { libc::fileno(r) });
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn freopen(p: *const c_char, mode: *const c_char, f: *mut FILE) -> *mut FILE {
+    // SAFETY: as called.
+    unsafe { freopen64(p, mode, f) }
 }
