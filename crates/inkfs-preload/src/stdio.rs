@@ -189,27 +189,6 @@ pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE {
     unsafe { real::fdopen(fd, mode) }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn modes() {
-        assert_eq!(parse_mode(b"r").map(|m| m.0), Some(libc::O_RDONLY));
-        assert_eq!(
-            parse_mode(b"rb+e").map(|m| m.0),
-            Some(libc::O_RDWR | libc::O_CLOEXEC)
-        );
-        assert_eq!(
-            parse_mode(b"a+").map(|m| m.0),
-            Some(libc::O_RDWR | libc::O_CREAT | libc::O_APPEND)
-        );
-        assert_eq!(parse_mode(b"r+").map(|m| m.1), Some(*b"r+\0"));
-        assert!(parse_mode(b"r,ccs=UTF-8").is_none());
-        assert!(parse_mode(b"q").is_none());
-    }
-}
-
 /// fclose closes the descriptor inside glibc (a cookie FILE through this
 /// library's close, any other FILE not): forget it first, so the table
 /// never keeps a number the kernel will hand out again.
@@ -248,4 +227,25 @@ pub unsafe extern "C" fn freopen64(
 pub unsafe extern "C" fn freopen(p: *const c_char, mode: *const c_char, f: *mut FILE) -> *mut FILE {
     // SAFETY: as called.
     unsafe { freopen64(p, mode, f) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes() {
+        assert_eq!(parse_mode(b"r").map(|m| m.0), Some(libc::O_RDONLY));
+        assert_eq!(
+            parse_mode(b"rb+e").map(|m| m.0),
+            Some(libc::O_RDWR | libc::O_CLOEXEC)
+        );
+        assert_eq!(
+            parse_mode(b"a+").map(|m| m.0),
+            Some(libc::O_RDWR | libc::O_CREAT | libc::O_APPEND)
+        );
+        assert_eq!(parse_mode(b"r+").map(|m| m.1), Some(*b"r+\0"));
+        assert!(parse_mode(b"r,ccs=UTF-8").is_none());
+        assert!(parse_mode(b"q").is_none());
+    }
 }
