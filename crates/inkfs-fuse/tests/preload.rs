@@ -516,3 +516,84 @@ fn a_number_the_kernel_hands_out_again_is_not_served_as_the_old_file() {
     assert_eq!(out, "b'1\\n2\\n'\nTrue b'other' 11\nb'1\\n2\\n'\n");
     assert!(c(&counts(stats.path()), "read_local") >= 2);
 }
+
+/// A C program's stdio on the mount (glibc's FILE reads with its internal
+/// read: only the library's cookie FILE makes these reads served).
+const C_STDIO: &str = r#"/* stdio on files under the mount: fopen r/r+/a+/w+, fgets, fread,
+   fseek/ftell, fileno, fdopen, getline, fclose. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+int main(int argc, char **argv) {
+    char path[4096], buf[256];
+    snprintf(path, sizeof path, "%s/nums", argv[1]);
+    FILE *f = fopen(path, "r");
+    if (!f) { perror("fopen"); return 1; }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) { perror("fstat"); return 1; }
+    printf("fileno ok %d size %lld\n", fileno(f) > 2, (long long)st.st_size);
+    fgets(buf, sizeof buf, f); printf("fgets %s", buf);
+    fseek(f, 100, SEEK_SET); printf("ftell %ld ", ftell(f));
+    size_t n = fread(buf, 1, 10, f); buf[n] = 0; printf("fread %zu [%s]\n", n, buf);
+    fseek(f, -6, SEEK_END); n = fread(buf, 1, 100, f); buf[n] = 0; printf("tail [%s] eof %d\n", buf, feof(f));
+    rewind(f);
+    char *line = NULL; size_t cap = 0; int lines = 0;
+    while (getline(&line, &cap, f) > 0) lines++;
+    printf("lines %d\n", lines);
+    free(line);
+    fclose(f);
+
+    snprintf(path, sizeof path, "%s/rw", argv[1]);
+    f = fopen(path, "w+");
+    fputs("hello world\n", f); fflush(f);
+    rewind(f); fgets(buf, sizeof buf, f); printf("w+ %s", buf);
+    fseek(f, 6, SEEK_SET); fputs("WORLD", f); fseek(f, 0, SEEK_SET);
+    fgets(buf, sizeof buf, f); printf("r+ %s", buf);
+    fclose(f);
+    f = fopen(path, "a+");
+    fputs("more\n", f); fseek(f, 0, SEEK_SET); n = fread(buf, 1, sizeof buf - 1, f); buf[n] = 0;
+    printf("a+ [%s] ftell %ld\n", buf, ftell(f));
+    fclose(f);
+    int fd = open(path, O_RDONLY);
+    lseek(fd, 6, SEEK_SET);
+    f = fdopen(fd, "r");
+    fgets(buf, sizeof buf, f); printf("fdopen %s", buf);
+    printf("fileno same %d\n", fileno(f) == fd);
+    fclose(f);
+    printf("closed %d\n", fcntl(fd, F_GETFD) == -1);
+    return 0;
+}
+"#;
+
+#[test]
+fn stdio_streams_are_served_and_fileno_is_the_descriptor() {
+    require_tool("cc", "build-essential");
+    let pool = Pool::new("preload-stdio", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    populate(&m);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("stdio.c");
+    let exe = dir.path().join("stdio");
+    std::fs::write(&src, C_STDIO).expect("source");
+    run(Command::new("cc").arg("-O2").arg("-o").arg(&exe).arg(&src));
+    let stats = stats_file("stdio");
+    let out = same(
+        &format!("{} {}", exe.display(), m.path().display()),
+        stats.path(),
+    );
+    assert!(
+        out.starts_with("fileno ok 1 size 168894\nfgets 1\n"),
+        "{out}"
+    );
+    assert!(
+        out.ends_with("fdopen WORLD\nfileno same 1\nclosed 1\n"),
+        "{out}"
+    );
+    let n = counts(stats.path());
+    assert!(c(&n, "read_local") >= 10, "stdio reads not served: {n:?}");
+    assert_eq!(c(&n, "read_kernel"), 0, "{n:?}");
+}
