@@ -1,7 +1,8 @@
 //! Counts of what the library served from the pool and what it passed to
 //! the kernel, for calls on files under a mount (calls elsewhere are not
 //! counted). With `INKFS_PRELOAD_STATS=FILE` in the environment, each
-//! process appends one line to FILE when it exits:
+//! process appends one line to FILE when it exits through exit() (not
+//! _exit, which runs no destructor):
 //! `pid=P read_local=N read_kernel=N stat_local=N stat_kernel=N
 //! dir_local=N dir_kernel=N write_kernel=N attach_refused=N`. That is how the tests tell a
 //! read served from the pool from one the kernel served.
