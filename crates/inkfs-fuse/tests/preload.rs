@@ -597,3 +597,29 @@ fn stdio_streams_are_served_and_fileno_is_the_descriptor() {
     assert!(c(&n, "read_local") >= 10, "stdio reads not served: {n:?}");
     assert_eq!(c(&n, "read_kernel"), 0, "{n:?}");
 }
+
+#[test]
+fn a_user_the_trust_rule_refuses_runs_through_the_mount() {
+    require_tool("setpriv", "util-linux");
+    // A strict mount whose pool is root's 0600: nobody may not have it.
+    let pool = Pool::new("preload-trust", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    populate(&m);
+    let mnt = m.path().display().to_string();
+    let stats = stats_file("trust");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(stats.path(), std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let script = format!(
+        "setpriv --reuid=65534 --regid=65534 --clear-groups sh -c \
+         'cat {mnt}/nums | sha256sum; ls -l --full-time {mnt}/tree | head -5; stat -c \"%s %i\" {mnt}/nums'"
+    );
+    let out = same(&script, stats.path());
+    assert_eq!(out.lines().count(), 7, "{out}");
+    let n = counts(stats.path());
+    assert!(c(&n, "attach_refused") > 0, "{n:?}");
+    assert_eq!(
+        c(&n, "read_local") + c(&n, "stat_local") + c(&n, "dir_local"),
+        0,
+        "{n:?}"
+    );
+}
