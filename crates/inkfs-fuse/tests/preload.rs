@@ -623,3 +623,81 @@ fn a_user_the_trust_rule_refuses_runs_through_the_mount() {
         "{n:?}"
     );
 }
+
+/// A signal handler reading a served descriptor while its thread is in
+/// the library (in the middle of a served pread).
+const C_SIGNAL: &str = r#"/* A signal handler reads a served descriptor while the main thread is in
+   the middle of served reads (often inside the library): the handler's
+   reads must still advance one offset, byte after byte. */
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+static int fd2;
+static volatile int got;
+static char seen[200000];
+
+static void on_alarm(int sig) {
+    (void)sig;
+    if (got < (int)sizeof seen && read(fd2, &seen[got], 1) == 1) got++;
+}
+
+int main(int argc, char **argv) {
+    char path[4096], buf[4096];
+    snprintf(path, sizeof path, "%s/big", argv[1]);
+    int fd = open(path, O_RDONLY);
+    snprintf(path, sizeof path, "%s/nums", argv[1]);
+    fd2 = open(path, O_RDONLY);
+    int plain = open(path, O_RDONLY);
+    if (fd < 0 || fd2 < 0 || plain < 0) { perror("open"); return 1; }
+    struct sigaction sa; memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_alarm; sa.sa_flags = SA_RESTART;
+    sigaction(SIGALRM, &sa, NULL);
+    struct itimerval it = {{0, 50}, {0, 50}};
+    setitimer(ITIMER_REAL, &it, NULL);
+    struct timespec t0, t; clock_gettime(CLOCK_MONOTONIC, &t0);
+    long rounds = 0;
+    do {
+        for (off_t o = 0; o < 1 << 20; o += 4096) {
+            if (pread(fd, buf, sizeof buf, o) < 0) { perror("pread"); return 1; }
+            if (lseek(fd, o, SEEK_SET) != o) { perror("lseek"); return 1; }
+        }
+        rounds++;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    } while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < 400000000L);
+    struct itimerval off = {{0, 0}, {0, 0}};
+    setitimer(ITIMER_REAL, &off, NULL);
+    int n = got;
+    static char want[200000];
+    if (pread(plain, want, n, 0) != n) { perror("pread plain"); return 1; }
+    printf("handler reads %s\n", n > 10 && memcmp(want, seen, n) == 0 ? "in order" : "OUT OF ORDER");
+    printf("offset %s\n", lseek(fd2, 0, SEEK_CUR) == n ? "right" : "WRONG");
+    fprintf(stderr, "%d handler reads, %ld rounds\n", n, rounds);
+    return 0;
+}
+"#;
+
+#[test]
+fn a_signal_handler_reading_inside_the_library_keeps_the_offset() {
+    require_tool("cc", "build-essential");
+    let pool = Pool::new("preload-signal", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    populate(&m);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("sig.c");
+    let exe = dir.path().join("sig");
+    std::fs::write(&src, C_SIGNAL).expect("source");
+    run(Command::new("cc").arg("-O2").arg("-o").arg(&exe).arg(&src));
+    let stats = stats_file("signal");
+    let (ok, out, err) = sh_run(
+        &format!("{} {}", exe.display(), m.path().display()),
+        Some(stats.path()),
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out, "handler reads in order\noffset right\n", "{err}");
+    assert!(c(&counts(stats.path()), "read_local") > 1000);
+}

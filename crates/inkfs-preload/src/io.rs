@@ -46,10 +46,10 @@ pub enum Op {
     Dir,
 }
 
+/// Also while this thread is inside the library (a signal handler that
+/// interrupted it): the callers then use the kernel descriptor at the
+/// library's offset, touching no client (nothing that allocates or locks).
 pub fn route(fd: c_int, op: Op) -> Route {
-    if guard::inside() {
-        return Route::Kernel;
-    }
     match table::local(fd) {
         Some((i, o)) => match op {
             Op::Read if o.is_dir() || !o.readable() => Route::Kernel,
@@ -108,9 +108,15 @@ fn kernel_read(fd: c_int, iov: &[iovec], off: u64) -> ssize_t {
     }
 }
 
-/// A positional read on a served file.
-fn read_at(fd: c_int, idx: usize, ofd: &Ofd, iov: &[iovec], off: u64) -> ssize_t {
-    match pool_read(idx, ofd, iov, off) {
+/// A positional read on a served file: from the pool if `pool` (and a
+/// client is free), else the kernel descriptor.
+fn read_at(fd: c_int, idx: usize, ofd: &Ofd, iov: &[iovec], off: u64, pool: bool) -> ssize_t {
+    let served = if pool {
+        pool_read(idx, ofd, iov, off)
+    } else {
+        None
+    };
+    match served {
         Some(n) => {
             stats::bump(&stats::READ_LOCAL);
             n as ssize_t
@@ -123,10 +129,10 @@ fn read_at(fd: c_int, idx: usize, ofd: &Ofd, iov: &[iovec], off: u64) -> ssize_t
 }
 
 /// A read at the file position, which it advances.
-fn read_seq(fd: c_int, idx: usize, ofd: &Ofd, iov: &[iovec]) -> ssize_t {
+fn read_seq(fd: c_int, idx: usize, ofd: &Ofd, iov: &[iovec], pool: bool) -> ssize_t {
     loop {
         let off = ofd.offset.load(Ordering::Acquire);
-        let r = read_at(fd, idx, ofd, iov, off);
+        let r = read_at(fd, idx, ofd, iov, off, pool);
         if r <= 0 {
             return r;
         }
@@ -160,7 +166,10 @@ unsafe fn iovs<'a>(iov: *const iovec, cnt: c_int) -> Option<&'a [iovec]> {
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
     if let Route::Served(idx, ofd) = route(fd, Op::Read) {
-        if let Some(r) = guard::run(|| read_seq(fd, idx, ofd, &one(buf, n))) {
+        if guard::inside() {
+            return read_seq(fd, idx, ofd, &one(buf, n), false);
+        }
+        if let Some(r) = guard::run(|| read_seq(fd, idx, ofd, &one(buf, n), true)) {
             return r;
         }
     }
@@ -191,7 +200,7 @@ pub unsafe extern "C" fn __read_chk(
 pub unsafe extern "C" fn pread64(fd: c_int, buf: *mut c_void, n: size_t, off: off64_t) -> ssize_t {
     if off >= 0 {
         if let Route::Served(idx, ofd) = route(fd, Op::Read) {
-            if let Some(r) = guard::run(|| read_at(fd, idx, ofd, &one(buf, n), off as u64)) {
+            if let Some(r) = guard::run(|| read_at(fd, idx, ofd, &one(buf, n), off as u64, true)) {
                 return r;
             }
         }
@@ -237,7 +246,10 @@ pub unsafe extern "C" fn __pread_chk(
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     if let (Route::Served(idx, ofd), Some(v)) = (route(fd, Op::Read), unsafe { iovs(iov, cnt) }) {
-        if let Some(r) = guard::run(|| read_seq(fd, idx, ofd, v)) {
+        if guard::inside() {
+            return read_seq(fd, idx, ofd, v, false);
+        }
+        if let Some(r) = guard::run(|| read_seq(fd, idx, ofd, v, true)) {
             return r;
         }
     }
@@ -255,7 +267,7 @@ pub unsafe extern "C" fn preadv64(
     if off >= 0 {
         if let (Route::Served(idx, ofd), Some(v)) = (route(fd, Op::Read), unsafe { iovs(iov, cnt) })
         {
-            if let Some(r) = guard::run(|| read_at(fd, idx, ofd, v, off as u64)) {
+            if let Some(r) = guard::run(|| read_at(fd, idx, ofd, v, off as u64, true)) {
                 return r;
             }
         }
@@ -358,6 +370,10 @@ fn write_seq(fd: c_int, ofd: &Ofd, iov: &[iovec]) -> ssize_t {
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
     if let Route::Served(_, ofd) = route(fd, Op::Write) {
+        // Kernel calls and atomics only: also right inside the library.
+        if guard::inside() {
+            return write_seq(fd, ofd, &one(buf.cast_mut(), n));
+        }
         if let Some(r) = guard::run(|| write_seq(fd, ofd, &one(buf.cast_mut(), n))) {
             return r;
         }
@@ -369,6 +385,9 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     if let (Route::Served(_, ofd), Some(v)) = (route(fd, Op::Write), unsafe { iovs(iov, cnt) }) {
+        if guard::inside() {
+            return write_seq(fd, ofd, v);
+        }
         if let Some(r) = guard::run(|| write_seq(fd, ofd, v)) {
             return r;
         }
@@ -422,6 +441,10 @@ pub unsafe extern "C" fn pwritev2(
 /// The size of a served file: from the pool, else the kernel's fstat.
 fn file_size(fd: c_int, ofd: &Ofd) -> Option<u64> {
     let from_pool = (|| {
+        if guard::inside() {
+            // A signal handler: no client.
+            return None;
+        }
         let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
         let lease = m.checkout()?;
         lease
@@ -482,6 +505,9 @@ fn seek(fd: c_int, ofd: &Ofd, off: off64_t, whence: c_int) -> off64_t {
 #[no_mangle]
 pub unsafe extern "C" fn lseek64(fd: c_int, off: off64_t, whence: c_int) -> off64_t {
     if let Route::Served(_, ofd) = route(fd, Op::Seek) {
+        if guard::inside() {
+            return seek(fd, ofd, off, whence);
+        }
         if let Some(r) = guard::run(|| seek(fd, ofd, off, whence)) {
             return r;
         }
