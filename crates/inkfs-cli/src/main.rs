@@ -8,6 +8,7 @@
 mod crashtest;
 mod fsck;
 mod pool;
+mod run;
 mod scrub;
 mod selftest;
 mod state;
@@ -42,6 +43,7 @@ enum Cmd {
     NullFs(inkfs_fuse::NullArgs),
     InstallHelper(inkfs_fuse::InstallHelperArgs),
     Crashtest(crashtest::CrashtestArgs),
+    Run(run::RunArgs),
 }
 
 fn main() -> ExitCode {
@@ -60,6 +62,7 @@ fn main() -> ExitCode {
         Cmd::NullFs(a) => return exit_code(inkfs_fuse::null_main(&a)),
         Cmd::InstallHelper(a) => return exit_code(inkfs_fuse::install_helper_main(&a)),
         Cmd::Crashtest(a) => ("crashtest", crashtest::main(&a)),
+        Cmd::Run(a) => ("run", run::run(&a)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

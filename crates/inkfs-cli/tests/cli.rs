@@ -181,6 +181,7 @@ fn every_command_answers_help() {
         "selftest",
         "null-fs",
         "install-helper",
+        "run",
     ] {
         let o = inkfs(&[cmd, "--help"]);
         assert!(o.status.success(), "{cmd} --help: {}", text(&o));
@@ -396,4 +397,53 @@ fn hybrid_mkfs_stat_fsck_and_refusals() {
     let o = inkfs(&["fsck", pool.s()]);
     assert_eq!(o.status.code(), Some(4), "{}", text(&o));
     assert!(text(&o).contains("missing"), "{}", text(&o));
+}
+
+/// The preload library cargo built for this test run (a dev-dependency).
+fn preload_lib() -> PathBuf {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_inkfs"));
+    let dir = bin.parent().expect("target directory");
+    [dir.join("deps"), dir.to_path_buf()]
+        .into_iter()
+        .map(|d| d.join("libinkfs_preload.so"))
+        .find(|p| p.is_file())
+        .expect("libinkfs_preload.so is built with the tests")
+}
+
+#[test]
+fn run_execs_the_program_with_the_library_preloaded() {
+    let lib = preload_lib();
+    let stats = tempfile::NamedTempFile::new().expect("stats file");
+    let o = Command::new(env!("CARGO_BIN_EXE_inkfs"))
+        .args(["run", "--lib", lib.to_str().unwrap(), "--"])
+        .args(["sh", "-c", "echo \"$LD_PRELOAD\"; cat /dev/null; exit 3"])
+        .env("LD_PRELOAD", "")
+        .env("INKFS_PRELOAD_STATS", stats.path())
+        .output()
+        .expect("run inkfs run");
+    // The program's own exit status (exec, not a child).
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let canon = lib.canonicalize().expect("canonical");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        canon.to_str().unwrap()
+    );
+    // The library loaded in cat, which sh ran (it reports at exit; sh
+    // leaves by _exit).
+    let report = std::fs::read_to_string(stats.path()).expect("stats");
+    assert!(report.contains("read_local="), "{report:?}");
+    // A program that does not exist: one line, exit 1.
+    let o = inkfs(&[
+        "run",
+        "--lib",
+        lib.to_str().unwrap(),
+        "--",
+        "/no/such/program",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).starts_with("inkfs run: running /no/such/program: "),
+        "{}",
+        text(&o)
+    );
 }

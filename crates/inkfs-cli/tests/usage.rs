@@ -338,3 +338,22 @@ fn fsck_repair_flags() {
         assert_eq!(repair(flags), want, "{flags:?}");
     }
 }
+
+/// `run` passes everything after its options to the program, so it is not
+/// in COMMANDS' surplus/unknown-flag checks: a missing program is its one
+/// usage error, and its help names the library option.
+#[test]
+fn run_needs_a_program() {
+    let run = Cmd {
+        name: "run",
+        positional: &[],
+        help: &[],
+        usage_code: 2,
+    };
+    refused(&run, &["run"], "required arguments were not provided");
+    let o = inkfs(&["run", "--help"]);
+    assert!(o.status.success());
+    for want in ["<CMD>...", "--lib <PATH>", "LD_PRELOAD"] {
+        assert!(stdout(&o).contains(want), "run --help lacks {want}");
+    }
+}

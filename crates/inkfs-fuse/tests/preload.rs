@@ -1,0 +1,703 @@
+//! The preload library (crates/inkfs-preload, docs/KERNEL-FREE.md "Built:
+//! the preload library") on real mounts: unmodified programs run under
+//! `LD_PRELOAD=libinkfs_preload.so` give the output they give without it,
+//! their reads are served from the pool (the library's own counters,
+//! `INKFS_PRELOAD_STATS`, tell served from forwarded), data written
+//! through the mount is seen at the next call and the reverse, offsets are
+//! shared across fork and dup and survive exec, and a mount that refuses
+//! the library (posix mode) or a path elsewhere runs as without it.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use common::*;
+
+const PYTHON: &str = "/usr/bin/python3";
+
+/// The library cargo built for this test run (a dev-dependency of this
+/// crate): in the deps directory, else next to the binaries.
+fn lib() -> PathBuf {
+    let dir = Path::new(BIN).parent().expect("target directory");
+    let found = [dir.join("deps"), dir.to_path_buf()]
+        .into_iter()
+        .map(|d| d.join("libinkfs_preload.so"))
+        .find(|p| p.is_file());
+    found.expect("libinkfs_preload.so is built with the tests (dev-dependency)")
+}
+
+/// A run of `sh -c script`, preloaded (counting into `stats`) or not.
+fn sh_run(script: &str, preload: Option<&Path>) -> (bool, String, String) {
+    let mut c = Command::new("sh");
+    c.arg("-c").arg(script);
+    c.env_remove("LD_PRELOAD");
+    c.env_remove("INKFS_PRELOAD_STATS");
+    if let Some(stats) = preload {
+        c.env("LD_PRELOAD", lib()).env("INKFS_PRELOAD_STATS", stats);
+    }
+    let o = c.output().expect("run sh");
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// The counters of every process that reported into `stats`, summed.
+fn counts(stats: &Path) -> BTreeMap<String, u64> {
+    let text = std::fs::read_to_string(stats).unwrap_or_default();
+    let mut sum = BTreeMap::new();
+    for word in text.split_whitespace() {
+        if let Some((k, v)) = word.split_once('=') {
+            if k != "pid" {
+                *sum.entry(k.to_string()).or_insert(0) += v.parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    sum
+}
+
+fn c(counts: &BTreeMap<String, u64>, key: &str) -> u64 {
+    counts.get(key).copied().unwrap_or(0)
+}
+
+/// `script` prints the same (and succeeds) preloaded and not.
+fn same(script: &str, stats: &Path) -> String {
+    let plain = sh_run(script, None);
+    let pre = sh_run(script, Some(stats));
+    assert!(plain.0, "{script} failed without the library: {}", plain.2);
+    assert!(pre.0, "{script} failed under the library: {}", pre.2);
+    assert_eq!(plain.1, pre.1, "{script}: output differs under the library");
+    assert_eq!(plain.2, pre.2, "{script}: stderr differs under the library");
+    pre.1
+}
+
+fn stats_file(name: &str) -> tempfile::NamedTempFile {
+    tempfile::Builder::new()
+        .prefix(&format!("inkfs-preload-{name}-"))
+        .tempfile()
+        .expect("stats file")
+}
+
+/// A tree of files, directories, a symlink, a tar and an SQLite database.
+fn populate(m: &Mounted) {
+    require_tool("sqlite3", "sqlite3");
+    let mnt = m.path().display();
+    sh(&format!(
+        "cd {mnt} && seq 1 30000 > nums && head -c 1100000 /dev/urandom > big \
+         && mkdir -p tree/sub/deeper && for i in $(seq 1 40); do seq $i 3 400 > tree/f$i; done \
+         && for i in 1 2 3; do echo deep $i > tree/sub/deeper/d$i; done \
+         && ln -s nums link && ln -s tree/sub dirlink \
+         && tar cf t.tar tree \
+         && sqlite3 db 'create table t(a integer, b text); insert into t values (1, \"one\"), (2, \"two\");'"
+    ));
+}
+
+const PY_READER: &str = r#"
+import os, sys
+m = sys.argv[1]
+print(sorted(os.listdir(m)))
+st = os.stat(m + "/nums"); print(st.st_size, st.st_ino, oct(st.st_mode), st.st_nlink, st.st_blocks)
+print(os.lstat(m + "/link").st_size, os.readlink(m + "/link"))
+with open(m + "/nums") as f:
+    data = f.read()
+print(len(data), data[-20:].split())
+with open(m + "/big", "rb") as f:
+    f.seek(4000); a = f.read(300); f.seek(-7, 2); b = f.read(); print(a.hex()[:40], b.hex(), f.tell())
+print(os.path.exists(m + "/nope"), os.path.isdir(m + "/tree"), os.path.islink(m + "/link"))
+for e in sorted(os.scandir(m + "/tree"), key=lambda e: e.name):
+    print(e.name, e.is_dir(), e.inode(), e.stat().st_size)
+for root, dirs, files in os.walk(m):
+    print(root[len(m):], sorted(dirs), sorted(files))
+"#;
+
+#[test]
+fn tools_give_the_same_output_with_reads_served_from_the_pool() {
+    require_tool("tar", "tar");
+    let pool = Pool::new("preload-tools", 256);
+    let m = Mounted::new(&pool, "mode=strict");
+    populate(&m);
+    let mnt = m.path().display().to_string();
+    let out = tempfile::tempdir().expect("tempdir");
+    let o = out.path().display();
+    let py = out.path().join("reader.py");
+    std::fs::write(&py, PY_READER).expect("write script");
+    let stats = stats_file("tools");
+    let s = stats.path();
+    let scripts = [
+        format!("cat {mnt}/big | sha256sum"),
+        format!("cat {mnt}/nums {mnt}/tree/f7 | wc"),
+        format!("rm -f {o}/copy; cp {mnt}/big {o}/copy && sha256sum < {o}/copy"),
+        format!("ls -l --full-time {mnt}"),
+        format!("ls -laRi --full-time {mnt}/tree"),
+        format!("du -a {mnt} | sort"),
+        format!("wc {mnt}/nums {mnt}/tree/f3"),
+        format!("cd {mnt} && sha256sum nums big tree/f1 tree/sub/deeper/d2"),
+        format!("tar cf - -C {mnt} tree | sha256sum"),
+        format!("rm -rf {o}/x && mkdir {o}/x && tar xf {mnt}/t.tar -C {o}/x && cd {o}/x && find . -type f | sort | xargs cat | sha256sum"),
+        format!("grep -r 77 {mnt}/tree | sort"),
+        format!("dd if={mnt}/big bs=4096 skip=3 count=5 status=none | sha256sum"),
+        format!("stat -c '%n %s %b %B %f %u %g %h %i %d %Y %Z %F' {mnt}/nums {mnt}/link {mnt}/tree {mnt}/dirlink/"),
+        format!("stat -L -c '%n %s %i' {mnt}/link"),
+        format!("readlink {mnt}/link; test -r {mnt}/nums && test -x {mnt}/tree && ! test -e {mnt}/nope && echo ok"),
+        format!("head -c 1000 {mnt}/nums | tail -n 3; tail -c 100 {mnt}/nums"),
+        format!("find {mnt} | sort"),
+        format!("cd {mnt}/tree && cat f1 sub/deeper/d1 ../nums | sha256sum && ls sub"),
+        format!("{PYTHON} {} {mnt}", py.display()),
+        format!("sqlite3 {mnt}/db 'select * from t order by a; pragma integrity_check;'"),
+    ];
+    for script in &scripts {
+        same(script, s);
+    }
+    let n = counts(s);
+    assert!(c(&n, "read_local") > 100, "reads not served: {n:?}");
+    assert_eq!(c(&n, "read_kernel"), 0, "reads forwarded: {n:?}");
+    assert!(c(&n, "dir_local") > 50, "listings not served: {n:?}");
+    assert_eq!(c(&n, "dir_kernel"), 0, "listings forwarded: {n:?}");
+    assert!(c(&n, "stat_local") > 50, "stats not served: {n:?}");
+}
+
+#[test]
+fn writes_go_through_the_kernel_descriptor_and_read_back() {
+    let pool = Pool::new("preload-writes", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    populate(&m);
+    let mnt = m.path().display().to_string();
+    let stats = stats_file("writes");
+    let s = stats.path();
+    // Shell redirections: > and >> through the kernel, < and <& read.
+    let script = format!(
+        "cd {mnt} && echo one > r && echo two >> r && cat r && cat < r && wc -l < r \
+         && exec 3< r && read -r x <&3 && echo \"first $x\" && cat <&3 \
+         && printf 'abcdef' > o && exec 4<> o && head -c 2 <&4 && echo && echo XY >&4 && cat o"
+    );
+    let out = same(&script, s);
+    assert_eq!(out, "one\ntwo\none\ntwo\n2\nfirst one\ntwo\nab\nabXY\nf");
+    // SQLite writes through the kernel descriptor (pwrite), then reads
+    // them back, served; a reader without the library sees them.
+    let pre = sh_run(
+        &format!("sqlite3 {mnt}/db \"insert into t values (3, 'three'); select count(*), max(b) from t;\""),
+        Some(s),
+    );
+    assert!(pre.0, "{}", pre.2);
+    assert_eq!(pre.1, "3|two\n");
+    let plain = sh_run(
+        &format!("sqlite3 {mnt}/db 'select b from t where a = 3'"),
+        None,
+    );
+    assert_eq!(plain.1, "three\n");
+    // A read-write descriptor: write at the library's offset, read back.
+    let py = format!(
+        "import os\nfd = os.open('{mnt}/rw', os.O_RDWR | os.O_CREAT, 0o644)\n\
+         os.write(fd, b'0123456789')\nos.lseek(fd, 2, 0)\nprint(os.read(fd, 3))\n\
+         os.write(fd, b'xy')\nprint(os.lseek(fd, 0, 1))\nos.lseek(fd, 0, 0)\nprint(os.read(fd, 100))\n\
+         fa = os.open('{mnt}/rw', os.O_RDWR | os.O_APPEND)\nos.write(fa, b'END')\n\
+         print(os.lseek(fa, 0, 1), os.pread(fa, 4, 9), os.read(fa, 9))\n\
+         os.lseek(fa, 0, 0)\nprint(os.read(fa, 100))\n"
+    );
+    let out = sh_run(&format!("{PYTHON} -c \"{py}\""), Some(s));
+    assert!(out.0, "{}", out.2);
+    assert_eq!(
+        out.1,
+        "b'234'\n7\nb'01234xy789'\n13 b'9END' b''\nb'01234xy789END'\n"
+    );
+    assert_eq!(
+        std::fs::read(m.p("rw")).expect("read back"),
+        b"01234xy789END"
+    );
+    let n = counts(s);
+    assert!(c(&n, "read_local") > 0, "{n:?}");
+    assert!(c(&n, "write_kernel") > 0, "{n:?}");
+}
+
+/// A preloaded process driven line by line: it answers each command with
+/// one line starting with `@`.
+struct Driven {
+    child: std::process::Child,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Driven {
+    fn new(script: &str, arg: &Path, stats: &Path) -> Driven {
+        let mut child = Command::new(PYTHON)
+            .arg("-c")
+            .arg(script)
+            .arg(arg)
+            .env("LD_PRELOAD", lib())
+            .env("INKFS_PRELOAD_STATS", stats)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn python");
+        let out = BufReader::new(child.stdout.take().expect("stdout"));
+        Driven { child, out }
+    }
+
+    fn ask(&mut self, cmd: &str) -> String {
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        writeln!(stdin, "{cmd}").expect("send");
+        stdin.flush().expect("flush");
+        let mut line = String::new();
+        self.out.read_line(&mut line).expect("answer");
+        assert!(line.starts_with('@'), "{cmd}: {line:?}");
+        line[1..].trim_end().to_string()
+    }
+
+    fn finish(mut self) {
+        drop(self.child.stdin.take());
+        assert!(self.child.wait().expect("wait").success());
+    }
+}
+
+const PY_DRIVEN: &str = r#"
+import os, sys
+p = sys.argv[1]
+fd = os.open(p, os.O_RDWR)
+for line in sys.stdin:
+    cmd = line.split()
+    if cmd[0] == "read":
+        os.lseek(fd, 0, 0); data = b""
+        while True:
+            b = os.read(fd, 3)
+            if not b: break
+            data += b
+        ans = data.decode().replace("\n", "|")
+    elif cmd[0] == "pread":
+        ans = os.pread(fd, 100, int(cmd[1])).decode().replace("\n", "|")
+    elif cmd[0] == "fsize":
+        ans = str(os.fstat(fd).st_size)
+    elif cmd[0] == "size":
+        ans = str(os.stat(p).st_size)
+    elif cmd[0] == "append":
+        os.lseek(fd, 0, 2); os.write(fd, cmd[1].encode() + b"\n"); ans = "ok"
+    print("@" + ans, flush=True)
+"#;
+
+#[test]
+fn the_mount_and_the_library_see_each_others_writes_at_once() {
+    for mode in ["strict", "sync"] {
+        let pool = Pool::new(&format!("preload-coherence-{mode}"), 64);
+        let m = Mounted::new(&pool, &format!("mode={mode}"));
+        let f = m.p("shared");
+        std::fs::write(&f, "a\n").expect("write");
+        let stats = stats_file("coherence");
+        let mut d = Driven::new(PY_DRIVEN, &f, stats.path());
+        assert_eq!(d.ask("read"), "a|");
+        // The mount appends: seen at the next call, no sleep.
+        let mut w = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&f)
+            .expect("open");
+        w.write_all(b"b\n").expect("append");
+        assert_eq!(d.ask("read"), "a|b|");
+        assert_eq!(d.ask("fsize"), "4");
+        assert_eq!(d.ask("size"), "4");
+        // The library's process writes (through the kernel descriptor):
+        // the mount and its own next read see it.
+        assert_eq!(d.ask("append c"), "ok");
+        assert_eq!(std::fs::read(&f).expect("read"), b"a\nb\nc\n");
+        assert_eq!(d.ask("read"), "a|b|c|");
+        // Overwrite in place and truncate through the mount.
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&f)
+            .expect("open");
+        file.write_at(b"X", 0).expect("overwrite");
+        assert_eq!(d.ask("pread 0"), "X|b|c|");
+        file.set_len(2).expect("truncate");
+        assert_eq!(d.ask("read"), "X|");
+        assert_eq!(d.ask("fsize"), "2");
+        d.finish();
+        let n = counts(stats.path());
+        assert!(c(&n, "read_local") >= 10, "{mode}: {n:?}");
+        assert_eq!(c(&n, "read_kernel"), 0, "{mode}: {n:?}");
+        assert!(c(&n, "stat_local") >= 3, "{mode}: {n:?}");
+    }
+}
+
+const PY_FORK: &str = r#"
+import os, sys, subprocess
+m = sys.argv[1]
+fd = os.open(m + "/nums", os.O_RDONLY)
+print("first", os.read(fd, 6))
+sys.stdout.flush()
+pid = os.fork()
+if pid == 0:
+    print("child", os.read(fd, 6), os.lseek(fd, 0, 1), flush=True)
+    fd3 = os.open(m + "/nums", os.O_RDONLY)
+    print("child own", os.read(fd3, 4), flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+print("parent after child", os.read(fd, 6))
+fd2 = os.dup(fd)
+print("dup", os.read(fd2, 6), "orig", os.read(fd, 6))
+fd4 = os.dup2(fd, 40)
+print("dup2", os.read(fd4, 3), os.lseek(fd, 0, 1), os.lseek(fd2, 0, 1), os.lseek(fd4, 0, 1))
+os.close(fd2)
+os.set_inheritable(fd, True)
+sys.stdout.flush()
+subprocess.run(["sh", "-c", f"head -c 6 <&{fd}; echo"], close_fds=False)
+print("after exec child", os.read(fd, 6), os.lseek(fd, 0, 1))
+# subprocess (vfork and exec; the child closes every other descriptor):
+# the parent's own descriptors keep their offsets.
+g = os.open(m + "/nums", os.O_RDONLY)
+print("g", os.read(g, 6))
+subprocess.run(["true"])
+print("g after spawn", os.read(g, 6))
+# A close-on-exec descriptor passed as the child's stdin.
+sys.stdout.flush()
+subprocess.run(["head", "-c", "6"], stdin=g)
+print()
+print("g after child read", os.read(g, 6))
+d = os.open(m + "/tree", os.O_RDONLY | os.O_DIRECTORY)
+print(sorted(os.listdir(d)))
+"#;
+
+#[test]
+fn offsets_are_shared_across_fork_and_dup_and_survive_exec() {
+    let pool = Pool::new("preload-fork", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    populate(&m);
+    let stats = stats_file("fork");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let py = dir.path().join("fork.py");
+    std::fs::write(&py, PY_FORK).expect("script");
+    let out = same(
+        &format!("{PYTHON} {} {}", py.display(), m.path().display()),
+        stats.path(),
+    );
+    let want_head = "first b'1\\n2\\n3\\n'\nchild b'4\\n5\\n6\\n' 12\nchild own b'1\\n2\\n'\n\
+        parent after child b'7\\n8\\n9\\n'\ndup b'10\\n11\\n' orig b'12\\n13\\n'\n\
+        dup2 b'14\\n' 33 33 33\n15\n16\n\nafter exec child b'17\\n18\\n' 45\n\
+        g b'1\\n2\\n3\\n'\ng after spawn b'4\\n5\\n6\\n'\n7\n8\n9\n\ng after child read b'10\\n11\\n'\n";
+    assert!(out.starts_with(want_head), "{out}");
+    let n = counts(stats.path());
+    // The parent's reads before the exec (the child leaves by _exit,
+    // without reporting; after the exec the descriptor is the kernel's).
+    assert!(c(&n, "read_local") >= 5, "{n:?}");
+    assert!(c(&n, "dir_local") > 0, "{n:?}");
+}
+
+const PY_THREADS: &str = r#"
+import os, sys, threading, collections
+p = sys.argv[1]
+want = open(p, "rb").read()
+errs = []
+def whole():
+    for _ in range(8):
+        fd = os.open(p, os.O_RDONLY); parts = []
+        while True:
+            b = os.read(fd, 65536)
+            if not b: break
+            parts.append(b)
+        if b"".join(parts) != want: errs.append("whole")
+        if os.pread(fd, 4096, 4096 * 7) != want[4096 * 7:4096 * 8]: errs.append("pread")
+        os.close(fd)
+ts = [threading.Thread(target=whole) for _ in range(4)]
+[t.start() for t in ts]; [t.join() for t in ts]
+fd = os.open(p, os.O_RDONLY); got = collections.Counter(); lock = threading.Lock()
+def shared():
+    while True:
+        b = os.read(fd, 4096)
+        if not b: return
+        with lock: got[b[:8]] += 1
+ts = [threading.Thread(target=shared) for _ in range(4)]
+[t.start() for t in ts]; [t.join() for t in ts]
+print("errors", errs, "records", len(got), "each once", all(v == 1 for v in got.values()))
+"#;
+
+#[test]
+fn threads_read_at_once_and_share_one_offset_without_overlap() {
+    let pool = Pool::new("preload-threads", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    let recs: Vec<u8> = (0..1500)
+        .flat_map(|i| format!("{i:08}").into_bytes().repeat(512))
+        .collect();
+    std::fs::write(m.p("recs"), &recs).expect("write");
+    let stats = stats_file("threads");
+    let (ok, out, err) = sh_run(
+        &format!("{PYTHON} -c '{PY_THREADS}' {}", m.p("recs").display()),
+        Some(stats.path()),
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out, "errors [] records 1500 each once True\n");
+    let n = counts(stats.path());
+    assert!(c(&n, "read_local") > 1000, "{n:?}");
+}
+
+#[test]
+fn a_refused_mount_and_other_paths_run_as_without_the_library() {
+    // Posix mode: the server refuses attach; everything goes to the kernel.
+    let pool = Pool::new("preload-posix", 64);
+    let m = Mounted::new(&pool, "mode=posix");
+    populate(&m);
+    let mnt = m.path().display().to_string();
+    let stats = stats_file("posix");
+    for script in [
+        format!("cat {mnt}/big | sha256sum"),
+        format!("ls -laR --full-time {mnt}/tree"),
+        format!("stat -c '%n %s %i %F' {mnt}/nums {mnt}/tree"),
+        format!("grep -r 77 {mnt}/tree | sort"),
+        format!("printf 'ab\\n' > {mnt}/w && echo x >> {mnt}/w && cat {mnt}/w"),
+    ] {
+        same(&script, stats.path());
+    }
+    let n = counts(stats.path());
+    assert_eq!(c(&n, "read_local"), 0, "{n:?}");
+    assert_eq!(c(&n, "dir_local"), 0, "{n:?}");
+    assert_eq!(c(&n, "stat_local"), 0, "{n:?}");
+    assert!(
+        c(&n, "attach_refused") > 0,
+        "the refusal was not met: {n:?}"
+    );
+
+    // Not on any inkfs mount: nothing counted, same output.
+    let other = stats_file("other");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path().display();
+    std::fs::write(dir.path().join("f"), "1\n2\n3\n").expect("write");
+    same(
+        &format!("cat {d}/f | sha256sum && ls -l --full-time {d} && stat -c '%s %i' {d}/f /etc/passwd && {PYTHON} -c 'import os; print(sorted(os.listdir(\"{d}\")))'"),
+        other.path(),
+    );
+    let n = counts(other.path());
+    assert!(
+        n.values().all(|v| *v == 0),
+        "calls off the mount were counted: {n:?}"
+    );
+    assert!(
+        !std::fs::read_to_string(other.path())
+            .unwrap_or_default()
+            .is_empty(),
+        "the library did not load"
+    );
+}
+
+const PY_STALE: &str = r#"
+import ctypes, os, sys
+m, other = sys.argv[1], sys.argv[2]
+libc = ctypes.CDLL(None, use_errno=True)
+fd = os.open(m + "/nums", os.O_RDONLY)
+print(os.read(fd, 4))
+# Closed behind the library's back (as glibc closes inside fclose or
+# freopen): the kernel hands the number out again.
+libc.syscall(3, fd)  # SYS_close
+fd2 = os.open(other, os.O_RDONLY)
+print(fd2 == fd, os.read(fd2, 5), os.fstat(fd2).st_size)
+f = open(m + "/nums", "rb", buffering=0)
+print(f.read(4))
+"#;
+
+#[test]
+fn a_number_the_kernel_hands_out_again_is_not_served_as_the_old_file() {
+    let pool = Pool::new("preload-stale", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    populate(&m);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let other = dir.path().join("other");
+    std::fs::write(&other, "other file\n").expect("write");
+    let py = dir.path().join("stale.py");
+    std::fs::write(&py, PY_STALE).expect("script");
+    let stats = stats_file("stale");
+    let (ok, out, err) = sh_run(
+        &format!(
+            "{PYTHON} {} {} {}",
+            py.display(),
+            m.path().display(),
+            other.display()
+        ),
+        Some(stats.path()),
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out, "b'1\\n2\\n'\nTrue b'other' 11\nb'1\\n2\\n'\n");
+    assert!(c(&counts(stats.path()), "read_local") >= 2);
+}
+
+/// A C program's stdio on the mount (glibc's FILE reads with its internal
+/// read: only the library's cookie FILE makes these reads served).
+const C_STDIO: &str = r#"/* stdio on files under the mount: fopen r/r+/a+/w+, fgets, fread,
+   fseek/ftell, fileno, fdopen, getline, fclose. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+int main(int argc, char **argv) {
+    char path[4096], buf[256];
+    snprintf(path, sizeof path, "%s/nums", argv[1]);
+    FILE *f = fopen(path, "r");
+    if (!f) { perror("fopen"); return 1; }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) { perror("fstat"); return 1; }
+    printf("fileno ok %d size %lld\n", fileno(f) > 2, (long long)st.st_size);
+    fgets(buf, sizeof buf, f); printf("fgets %s", buf);
+    fseek(f, 100, SEEK_SET); printf("ftell %ld ", ftell(f));
+    size_t n = fread(buf, 1, 10, f); buf[n] = 0; printf("fread %zu [%s]\n", n, buf);
+    fseek(f, -6, SEEK_END); n = fread(buf, 1, 100, f); buf[n] = 0; printf("tail [%s] eof %d\n", buf, feof(f));
+    rewind(f);
+    char *line = NULL; size_t cap = 0; int lines = 0;
+    while (getline(&line, &cap, f) > 0) lines++;
+    printf("lines %d\n", lines);
+    free(line);
+    fclose(f);
+
+    snprintf(path, sizeof path, "%s/rw", argv[1]);
+    f = fopen(path, "w+");
+    fputs("hello world\n", f); fflush(f);
+    rewind(f); fgets(buf, sizeof buf, f); printf("w+ %s", buf);
+    fseek(f, 6, SEEK_SET); fputs("WORLD", f); fseek(f, 0, SEEK_SET);
+    fgets(buf, sizeof buf, f); printf("r+ %s", buf);
+    fclose(f);
+    f = fopen(path, "a+");
+    fputs("more\n", f); fseek(f, 0, SEEK_SET); n = fread(buf, 1, sizeof buf - 1, f); buf[n] = 0;
+    printf("a+ [%s] ftell %ld\n", buf, ftell(f));
+    fclose(f);
+    int fd = open(path, O_RDONLY);
+    lseek(fd, 6, SEEK_SET);
+    f = fdopen(fd, "r");
+    fgets(buf, sizeof buf, f); printf("fdopen %s", buf);
+    printf("fileno same %d\n", fileno(f) == fd);
+    fclose(f);
+    printf("closed %d\n", fcntl(fd, F_GETFD) == -1);
+    return 0;
+}
+"#;
+
+#[test]
+fn stdio_streams_are_served_and_fileno_is_the_descriptor() {
+    require_tool("cc", "build-essential");
+    let pool = Pool::new("preload-stdio", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    populate(&m);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("stdio.c");
+    let exe = dir.path().join("stdio");
+    std::fs::write(&src, C_STDIO).expect("source");
+    run(Command::new("cc").arg("-O2").arg("-o").arg(&exe).arg(&src));
+    let stats = stats_file("stdio");
+    let out = same(
+        &format!("{} {}", exe.display(), m.path().display()),
+        stats.path(),
+    );
+    assert!(
+        out.starts_with("fileno ok 1 size 168894\nfgets 1\n"),
+        "{out}"
+    );
+    assert!(
+        out.ends_with("fdopen WORLD\nfileno same 1\nclosed 1\n"),
+        "{out}"
+    );
+    let n = counts(stats.path());
+    assert!(c(&n, "read_local") >= 10, "stdio reads not served: {n:?}");
+    assert_eq!(c(&n, "read_kernel"), 0, "{n:?}");
+}
+
+#[test]
+fn a_user_the_trust_rule_refuses_runs_through_the_mount() {
+    require_tool("setpriv", "util-linux");
+    // A strict mount whose pool is root's 0600: nobody may not have it.
+    let pool = Pool::new("preload-trust", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    populate(&m);
+    let mnt = m.path().display().to_string();
+    let stats = stats_file("trust");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(stats.path(), std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let script = format!(
+        "setpriv --reuid=65534 --regid=65534 --clear-groups sh -c \
+         'cat {mnt}/nums | sha256sum; ls -l --full-time {mnt}/tree | head -5; stat -c \"%s %i\" {mnt}/nums'"
+    );
+    let out = same(&script, stats.path());
+    assert_eq!(out.lines().count(), 7, "{out}");
+    let n = counts(stats.path());
+    assert!(c(&n, "attach_refused") > 0, "{n:?}");
+    assert_eq!(
+        c(&n, "read_local") + c(&n, "stat_local") + c(&n, "dir_local"),
+        0,
+        "{n:?}"
+    );
+}
+
+/// A signal handler reading a served descriptor while its thread is in
+/// the library (in the middle of a served pread).
+const C_SIGNAL: &str = r#"/* A signal handler reads a served descriptor while the main thread is in
+   the middle of served reads (often inside the library): the handler's
+   reads must still advance one offset, byte after byte. */
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+static int fd2;
+static volatile int got;
+static char seen[200000];
+
+static void on_alarm(int sig) {
+    (void)sig;
+    if (got < (int)sizeof seen && read(fd2, &seen[got], 1) == 1) got++;
+}
+
+int main(int argc, char **argv) {
+    char path[4096], buf[4096];
+    snprintf(path, sizeof path, "%s/big", argv[1]);
+    int fd = open(path, O_RDONLY);
+    snprintf(path, sizeof path, "%s/nums", argv[1]);
+    fd2 = open(path, O_RDONLY);
+    int plain = open(path, O_RDONLY);
+    if (fd < 0 || fd2 < 0 || plain < 0) { perror("open"); return 1; }
+    struct sigaction sa; memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_alarm; sa.sa_flags = SA_RESTART;
+    sigaction(SIGALRM, &sa, NULL);
+    struct itimerval it = {{0, 50}, {0, 50}};
+    setitimer(ITIMER_REAL, &it, NULL);
+    struct timespec t0, t; clock_gettime(CLOCK_MONOTONIC, &t0);
+    long rounds = 0;
+    do {
+        for (off_t o = 0; o < 1 << 20; o += 4096) {
+            if (pread(fd, buf, sizeof buf, o) < 0) { perror("pread"); return 1; }
+            if (lseek(fd, o, SEEK_SET) != o) { perror("lseek"); return 1; }
+        }
+        rounds++;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    } while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < 400000000L);
+    struct itimerval off = {{0, 0}, {0, 0}};
+    setitimer(ITIMER_REAL, &off, NULL);
+    int n = got;
+    static char want[200000];
+    if (pread(plain, want, n, 0) != n) { perror("pread plain"); return 1; }
+    printf("handler reads %s\n", n > 10 && memcmp(want, seen, n) == 0 ? "in order" : "OUT OF ORDER");
+    printf("offset %s\n", lseek(fd2, 0, SEEK_CUR) == n ? "right" : "WRONG");
+    fprintf(stderr, "%d handler reads, %ld rounds\n", n, rounds);
+    return 0;
+}
+"#;
+
+#[test]
+fn a_signal_handler_reading_inside_the_library_keeps_the_offset() {
+    require_tool("cc", "build-essential");
+    let pool = Pool::new("preload-signal", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    populate(&m);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("sig.c");
+    let exe = dir.path().join("sig");
+    std::fs::write(&src, C_SIGNAL).expect("source");
+    run(Command::new("cc").arg("-O2").arg("-o").arg(&exe).arg(&src));
+    let stats = stats_file("signal");
+    let (ok, out, err) = sh_run(
+        &format!("{} {}", exe.display(), m.path().display()),
+        Some(stats.path()),
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out, "handler reads in order\noffset right\n", "{err}");
+    assert!(c(&counts(stats.path()), "read_local") > 1000);
+}

@@ -1,0 +1,213 @@
+//! Descriptors: open (every form), close, close_range, closefrom, dup,
+//! dup2, dup3 and fcntl's F_DUPFD/F_SETFL.
+//!
+//! Opening always happens in the kernel first, with the program's
+//! arguments: the kernel creates, truncates, checks permissions, follows
+//! symlinks and gives the number. Then, if that descriptor is a regular
+//! file or directory on a FUSE mount of this process and readable, the
+//! library registers it (table.rs). Write-only and O_PATH descriptors are
+//! never registered: nothing would be served on them.
+//!
+//! `open`, `openat` and `fcntl` are variadic in C. They are defined here
+//! with their optional argument as a fixed one (`mode`, `arg`): on x86-64
+//! System V a variadic integer or pointer argument travels in the same
+//! register as a fixed one in that position, and a caller that passed none
+//! leaves a value that is never used (as glibc's own wrappers read it).
+
+use std::ffi::{c_char, c_int, c_uint, c_ulong};
+use std::sync::atomic::Ordering;
+
+use libc::mode_t;
+
+use crate::table::MAX_FD;
+use crate::{guard, mounts, path, real, table};
+
+/// Register `fd`, just opened by the kernel from `path` (relative to
+/// `dirfd`) with `flags`, if it is served.
+pub fn adopt(fd: c_int, _dirfd: c_int, path: &[u8], flags: c_int) {
+    if fd < 0 || fd as usize >= MAX_FD {
+        return;
+    }
+    if flags & libc::O_PATH != 0 || flags & libc::O_ACCMODE == libc::O_WRONLY {
+        return;
+    }
+    if mounts::all().is_empty() {
+        return;
+    }
+    // An absolute path not under a mount cannot be on one (nor can a
+    // symlink there lead into one: the descriptor's device decides below,
+    // and such a path is simply not served).
+    if path.first() == Some(&b'/') && mounts::locate_abs(path).is_none() {
+        return;
+    }
+    // SAFETY: all-zero is a valid stat64; the kernel fills it.
+    let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
+    if unsafe { real::fstat64(fd, &mut st) } != 0 {
+        return;
+    }
+    let kind = st.st_mode & libc::S_IFMT;
+    if kind != libc::S_IFREG && kind != libc::S_IFDIR {
+        return;
+    }
+    let Some((mi, m)) = mounts::by_dev(st.st_dev) else {
+        return;
+    };
+    // Attach now (or learn the refusal), and make sure the mount is the
+    // one this process attached to: a device number is reused by the next
+    // FUSE mount once a mount is gone, and a client of a gone server must
+    // not serve a newer mount's files. All clients busy: another thread
+    // of this process checked the server a moment ago.
+    if let Some(lease) = m.checkout() {
+        if !m.alive(&lease) {
+            return;
+        }
+    }
+    if m.is_refused() {
+        return;
+    }
+    table::register(fd, mi, st.st_ino, kind, flags);
+}
+
+fn open_at(dirfd: c_int, p: *const c_char, flags: c_int, mode: mode_t) -> c_int {
+    // SAFETY: the program's arguments, passed on.
+    let fd = unsafe { real::openat(dirfd, p, flags, mode) };
+    if fd >= 0 {
+        // The kernel just gave this number: whatever the table says of it
+        // is stale (a descriptor glibc closed internally).
+        table::release(fd);
+        let _ = guard::run(|| {
+            // SAFETY: the program's path string.
+            if let Some(b) = unsafe { path::bytes(p) } {
+                adopt(fd, dirfd, b, flags);
+            }
+        });
+    }
+    fd
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn open(p: *const c_char, flags: c_int, mode: mode_t) -> c_int {
+    open_at(libc::AT_FDCWD, p, flags, mode)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn open64(p: *const c_char, flags: c_int, mode: mode_t) -> c_int {
+    open_at(libc::AT_FDCWD, p, flags, mode)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn openat(d: c_int, p: *const c_char, flags: c_int, mode: mode_t) -> c_int {
+    open_at(d, p, flags, mode)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn openat64(d: c_int, p: *const c_char, flags: c_int, mode: mode_t) -> c_int {
+    open_at(d, p, flags, mode)
+}
+
+// The fortified forms (no mode: _FORTIFY_SOURCE proved there is no O_CREAT).
+#[no_mangle]
+pub unsafe extern "C" fn __open_2(p: *const c_char, flags: c_int) -> c_int {
+    open_at(libc::AT_FDCWD, p, flags, 0)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __open64_2(p: *const c_char, flags: c_int) -> c_int {
+    open_at(libc::AT_FDCWD, p, flags, 0)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __openat_2(d: c_int, p: *const c_char, flags: c_int) -> c_int {
+    open_at(d, p, flags, 0)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __openat64_2(d: c_int, p: *const c_char, flags: c_int) -> c_int {
+    open_at(d, p, flags, 0)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    table::release(fd);
+    // SAFETY: as called.
+    unsafe { real::close(fd) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+        let end = last.min(MAX_FD as c_uint - 1);
+        for fd in first..=end {
+            table::release(fd as c_int);
+        }
+    }
+    // SAFETY: as called.
+    unsafe { real::close_range(first, last, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn closefrom(low: c_int) {
+    for fd in low.max(0)..MAX_FD as c_int {
+        table::release(fd);
+    }
+    // SAFETY: as called.
+    unsafe { real::closefrom(low) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    // SAFETY: as called.
+    let r = unsafe { real::dup(fd) };
+    if r >= 0 {
+        table::dup(fd, r);
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    // SAFETY: as called.
+    let r = unsafe { real::dup2(old, new) };
+    if r >= 0 {
+        table::dup(old, r);
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    // SAFETY: as called.
+    let r = unsafe { real::dup3(old, new, flags) };
+    if r >= 0 {
+        table::dup(old, r);
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: as called.
+    let r = unsafe { real::fcntl(fd, cmd, arg) };
+    if r >= 0 {
+        match cmd {
+            libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => table::dup(fd, r),
+            libc::F_SETFL => {
+                if let Some((_, o)) = table::get(fd) {
+                    // SAFETY: no memory involved.
+                    let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
+                    if fl >= 0 {
+                        o.flags.store(fl as u32, Ordering::Release);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: as called.
+    unsafe { fcntl(fd, cmd, arg) }
+}

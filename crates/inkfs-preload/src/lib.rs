@@ -1,0 +1,67 @@
+//! `libinkfs_preload.so`: run a program with
+//! `LD_PRELOAD=libinkfs_preload.so` (or `inkfs run -- CMD`) and its reads,
+//! stats and directory listings of files under an inkfs mount are served
+//! from the pool mapped in the process, with no kernel crossing
+//! (docs/KERNEL-FREE.md, "Built: the preload library").
+//!
+//! Every file the program opens on the mount is opened on the mount too
+//! (the program gets that real descriptor's number); the library keeps
+//! its own state beside it ([`table`]) and serves the calls it knows from
+//! the pool through an attached [`inkfs::api::client::Client`]
+//! ([`mounts`]). Everything else goes to the kernel descriptor, which is
+//! always valid: writes, truncation, fsync, locks, mmap, namespace
+//! changes, attributes, xattrs. [`io::route`] is the one place that decides
+//! which way a data call goes.
+//!
+//! Not on an inkfs mount, attach refused (trust rule, posix mode, hybrid
+//! pool, server gone), a call the library does not know, a panic in the
+//! library, a reentrant call: libc does it, as without the library.
+
+// Each exported function is the libc function of the same name, with its
+// contract (the caller's pointers valid as libc's manual says).
+#![allow(clippy::missing_safety_doc)]
+
+pub mod attr;
+pub mod dir;
+pub mod fds;
+pub mod guard;
+pub mod io;
+pub mod meta;
+pub mod mounts;
+pub mod path;
+pub mod process;
+pub mod real;
+pub mod stats;
+pub mod stdio;
+pub mod table;
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu", target_arch = "x86_64")))]
+compile_error!(
+    "libinkfs_preload defines variadic libc functions (open, fcntl, execl) with \
+     fixed arguments, which the x86-64 System V ABI allows; it interposes glibc"
+);
+
+/// At load: read the environment; silence panics (a panic in the library
+/// is caught and the call goes to the kernel: no message in the program's
+/// output).
+extern "C" fn on_load() {
+    let _ = guard::run(|| {
+        if std::env::var_os("INKFS_PRELOAD_DEBUG").is_none() {
+            std::panic::set_hook(Box::new(|_| {}));
+        }
+        stats::init();
+    });
+}
+
+/// At exit: the statistics line, if asked for.
+extern "C" fn on_exit() {
+    let _ = guard::run(stats::report);
+}
+
+#[used]
+#[link_section = ".init_array"]
+static ON_LOAD: extern "C" fn() = on_load;
+
+#[used]
+#[link_section = ".fini_array"]
+static ON_EXIT: extern "C" fn() = on_exit;

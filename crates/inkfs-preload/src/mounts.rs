@@ -1,0 +1,414 @@
+//! The FUSE mounts this process may serve, and the clients attached to
+//! them.
+//!
+//! The mount table is read from /proc/self/mountinfo once, at the first
+//! call that needs it (a process that never names a path never reads it).
+//! Each FUSE mount is a candidate: whether it is an inkfs mount that lets
+//! this process in is the attach's answer, asked at the first call that
+//! would be served on it. A refused or failed attach marks the mount
+//! "kernel only" for the life of the process.
+//!
+//! Threads: a [`Client`] pins one epoch slot and is one thread's. Each
+//! mount has [`CLIENTS`] cells, attached lazily; a call checks one out with
+//! a compare-and-swap (idle -> busy) and gives it back when done. A call
+//! that finds every cell busy and none left to attach takes the kernel
+//! path. So a process uses one slot of the mount's 64 per thread that
+//! actually runs a served call concurrently, at most [`CLIENTS`].
+
+use std::cell::UnsafeCell;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::OnceLock;
+
+use inkfs::api::client::Client;
+use inkfs::api::{Credentials, File, OpenFlags};
+
+use crate::table::{Ofd, MAX_OFD};
+
+/// Clients per mount per process (each one of the mount's 64 slots).
+pub const CLIENTS: usize = 4;
+
+const EMPTY: u8 = 0;
+const ATTACHING: u8 = 1;
+const IDLE: u8 = 2;
+const BUSY: u8 = 3;
+/// Attach failed, or its process forked away from it: never used.
+const DEAD: u8 = 4;
+
+/// One FUSE mount of the process.
+pub struct Mount {
+    /// The mount point, as mountinfo names it (canonical).
+    pub path: Vec<u8>,
+    /// Its st_dev.
+    pub dev: u64,
+    owner: Option<u32>,
+    /// mountinfo's mount id (statx's stx_mnt_id).
+    pub mnt_id: u64,
+    pub noexec: bool,
+    /// Without allow_other the kernel lets only the mount's owner in.
+    allow_other: bool,
+    /// Another mount lies under this one: paths are not resolved here
+    /// (descriptors still are).
+    pub has_submounts: bool,
+    /// Attach refused or the server gone: everything to the kernel.
+    refused: AtomicBool,
+    cells: [Cell; CLIENTS],
+    /// A real statx of the mount's root, for the fields a statx answer
+    /// copies (mask, attributes, mount id).
+    pub root_statx: OnceLock<Option<libc::statx>>,
+}
+
+struct Cell {
+    state: AtomicU8,
+    slot: UnsafeCell<Option<Box<Slot>>>,
+}
+
+/// An attached client and the engine handles it opened, by open-file
+/// index (each tagged with the entry's generation).
+struct Slot {
+    client: Client,
+    files: Vec<Option<(u32, File)>>,
+}
+
+// SAFETY: a cell's slot is only touched by the thread that moved its state
+// to ATTACHING or BUSY (a compare-and-swap), until it stores IDLE again.
+unsafe impl Sync for Cell {}
+
+/// A checked-out client: given back when dropped.
+pub struct Lease<'a> {
+    cell: &'a Cell,
+    slot: &'a mut Slot,
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        self.cell.state.store(IDLE, Ordering::Release);
+    }
+}
+
+impl Lease<'_> {
+    pub fn client(&self) -> &Client {
+        &self.slot.client
+    }
+
+    /// Run `f` with the engine's handle for open file `idx` (opened at
+    /// first use). `None` if the engine cannot open it (the call then
+    /// takes the kernel path).
+    pub fn with_file<R>(
+        &mut self,
+        idx: usize,
+        ofd: &Ofd,
+        f: impl FnOnce(&Client, &File) -> R,
+    ) -> Option<R> {
+        self.file(idx, ofd)?;
+        let (_, file) = self.slot.files.get(idx)?.as_ref()?;
+        Some(f(&self.slot.client, file))
+    }
+
+    /// The engine's handle for open file `idx` (opened at first use).
+    /// The kernel checked the permissions when the program opened its
+    /// descriptor, so the handle is opened without checks.
+    fn file(&mut self, idx: usize, ofd: &Ofd) -> Option<&File> {
+        let gen = ofd.gen.load(Ordering::Acquire);
+        let entry = self.slot.files.get_mut(idx)?;
+        if entry.as_ref().is_some_and(|(g, _)| *g != gen) {
+            if let Some((_, old)) = entry.take() {
+                self.slot.client.release(old);
+            }
+        }
+        if entry.is_none() {
+            let ino = ofd.ino.load(Ordering::Acquire);
+            let root = Credentials::root();
+            let f = if ofd.is_dir() {
+                self.slot.client.opendir(&root, ino)
+            } else {
+                self.slot
+                    .client
+                    .open(&root, ino, OpenFlags::new(libc::O_RDONLY))
+            };
+            *entry = Some((gen, f.ok()?));
+        }
+        entry.as_ref().map(|(_, f)| f)
+    }
+}
+
+impl Mount {
+    /// A client of this mount for one call, or `None`: the call takes the
+    /// kernel path.
+    pub fn checkout(&self) -> Option<Lease<'_>> {
+        if self.refused.load(Ordering::Relaxed) {
+            return None;
+        }
+        for cell in &self.cells {
+            if cell
+                .state
+                .compare_exchange(IDLE, BUSY, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                return Some(lease(cell));
+            }
+        }
+        for (i, cell) in self.cells.iter().enumerate() {
+            if cell
+                .state
+                .compare_exchange(EMPTY, ATTACHING, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            match self.attach() {
+                Some(slot) => {
+                    // SAFETY: this thread owns the cell (ATTACHING).
+                    unsafe { *cell.slot.get() = Some(Box::new(slot)) };
+                    cell.state.store(BUSY, Ordering::Release);
+                    return Some(lease(cell));
+                }
+                None => {
+                    cell.state.store(DEAD, Ordering::Release);
+                    // The first refusal is the mount's answer; later ones
+                    // (64 slots taken) only cost this cell.
+                    if i == 0 {
+                        self.refused.store(true, Ordering::Relaxed);
+                        crate::stats::bump(&crate::stats::ATTACH_REFUSED);
+                    }
+                    return None;
+                }
+            }
+        }
+        None
+    }
+
+    fn attach(&self) -> Option<Slot> {
+        use std::os::unix::ffi::OsStrExt;
+        let path = Path::new(std::ffi::OsStr::from_bytes(&self.path));
+        let client = Client::attach_mountpoint(path, self.owner).ok()?;
+        let mut files = Vec::new();
+        files.resize_with(MAX_OFD, || None);
+        Some(Slot { client, files })
+    }
+
+    /// Whether the kernel lets this process into the mount at all (a FUSE
+    /// mount without allow_other admits only its owner): paths are not
+    /// resolved here for anyone else.
+    pub fn admits_caller(&self) -> bool {
+        // SAFETY: geteuid cannot fail.
+        self.allow_other || self.owner == Some(unsafe { libc::geteuid() })
+    }
+
+    /// Whether an attach was refused (or the server left): nothing on
+    /// this mount is served.
+    pub fn is_refused(&self) -> bool {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Whether the mount's server still serves this process: checked on
+    /// path calls (a mount point whose server left shows the directory
+    /// under it). A dead server makes the mount kernel-only.
+    pub fn alive(&self, lease: &Lease<'_>) -> bool {
+        if lease.client().server_alive() {
+            return true;
+        }
+        self.refused.store(true, Ordering::Relaxed);
+        false
+    }
+
+    /// After fork, in the child: the parent's clients are the parent's
+    /// (its slots, its sessions). Forget them without running their
+    /// destructors (their mappings and descriptors are copies; exec or exit
+    /// closes them) and attach anew at the next call.
+    fn forget_clients(&self) {
+        for cell in &self.cells {
+            // SAFETY: the child has one thread; nobody else uses the cell.
+            if let Some(slot) = unsafe { (*cell.slot.get()).take() } {
+                std::mem::forget(slot);
+            }
+            cell.state.store(EMPTY, Ordering::Release);
+        }
+    }
+}
+
+fn lease(cell: &Cell) -> Lease<'_> {
+    // SAFETY: the caller moved the cell to BUSY, so this thread owns the
+    // slot until the lease is dropped; a BUSY cell always has a slot.
+    let slot = unsafe { (*cell.slot.get()).as_deref_mut() };
+    Lease {
+        cell,
+        slot: slot.expect("a busy cell has a client"),
+    }
+}
+
+static MOUNTS: OnceLock<Vec<Mount>> = OnceLock::new();
+
+/// The process's FUSE mounts (read at the first call).
+pub fn all() -> &'static [Mount] {
+    MOUNTS.get_or_init(read_mounts)
+}
+
+/// The mounts, if already read (fd calls never read them).
+pub fn known() -> &'static [Mount] {
+    MOUNTS.get().map(|v| v.as_slice()).unwrap_or(&[])
+}
+
+pub fn by_index(i: usize) -> Option<&'static Mount> {
+    all().get(i)
+}
+
+pub fn by_dev(dev: u64) -> Option<(usize, &'static Mount)> {
+    all().iter().enumerate().find(|(_, m)| m.dev == dev)
+}
+
+/// In the child after fork.
+pub fn after_fork() {
+    for m in known() {
+        m.forget_clients();
+    }
+}
+
+fn read_mounts() -> Vec<Mount> {
+    let Ok(info) = std::fs::read("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let lines: Vec<Line> = info.split(|&b| b == b'\n').filter_map(parse).collect();
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        if !l.fstype.starts_with(b"fuse.") {
+            continue;
+        }
+        // Mounted over later: not what the path shows.
+        if lines[i + 1..].iter().any(|o| o.target == l.target) {
+            continue;
+        }
+        let has_submounts = lines.iter().any(|o| is_under(&o.target, &l.target));
+        out.push(Mount {
+            path: l.target.clone(),
+            dev: libc::makedev(l.major, l.minor),
+            owner: l.owner,
+            mnt_id: l.id,
+            noexec: l.noexec,
+            allow_other: l.allow_other,
+            has_submounts,
+            refused: AtomicBool::new(false),
+            cells: [const {
+                Cell {
+                    state: AtomicU8::new(EMPTY),
+                    slot: UnsafeCell::new(None),
+                }
+            }; CLIENTS],
+            root_statx: OnceLock::new(),
+        });
+    }
+    out
+}
+
+/// Whether `p` is strictly below the mount point `m`.
+fn is_under(p: &[u8], m: &[u8]) -> bool {
+    p.len() > m.len() && p.starts_with(m) && (m == b"/" || p[m.len()] == b'/')
+}
+
+struct Line {
+    id: u64,
+    major: u32,
+    minor: u32,
+    target: Vec<u8>,
+    noexec: bool,
+    fstype: Vec<u8>,
+    owner: Option<u32>,
+    allow_other: bool,
+}
+
+/// One mountinfo line: `id parent major:minor root target opts ... -
+/// fstype source superopts`.
+fn parse(line: &[u8]) -> Option<Line> {
+    let text = std::str::from_utf8(line).ok()?;
+    let (left, right) = text.split_once(" - ")?;
+    let mut l = left.split(' ');
+    let id = l.next()?.parse().ok()?;
+    let _parent = l.next()?;
+    let (major, minor) = l.next()?.split_once(':')?;
+    let _root = l.next()?;
+    let target = unescape(l.next()?);
+    let opts = l.next()?;
+    let mut r = right.split(' ');
+    let fstype = r.next()?.as_bytes().to_vec();
+    let _source = r.next();
+    let superopts = r.next().unwrap_or("");
+    let owner = superopts
+        .split(',')
+        .find_map(|o| o.strip_prefix("user_id="))
+        .and_then(|u| u.parse().ok());
+    let allow_other = superopts.split(',').any(|o| o == "allow_other");
+    Some(Line {
+        id,
+        major: major.parse().ok()?,
+        minor: minor.parse().ok()?,
+        target,
+        noexec: opts.split(',').any(|o| o == "noexec"),
+        fstype,
+        owner,
+        allow_other,
+    })
+}
+
+/// mountinfo writes blanks, tabs, newlines and backslashes as \ooo.
+fn unescape(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() {
+            let oct = &b[i + 1..i + 4];
+            if oct.iter().all(|c| (b'0'..=b'7').contains(c)) {
+                out.push((oct[0] - b'0') * 64 + (oct[1] - b'0') * 8 + (oct[2] - b'0'));
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    out
+}
+
+/// The mount a path names and the path inside it: `path` absolute, or
+/// relative to the current directory. `None`: not under a served mount.
+pub fn locate_abs(path: &[u8]) -> Option<(usize, &'static Mount, &[u8])> {
+    all()
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| !m.has_submounts)
+        .find_map(|(i, m)| {
+            let rest = path.strip_prefix(m.path.as_slice())?;
+            if rest.is_empty() || rest[0] == b'/' || m.path == b"/" {
+                Some((i, m, rest))
+            } else {
+                None
+            }
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_line() {
+        let l = b"36 35 0:31 / /mnt/a\\040b rw,nosuid,noexec - fuse.inkfs /dev/shm/p rw,user_id=1000,group_id=1000";
+        let m = parse(l).expect("parsed");
+        assert_eq!(m.id, 36);
+        assert_eq!((m.major, m.minor), (0, 31));
+        assert_eq!(m.target, b"/mnt/a b");
+        assert!(m.noexec);
+        assert_eq!(m.fstype, b"fuse.inkfs");
+        assert_eq!(m.owner, Some(1000));
+        assert!(!m.allow_other);
+        assert!(parse(b"garbage").is_none());
+    }
+
+    #[test]
+    fn under() {
+        assert!(is_under(b"/a/b", b"/a"));
+        assert!(!is_under(b"/ab", b"/a"));
+        assert!(!is_under(b"/a", b"/a"));
+        assert!(is_under(b"/x", b"/"));
+    }
+}

@@ -1,0 +1,183 @@
+//! Paths: which mount a path names, and its inode, resolved in the pool.
+//!
+//! Resolution here is deliberately narrow: it serves the plain case (names
+//! and `.`/`..` inside one mount, symlinks only as the last component of
+//! an lstat-like call) and hands everything else to the kernel: a symlink
+//! to follow (its target may leave the mount), `..` above the starting
+//! directory, a path through a mount inside the mount, any error (the
+//! kernel's answer is the authoritative one: ENOENT, EACCES and ENOTDIR
+//! come from the kernel's own walk). A path that names the mount through a
+//! symlink outside it is not recognised and goes to the kernel too.
+
+use std::ffi::{c_char, c_int, CStr};
+
+use inkfs::api::{Attr, Credentials, FileKind, Filesystem, ROOT_INO};
+use inkfs::pmem::MappedPool;
+
+use crate::mounts::{self, Mount};
+use crate::{real, table};
+
+/// Components a resolved path may have.
+const MAX_PARTS: usize = 128;
+
+/// A path located on a mount: resolve `parts[0]` then `parts[1]` from
+/// `start`.
+pub struct Target<'a> {
+    pub mount: &'static Mount,
+    start: u64,
+    parts: [&'a [u8]; 2],
+}
+
+/// A buffer for the current directory of a relative path.
+pub type CwdBuf = [u8; libc::PATH_MAX as usize];
+
+/// The path as bytes (None for a null pointer).
+///
+/// # Safety
+/// `p` is null or a NUL-terminated string.
+pub unsafe fn bytes<'a>(p: *const c_char) -> Option<&'a [u8]> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's promise.
+    Some(unsafe { CStr::from_ptr(p) }.to_bytes())
+}
+
+/// Where `path` (relative to `dirfd`) lies, if on a served mount that
+/// admits this process.
+pub fn locate<'a>(dirfd: c_int, path: &'a [u8], cwd: &'a mut CwdBuf) -> Option<Target<'a>> {
+    locate_any(dirfd, path, cwd).filter(|t| t.mount.admits_caller())
+}
+
+fn locate_any<'a>(dirfd: c_int, path: &'a [u8], cwd: &'a mut CwdBuf) -> Option<Target<'a>> {
+    if path.is_empty() || mounts::all().is_empty() {
+        return None;
+    }
+    if path[0] == b'/' {
+        let (_, mount, rest) = mounts::locate_abs(path)?;
+        return Some(Target {
+            mount,
+            start: ROOT_INO,
+            parts: [rest, b""],
+        });
+    }
+    if dirfd == libc::AT_FDCWD {
+        // SAFETY: the buffer is ours and its length is given.
+        let p = unsafe { real::getcwd(cwd.as_mut_ptr().cast(), cwd.len()) };
+        if p.is_null() {
+            return None;
+        }
+        let len = cwd.iter().position(|&b| b == 0)?;
+        let (_, mount, rest) = mounts::locate_abs(&cwd[..len])?;
+        return Some(Target {
+            mount,
+            start: ROOT_INO,
+            parts: [rest, path],
+        });
+    }
+    let (_, ofd) = table::local(dirfd)?;
+    if !ofd.is_dir() {
+        return None;
+    }
+    let mount = mounts::by_index(ofd.mount.load(std::sync::atomic::Ordering::Relaxed) as usize)?;
+    if mount.has_submounts {
+        return None;
+    }
+    Some(Target {
+        mount,
+        start: ofd.ino.load(std::sync::atomic::Ordering::Relaxed),
+        parts: [b"", path],
+    })
+}
+
+/// The inode `t` names, or `None` for "ask the kernel". `follow`: follow a
+/// symlink in the last component (here: hand it to the kernel).
+pub fn walk(
+    fs: &Filesystem<MappedPool>,
+    cred: &Credentials,
+    t: &Target<'_>,
+    follow: bool,
+) -> Option<Attr> {
+    let mut names: [&[u8]; MAX_PARTS] = [b""; MAX_PARTS];
+    let mut n = 0;
+    for part in t.parts {
+        for c in part.split(|&b| b == b'/') {
+            if c.is_empty() || c == b"." {
+                continue;
+            }
+            *names.get_mut(n)? = c;
+            n += 1;
+        }
+    }
+    // "a/" names a directory, and follows a symlink "a".
+    let last_part = if t.parts[1].is_empty() {
+        t.parts[0]
+    } else {
+        t.parts[1]
+    };
+    let dir_only = last_part.ends_with(b"/") || last_part.ends_with(b"/.");
+    let follow = follow || dir_only;
+
+    let mut stack = [0u64; MAX_PARTS + 1];
+    let mut depth = 1;
+    stack[0] = t.start;
+    let mut last: Option<Attr> = None;
+    let mut top_is_dir = true;
+    for (i, &name) in names[..n].iter().enumerate() {
+        if name == b".." {
+            if depth == 1 || !top_is_dir {
+                return None;
+            }
+            depth -= 1;
+            last = None;
+            top_is_dir = true;
+            continue;
+        }
+        let a = fs.lookup(cred, stack[depth - 1], name).ok()?;
+        if a.kind == FileKind::Symlink && (i + 1 < n || follow) {
+            return None;
+        }
+        top_is_dir = a.kind == FileKind::Dir;
+        stack[depth] = a.ino;
+        depth += 1;
+        last = Some(a);
+    }
+    let a = match last {
+        Some(a) => a,
+        None => fs.getattr(stack[depth - 1]).ok()?,
+    };
+    if dir_only && a.kind != FileKind::Dir {
+        return None;
+    }
+    Some(a)
+}
+
+/// The credentials the kernel checks a path walk with: the effective ids
+/// (`real_ids`: the real ones, as access(2) does) and the supplementary
+/// groups. No umask: nothing is created here.
+pub fn credentials(real_ids: bool) -> Credentials {
+    // SAFETY: these id calls cannot fail and touch no memory of ours.
+    let (uid, gid) = unsafe {
+        if real_ids {
+            (libc::getuid(), libc::getgid())
+        } else {
+            (libc::geteuid(), libc::getegid())
+        }
+    };
+    let mut groups = vec![0 as libc::gid_t; 64];
+    // SAFETY: the buffer holds `groups.len()` ids.
+    let mut k = unsafe { libc::getgroups(groups.len() as c_int, groups.as_mut_ptr()) };
+    if k < 0 {
+        // SAFETY: size query, then a buffer of that size.
+        let need = unsafe { libc::getgroups(0, std::ptr::null_mut()) }.max(0) as usize;
+        groups.resize(need, 0);
+        k = unsafe { libc::getgroups(groups.len() as c_int, groups.as_mut_ptr()) };
+    }
+    groups.truncate(k.max(0) as usize);
+    Credentials {
+        uid,
+        gid,
+        groups,
+        umask: 0,
+    }
+}

@@ -1,0 +1,154 @@
+//! The real libc functions behind the interposers: the next definition of
+//! each symbol after this library (`dlsym(RTLD_NEXT)`), looked up at first
+//! use and cached in an atomic. Calling these never recurses into the
+//! interposers.
+
+use std::ffi::{c_char, c_int, c_long, c_uint, c_ulong, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use libc::{dirent64, mode_t, off64_t, pid_t, size_t, ssize_t, DIR, FILE};
+
+/// The address of the next definition of `name` (NUL-terminated), 0 if
+/// there is none.
+fn next(cache: &AtomicUsize, name: &'static str) -> usize {
+    let p = cache.load(Ordering::Relaxed);
+    if p != 0 {
+        return p;
+    }
+    debug_assert!(name.ends_with('\0'));
+    // SAFETY: `name` is NUL-terminated; dlsym has no other precondition.
+    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr().cast()) } as usize;
+    cache.store(p, Ordering::Relaxed);
+    p
+}
+
+fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns this thread's errno.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// `real!(name(args) -> ret, fail)`: `real::name(args)` calls the next
+/// definition, or sets ENOSYS and returns `fail` if there is none.
+macro_rules! real {
+    ($( $name:ident ( $($a:ident : $t:ty),* $(; ...)? ) -> $r:ty , $fail:expr; )*) => {$(
+        #[allow(clippy::missing_safety_doc)]
+        pub unsafe fn $name($($a: $t),*) -> $r {
+            static CACHE: AtomicUsize = AtomicUsize::new(0);
+            let p = next(&CACHE, concat!(stringify!($name), "\0"));
+            if p == 0 {
+                set_errno(libc::ENOSYS);
+                return $fail;
+            }
+            // SAFETY: the symbol is libc's function of this signature.
+            let f: unsafe extern "C" fn($($t),*) -> $r = unsafe { std::mem::transmute(p) };
+            unsafe { f($($a),*) }
+        }
+    )*};
+}
+
+#[allow(clippy::unused_unit)]
+mod fns {
+    use super::*;
+    real! {
+        read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t, -1;
+        pread64(fd: c_int, buf: *mut c_void, n: size_t, off: off64_t) -> ssize_t, -1;
+        readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> ssize_t, -1;
+        preadv64(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t) -> ssize_t, -1;
+        preadv64v2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t, flags: c_int) -> ssize_t, -1;
+        write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t, -1;
+        pwrite64(fd: c_int, buf: *const c_void, n: size_t, off: off64_t) -> ssize_t, -1;
+        writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> ssize_t, -1;
+        pwritev64(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t) -> ssize_t, -1;
+        pwritev64v2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t, flags: c_int) -> ssize_t, -1;
+        lseek64(fd: c_int, off: off64_t, whence: c_int) -> off64_t, -1;
+        close(fd: c_int) -> c_int, -1;
+        close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int, -1;
+        closefrom(low: c_int) -> (), ();
+        dup(fd: c_int) -> c_int, -1;
+        dup2(old: c_int, new: c_int) -> c_int, -1;
+        dup3(old: c_int, new: c_int, flags: c_int) -> c_int, -1;
+        fstat64(fd: c_int, st: *mut libc::stat64) -> c_int, -1;
+        fstatat64(dirfd: c_int, path: *const c_char, st: *mut libc::stat64, flags: c_int) -> c_int, -1;
+        statx(dirfd: c_int, path: *const c_char, flags: c_int, mask: c_uint, st: *mut libc::statx) -> c_int, -1;
+        faccessat(dirfd: c_int, path: *const c_char, mode: c_int, flags: c_int) -> c_int, -1;
+        readlinkat(dirfd: c_int, path: *const c_char, buf: *mut c_char, n: size_t) -> ssize_t, -1;
+        getdents64(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t, -1;
+        opendir(path: *const c_char) -> *mut DIR, std::ptr::null_mut();
+        fdopendir(fd: c_int) -> *mut DIR, std::ptr::null_mut();
+        readdir64(d: *mut DIR) -> *mut dirent64, std::ptr::null_mut();
+        readdir64_r(d: *mut DIR, e: *mut dirent64, r: *mut *mut dirent64) -> c_int, libc::ENOSYS;
+        closedir(d: *mut DIR) -> c_int, -1;
+        rewinddir(d: *mut DIR) -> (), ();
+        telldir(d: *mut DIR) -> c_long, -1;
+        seekdir(d: *mut DIR, pos: c_long) -> (), ();
+        dirfd(d: *mut DIR) -> c_int, -1;
+        fopen64(path: *const c_char, mode: *const c_char) -> *mut FILE, std::ptr::null_mut();
+        fdopen(fd: c_int, mode: *const c_char) -> *mut FILE, std::ptr::null_mut();
+    fclose(f: *mut FILE) -> c_int, libc::EOF;
+    freopen64(path: *const c_char, mode: *const c_char, f: *mut FILE) -> *mut FILE, std::ptr::null_mut();
+        fork() -> pid_t, -1;
+        execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int, -1;
+        execv(path: *const c_char, argv: *const *const c_char) -> c_int, -1;
+        execvp(file: *const c_char, argv: *const *const c_char) -> c_int, -1;
+        execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int, -1;
+        fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int, -1;
+        execveat(dirfd: c_int, path: *const c_char, argv: *const *const c_char, envp: *const *const c_char, flags: c_int) -> c_int, -1;
+        posix_spawn(pid: *mut pid_t, path: *const c_char, fa: *const c_void, attr: *const c_void, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int, libc::ENOSYS;
+        posix_spawnp(pid: *mut pid_t, file: *const c_char, fa: *const c_void, attr: *const c_void, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int, libc::ENOSYS;
+        system(cmd: *const c_char) -> c_int, -1;
+        popen(cmd: *const c_char, kind: *const c_char) -> *mut FILE, std::ptr::null_mut();
+        sendfile64(out: c_int, inp: c_int, off: *mut off64_t, n: size_t) -> ssize_t, -1;
+        copy_file_range(inp: c_int, off_in: *mut off64_t, out: c_int, off_out: *mut off64_t, n: size_t, flags: c_uint) -> ssize_t, -1;
+        splice(inp: c_int, off_in: *mut off64_t, out: c_int, off_out: *mut off64_t, n: size_t, flags: c_uint) -> ssize_t, -1;
+        getcwd(buf: *mut c_char, n: size_t) -> *mut c_char, std::ptr::null_mut();
+    }
+}
+pub use fns::*;
+
+// The variadic ones: called with their one optional argument.
+static OPENAT: AtomicUsize = AtomicUsize::new(0);
+static FCNTL: AtomicUsize = AtomicUsize::new(0);
+
+#[allow(clippy::missing_safety_doc)]
+pub unsafe fn openat(dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t) -> c_int {
+    let p = next(&OPENAT, "openat64\0");
+    if p == 0 {
+        set_errno(libc::ENOSYS);
+        return -1;
+    }
+    // SAFETY: libc's openat64, variadic in its mode.
+    let f: unsafe extern "C" fn(c_int, *const c_char, c_int, ...) -> c_int =
+        unsafe { std::mem::transmute(p) };
+    unsafe { f(dirfd, path, flags, mode as c_uint) }
+}
+
+#[allow(clippy::missing_safety_doc)]
+pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    let p = next(&FCNTL, "fcntl64\0");
+    if p == 0 {
+        set_errno(libc::ENOSYS);
+        return -1;
+    }
+    // SAFETY: libc's fcntl64, variadic in its one argument.
+    let f: unsafe extern "C" fn(c_int, c_int, ...) -> c_int = unsafe { std::mem::transmute(p) };
+    unsafe { f(fd, cmd, arg) }
+}
+
+extern "C" {
+    /// glibc's fopencookie (not in the libc crate for every target).
+    pub fn fopencookie(
+        cookie: *mut c_void,
+        mode: *const c_char,
+        funcs: CookieFunctions,
+    ) -> *mut FILE;
+}
+
+/// glibc's `cookie_io_functions_t`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CookieFunctions {
+    pub read: Option<unsafe extern "C" fn(*mut c_void, *mut c_char, size_t) -> ssize_t>,
+    pub write: Option<unsafe extern "C" fn(*mut c_void, *const c_char, size_t) -> ssize_t>,
+    pub seek: Option<unsafe extern "C" fn(*mut c_void, *mut off64_t, c_int) -> c_int>,
+    pub close: Option<unsafe extern "C" fn(*mut c_void) -> c_int>,
+}
