@@ -428,3 +428,46 @@ fn concurrent_writers_in_every_mode() {
         }
     }
 }
+
+/// FIEMAP names a device extent by its byte offset on the data device (as
+/// XFS does for a realtime file's extents, which live on its realtime
+/// device), flagged `device`; PM extents keep pool offsets. The bytes at
+/// the reported device offset are the file's.
+#[test]
+fn fiemap_reports_device_extents_at_device_offsets() {
+    let pm = SimPool::new(POOL);
+    let dev: Arc<MemDev> = Arc::new(MemDev::new(DEV));
+    format(&pm, &*dev, 64 << 10);
+    let fs = Fs::mount(pm, opts(Mode::Strict, dev.clone())).unwrap();
+    let (big, fh) = fs.create(1, b"big", 0o644, 0, 0).unwrap();
+    let data = pattern(256 << 10, 5);
+    fs.write(&fh, 0, &data).unwrap();
+    let (small, sh) = fs.create(1, b"small", 0o644, 0, 0).unwrap();
+    fs.write(&sh, 0, &pattern(8192, 6)).unwrap();
+    fs.sync().unwrap();
+    let ext = fs.fiemap(big.ino, 0, u64::MAX).unwrap();
+    assert!(!ext.is_empty());
+    let image = dev.image();
+    for e in &ext {
+        assert!(e.flags.device, "{e:?}: a device extent not flagged");
+        assert!(
+            e.physical + e.length <= DEV,
+            "{e:?}: physical is not an offset on the {DEV}-byte device"
+        );
+        let (p, l) = (e.physical as usize, e.length as usize);
+        let want = &data[e.logical as usize..(e.logical as usize + l).min(data.len())];
+        assert!(
+            &image[p..p + want.len()] == want,
+            "{e:?}: not the file's bytes"
+        );
+    }
+    assert!(ext.last().unwrap().flags.last);
+    let pm_ext = fs.fiemap(small.ino, 0, u64::MAX).unwrap();
+    assert!(!pm_ext.is_empty());
+    for e in &pm_ext {
+        assert!(!e.flags.device, "{e:?}: a PM extent flagged device");
+        assert!(e.physical + e.length <= POOL, "{e:?}");
+    }
+    fs.release(fh);
+    fs.release(sh);
+}
