@@ -178,7 +178,7 @@ class Fio(Workload):
     higher_is_better = True
     needs_any = [{POSIX}]
     ALL = [f"{rw}{s}-{j}j" for rw in ("randwrite", "seqwrite") for s in ("-fsync", "") for j in (1, 2)] + \
-          ["seqwrite128k-1j", "seqread128k-1j", "randread-1j", "randread-2j"]
+          ["seqwrite128k-1j", "seqwrite128k-fsync-1j", "seqread128k-1j", "randread-1j", "randread-2j"]
 
     def __init__(self, ctx: Ctx) -> None:
         super().__init__(ctx)
