@@ -552,7 +552,6 @@ fn fsck_repairs_stale_bytes_past_eof_on_the_device() {
             &inkfs::fsck::FsckOptions {
                 repair,
                 data: by_path(),
-                ..Default::default()
             },
         )
         .unwrap()
