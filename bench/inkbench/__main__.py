@@ -13,8 +13,8 @@ import traceback
 
 from . import contenders as C
 from . import report
-from .util import (WORK_PREFIX, CmdError, Cleanup, Progress, cleanup_leftovers, install_signal_handlers,
-                   log, run, set_quiet, which)
+from .util import (WORK_PREFIX, CmdError, Cleanup, Progress, cleanup_leftovers, disk_dir,
+                   install_signal_handlers, log, run, set_quiet, which)
 from .workloads import PROFILES, Ctx, all_workloads
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -35,7 +35,8 @@ def parse_args(argv):
                    help="remove what a killed run left behind (mounts, loop devices, servers, files)")
     ap.add_argument("--only", help="comma-separated workloads (micro,fio,filebench,sqlite,rocksdb,redis,meta,copy), "
                     "each optionally NAME:STEP+STEP (e.g. filebench:fileserver+webproxy)")
-    ap.add_argument("--contenders", help="comma-separated, from: " + ",".join(C.ALL_NAMES))
+    ap.add_argument("--contenders", help="comma-separated, from: " + ",".join(C.ALL_NAMES + C.HYBRID_NAMES)
+                    + " (default: the first seven), or inkfs-MODE@OPTS")
     ap.add_argument("--reps", type=int, help="repetitions (overrides the mode's)")
     ap.add_argument("--out", help="output directory (default bench/results/MODE-DATE)")
     ap.add_argument("--inkfs-bin", help="inkfs binary (default: build with cargo)")
@@ -151,6 +152,8 @@ def main(argv=None) -> int:
     work = f"{WORK_PREFIX}{os.getpid()}"
     cleanup = Cleanup()
     cleanup.push(f"rm -rf {work}", lambda: run(["rm", "-rf", "--one-file-system", work], check=False, timeout=300))
+    disk = disk_dir(work)
+    cleanup.push(f"rm -rf {disk}", lambda: run(["rm", "-rf", "--one-file-system", disk], check=False, timeout=300))
     os.makedirs(os.path.join(work, "mnt"))
     t_start = time.monotonic()
     res = {"meta": {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),

@@ -2,6 +2,9 @@
 
 Every contender lives under the run's work directory
 (/dev/shm/inkbench-<pid>/): pools, the ext4 image, mount points, pid files.
+What must be on the machine's disk (a hybrid pool's data file, the images
+of ext4-disk and ext4-pmjournal) goes to its on-disk twin,
+/var/tmp/inkbench-<pid>/.
 Capabilities say which workloads a contender can run: `null-fs` has one
 directory and stores no data, `inkfs-lib` is reachable only from the Rust
 workload runner (micro, filebench)."""
@@ -14,7 +17,7 @@ import subprocess
 import time
 from typing import List, Optional
 
-from .util import CmdError, Cleanup, log, mounted, run, umount, wait_for
+from .util import CmdError, Cleanup, disk_dir, log, mounted, run, umount, wait_for
 
 POSIX = "posix"        # a mounted directory any program can use
 DIRS = "dirs"          # can make subdirectories
@@ -69,27 +72,96 @@ class Ext4Loop(Contender):
     caps = frozenset({POSIX, DIRS, DATA})
     describe = "ext4 (data=ordered) on a loop device, image in /dev/shm"
 
-    def setup(self, cleanup: Cleanup) -> None:
-        os.makedirs(self.mnt, exist_ok=True)
-        self.img = os.path.join(self.work, "ext4.img")
-        self.loop = None
-        cleanup.push(f"tear down {self.name}", self.teardown)
+    def image_dir(self) -> str:
+        return self.work
+
+    def losetup_args(self) -> List[str]:
+        return []
+
+    def mkfs_args(self) -> List[str]:
+        return []
+
+    def make_image(self) -> None:
         with open(self.img, "wb") as f:
             f.truncate(self.size)
-        run(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", self.img], timeout=120)
-        self.loop = run(["losetup", "-f", "--show", self.img], timeout=30).stdout.strip()
+
+    def setup(self, cleanup: Cleanup) -> None:
+        os.makedirs(self.mnt, exist_ok=True)
+        os.makedirs(self.image_dir(), exist_ok=True)
+        self.img = os.path.join(self.image_dir(), f"{self.name}.img")
+        self.loop = None
+        self.jloop = None
+        cleanup.push(f"tear down {self.name}", self.teardown)
+        self.make_image()
+        self.loop = run(["losetup", "-f", "--show", *self.losetup_args(), self.img], timeout=30).stdout.strip()
+        run(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", *self.mkfs_args(),
+             self.loop], timeout=300)
         run(["mount", "-t", "ext4", self.loop, self.mnt], timeout=60)
         os.chmod(self.mnt, 0o1777)
-        self.info = {"loop": self.loop, "image_bytes": self.size,
+        self.info = {"loop": self.loop, "image": self.img, "image_bytes": self.size,
                      "mkfs.ext4": run(["mkfs.ext4", "-V"], check=False).stderr.strip().splitlines()[0:1]}
 
     def teardown(self) -> None:
         umount(self.mnt)
-        if getattr(self, "loop", None):
-            run(["losetup", "-d", self.loop], check=False, timeout=30)
-            self.loop = None
-        if os.path.exists(getattr(self, "img", "")):
-            os.unlink(self.img)
+        for attr in ("loop", "jloop"):
+            dev = getattr(self, attr, None)
+            if dev:
+                run(["losetup", "-d", dev], check=False, timeout=30)
+                setattr(self, attr, None)
+        for attr in ("img", "jimg"):
+            path = getattr(self, attr, "")
+            if path and os.path.exists(path):
+                os.unlink(path)
+
+
+class Ext4Disk(Ext4Loop):
+    """ext4 on the machine's disk: its image is a preallocated file on the
+    disk file system (the one a hybrid pool's data file is on: the "same
+    SSD" comparison), attached with direct I/O so that the host's page
+    cache does not stand between the loop device and the disk: a flush of
+    the loop device is an fsync of the image, i.e. a disk flush."""
+
+    name = "ext4-disk"
+    describe = ("ext4 (data=ordered) on a loop device (direct I/O), image preallocated in /var/tmp "
+                "on the machine's disk")
+
+    def image_dir(self) -> str:
+        return disk_dir(self.work)
+
+    def losetup_args(self) -> List[str]:
+        return ["--direct-io=on"]
+
+    def make_image(self) -> None:
+        # Preallocated as the hybrid pool's data file is (mkfs --data
+        # fallocates it), so neither pays the disk file system's block
+        # allocation on a first write.
+        with open(self.img, "wb") as f:
+            f.truncate(self.size)
+            os.posix_fallocate(f.fileno(), 0, self.size)
+
+
+class Ext4PmJournal(Ext4Disk):
+    """ext4-disk with an external journal on a PM stand-in: a 128 MiB
+    journal device (`mke2fs -O journal_dev`) whose image is in /dev/shm, the
+    peer FSMAC and issue 18 name (`mkfs.ext4 -J device=`)."""
+
+    name = "ext4-pmjournal"
+    describe = ("ext4 (data=ordered), data as ext4-disk, external journal (128 MiB) on a loop device "
+                "whose image is in /dev/shm")
+    JOURNAL_BYTES = 128 << 20
+
+    def mkfs_args(self) -> List[str]:
+        self.jimg = os.path.join(self.work, f"{self.name}.journal")
+        with open(self.jimg, "wb") as f:
+            f.truncate(self.JOURNAL_BYTES)
+        self.jloop = run(["losetup", "-f", "--show", self.jimg], timeout=30).stdout.strip()
+        run(["mke2fs", "-q", "-F", "-O", "journal_dev", "-b", "4096", self.jloop], timeout=120)
+        return ["-b", "4096", "-J", f"device={self.jloop}"]
+
+    def setup(self, cleanup: Cleanup) -> None:
+        super().setup(cleanup)
+        self.info["journal_loop"] = self.jloop
+        self.info["journal_bytes"] = self.JOURNAL_BYTES
 
 
 class FuseServer(Contender):
@@ -182,9 +254,13 @@ class InkfsFuse(FuseServer):
         self.durable = True
         super().__init__(*a, **kw)
 
+    def mkfs_args(self) -> List[str]:
+        return []
+
     def prepare(self) -> None:
         self.pool = os.path.join(self.work, f"{self.name.replace('/', '_')}.pool")
-        run([self.bins["inkfs"], "mkfs", self.pool, "--size", str(self.size), "--force"], timeout=120)
+        run([self.bins["inkfs"], "mkfs", self.pool, "--size", str(self.size), "--force", *self.mkfs_args()],
+            timeout=600)
         try:
             st = run([self.bins["inkfs"], "stat", self.pool, "--json"], timeout=30)
             self.info = {"pool_stat": json.loads(st.stdout)}
@@ -207,6 +283,47 @@ class InkfsFuse(FuseServer):
             except ValueError:
                 return False
         wait_for(populated, 300, f"{self.name} to map its pool", interval=0.2)
+
+
+class InkfsHybrid(InkfsFuse):
+    """`inkfs-hybrid` (strict), `inkfs-hybrid-sync`, `inkfs-hybrid-posix`
+    (and `@OPTS` as for the others): a hybrid pool, metadata and small
+    writes on a pool in /dev/shm (the PM stand-in), file data of large
+    writes on a data file on the machine's disk (/var/tmp, as ext4-disk's
+    image), both of the contender's size."""
+
+    def __init__(self, spec: str, *a, **kw) -> None:
+        base, at, extra = spec.partition("@")
+        mode = base[len("hybrid-"):] if base.startswith("hybrid-") else "strict"
+        if base not in ("hybrid", "hybrid-" + mode) or mode not in ("strict", "sync", "posix"):
+            raise ValueError(f"unknown contender inkfs-{spec}")
+        super().__init__(mode + at + extra, *a, **kw)
+        self.name = "inkfs-" + spec
+        self.mnt = os.path.join(self.work, "mnt", self.name)
+        more = f", -o {extra}" if extra else ""
+        self.describe = (f"inkfs over FUSE, mode={mode}{more}, hybrid pool: metadata and small writes on a pool "
+                         "in /dev/shm, large writes' data on a preallocated file in /var/tmp on the machine's disk")
+
+    def mkfs_args(self) -> List[str]:
+        ddir = disk_dir(self.work)
+        os.makedirs(ddir, exist_ok=True)
+        self.data = os.path.join(ddir, f"{self.name.replace('/', '_')}.data")
+        return ["--data", self.data, "--data-size", str(self.size)]
+
+    def setup(self, cleanup: Cleanup) -> None:
+        # Registered first: a mkfs that fails after creating the data file
+        # must not leave gigabytes on the disk.
+        cleanup.push(f"rm data file of {self.name}", self.remove_data)
+        super().setup(cleanup)
+
+    def remove_data(self) -> None:
+        data = getattr(self, "data", None)
+        if data and os.path.exists(data):
+            os.unlink(data)
+
+    def teardown(self) -> None:
+        super().teardown()
+        self.remove_data()
 
 
 class InkfsLib(Contender):
@@ -234,6 +351,10 @@ class InkfsLib(Contender):
 
 
 ALL_NAMES = ["tmpfs", "ext4", "null-fs", "inkfs-strict", "inkfs-sync", "inkfs-posix", "inkfs-lib"]
+# Issue 18's comparison (not run by default: they need space on the disk):
+# hybrid pools against ext4 on the same disk, with and without its journal
+# on the PM stand-in.
+HYBRID_NAMES = ["inkfs-hybrid", "inkfs-hybrid-sync", "inkfs-hybrid-posix", "ext4-disk", "ext4-pmjournal"]
 
 
 def make(name: str, work: str, size: int, bins: dict) -> Contender:
@@ -241,11 +362,17 @@ def make(name: str, work: str, size: int, bins: dict) -> Contender:
         return Tmpfs(work, size, bins)
     if name == "ext4":
         return Ext4Loop(work, size, bins)
+    if name == "ext4-disk":
+        return Ext4Disk(work, size, bins)
+    if name == "ext4-pmjournal":
+        return Ext4PmJournal(work, size, bins)
     if name == "null-fs":
         return NullFs(work, size, bins)
     if name.startswith("inkfs-lib"):
         mode = name[len("inkfs-lib-"):] if name != "inkfs-lib" else "strict"
         return InkfsLib(mode, work, size, bins)
+    if name.startswith("inkfs-hybrid"):
+        return InkfsHybrid(name[len("inkfs-"):], work, size, bins)
     if name.startswith("inkfs-"):
         return InkfsFuse(name[len("inkfs-"):], work, size, bins)
     raise ValueError(f"unknown contender {name}")

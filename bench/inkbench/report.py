@@ -8,7 +8,8 @@ from typing import Dict, List, Optional
 
 from .stats import fmt_num, fmt_ratio, fmt_spread, median, paired_speedup, speedup, spread
 
-BASELINES = ("ext4", "tmpfs")
+# ext4-disk: issue 18's baseline for hybrid pools (ext4 on the same disk).
+BASELINES = ("ext4", "tmpfs", "ext4-disk")
 
 # NOVA over ext4-DAX (the goals the figures are read against; not enforced).
 GOALS = [

@@ -14,6 +14,17 @@ import time
 from typing import Callable, List, Optional, Sequence
 
 WORK_PREFIX = "/dev/shm/inkbench-"
+# Contenders whose data must live on the machine's disk (hybrid pools' data
+# files, ext4-disk's image) put it here, under the same <pid> suffix as the
+# work directory, so that --cleanup finds it the same way.
+DISK_PREFIX = "/var/tmp/inkbench-"
+
+
+def disk_dir(work: str) -> str:
+    """The on-disk twin of a work directory (/dev/shm/inkbench-X ->
+    /var/tmp/inkbench-X)."""
+    assert work.startswith(WORK_PREFIX), work
+    return DISK_PREFIX + work[len(WORK_PREFIX):]
 
 
 class CmdError(RuntimeError):
@@ -122,12 +133,16 @@ def pid_alive(pid: int) -> bool:
 
 
 def cleanup_leftovers(verbose: bool = True) -> int:
-    """After a hard kill: everything under /dev/shm/inkbench-<pid> whose
-    harness <pid> is gone — servers (pid files), mounts, loop devices, files."""
+    """After a hard kill: everything under /dev/shm/inkbench-<pid> (and its
+    on-disk twin /var/tmp/inkbench-<pid>) whose harness <pid> is gone —
+    servers (pid files), mounts, loop devices, files."""
     done = 0
-    for work in sorted(glob.glob(WORK_PREFIX + "*")):
+    works = [(w, WORK_PREFIX) for w in glob.glob(WORK_PREFIX + "*")]
+    works += [(w, DISK_PREFIX) for w in glob.glob(DISK_PREFIX + "*")]
+    # /dev/shm first: its mounts hold the loop devices backed by disk files.
+    for work, prefix in sorted(works, key=lambda wp: (wp[1] != WORK_PREFIX, wp[0])):
         try:
-            owner = int(work[len(WORK_PREFIX):].split("-")[0])
+            owner = int(work[len(prefix):].split("-")[0])
         except ValueError:
             continue
         if owner != os.getpid() and pid_alive(owner):

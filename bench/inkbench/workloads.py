@@ -170,15 +170,15 @@ class Micro(Workload):
 
 class Fio(Workload):
     name = "fio"
-    title = "fio: psync I/O, 4 KiB blocks (128 KiB in the seqwrite128k case)"
+    title = "fio: psync I/O, 4 KiB blocks (128 KiB in the seqwrite128k and seqread128k cases)"
     stands_for = ("block-sized I/O through read/write system calls (psync), one file per job: "
-                  "random write (in place over a laid-out file), sequential write, random read; "
+                  "random write (in place over a laid-out file), sequential write, sequential read, random read; "
                   "`-fsync` = fsync after every write")
     unit = "IOPS (all jobs)"
     higher_is_better = True
     needs_any = [{POSIX}]
     ALL = [f"{rw}{s}-{j}j" for rw in ("randwrite", "seqwrite") for s in ("-fsync", "") for j in (1, 2)] + \
-          ["seqwrite128k-1j", "randread-1j", "randread-2j"]
+          ["seqwrite128k-1j", "seqwrite128k-fsync-1j", "seqread128k-1j", "randread-1j", "randread-2j"]
 
     def __init__(self, ctx: Ctx) -> None:
         super().__init__(ctx)
@@ -195,10 +195,10 @@ class Fio(Workload):
 
     @staticmethod
     def job_args(case: str) -> List[str]:
-        m = re.fullmatch(r"(randwrite|seqwrite|randread)(128k)?(-fsync)?-(\d)j", case)
+        m = re.fullmatch(r"(randwrite|seqwrite|seqread|randread)(128k)?(-fsync)?-(\d)j", case)
         if not m:
             raise ValueError(case)
-        rw = {"randwrite": "randwrite", "seqwrite": "write", "randread": "randread"}[m.group(1)]
+        rw = {"randwrite": "randwrite", "seqwrite": "write", "seqread": "read", "randread": "randread"}[m.group(1)]
         a = [f"--rw={rw}", f"--numjobs={m.group(4)}", f"--bs={m.group(2) or '4k'}"]
         if m.group(3):
             a.append("--fsync=1")

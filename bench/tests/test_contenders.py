@@ -4,6 +4,7 @@ hard kill, and that Ctrl-C during a run leaves nothing behind. Needs root,
 INKBENCH_WORK, or the cargo target directory); skipped otherwise."""
 
 import glob
+import json
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ import time
 import unittest
 
 from inkbench import contenders as C
-from inkbench.util import WORK_PREFIX, Cleanup, cleanup_leftovers, mounted, run
+from inkbench.util import WORK_PREFIX, Cleanup, cleanup_leftovers, disk_dir, mounted, run
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -51,9 +52,13 @@ class ContenderTest(unittest.TestCase):
 
     def tearDown(self):
         self.cleanup.run_all()
-        run(["rm", "-rf", "--one-file-system", self.work], check=False)
+        disk = disk_dir(self.work)
+        left_on_disk = os.listdir(disk) if os.path.isdir(disk) else []
+        run(["rm", "-rf", "--one-file-system", self.work, disk], check=False)
         self.assertEqual(mounts_under(self.work), [])
         self.assertEqual(loops_backed_by(self.work), [])
+        self.assertEqual(loops_backed_by(disk), [])
+        self.assertEqual(left_on_disk, [], "files left on the disk")
 
     def roundtrip(self, name, data=True):
         c = C.make(name, self.work, 256 << 20, HAVE)
@@ -92,6 +97,57 @@ class ContenderTest(unittest.TestCase):
             c = self.roundtrip(f"inkfs-{mode}")
             self.assertFalse(os.path.exists(c.pool), "pool left behind")
             self.assertIn("pool_stat", c.info)
+
+    def test_ext4_disk(self):
+        c = self.roundtrip("ext4-disk")
+        self.assertTrue(c.img.startswith(disk_dir(self.work) + "/"), c.img)
+        self.assertFalse(os.path.exists(c.img))
+
+    def test_ext4_pmjournal(self):
+        c = C.make("ext4-pmjournal", self.work, 256 << 20, HAVE)
+        c.setup(self.cleanup)
+        try:
+            # the journal really is external, on the /dev/shm loop device
+            dump = run(["dumpe2fs", "-h", c.loop]).stdout
+            self.assertRegex(dump, r"Journal device:\s+0x")
+            self.assertTrue(c.jimg.startswith(self.work + "/"), c.jimg)
+            self.assertTrue(c.img.startswith(disk_dir(self.work) + "/"), c.img)
+        finally:
+            c.teardown()
+        self.roundtrip("ext4-pmjournal")
+        self.assertFalse(os.path.exists(c.jimg))
+
+    def test_inkfs_hybrid_modes(self):
+        for name in ("inkfs-hybrid", "inkfs-hybrid-sync", "inkfs-hybrid-posix"):
+            c = C.make(name, self.work, 256 << 20, HAVE)
+            c.setup(self.cleanup)
+            try:
+                # a write above the threshold lands on the data file
+                with open(os.path.join(c.mnt, "big"), "wb") as f:
+                    f.write(b"y" * (1 << 20))
+                    os.fsync(f.fileno())
+                st = json.loads(run([HAVE["inkfs"], "stat", c.mnt, "--json"]).stdout)
+                self.assertIn("data_device", json.dumps(st))
+                self.assertTrue(c.data.startswith(disk_dir(self.work) + "/"), c.data)
+                self.assertTrue(os.path.exists(c.data))
+            finally:
+                c.teardown()
+            self.assertFalse(os.path.exists(c.data), "data file left behind")
+            self.assertFalse(os.path.exists(c.pool), "pool left behind")
+        self.assertEqual(C.make("inkfs-hybrid-posix@threads=3", self.work, 1 << 20, HAVE).opts,
+                         "mode=posix,threads=3")
+        with self.assertRaises(ValueError):
+            C.make("inkfs-hybrid-lazy", self.work, 1 << 20, HAVE)
+
+    def test_inkfs_hybrid_roundtrip(self):
+        self.roundtrip("inkfs-hybrid")
+
+    def test_inkfs_hybrid_mkfs_failure_leaves_no_data_file(self):
+        c = C.make("inkfs-hybrid", self.work, 256 << 20, dict(HAVE, inkfs="/bin/false"))
+        with self.assertRaises(Exception):
+            c.setup(self.cleanup)
+        self.cleanup.run_all()
+        self.assertFalse(mounted(c.mnt))
 
     def test_inkfs_lib(self):
         c = C.make("inkfs-lib", self.work, 256 << 20, HAVE)
@@ -137,17 +193,20 @@ class LeftoverTest(unittest.TestCase):
         work = f"{WORK_PREFIX}{p.pid}"
         os.makedirs(os.path.join(work, "mnt"), exist_ok=True)
         cl = Cleanup()  # never run: as if the harness was SIGKILLed
-        for n in ("tmpfs", "ext4", "null-fs"):
+        for n in ("tmpfs", "ext4", "null-fs", "ext4-pmjournal", "inkfs-hybrid"):
             C.make(n, work, 256 << 20, HAVE).setup(cl)
         sleeper = subprocess.Popen(["sleep", "300"], start_new_session=True)
         with open(os.path.join(work, "redis-1.pid"), "w") as f:
             f.write(str(sleeper.pid))
-        self.assertEqual(len(mounts_under(work)), 3)
+        self.assertEqual(len(mounts_under(work)), 5)
+        self.assertTrue(os.listdir(disk_dir(work)))
         cleanup_leftovers(verbose=False)
         sleeper.wait(timeout=10)
         self.assertEqual(mounts_under(work), [])
         self.assertEqual(loops_backed_by(work), [])
+        self.assertEqual(loops_backed_by(disk_dir(work)), [])
         self.assertFalse(os.path.exists(work))
+        self.assertFalse(os.path.exists(disk_dir(work)))
 
     def test_live_harness_left_alone(self):
         work = f"{WORK_PREFIX}{os.getppid()}-live"

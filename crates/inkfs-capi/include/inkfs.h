@@ -54,6 +54,10 @@
 // AT_FDCWD, which means the same: a mount has no working directory).
 #define INKFS_AT_ROOT -100
 
+// The size of `inkfs_options` in the first header: the smallest
+// `opts_size` `inkfs_mount_ex` takes.
+#define INKFS_OPTIONS_SIZE_V0 12
+
 // Every call durable and atomic on return (data copy-on-write).
 #define INKFS_MODE_STRICT 0
 
@@ -79,8 +83,9 @@ typedef struct inkfs_dir_t inkfs_dir_t;
 // A mounted pool (`inkfs_t` in C).
 typedef struct inkfs_t inkfs_t;
 
-// How `inkfs_mount` mounts a pool. A NULL `opts` is all zeros: strict
-// mode, read-write, errors=remount-ro.
+// How `inkfs_mount_ex` (and `inkfs_mount`: the first three fields only)
+// mounts a pool. A NULL `opts` is all zeros: strict mode, read-write,
+// errors=remount-ro, a hybrid pool's data device where mkfs recorded it.
 typedef struct inkfs_options {
   // INKFS_MODE_STRICT, INKFS_MODE_SYNC or INKFS_MODE_POSIX
   // (docs/MODES.md).
@@ -91,6 +96,11 @@ typedef struct inkfs_options {
   // INKFS_ERRORS_REMOUNT_RO or INKFS_ERRORS_CONTINUE: what corruption
   // met while mounted does besides failing the call with EIO.
   int errors;
+  // A hybrid pool's data device (block device or file), when it is not
+  // at the path recorded at mkfs (it moved); NULL: the recorded path.
+  // Read by `inkfs_mount_ex` only: `inkfs_mount` keeps reading the
+  // first three fields, as programs built before this field pass.
+  const char *data;
 } inkfs_options;
 
 #ifdef __cplusplus
@@ -117,7 +127,22 @@ int inkfs_mkfs(const char *pool, uint64_t size_bytes, unsigned int lanes);
 // (in use), EINVAL (not an inkfs pool, or a version or state this library
 // cannot mount, e.g. one that needs fsck), ENOENT, EACCES, EIO...;
 // inkfs_last_error() says why.
+//
+// Reads the first three fields of `opts` (`mode`, `read_only`, `errors`)
+// only; `inkfs_mount_ex` reads them all.
 struct inkfs_t *inkfs_mount(const char *pool, const struct inkfs_options *opts);
+
+// inkfs_mount with every field of `opts`, among them `data` (a hybrid
+// pool's data device that moved). `opts_size` is `sizeof(inkfs_options)`
+// as the caller's header has it: a program built against an older header
+// keeps working with a library whose struct grew (its missing fields are
+// zero), and one built against a newer header is refused with E2BIG when
+// it sets a field this library does not know. EINVAL: `opts_size` below
+// INKFS_OPTIONS_SIZE_V0, or a bad field. A data device that is missing or
+// is not the pool's is EINVAL, inkfs_last_error() saying which.
+struct inkfs_t *inkfs_mount_ex(const char *pool,
+                               const struct inkfs_options *opts,
+                               size_t opts_size);
 
 // Unmount: close every descriptor still open (the last close of an
 // unlinked file frees it), save the allocator, mark the pool clean and

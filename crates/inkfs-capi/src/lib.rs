@@ -51,9 +51,10 @@ pub use attrs::*;
 pub use dir::*;
 pub use io::*;
 pub use mount::{
-    inkfs_last_error, inkfs_mkfs, inkfs_mount, inkfs_refresh_credentials, inkfs_set_credentials,
-    inkfs_umask, inkfs_unmount, Mount, MountOpts, INKFS_ERRORS_CONTINUE, INKFS_ERRORS_REMOUNT_RO,
-    INKFS_MODE_POSIX, INKFS_MODE_STRICT, INKFS_MODE_SYNC,
+    inkfs_last_error, inkfs_mkfs, inkfs_mount, inkfs_mount_ex, inkfs_refresh_credentials,
+    inkfs_set_credentials, inkfs_umask, inkfs_unmount, Mount, MountOpts, INKFS_ERRORS_CONTINUE,
+    INKFS_ERRORS_REMOUNT_RO, INKFS_MODE_POSIX, INKFS_MODE_STRICT, INKFS_MODE_SYNC,
+    INKFS_OPTIONS_SIZE_V0,
 };
 pub use names::*;
 pub use open::*;

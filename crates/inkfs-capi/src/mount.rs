@@ -10,11 +10,12 @@ use std::path::Path;
 use std::sync::{Arc, RwLock};
 
 use inkfs::api::{
-    Credentials, Error, ErrorsPolicy, Filesystem, FormatOptions, Mode, MountOptions, ROOT_INO,
+    Credentials, DataDevice, Error, ErrorsPolicy, Filesystem, FormatOptions, Mode, MountOptions,
+    ROOT_INO,
 };
 use inkfs::pmem::PoolBusy;
 
-use crate::boundary::{cstr, fail, ffi, last_error, load, record_error, CResult, Errno};
+use crate::boundary::{cstr, cstr_opt, fail, ffi, last_error, load, record_error, CResult, Errno};
 use crate::ofd::Ofd;
 use crate::table::FdTable;
 
@@ -27,10 +28,11 @@ pub struct Mount {
     pub(crate) dev: u64,
 }
 
-/// How `inkfs_mount` mounts a pool. A NULL `opts` is all zeros: strict
-/// mode, read-write, errors=remount-ro.
+/// How `inkfs_mount_ex` (and `inkfs_mount`: the first three fields only)
+/// mounts a pool. A NULL `opts` is all zeros: strict mode, read-write,
+/// errors=remount-ro, a hybrid pool's data device where mkfs recorded it.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct MountOpts {
     /// INKFS_MODE_STRICT, INKFS_MODE_SYNC or INKFS_MODE_POSIX
     /// (docs/MODES.md).
@@ -41,6 +43,82 @@ pub struct MountOpts {
     /// INKFS_ERRORS_REMOUNT_RO or INKFS_ERRORS_CONTINUE: what corruption
     /// met while mounted does besides failing the call with EIO.
     pub errors: c_int,
+    /// A hybrid pool's data device (block device or file), when it is not
+    /// at the path recorded at mkfs (it moved); NULL: the recorded path.
+    /// Read by `inkfs_mount_ex` only: `inkfs_mount` keeps reading the
+    /// first three fields, as programs built before this field pass.
+    pub data: *const c_char,
+}
+
+impl Default for MountOpts {
+    fn default() -> MountOpts {
+        MountOpts {
+            mode: INKFS_MODE_STRICT,
+            read_only: 0,
+            errors: INKFS_ERRORS_REMOUNT_RO,
+            data: std::ptr::null(),
+        }
+    }
+}
+
+/// `inkfs_options` as libinkfs.so.0 first shipped it (three ints): what
+/// `inkfs_mount` reads, so that a program built against that header,
+/// whose struct is this long, never has bytes past it read.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MountOptsV0 {
+    mode: c_int,
+    read_only: c_int,
+    errors: c_int,
+}
+
+/// The size of `inkfs_options` in the first header: the smallest
+/// `opts_size` `inkfs_mount_ex` takes.
+pub const INKFS_OPTIONS_SIZE_V0: usize = 12;
+const _: () = assert!(std::mem::size_of::<MountOptsV0>() == INKFS_OPTIONS_SIZE_V0);
+const _: () = assert!(std::mem::offset_of!(MountOpts, errors) == 8);
+const _: () = assert!(std::mem::offset_of!(MountOpts, data) >= INKFS_OPTIONS_SIZE_V0);
+
+impl From<MountOptsV0> for MountOpts {
+    fn from(v: MountOptsV0) -> MountOpts {
+        MountOpts {
+            mode: v.mode,
+            read_only: v.read_only,
+            errors: v.errors,
+            data: std::ptr::null(),
+        }
+    }
+}
+
+/// The caller's options of `size` bytes (`sizeof(inkfs_options)` of the
+/// header it was built with), as openat2(2) reads its `struct open_how`:
+/// the first release's three fields at least (smaller: EINVAL); fields the
+/// caller's struct does not have are zero; bytes past the struct this
+/// library knows must be zero (E2BIG otherwise: an option it cannot
+/// honour). A size that ends inside `data` is EINVAL.
+fn load_sized(opts: *const MountOpts, size: usize) -> CResult<MountOpts> {
+    if opts.is_null() {
+        return Ok(MountOpts::default());
+    }
+    let full = std::mem::size_of::<MountOpts>();
+    if size < INKFS_OPTIONS_SIZE_V0 || (size < full && size > std::mem::offset_of!(MountOpts, data))
+    {
+        return fail(libc::EINVAL);
+    }
+    if size > full {
+        // SAFETY: the caller passes `size` readable bytes at `opts`.
+        let tail = unsafe { std::slice::from_raw_parts(opts.cast::<u8>().add(full), size - full) };
+        if tail.iter().any(|&b| b != 0) {
+            return fail(libc::E2BIG);
+        }
+    }
+    if size < full {
+        // The first release's struct: reading more would read past it.
+        return Ok(load(opts.cast::<MountOptsV0>())
+            .map(MountOpts::from)
+            .unwrap_or_default());
+    }
+    Ok(load(opts).unwrap_or_default())
 }
 
 /// Every call durable and atomic on return (data copy-on-write).
@@ -71,7 +149,9 @@ impl MountOpts {
             mode,
             read_only: self.read_only != 0,
             errors,
-            // A hybrid pool's data device is found where mkfs recorded it.
+            // NULL: a hybrid pool's data device is found where mkfs
+            // recorded it.
+            data: cstr_opt(self.data)?.map(|p| DataDevice::Path(path_of(p).to_path_buf())),
             ..Default::default()
         })
     }
@@ -264,11 +344,40 @@ pub unsafe extern "C" fn inkfs_mkfs(pool: *const c_char, size_bytes: u64, lanes:
 /// (in use), EINVAL (not an inkfs pool, or a version or state this library
 /// cannot mount, e.g. one that needs fsck), ENOENT, EACCES, EIO...;
 /// inkfs_last_error() says why.
+///
+/// Reads the first three fields of `opts` (`mode`, `read_only`, `errors`)
+/// only; `inkfs_mount_ex` reads them all.
 #[no_mangle]
 pub unsafe extern "C" fn inkfs_mount(pool: *const c_char, opts: *const MountOpts) -> *mut Mount {
     ffi(std::ptr::null_mut(), || {
+        let v0 = load(opts.cast::<MountOptsV0>()).map(MountOpts::from);
+        mount_with(pool, v0.unwrap_or_default())
+    })
+}
+
+/// inkfs_mount with every field of `opts`, among them `data` (a hybrid
+/// pool's data device that moved). `opts_size` is `sizeof(inkfs_options)`
+/// as the caller's header has it: a program built against an older header
+/// keeps working with a library whose struct grew (its missing fields are
+/// zero), and one built against a newer header is refused with E2BIG when
+/// it sets a field this library does not know. EINVAL: `opts_size` below
+/// INKFS_OPTIONS_SIZE_V0, or a bad field. A data device that is missing or
+/// is not the pool's is EINVAL, inkfs_last_error() saying which.
+#[no_mangle]
+pub unsafe extern "C" fn inkfs_mount_ex(
+    pool: *const c_char,
+    opts: *const MountOpts,
+    opts_size: usize,
+) -> *mut Mount {
+    ffi(std::ptr::null_mut(), || {
+        mount_with(pool, load_sized(opts, opts_size)?)
+    })
+}
+
+fn mount_with(pool: *const c_char, opts: MountOpts) -> CResult<*mut Mount> {
+    {
         let path = cstr(pool)?;
-        let opts = load(opts).unwrap_or_default().engine()?;
+        let opts = opts.engine()?;
         let fs = Filesystem::open_pool(path_of(path), opts).map_err(pool_error)?;
         let dev = device_number(&fs.summary().uuid);
         let m = Mount {
@@ -278,7 +387,7 @@ pub unsafe extern "C" fn inkfs_mount(pool: *const c_char, opts: *const MountOpts
             dev,
         };
         Ok(Arc::into_raw(Arc::new(m)).cast_mut())
-    })
+    }
 }
 
 /// Unmount: close every descriptor still open (the last close of an

@@ -86,13 +86,33 @@ pub struct MkfsArgs {
     pub data_unit: u64,
 }
 
+/// A data file this mkfs created: removed again on drop unless `keep`
+/// is called, so that a mkfs failing after it leaves nothing behind (a
+/// file that was there before is never removed).
+struct CreatedData<'a>(Option<&'a Path>);
+
+impl CreatedData<'_> {
+    fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for CreatedData<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
 /// Open (or create) the data device of `a`, refusing one that holds data
-/// unless --force. Returns it, the path to record (absolute), and the
-/// blocks to use (None: all of it).
-fn open_data_device(
+/// unless --force. Returns it, the path to record (absolute), the blocks
+/// to use (None: all of it), and the guard that removes the file if this
+/// call created it and the mkfs does not complete.
+fn open_data_device<'a>(
     a: &MkfsArgs,
-    path: &Path,
-) -> Result<(inkfs::api::FileDev, PathBuf, Option<u64>), String> {
+    path: &'a Path,
+) -> Result<(inkfs::api::FileDev, PathBuf, Option<u64>, CreatedData<'a>), String> {
     use inkfs::api::BlockDev;
     let meta = std::fs::metadata(path);
     let is_blockdev = matches!(&meta, Ok(m) if m.file_type().is_block_device());
@@ -116,6 +136,9 @@ fn open_data_device(
             }
         }
     }
+    // Armed before the file can exist: FileDev::create may fail after
+    // making it (a fallocate that finds the disk full).
+    let created = CreatedData((!exists).then_some(path));
     let (dev, blocks) = match (is_blockdev, a.data_size) {
         (false, Some(size)) => {
             if size % 4096 != 0 {
@@ -130,7 +153,7 @@ fn open_data_device(
         }
     };
     let abs = path.canonicalize().map_err(|e| format!("{show}: {e}"))?;
-    Ok((dev, abs, blocks))
+    Ok((dev, abs, blocks, created))
 }
 
 /// What is at the path now, for the "refuse to overwrite" decision.
@@ -280,8 +303,8 @@ pub fn mkfs(a: &MkfsArgs) -> Result<(), String> {
                     a.data_threshold
                 ))
             })?;
-            let (dev, abs, blocks) = open_data_device(a, data).map_err(undo)?;
-            Filesystem::format_hybrid(
+            let (dev, abs, blocks, created_data) = open_data_device(a, data).map_err(undo)?;
+            let sb = Filesystem::format_hybrid(
                 &pm,
                 &opts,
                 &inkfs::api::HybridFormat {
@@ -292,7 +315,9 @@ pub fn mkfs(a: &MkfsArgs) -> Result<(), String> {
                     unit_blocks: unit as u32,
                 },
             )
-            .map_err(|e| undo(e.to_string()))?
+            .map_err(|e| undo(e.to_string()))?;
+            created_data.keep();
+            sb
         }
     };
     let info = pm.info();

@@ -447,3 +447,47 @@ fn run_execs_the_program_with_the_library_preloaded() {
         text(&o)
     );
 }
+
+/// A hybrid mkfs that fails after creating the data file removes it (and
+/// the pool file it created); a data file that was there before is left.
+#[test]
+fn failed_hybrid_mkfs_removes_the_data_file_it_created() {
+    let pool = Pool::new("hybrid-fail");
+    let data = DataFile::new("hybrid-fail");
+    // 16 KiB: created, then refused by the format (64 blocks at least).
+    let o = inkfs(&[
+        "mkfs",
+        pool.s(),
+        "--size",
+        "64M",
+        "--data",
+        data.s(),
+        "--data-size",
+        "16k",
+    ]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("data device of 4 blocks"), "{}", text(&o));
+    assert!(
+        !data.0.exists(),
+        "a failed mkfs left the data file it created"
+    );
+    assert!(!pool.0.exists(), "a failed mkfs left the pool file");
+    // An existing (zero) data file, --force: mkfs did not create it.
+    std::fs::write(&data.0, vec![0u8; 16384]).unwrap();
+    let o = inkfs(&[
+        "mkfs",
+        pool.s(),
+        "--size",
+        "64M",
+        "--data",
+        data.s(),
+        "--data-size",
+        "16k",
+        "--force",
+    ]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        data.0.exists(),
+        "mkfs removed a data file it did not create"
+    );
+}

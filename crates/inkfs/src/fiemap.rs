@@ -18,7 +18,9 @@ impl<P: Pmem> Fs<P> {
     /// in file order, as FS_IOC_FIEMAP reports them: whole extents (the
     /// first may begin before `start`), maximal runs of pages on
     /// consecutive blocks, blocks kept past the end of file included, the
-    /// file's last extent flagged LAST. Never UNWRITTEN: fallocate maps
+    /// file's last extent flagged LAST. A hybrid pool's device extents
+    /// give their byte offset on the data device and are flagged `device`
+    /// (as XFS gives a realtime file's). Never UNWRITTEN: fallocate maps
     /// blocks it has zeroed (the pool has no unwritten state). Other kinds
     /// of inode hold no file data: no extents. As fiemap_prep: `len == 0`
     /// is EINVAL, `start` past the largest file EFBIG.
@@ -57,13 +59,21 @@ impl<P: Pmem> Fs<P> {
         Ok(runs
             .into_iter()
             .enumerate()
-            .map(|(i, (page, block, pages))| FiemapExtent {
-                logical: page * BLOCK_SIZE,
-                physical: block * BLOCK_SIZE,
-                length: pages * BLOCK_SIZE,
-                flags: FiemapFlags {
-                    last: i + 1 == count && !beyond,
-                },
+            .map(|(i, (page, block, pages))| {
+                // A run never crosses from the pool to the device: no pool
+                // reaches DEV_BLOCK_BASE blocks (format.rs).
+                debug_assert!(block >= DEV_BLOCK_BASE || block + pages <= DEV_BLOCK_BASE);
+                let device = block >= DEV_BLOCK_BASE;
+                let on_side = if device { block - DEV_BLOCK_BASE } else { block };
+                FiemapExtent {
+                    logical: page * BLOCK_SIZE,
+                    physical: on_side * BLOCK_SIZE,
+                    length: pages * BLOCK_SIZE,
+                    flags: FiemapFlags {
+                        last: i + 1 == count && !beyond,
+                        device,
+                    },
+                }
             })
             .collect())
     }

@@ -441,7 +441,8 @@ impl FallocFlags {
 pub struct FiemapExtent {
     /// Byte offset in the file.
     pub logical: u64,
-    /// Byte offset in the pool.
+    /// Byte offset in the pool, or on the data device when
+    /// `flags.device` (a hybrid pool's device extent).
     pub physical: u64,
     /// Bytes (a multiple of the block size).
     pub length: u64,
@@ -453,6 +454,12 @@ pub struct FiemapExtent {
 pub struct FiemapFlags {
     /// FIEMAP_EXTENT_LAST: the file's last extent.
     pub last: bool,
+    /// The extent is on a hybrid pool's data device and `physical` is a
+    /// byte offset on that device, not in the pool. Linux has no FIEMAP
+    /// flag for this: XFS reports a realtime file's extents (which live on
+    /// its realtime device) the same way, device offsets with no flag, so
+    /// `bits()` does not show it either.
+    pub device: bool,
 }
 
 impl FiemapFlags {

@@ -428,3 +428,165 @@ fn concurrent_writers_in_every_mode() {
         }
     }
 }
+
+/// FIEMAP names a device extent by its byte offset on the data device (as
+/// XFS does for a realtime file's extents, which live on its realtime
+/// device), flagged `device`; PM extents keep pool offsets. The bytes at
+/// the reported device offset are the file's.
+#[test]
+fn fiemap_reports_device_extents_at_device_offsets() {
+    let pm = SimPool::new(POOL);
+    let dev: Arc<MemDev> = Arc::new(MemDev::new(DEV));
+    format(&pm, &*dev, 64 << 10);
+    let fs = Fs::mount(pm, opts(Mode::Strict, dev.clone())).unwrap();
+    let (big, fh) = fs.create(1, b"big", 0o644, 0, 0).unwrap();
+    let data = pattern(256 << 10, 5);
+    fs.write(&fh, 0, &data).unwrap();
+    let (small, sh) = fs.create(1, b"small", 0o644, 0, 0).unwrap();
+    fs.write(&sh, 0, &pattern(8192, 6)).unwrap();
+    fs.sync().unwrap();
+    let ext = fs.fiemap(big.ino, 0, u64::MAX).unwrap();
+    assert!(!ext.is_empty());
+    let image = dev.image();
+    for e in &ext {
+        assert!(e.flags.device, "{e:?}: a device extent not flagged");
+        assert!(
+            e.physical + e.length <= DEV,
+            "{e:?}: physical is not an offset on the {DEV}-byte device"
+        );
+        let (p, l) = (e.physical as usize, e.length as usize);
+        let want = &data[e.logical as usize..(e.logical as usize + l).min(data.len())];
+        assert!(
+            &image[p..p + want.len()] == want,
+            "{e:?}: not the file's bytes"
+        );
+    }
+    assert!(ext.last().unwrap().flags.last);
+    let pm_ext = fs.fiemap(small.ino, 0, u64::MAX).unwrap();
+    assert!(!pm_ext.is_empty());
+    for e in &pm_ext {
+        assert!(!e.flags.device, "{e:?}: a PM extent flagged device");
+        assert!(e.physical + e.length <= POOL, "{e:?}");
+    }
+    fs.release(fh);
+    fs.release(sh);
+}
+
+/// Non-zero bytes past the end of file on the data device (the tail of the
+/// last page) are reported by fsck and zeroed by its repair, on the device.
+/// A data file on disk, named by path as the CLI names it: the repair
+/// opens it for writing while the check had it open for reading.
+#[test]
+fn fsck_repairs_stale_bytes_past_eof_on_the_device() {
+    use inkfs::blockdev::dev::pages;
+    use inkfs::blockdev::FileDev;
+    use inkfs::fsck::ProblemKind;
+    let dir = tempfile::Builder::new()
+        .prefix("inkfs-hybrid-test")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let path = dir.path().join("data");
+    let pm = SimPool::new(POOL);
+    {
+        let dev = FileDev::create(&path, DEV).unwrap();
+        Fs::format_hybrid(
+            &pm,
+            &FormatOptions {
+                lanes: 2,
+                ..Default::default()
+            },
+            &HybridFormat {
+                device: &dev,
+                path: &path,
+                blocks: None,
+                threshold_bytes: 4096,
+                unit_blocks: 16,
+            },
+        )
+        .unwrap();
+    }
+    let by_path = || Some(DataDevice::Path(path.clone()));
+    let fs = Fs::mount(
+        pm,
+        MountOptions {
+            mode: Mode::Strict,
+            data: by_path(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let (f, fh) = fs.create(1, b"f", 0o644, 0, 0).unwrap();
+    let size = 100_000u64; // the last page holds 1,696 bytes of it
+    let want = pattern(size as usize, 2);
+    fs.write(&fh, 0, &want).unwrap();
+    let ext = fs.fiemap(f.ino, 0, u64::MAX).unwrap();
+    fs.release(fh);
+    let pm = fs.unmount().unwrap();
+    let last = ext.last().unwrap();
+    assert!(last.flags.device, "{last:?}");
+    let page_off = last.physical + (size / 4096 - last.logical / 4096) * 4096;
+    let tail = (size % 4096) as usize;
+    let poke = |byte: u8| {
+        let dev = FileDev::open(&path, false).unwrap();
+        let mut page = pages(1);
+        dev.read_at(page_off, &mut page).unwrap();
+        page[0].0[tail + 10] = byte;
+        dev.write_at(page_off, &page).unwrap();
+        dev.flush().unwrap();
+    };
+    poke(0x5a);
+    // And a leak on the device (its saved free list loses its last range),
+    // which the repair mount fixes: it too opens the device by path.
+    {
+        use inkfs::blockdev::layout;
+        let dev = FileDev::open(&path, false).unwrap();
+        let sb = inkfs::superblock::read_superblock(&pm).unwrap().0;
+        let mut free = layout::read_save_area(&dev, sb.data_blocks, sb.mount_epoch).unwrap();
+        free.pop().unwrap();
+        layout::write_save_area(&dev, sb.data_blocks, sb.mount_epoch, &free).unwrap();
+    }
+
+    let check = |repair: bool| {
+        inkfs::fsck::check(
+            &pm,
+            &inkfs::fsck::FsckOptions {
+                repair,
+                data: by_path(),
+            },
+        )
+        .unwrap()
+    };
+    let r = check(false);
+    assert!(
+        r.problems
+            .iter()
+            .any(|p| p.kind == ProblemKind::PastEof && p.ino == Some(f.ino)),
+        "{:?}",
+        r.problems
+    );
+    assert!(
+        r.problems.iter().any(|p| p.kind == ProblemKind::BlockLeak),
+        "{:?}",
+        r.problems
+    );
+    let r = check(true);
+    assert_eq!(r.errors_remaining, 0, "{:?}", r.problems);
+    assert!(
+        r.problems
+            .iter()
+            .any(|p| p.kind == ProblemKind::PastEof && p.repaired),
+        "{:?}",
+        r.problems
+    );
+    let dev = FileDev::open(&path, true).unwrap();
+    let mut page = pages(1);
+    dev.read_at(page_off, &mut page).unwrap();
+    assert!(page[0].0[tail..].iter().all(|&b| b == 0), "not zeroed");
+    assert!(
+        page[0].0[..tail] == want[(size as usize - tail)..],
+        "file bytes changed"
+    );
+    drop(dev);
+    let r = check(false);
+    assert!(r.problems.is_empty(), "{:?}", r.problems);
+}

@@ -141,7 +141,7 @@ impl<P: Pmem + ?Sized> Checker<'_, P> {
     fn check_past_eof(&mut self, ino: u64, size: u64, map: &FileMap) {
         let first = size / BLOCK_SIZE;
         let mut dirty: Vec<(u64, u64)> = Vec::new();
-        let mut dev_dirty = 0u64;
+        let mut dev_dirty: Vec<(u64, u64)> = Vec::new();
         let mut buf = [0u8; BLOCK_SIZE as usize];
         for e in map.iter().filter(|e| e.end() > first) {
             for page in e.page.max(first)..e.end() {
@@ -149,7 +149,7 @@ impl<P: Pmem + ?Sized> Checker<'_, P> {
                 let from = if page == first { size % BLOCK_SIZE } else { 0 };
                 if self.geo.is_dev_range(block, 1) {
                     if self.dev_page_dirty(block, from as usize, &mut buf) {
-                        dev_dirty += 1;
+                        dev_dirty.push((block, from));
                     }
                     continue;
                 }
@@ -163,16 +163,17 @@ impl<P: Pmem + ?Sized> Checker<'_, P> {
                 }
             }
         }
-        if dev_dirty > 0 {
-            // Repair zeroes PM only; the data device's pages are left.
+        if let Some(&(block, _)) = dev_dirty.first() {
             self.error(
                 ProblemKind::PastEof,
                 Some(ino),
                 format!(
-                    "{dev_dirty} page(s) on the data device hold non-zero bytes past the end of \
-                     file (size {size})"
+                    "{} page(s) on the data device hold non-zero bytes past the end of file \
+                     (size {size}; first at device block {}); zeroed at repair",
+                    dev_dirty.len(),
+                    block - DEV_BLOCK_BASE
                 ),
-                None,
+                Some(Fix::ZeroDevPastEof { pages: dev_dirty }),
             );
         }
         if let Some(&(off, _)) = dirty.first() {

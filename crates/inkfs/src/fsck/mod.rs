@@ -75,7 +75,7 @@ pub fn check_with_progress<P: Pmem>(
     opts: &FsckOptions,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<FsckReport> {
-    let first = Checker::run(pm, opts.data.as_ref(), "check", progress)?;
+    let mut first = Checker::run(pm, opts.data.as_ref(), "check", progress)?;
     let mut report = first.report();
     if !opts.repair {
         report.errors_remaining = report.errors_found();
@@ -92,11 +92,22 @@ pub fn check_with_progress<P: Pmem>(
         return Ok(report);
     }
     let blocked = first.found.iter().any(|f| f.blocking());
+    // The check's read-only handle of the data device holds a shared lock
+    // that the repairs' read-write open (exclusive) would find taken.
+    first.dev = None;
 
     repair::apply_media_fixes(
         pm,
         &first.geo,
         &first.table_blocks,
+        &fixes,
+        blocked,
+        &mut report,
+    );
+    repair::apply_device_fixes(
+        pm,
+        &first.sb,
+        opts.data.as_ref(),
         &fixes,
         blocked,
         &mut report,

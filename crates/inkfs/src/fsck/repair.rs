@@ -50,6 +50,10 @@ pub(super) enum Fix {
     /// Zero pool bytes `(offset, len)` a file maps past its end of file.
     /// No reader sees them, so the stores need no ordering beyond a fence.
     ZeroPastEof { ranges: Vec<(u64, u64)> },
+    /// Zero the data device's pages `(block, from)` (`DEV_BLOCK_BASE` +
+    /// device block, first byte to zero) a file maps past its end of
+    /// file; flushed once at the end. No reader sees them either.
+    ZeroDevPastEof { pages: Vec<(u64, u64)> },
     /// Clear the superblock's record of errors met while mounted: done last,
     /// and only when the check after every other repair finds nothing else.
     ClearErrorRecord,
@@ -65,6 +69,7 @@ impl Fix {
             Fix::CopySuperblock { .. }
                 | Fix::ReplayJournal { .. }
                 | Fix::ZeroPastEof { .. }
+                | Fix::ZeroDevPastEof { .. }
                 | Fix::ClearErrorRecord
                 | Fix::MaskFlags { .. }
         )
@@ -126,6 +131,65 @@ pub(super) fn apply_media_fixes<P: Pmem>(
         };
         report.modified = true;
         report.problems[*i].repaired = done;
+    }
+}
+
+/// Bytes past files' ends on a hybrid pool's data device, zeroed through
+/// the device opened for writing (as the mount finds it: `data`, else the
+/// path recorded at mkfs) and flushed once. No reader sees these bytes
+/// and nothing names them anew, so a crash part-way leaves pages zeroed
+/// or not, each still past its file's end, and the next check finds the
+/// rest. Skipped, as on PM, when the pool has damage fsck cannot repair.
+pub(super) fn apply_device_fixes<P: Pmem>(
+    pm: &P,
+    sb: &Superblock,
+    data: Option<&crate::types::DataDevice>,
+    fixes: &[(usize, Fix)],
+    blocked: bool,
+    report: &mut FsckReport,
+) {
+    let todo: Vec<(usize, &Vec<(u64, u64)>)> = fixes
+        .iter()
+        .filter_map(|(i, f)| match f {
+            Fix::ZeroDevPastEof { pages } => Some((*i, pages)),
+            _ => None,
+        })
+        .collect();
+    if todo.is_empty() || blocked {
+        return;
+    }
+    let opts = MountOptions {
+        data: data.cloned(),
+        ..Default::default()
+    };
+    let done = crate::blockdev::attach::open_device(pm, sb, &opts).and_then(|dev| {
+        let dev = dev.ok_or_else(|| Error::BadPool("the pool has no data device".into()))?;
+        let mut page = crate::blockdev::dev::pages(1);
+        for &(block, from) in todo.iter().flat_map(|(_, pages)| pages.iter()) {
+            debug_assert!(block >= DEV_BLOCK_BASE && from < BLOCK_SIZE);
+            let off = (block - DEV_BLOCK_BASE) * BLOCK_SIZE;
+            dev.read_at(off, &mut page)?;
+            page[0].0[from as usize..].fill(0);
+            dev.write_at(off, &page)?;
+        }
+        dev.flush()?;
+        Ok(())
+    });
+    match done {
+        Ok(()) => {
+            report.modified = true;
+            for (i, _) in todo {
+                report.problems[i].repaired = true;
+            }
+        }
+        Err(e) => report.problems.push(Problem {
+            kind: ProblemKind::Repair,
+            severity: Severity::Note,
+            ino: None,
+            message: format!("zeroing bytes past the end of files on the data device failed: {e}"),
+            repairable: false,
+            repaired: false,
+        }),
     }
 }
 
@@ -342,6 +406,7 @@ fn repair_mounted<P: Pmem>(
                 Fix::CopySuperblock { .. }
                 | Fix::ReplayJournal { .. }
                 | Fix::ZeroPastEof { .. }
+                | Fix::ZeroDevPastEof { .. }
                 | Fix::ClearErrorRecord
                 | Fix::MaskFlags { .. } => continue,
             };
