@@ -675,8 +675,10 @@ pub fn run_engine(
     let stats = Arc::new(Stats::default());
     let caching = cfg.caching();
     let inval = Arc::new(Invalidator::default());
-    let adapter = InkFuse::new(engine.clone(), stats.clone(), caching, inval.clone());
-    let attach = AttachService::new(&engine, cfg.mode)
+    let leases = crate::lease::Leases::new(&engine, inval.clone());
+    let mut adapter = InkFuse::new(engine.clone(), stats.clone(), caching, inval.clone());
+    adapter.set_leases(leases.clone());
+    let attach = AttachService::new(&engine, cfg.mode, leases)
         .map_err(|e| eprintln!("inkfs: attach: {e} (continuing without)"))
         .ok()
         .map(Arc::new);
