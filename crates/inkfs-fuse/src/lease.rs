@@ -466,6 +466,15 @@ impl Leases {
 }
 
 impl LeaseHook for Leases {
+    fn is_leased(&self, ino: u64) -> bool {
+        if self.attached.load(Relaxed) == 0 {
+            return false;
+        }
+        lock(&self.shard(ino).map)
+            .get(&ino)
+            .is_some_and(|e| e.holder.is_some())
+    }
+
     fn before_use(&self, ino: u64) {
         if self.attached.load(Relaxed) == 0 || SILENT.get() {
             return;

@@ -616,3 +616,39 @@ fn unmounting_takes_the_leases_back() {
     let m = Mounted::at(&pool, dir, "mode=strict");
     assert_eq!(std::fs::read(m.p("f")).unwrap(), vec![3u8; 5000]);
 }
+
+/// A scrub while a client writes under a lease finds nothing: the server's
+/// cached inode is behind the record while the client holds the lease,
+/// which is not damage.
+#[test]
+fn a_scrub_while_a_client_writes_is_clean() {
+    require_root();
+    let pool = Pool::new("lease-scrub", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    let f = m.p("f");
+    std::fs::write(&f, vec![0u8; 4096]).unwrap();
+    // The server has the inode loaded (this read), then the client leases it.
+    assert_eq!(std::fs::read(&f).unwrap().len(), 4096);
+    let mut c = ClientProc::start(m.path());
+    assert_eq!(c.ask("open f rw"), "open ok");
+    assert_eq!(c.ask("pwrite 0 4096 1"), "pwrite 0 4096");
+    for round in 0..20 {
+        c.tell("writeloop 200 3000 2");
+        let report = inkfs_fuse::scrub::request(m.path(), &mut |_, _| {})
+            .expect("an inkfs mount")
+            .expect("scrub ran");
+        assert!(report.findings.is_empty(), "round {round}: {report:?}");
+        loop {
+            let a = c.answer();
+            if a == "writeloop done" {
+                break;
+            }
+            assert!(a.starts_with("ack "), "{a}");
+        }
+    }
+    let s = stats_json(m.path()).unwrap();
+    assert_eq!(s["errors"].as_u64().unwrap_or(0), 0, "{s}");
+    c.quit();
+    drop(m);
+    fsck_clean(&pool);
+}

@@ -41,6 +41,9 @@ use crate::types::{FileKind, Mode, MountOptions};
 /// a lease held on it by another process is recalled before this returns.
 pub trait LeaseHook: Send + Sync {
     fn before_use(&self, ino: u64);
+    /// Whether another process holds `ino`'s lease now (it may be
+    /// committing to its log: this engine's cached state may be behind).
+    fn is_leased(&self, ino: u64) -> bool;
 }
 
 /// What a client engine keeps of its writes.
@@ -189,6 +192,11 @@ impl<P: Pmem> Fs<P> {
             let mut st = write(&inode.state);
             self.drop_prealloc(&mut st);
         }
+    }
+
+    /// Whether a client holds inode `ino`'s lease now (the server's view).
+    pub(crate) fn leased(&self, ino: u64) -> bool {
+        self.lease_hook.get().is_some_and(|h| h.is_leased(ino))
     }
 
     /// The server's lease table (set once; later calls are ignored).
