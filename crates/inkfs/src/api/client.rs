@@ -319,21 +319,21 @@ impl Client {
     /// the bytes written.
     pub fn write(&self, file: &File, off: u64, data: &[u8]) -> Result<usize> {
         let blocks = blocks_for(data.len());
-        self.leased(file.ino(), blocks, |fs| fs.write(file, off, data))
+        self.file_op(file, blocks, |fs| fs.write(file, off, data))
             .map(|w| w.len)
     }
 
     /// pwrite(2): at `off` whatever `O_APPEND` says.
     pub fn pwrite(&self, file: &File, off: u64, data: &[u8]) -> Result<Written> {
         let blocks = blocks_for(data.len());
-        self.leased(file.ino(), blocks, |fs| fs.write_at(file, off, data))
+        self.file_op(file, blocks, |fs| fs.write_at(file, off, data))
     }
 
     /// An `O_APPEND` write: at the end of file as it stands under the
     /// lease (so appends of several clients interleave whole).
     pub fn append(&self, file: &File, data: &[u8]) -> Result<Written> {
         let blocks = blocks_for(data.len());
-        self.leased(file.ino(), blocks, |fs| fs.append(file, data))
+        self.file_op(file, blocks, |fs| fs.append(file, data))
     }
 
     /// ftruncate(2) through `file` (open for writing).
@@ -342,9 +342,22 @@ impl Client {
             size: Some(size),
             ..SetAttr::default()
         };
-        self.leased(file.ino(), 1, |fs| {
-            fs.setattr(cred, file.ino(), &set, Some(file))
-        })
+        self.file_op(file, 1, |fs| fs.setattr(cred, file.ino(), &set, Some(file)))
+    }
+
+    /// A change of the regular file open as `file`: under its lease when
+    /// the file is open for writing; otherwise the engine refuses it as
+    /// Linux does (EBADF, EISDIR, EINVAL...) without asking the server.
+    fn file_op<R>(
+        &self,
+        file: &File,
+        blocks: u64,
+        op: impl Fn(&Filesystem<MappedPool>) -> Result<R>,
+    ) -> Result<R> {
+        if file.kind() != crate::types::FileKind::File || !file.flags().writable() {
+            return self.call(&op);
+        }
+        self.leased(file.ino(), blocks, op)
     }
 
     /// fsync(2)/fdatasync(2): every write is durable on return already
