@@ -9,18 +9,20 @@
 //! see them. So are hybrid pools: their large files' data is on a block
 //! device, not in the mapping a client gets.
 //!
-//! Each attached client has a thread here blocked on its connection: the
-//! end of file on it, however the client ended (exit, SIGKILL), releases
-//! the client's epoch slot, and the limbo is reclaimed. While clients are
-//! attached a reclaimer thread also returns the limbo's blocks every
-//! [`RECLAIM_EVERY`] (clients unpin without telling anyone); the engine
-//! itself reclaims after each free. Nothing is added to the request path.
+//! Each attached client has a thread here reading its connection: its lease
+//! requests, reservations and returns (`crate::lease`), and the end of
+//! file, however the client ended (exit, SIGKILL), which settles its leases
+//! and reservation, releases its epoch slot, and reclaims the limbo. While
+//! clients are attached a reclaimer thread also returns the limbo's blocks
+//! every [`RECLAIM_EVERY`] (clients unpin without telling anyone); the
+//! engine itself reclaims after each free. The request path gets only the
+//! lease table's hold on the inodes a request uses (`crate::lease`).
 //!
 //! The epoch table lives in a sealed memfd made at mount; the engine holds
 //! frees against it from the first attach on (before that they go straight
 //! to the free lists). Nothing here keeps the engine alive: the unmount
-//! takes it back after [`AttachService::shutdown`], which closes every
-//! client's session.
+//! takes it back after [`AttachService::shutdown`], which takes every lease
+//! back, closes every client's session and waits for them to settle.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read};

@@ -141,7 +141,7 @@ impl<P: Pmem> Fs<P> {
     }
 
     /// The blocks this client freed since the last call (to send to the
-    /// server), and how many are waiting without taking them.
+    /// server).
     pub fn take_client_freed(&self) -> Vec<(u64, u64)> {
         self.client
             .as_ref()
@@ -149,6 +149,7 @@ impl<P: Pmem> Fs<P> {
             .unwrap_or_default()
     }
 
+    /// Ranges this client freed and has not sent yet.
     pub fn client_freed_count(&self) -> usize {
         self.client.as_ref().map_or(0, |c| lock(&c.freed).len())
     }
