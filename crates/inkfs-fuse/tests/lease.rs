@@ -355,6 +355,12 @@ fn a_write_through_the_mount_recalls_the_lease() {
         format!("pwrite errno {}", libc::EBADF)
     );
     assert_eq!(c.ask("held"), "held 0");
+    // O_TRUNC truncates under the lease; the mount sees it at once.
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), 8192);
+    assert_eq!(c.ask("open f trunc"), "open ok");
+    assert_eq!(c.ask("held"), "held 1");
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), 0);
+    assert_eq!(c.ask("held"), "held 0");
     c.quit();
     drop(m);
     fsck_clean(&pool);

@@ -51,7 +51,7 @@ use crate::fs::Fs;
 use crate::perm::Credentials;
 use crate::pmem::{MappedPool, PoolFile, PoolOpenOptions};
 use crate::shm::SharedEpochs;
-use crate::types::{Attr, DirEntry, Mode, SetAttr};
+use crate::types::{Attr, DirEntry, FileKind, Mode, SetAttr};
 
 /// How long the server has to answer an attach.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -74,6 +74,9 @@ pub struct Client {
     pinned: Cell<bool>,
     /// The session's reader and the recall thread.
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// The process that attached (a child after fork has neither the
+    /// threads nor the session of its own).
+    pid: u32,
 }
 
 /// What the client's threads share.
@@ -181,6 +184,7 @@ impl Client {
             conn,
             pinned: Cell::new(false),
             threads,
+            pid: std::process::id(),
         })
     }
 
@@ -279,7 +283,8 @@ impl Client {
     /// truncates under the inode's write lease. A write access mode gets
     /// EROFS on a read-only mount.
     pub fn open(&self, cred: &Credentials, ino: u64, flags: OpenFlags) -> Result<File> {
-        if flags.has(libc::O_TRUNC) && flags.writable() {
+        let is_file = || self.getattr(ino).is_ok_and(|a| a.kind == FileKind::File);
+        if flags.has(libc::O_TRUNC) && flags.writable() && is_file() {
             return self.leased(ino, 0, |fs| fs.open(cred, ino, flags));
         }
         if flags.writable() {
@@ -354,7 +359,7 @@ impl Client {
         blocks: u64,
         op: impl Fn(&Filesystem<MappedPool>) -> Result<R>,
     ) -> Result<R> {
-        if file.kind() != crate::types::FileKind::File || !file.flags().writable() {
+        if file.kind() != FileKind::File || !file.flags().writable() {
             return self.call(&op);
         }
         self.leased(file.ino(), blocks, op)
@@ -433,6 +438,15 @@ impl Client {
 
 impl Drop for Client {
     fn drop(&mut self) {
+        if std::process::id() != self.pid {
+            // A forked child's copy: the session and the threads are the
+            // parent's (a shutdown would end the parent's session). Only
+            // the descriptors close.
+            for t in self.threads.drain(..) {
+                std::mem::forget(t);
+            }
+            return;
+        }
         // The server settles this client's leases and reservation at the
         // end of the session, as at its death.
         let _ = self.conn.shutdown(std::net::Shutdown::Both);
