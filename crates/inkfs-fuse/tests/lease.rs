@@ -95,6 +95,7 @@ fn lease_child() {
             }
             ["cat", name] => cat(&client, name),
             ["held"] => format!("held {}", client.leases_held()),
+            ["alive"] => format!("alive {}", client.server_alive()),
             // N appends of LEN bytes, each a record: TAG then its number.
             ["appendloop", ..] => {
                 let f = file.as_ref().expect("open first");
@@ -502,7 +503,7 @@ fn clients_killed_while_writing_lose_only_unacknowledged_writes() {
     // What each record holds for sure: the round of its last acknowledged
     // write (0: never written).
     let mut acked = vec![0u8; n as usize];
-    let (mut mid_loop, mut unacked_seen) = (0u64, 0u64);
+    let (mut mid_loop, mut unacked_seen, mut mid_write) = (0u64, 0u64, 0u64);
     for round in 1..=rounds {
         let tag = (round % 250 + 1) as u8;
         let mut c = ClientProc::start(m.path());
@@ -526,6 +527,7 @@ fn clients_killed_while_writing_lose_only_unacknowledged_writes() {
         unsafe { libc::kill(pid, libc::SIGKILL) };
         drop(c);
         let data = std::fs::read(&f).unwrap();
+        let mut this_round = 0;
         for (i, want) in acked.iter_mut().enumerate() {
             let at = i * len;
             if *want == 0 && data.len() <= at {
@@ -549,6 +551,13 @@ fn clients_killed_while_writing_lose_only_unacknowledged_writes() {
                 *want = tag;
                 unacked_seen += 1;
             }
+            if whole(tag) {
+                this_round += 1;
+            }
+        }
+        if this_round < n {
+            // Killed before its last write committed.
+            mid_write += 1;
         }
         if pending.is_some_and(|p| p < n as usize) {
             mid_loop += 1;
@@ -561,9 +570,11 @@ fn clients_killed_while_writing_lose_only_unacknowledged_writes() {
     }
     eprintln!(
         "{rounds} rounds: {mid_loop} killed after some acknowledged writes, \
+         {mid_write} before their last write committed, \
          {unacked_seen} records written but not acknowledged found whole"
     );
     assert!(mid_loop > rounds / 4, "the kills did not land mid-loop");
+    assert!(mid_write > rounds / 10, "the kills did not land mid-write");
     eventually("no client attached", || {
         stat_u64(m.path(), "clients_attached") == 0
     });
@@ -675,6 +686,36 @@ fn a_scrub_while_a_client_writes_is_clean() {
     let s = stats_json(m.path()).unwrap();
     assert_eq!(s["errors"].as_u64().unwrap_or(0), 0, "{s}");
     c.quit();
+    drop(m);
+    fsck_clean(&pool);
+}
+
+/// The server killed while a client holds a lease: the client's committed
+/// writes stay, its next write gets EIO (nothing lands behind a dead
+/// server), and once it is gone a new mount recovers the pool, clean.
+#[test]
+fn a_killed_server_stops_the_clients_writes() {
+    require_root();
+    let pool = Pool::new("lease-server-kill", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    std::fs::write(m.p("f"), b"").unwrap();
+    let mut c = ClientProc::start(m.path());
+    assert_eq!(c.ask("open f rw"), "open ok");
+    assert_eq!(c.ask("pwrite 0 6000 4"), "pwrite 0 6000");
+    let dir = m.kill9();
+    // Once the client has seen its session end (a write racing the
+    // server's death commits as it would before a crash).
+    assert_eq!(c.ask("alive"), "alive false");
+    assert_eq!(
+        c.ask("pwrite 0 10 5"),
+        format!("pwrite errno {}", libc::EIO)
+    );
+    c.quit();
+    let _ = std::process::Command::new("umount")
+        .arg(dir.path())
+        .output();
+    let m = Mounted::at(&pool, dir, "mode=strict");
+    assert_eq!(std::fs::read(m.p("f")).unwrap(), vec![4u8; 6000]);
     drop(m);
     fsck_clean(&pool);
 }
