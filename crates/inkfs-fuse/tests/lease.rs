@@ -582,6 +582,20 @@ fn clients_killed_while_writing_lose_only_unacknowledged_writes() {
     fsck_clean(&pool);
 }
 
+/// Whether every thread of process `pid` is stopped (state T).
+fn all_threads_stopped(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.filter_map(Result::ok).all(|t| {
+        std::fs::read_to_string(t.path().join("stat")).is_ok_and(|s| {
+            // The state follows the command name's closing parenthesis.
+            s.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T'))
+        })
+    })
+}
+
 /// A client stopped (SIGSTOP) while it holds a lease does not answer the
 /// recall: the mount's write waits out the recall timeout, the server
 /// kills the client, and the write goes through; the client's acknowledged
@@ -599,6 +613,8 @@ fn a_stopped_client_is_killed_at_the_recall_timeout() {
     let pid = c.pid();
     // SAFETY: signals to our own child.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
+    // kill(2) returns before every thread has stopped.
+    eventually("the client stopped", || all_threads_stopped(pid));
     let t = Instant::now();
     let w = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
     w.write_all_at(&[6u8; 4096], 4096).unwrap();
