@@ -208,30 +208,30 @@ impl Client {
     /// unmounted or died: the pool then stays as it last committed it, and
     /// nobody else can mount it while this client holds its descriptor).
     pub fn server_alive(&self) -> bool {
-        // The session's reader sees the end of file; give it a moment to
-        // have read what is already there.
-        for _ in 0..100 {
-            if self.shared.closed.load(SeqCst) {
-                return false;
-            }
-            if !self.session_readable() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        !self.shared.closed.load(SeqCst)
-    }
-
-    /// Bytes (or the end of file) wait on the session, unread.
-    fn session_readable(&self) -> bool {
         use nix::sys::socket::{recv, MsgFlags};
         use std::os::fd::AsRawFd;
+        if self.shared.closed.load(SeqCst) {
+            return false;
+        }
         let mut b = [0u8; 1];
         let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
-        !matches!(
-            recv(self.conn.as_raw_fd(), &mut b, flags),
-            Err(nix::errno::Errno::EAGAIN)
-        )
+        match recv(self.conn.as_raw_fd(), &mut b, flags) {
+            // The end of file: once the session's reader has seen it too,
+            // writes fail with EIO (a short wait, only when the server is
+            // gone).
+            Ok(0) => {
+                for _ in 0..1000 {
+                    if self.shared.closed.load(SeqCst) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                false
+            }
+            // A message the reader has not taken yet.
+            Ok(_) => true,
+            Err(e) => e == nix::errno::Errno::EAGAIN,
+        }
     }
 
     /// Write leases this client holds now.
