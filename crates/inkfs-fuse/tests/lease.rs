@@ -484,12 +484,28 @@ fn a_full_pool_gives_the_client_enospc_and_loses_nothing() {
 #[test]
 fn clients_killed_while_writing_lose_only_unacknowledged_writes() {
     require_root();
-    let rounds: u64 = std::env::var("INKFS_LEASE_KILL_ROUNDS")
+    kill_rounds("strict", kill_round_count(200));
+}
+
+/// The same in sync mode, where an overwrite is made in place: a record
+/// the client was writing when it died may mix its old and new bytes (as
+/// after a crash), never anything else. 100 rounds by default.
+#[test]
+fn clients_killed_while_writing_in_place_lose_only_unacknowledged_writes() {
+    require_root();
+    kill_rounds("sync", kill_round_count(200) / 2);
+}
+
+fn kill_round_count(default: u64) -> u64 {
+    std::env::var("INKFS_LEASE_KILL_ROUNDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(200);
-    let pool = Pool::new("lease-kill", 64);
-    let m = Mounted::new(&pool, "mode=strict");
+        .unwrap_or(default)
+}
+
+fn kill_rounds(mode: &str, rounds: u64) {
+    let pool = Pool::new(&format!("lease-kill-{mode}"), 64);
+    let m = Mounted::new(&pool, &format!("mode={mode}"));
     let f = m.p("f");
     let (n, len) = (64u64, 3000usize);
     std::fs::write(&f, b"").unwrap();
@@ -504,6 +520,7 @@ fn clients_killed_while_writing_lose_only_unacknowledged_writes() {
     // write (0: never written).
     let mut acked = vec![0u8; n as usize];
     let (mut mid_loop, mut unacked_seen, mut mid_write) = (0u64, 0u64, 0u64);
+    let mut torn_seen = 0u64;
     for round in 1..=rounds {
         let tag = (round % 250 + 1) as u8;
         let mut c = ClientProc::start(m.path());
@@ -540,8 +557,24 @@ fn clients_killed_while_writing_lose_only_unacknowledged_writes() {
                 r[0] == t && r[1..5] == (i as u32).to_le_bytes() && r[5..].iter().all(|&b| b == t)
             };
             let zero = r.iter().all(|&b| b == 0);
-            let ok =
-                (*want == 0 && zero) || (*want != 0 && whole(*want)) || (in_flight && whole(tag));
+            // Sync mode, in flight: each byte the old record's or the new.
+            let num = (i as u32).to_le_bytes();
+            let mixed = || {
+                r.iter().enumerate().all(|(k, &b)| {
+                    let new = if (1..5).contains(&k) { num[k - 1] } else { tag };
+                    let old = match (*want, k) {
+                        (0, _) => 0,
+                        (_, 1..=4) => num[k - 1],
+                        (w, _) => w,
+                    };
+                    b == new || b == old
+                })
+            };
+            let torn = mode == "sync" && in_flight && !whole(tag) && mixed();
+            let ok = (*want == 0 && zero)
+                || (*want != 0 && whole(*want))
+                || (in_flight && whole(tag))
+                || torn;
             assert!(
                 ok,
                 "round {round} record {i}: acknowledged {want}, found {:?}",
@@ -553,6 +586,15 @@ fn clients_killed_while_writing_lose_only_unacknowledged_writes() {
             }
             if whole(tag) {
                 this_round += 1;
+            }
+            if torn && !(*want == 0 && zero) && !(*want != 0 && whole(*want)) {
+                // Made whole again through the mount, so that the next
+                // round starts from a known record.
+                let w = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+                w.write_all_at(&record(tag, i as u32, len), at as u64)
+                    .unwrap();
+                *want = tag;
+                torn_seen += 1;
             }
         }
         if this_round < n {
@@ -569,9 +611,10 @@ fn clients_killed_while_writing_lose_only_unacknowledged_writes() {
         drop(w);
     }
     eprintln!(
-        "{rounds} rounds: {mid_loop} killed after some acknowledged writes, \
+        "{mode}, {rounds} rounds: {mid_loop} killed after some acknowledged writes, \
          {mid_write} before their last write committed, \
-         {unacked_seen} records written but not acknowledged found whole"
+         {unacked_seen} records written but not acknowledged found whole, \
+         {torn_seen} found torn (sync)"
     );
     assert!(mid_loop > rounds / 4, "the kills did not land mid-loop");
     assert!(mid_write > rounds / 10, "the kills did not land mid-write");
