@@ -343,6 +343,12 @@ impl Leases {
         shard.changed.notify_all();
         drop(map);
         engine.return_blocks(&freed.ranges());
+        // The holder collected nothing: the log's GC is due now, before
+        // anyone leases it again (a request waiting for this recall may
+        // get there first; it collects after its own operation).
+        if after.is_ok() {
+            let _ = engine.collect_log(ino);
+        }
     }
 
     /// A reservation request: up to `want` blocks (limited to

@@ -95,6 +95,15 @@ fn lease_child() {
             }
             ["cat", name] => cat(&client, name),
             ["held"] => format!("held {}", client.leases_held()),
+            // N overwrites of the first LEN bytes with byte B: dead entries.
+            ["overwrite", ..] => {
+                let f = file.as_ref().expect("open first");
+                let data = vec![num(3) as u8; num(2) as usize];
+                let failed = (0..num(1))
+                    .filter(|_| client.pwrite(f, 0, &data).is_err())
+                    .count();
+                format!("overwrite {failed}")
+            }
             ["alive"] => format!("alive {}", client.server_alive()),
             // N appends of LEN bytes, each a record: TAG then its number.
             ["appendloop", ..] => {
@@ -775,6 +784,28 @@ fn a_killed_server_stops_the_clients_writes() {
         .output();
     let m = Mounted::at(&pool, dir, "mode=strict");
     assert_eq!(std::fs::read(m.p("f")).unwrap(), vec![4u8; 6000]);
+    drop(m);
+    fsck_clean(&pool);
+}
+
+/// A client overwriting one block again and again fills its log with dead
+/// entries, which it cannot collect (compaction commits through the
+/// server's journal): it gives the lease back when compaction is due, the
+/// server collects the log, and the client goes on. The log stays bounded.
+#[test]
+fn a_client_log_full_of_dead_entries_is_collected_by_the_server() {
+    require_root();
+    let pool = Pool::new("lease-gc", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    let f = m.p("f");
+    std::fs::write(&f, vec![0u8; 4096]).unwrap();
+    let mut c = ClientProc::start(m.path());
+    assert_eq!(c.ask("open f rw"), "open ok");
+    assert_eq!(c.ask("overwrite 20000 4096 7"), "overwrite 0");
+    assert!(stat_u64(m.path(), "gc_compactions") >= 2, "no compaction");
+    assert_eq!(std::fs::read(&f).unwrap(), vec![7u8; 4096]);
+    assert_eq!(c.ask("cat f"), format!("cat 4096 {}", 4096 * 7));
+    c.quit();
     drop(m);
     fsck_clean(&pool);
 }

@@ -200,6 +200,28 @@ impl<P: Pmem> Fs<P> {
         self.lease_hook.get().is_some_and(|h| h.is_leased(ino))
     }
 
+    /// A client engine: whether inode `ino`'s log has grown so that its
+    /// lease should go back for the server to collect it (the client
+    /// cannot: compaction commits through the server's journal).
+    pub fn client_log_due(&self, ino: u64) -> bool {
+        self.cache
+            .get(ino)
+            .is_some_and(|i| crate::gc::client_should_yield(&read(&i.state)))
+    }
+
+    /// The server, once a lease came back: log GC of inode `ino` as after
+    /// any operation on it (the client collects nothing itself).
+    pub fn collect_log(&self, ino: u64) -> Result<()> {
+        self.check_writable()?;
+        let inode = self.iget(ino)?;
+        let mut st = write(&inode.state);
+        if st.gone {
+            return Ok(());
+        }
+        self.maybe_compact(&inode, &mut st);
+        Ok(())
+    }
+
     /// The server's lease table (set once; later calls are ignored).
     pub fn set_lease_hook(&self, hook: Arc<dyn LeaseHook>) {
         let _ = self.lease_hook.set(hook);

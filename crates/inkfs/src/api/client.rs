@@ -407,6 +407,13 @@ impl Client {
             if self.shared.fs.fs.client_freed_count() >= RANGES_PER_LINE {
                 self.send_freed()?;
             }
+            if r.is_ok() && self.shared.fs.fs.client_log_due(ino) {
+                // Mostly dead entries: the server collects the log once it
+                // has the lease back (the next write asks for it again).
+                *held = false;
+                self.shared.held.fetch_sub(1, SeqCst);
+                self.shared.give_back(ino);
+            }
             match r {
                 Err(e) if e.errno() == libc::ENOSPC && tries < RESERVE_TRIES => {
                     tries += 1;
@@ -505,6 +512,11 @@ impl Shared {
             *held = false;
             self.held.fetch_sub(1, SeqCst);
         }
+        self.give_back(ino);
+    }
+
+    /// Give `ino`'s lease back (its lock held, marked not held).
+    fn give_back(&self, ino: u64) {
         let fs = &self.fs.fs;
         fs.client_release_inode(ino);
         let mut back = fs.take_client_freed();

@@ -133,6 +133,11 @@ impl<P: Pmem> Filesystem<P> {
         self.fs.reserve_blocks(want, RANGES_PER_LINE)
     }
 
+    /// Log GC of `ino` once its lease came back.
+    pub fn collect_log(&self, ino: u64) -> Result<()> {
+        self.fs.collect_log(ino)
+    }
+
     /// Blocks a client gave back or left: to the limbo.
     pub fn return_blocks(&self, ranges: &[(u64, u64)]) {
         self.fs.return_blocks(ranges)
