@@ -21,7 +21,22 @@
 //!   An append-only file is opened `FOPEN_DIRECT_IO` (a write-back rewrites
 //!   whole pages). The kernel answers SEEK_DATA/SEEK_HOLE itself (LSEEK:
 //!   ENOSYS), since the pool cannot see its dirty pages. A file whose last
-//!   name goes is pinned until the kernel forgets it (`pin_victim`).
+//!   name goes is pinned until the kernel forgets it (`pin_victim`); the
+//!   times the kernel writes back to it meanwhile are answered without
+//!   being written (`held_file_times`).
+//! - Directories opened by the kernel alone, with `default_permissions`,
+//!   in every mode (`Caching::kernel_opendir`): OPENDIR is answered
+//!   ENOSYS, after which the kernel sends neither OPENDIR nor RELEASEDIR
+//!   (two round trips fewer per listing: `rm -rf` and `git status` open
+//!   every directory) and keeps listings in its page cache (its default
+//!   for such a server: FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR), reset when it
+//!   changes the directory itself and pushed out by `crate::inval` when
+//!   something else does. READDIR comes with fh 0 and opens the directory
+//!   for the one request (`with_dir`); a directory removed while a process
+//!   holds it open is pinned until the kernel forgets it (`pin_victim`),
+//!   as our handle used to keep it. Regular files keep OPEN and RELEASE:
+//!   the server's open refuses writers of immutable and append-only files
+//!   and chooses `direct_io` per open, which a kernel-side open cannot.
 //! - No writeback cache in strict and sync modes: a write acknowledged from
 //!   the page cache is not yet in the pool, which breaks their promise
 //!   (durable on return). Every write is sent synchronously and returns only
@@ -94,6 +109,12 @@ pub struct Caching {
     /// FUSE's writeback cache (posix mode only; see the module comment):
     /// `write(2)` lands in the page cache, the kernel writes back later.
     pub writeback: bool,
+    /// Directories opened by the kernel alone (see the module comment):
+    /// OPENDIR is answered ENOSYS, so the kernel stops sending OPENDIR and
+    /// RELEASEDIR and keeps each directory's listing in its page cache.
+    /// Only where the kernel checks permissions (`default_permissions`):
+    /// the read permission of opendir(3) is then checked at open(2).
+    pub kernel_opendir: bool,
 }
 
 /// The FUSE protocol settings of an inkfs mount: capabilities asked at
@@ -378,21 +399,35 @@ impl InkFuse {
         self.leases.as_ref().map(|l| l.scope())
     }
 
-    /// Under the writeback cache, before a call that may remove the last
-    /// name of `name` in `dir` (unlink, rename over it): pin the regular
-    /// file it names. The kernel stamps a ctime on the file it unlinked and
-    /// writes it back right after the call (fuse_update_ctime), and may
-    /// write back pages or times until it forgets the inode; freed at once,
-    /// that inode would answer ENOENT (which the kernel keeps for the next
-    /// syncfs(2) of the mount), and its number, given to a new file, would
-    /// take the old file's times. The kernel's own locks on `dir` keep the
-    /// name from changing before the call.
+    /// Before a call that may remove the last name of `name` in `dir`
+    /// (unlink, rmdir, rename over it): pin the inode it names where the
+    /// kernel may use it afterwards with no handle of ours keeping it.
+    /// - A regular file under the writeback cache: the kernel stamps a
+    ///   ctime on the file it unlinked and writes it back right after the
+    ///   call (fuse_update_ctime), and may write back pages or times until
+    ///   it forgets the inode; freed at once, that inode would answer
+    ///   ENOENT (which the kernel keeps for the next syncfs(2) of the
+    ///   mount), and its number, given to a new file, would take the old
+    ///   file's times.
+    /// - A directory where the kernel opens directories itself
+    ///   (`Caching::kernel_opendir`): a process may hold it open, and
+    ///   fchmod, fchown or fstat it after the rmdir, as it can on any
+    ///   Linux file system; with no handle of ours, its number could
+    ///   already name another inode.
+    ///
+    /// The kernel's own locks on `dir` keep the name from changing before
+    /// the call.
     fn pin_victim(&self, cred: &Credentials, dir: u64, name: &[u8]) -> Option<api::Pin> {
-        if !self.caching.writeback {
+        if !self.caching.writeback && !self.caching.kernel_opendir {
             return None;
         }
         let a = self.fs.lookup(cred, dir, name).ok()?;
-        if a.kind != FileKind::File {
+        let held = match a.kind {
+            FileKind::File => self.caching.writeback,
+            FileKind::Dir => self.caching.kernel_opendir,
+            _ => false,
+        };
+        if !held {
             return None;
         }
         self.fs.pin(a.ino).ok()
@@ -416,6 +451,47 @@ impl InkFuse {
     fn lock_pins(&self) -> std::sync::MutexGuard<'_, HashMap<u64, api::Pin>> {
         // A panic elsewhere cannot leave the map half-changed.
         self.pins.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The SETATTR by which the kernel writes back the times it keeps of a
+    /// regular file this server holds with no name left (`pin_victim`):
+    /// the ctime it stamps at the unlink, the mtime of later writes.
+    /// Answered with the attributes those times give, nothing written: no
+    /// name reaches the file, the kernel keeps its own mtime and ctime of
+    /// it (the writeback cache), the file is freed once the kernel forgets
+    /// it, and after a crash recovery frees it as an orphan. Anything else
+    /// in the call (mode, owner, size, atime) takes the ordinary path.
+    /// None: not such a call.
+    fn held_file_times(
+        &self,
+        ino: u64,
+        set: &SetAttr,
+        ctime: Option<i64>,
+    ) -> Option<api::Result<Attr>> {
+        let ctime = ctime?;
+        let only_times = set.mode.is_none()
+            && set.uid.is_none()
+            && set.gid.is_none()
+            && set.size.is_none()
+            && set.atime.is_none();
+        if !only_times || !self.lock_pins().contains_key(&ino) {
+            return None;
+        }
+        let mut a = match self.fs.getattr(ino) {
+            Ok(a) if a.kind == FileKind::File && a.nlink == 0 => a,
+            // Linked again or not a file: not this case (a pinned file
+            // cannot be linked again, but the ordinary path is always right).
+            Ok(_) => return None,
+            Err(e) => return Some(Err(e)),
+        };
+        a.ctime_ns = ctime;
+        match set.mtime {
+            Some(TimeSet::At(ns)) => a.mtime_ns = ns,
+            Some(TimeSet::Now) => a.mtime_ns = time_ns(SystemTime::now()),
+            None => {}
+        }
+        self.stats.held_times_skipped.add(1);
+        Some(Ok(a))
     }
 
     /// Whether FSYNC has nothing to do: every answered request is durable
@@ -523,6 +599,28 @@ impl InkFuse {
         Ok(w)
     }
 
+    /// Run `f` on the open directory `fh`; where the kernel opens
+    /// directories itself (`Caching::kernel_opendir`, every request then
+    /// carries fh 0), on directory `ino` opened for this request. The
+    /// kernel checked the read permission at open(2) and lists no
+    /// directory that was removed (IS_DEADDIR), so it is opened with
+    /// root's credentials, as the handle of that open(2) would have been
+    /// opened with the check already made.
+    fn with_dir<T>(
+        &self,
+        fh: FileHandle,
+        ino: INodeNo,
+        f: impl FnOnce(&File) -> api::Result<T>,
+    ) -> api::Result<T> {
+        if fh.0 != 0 || !self.caching.kernel_opendir {
+            return self.with_file(fh, f);
+        }
+        let dir = self.fs.opendir(&Credentials::root(), ino.0)?;
+        let r = f(&dir);
+        self.fs.release(dir);
+        r
+    }
+
     fn release_handle(&self, fh: FileHandle) {
         if let Some(file) = self.handles.remove(fh.0) {
             self.fs.release(file);
@@ -618,6 +716,10 @@ impl Filesystem for InkFuse {
         // With the writeback cache the kernel owns a regular file's mtime
         // and ctime and sends them, with a ctime, as explicit values.
         let kernel_times = ctime.filter(|_| self.caching.writeback).map(time_ns);
+        if let Some(r) = self.held_file_times(ino.0, &set, kernel_times) {
+            self.answer(Op::setattr, reply, || r);
+            return;
+        }
         let setattr = |f: Option<&File>| match kernel_times {
             Some(ctime) => self
                 .fs
@@ -680,7 +782,10 @@ impl Filesystem for InkFuse {
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let cred = self.cred(req);
         self.answer(Op::rmdir, reply, || {
-            self.fs.rmdir(&cred, parent.0, name_bytes(name))
+            let pin = self.pin_victim(&cred, parent.0, name_bytes(name));
+            let r = self.fs.rmdir(&cred, parent.0, name_bytes(name));
+            self.keep_if_unlinked(pin);
+            r
         });
     }
 
@@ -914,6 +1019,19 @@ impl Filesystem for InkFuse {
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        if self.caching.kernel_opendir {
+            // ENOSYS: the kernel opens directories itself from now on (no
+            // OPENDIR, no RELEASEDIR: two round trips fewer per listing),
+            // sends fh 0 (`with_dir`), and caches listings in its page
+            // cache (FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR, its default for a
+            // server without opendir), dropped whenever it changes the
+            // directory or is told to (`crate::inval`). Not an error: it is
+            // the answer.
+            let t = clock::now();
+            reply.error(Errno::ENOSYS);
+            self.done(Op::opendir, t, true);
+            return;
+        }
         let cred = self.cred(req);
         self.answer(Op::opendir, reply, || {
             let dir = self.fs.opendir(&cred, ino.0)?;
@@ -924,13 +1042,13 @@ impl Filesystem for InkFuse {
     fn readdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
         let t = clock::now();
-        let r = self.with_file(fh, |dir| {
+        let r = self.with_dir(fh, ino, |dir| {
             self.fs.readdir(dir, offset, &mut |e: DirEntry| {
                 !reply.add(
                     INodeNo(e.ino),
@@ -955,7 +1073,7 @@ impl Filesystem for InkFuse {
     fn readdirplus(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
@@ -965,7 +1083,7 @@ impl Filesystem for InkFuse {
         // Collect first, then getattr outside the engine's readdir callback
         // (no engine call re-enters another).
         let mut batch = Vec::new();
-        let r = self.with_file(fh, |dir| {
+        let r = self.with_dir(fh, ino, |dir| {
             self.fs.readdir(dir, offset, &mut |e: DirEntry| {
                 batch.push(e);
                 batch.len() < READDIRPLUS_BATCH
@@ -1033,7 +1151,7 @@ impl Filesystem for InkFuse {
     fn fsyncdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
@@ -1049,6 +1167,9 @@ impl Filesystem for InkFuse {
         self.answer(Op::fsyncdir, reply, || {
             match self.handles.with(fh.0, |d| self.fs.fsync(d, datasync)) {
                 Some(r) => r,
+                None if fh.0 == 0 && self.caching.kernel_opendir => {
+                    self.with_dir(fh, ino, |d| self.fs.fsync(d, datasync))
+                }
                 None => self.fs.sync(),
             }
         });

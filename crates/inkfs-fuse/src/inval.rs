@@ -24,7 +24,10 @@
 //!   With the writeback cache the kernel first writes dirty pages of the
 //!   range back, as WRITE requests to this server.
 //! - [`Change::Entry`]: the kernel forgets a name (a dentry, or a negative
-//!   one: "no such name") in a directory; the next lookup asks us.
+//!   one: "no such name") in a directory; the next lookup asks us. And the
+//!   directory's cached listing (FOPEN_CACHE_DIR: the kernel lists
+//!   directories from its page cache, `Caching::kernel_opendir`) is
+//!   dropped, as the kernel drops it only when it held that name.
 //! - [`Change::Deleted`]: as `Entry`, for a name that was removed, and
 //!   inotify watchers of the directory are told.
 //!
@@ -86,18 +89,28 @@ impl Sink for fuser::Notifier {
 /// Send one change to `sink`. ENOENT means the kernel holds nothing of it
 /// (nothing to invalidate), which fuser already treats as success.
 fn send(sink: &dyn Sink, change: &Change) -> io::Result<()> {
+    let listing = |parent: u64| sink.inval_inode(parent, 0, 0);
     // The kernel takes offsets as loff_t: a range past i64::MAX is "to the
     // end", as len 0 is.
     let signed = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     match change {
         Change::Attr { ino } => sink.inval_inode(*ino, -1, 0),
         Change::Data { ino, off, len } => sink.inval_inode(*ino, signed(*off), signed(*len)),
-        Change::Entry { parent, name } => sink.inval_entry(*parent, OsStr::from_bytes(name)),
+        // Both sent, the name first; the first failure is the result.
+        Change::Entry { parent, name } => {
+            let entry = sink.inval_entry(*parent, OsStr::from_bytes(name));
+            let list = listing(*parent);
+            entry.and(list)
+        }
         Change::Deleted {
             parent,
             child,
             name,
-        } => sink.delete(*parent, *child, OsStr::from_bytes(name)),
+        } => {
+            let entry = sink.delete(*parent, *child, OsStr::from_bytes(name));
+            let list = listing(*parent);
+            entry.and(list)
+        }
     }
 }
 
@@ -288,9 +301,12 @@ mod tests {
             vec![
                 ("inode".into(), 9, -1, 0),
                 ("entry".into(), 1, 3, 0),
+                // The directory's cached listing goes too.
+                ("inode".into(), 1, 0, 0),
                 // A range past i64::MAX is sent as "to the end".
                 ("inode".into(), 7, 4096, i64::MAX),
                 ("delete".into(), 1, 12, 0),
+                ("inode".into(), 1, 0, 0),
             ]
         );
         // The delete was refused (ENODEV): counted as failed.
@@ -300,6 +316,6 @@ mod tests {
             parent: 2,
             name: b"y".to_vec(),
         });
-        assert_eq!(rec.log.lock().unwrap().len(), 5);
+        assert_eq!(rec.log.lock().unwrap().len(), 8);
     }
 }

@@ -296,11 +296,15 @@ impl MountConfig {
     /// How the kernel may cache this mount. The writeback cache: in posix
     /// mode, read-write, with `default_permissions`, unless
     /// `nowriteback_cache` (strict and sync promise durability when a
-    /// write returns, which a cached write does not have).
+    /// write returns, which a cached write does not have). Directories
+    /// opened and listed from the kernel's cache: in every mode, with
+    /// `default_permissions` (without it only the server checks the read
+    /// permission opendir needs, so it must be asked).
     pub fn caching(&self) -> Caching {
         let possible = self.mode == Mode::Posix && !self.read_only && self.default_permissions;
         Caching {
             writeback: possible && self.writeback_cache != Some(false),
+            kernel_opendir: self.default_permissions,
         }
     }
 

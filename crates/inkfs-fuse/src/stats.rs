@@ -227,6 +227,9 @@ pub struct Stats {
     /// O_APPEND writes the engine placed at another offset than the kernel
     /// expected (should stay 0: the kernel serialises writers per inode).
     pub append_moved: Counter,
+    /// The kernel's time write-backs to files held after their last name
+    /// went, answered without writing them (`InkFuse::held_file_times`).
+    pub held_times_skipped: Counter,
     pub started: Instant,
 }
 
@@ -240,6 +243,7 @@ impl Default for Stats {
             bytes_read: Counter::default(),
             bytes_written: Counter::default(),
             append_moved: Counter::default(),
+            held_times_skipped: Counter::default(),
             started: {
                 clock::calibrate();
                 Instant::now()
@@ -302,6 +306,12 @@ impl Stats {
                 self.append_moved.sum(),
             )
             .explained("placed elsewhere than the kernel expected; should stay 0"),
+            Field::count(
+                "held_times_skipped",
+                "held times skipped",
+                self.held_times_skipped.sum(),
+            )
+            .explained("the kernel's time write-backs to files with no name left, not written"),
         ]
     }
 

@@ -338,6 +338,12 @@ fn create_kinds() {
     );
 }
 
+thread_local! {
+    /// The handle `rmdir_open_orphan` holds from its first step to its
+    /// second.
+    static HELD_DIR: std::cell::RefCell<Option<FileHandle>> = const { std::cell::RefCell::new(None) };
+}
+
 #[test]
 fn remove_kinds() {
     run_group(
@@ -356,6 +362,25 @@ fn remove_kinds() {
                 vec![s(|fs, _| fs.unlink(1, b"sym").unwrap())],
             ),
             op("rmdir", vec![s(|fs, e| fs.rmdir(e.b, b"empty").unwrap())]),
+            // A directory held open through its rmdir (as the FUSE server
+            // pins one the kernel may still use: inkfs-fuse `pin_victim`)
+            // becomes an orphan, freed when the handle goes.
+            op(
+                "rmdir_open_orphan",
+                vec![
+                    s(|fs, e| {
+                        let ino = fs.lookup(e.b, b"empty").unwrap().ino;
+                        let fh = fs.open(ino).unwrap();
+                        fs.rmdir(e.b, b"empty").unwrap();
+                        assert_eq!(fs.fgetattr(&fh).unwrap().nlink, 0);
+                        HELD_DIR.with(|h| *h.borrow_mut() = Some(fh));
+                    }),
+                    s(|fs, _| {
+                        let fh = HELD_DIR.with(|h| h.borrow_mut().take()).unwrap();
+                        fs.release(fh);
+                    }),
+                ],
+            ),
             // f1 stays open (env handle): it becomes an orphan.
             f1_open(op(
                 "unlink_open_orphan",
