@@ -9,21 +9,23 @@
 //! see them. So are hybrid pools: their large files' data is on a block
 //! device, not in the mapping a client gets.
 //!
-//! Each attached client has a thread here blocked on its connection: the
-//! end of file on it, however the client ended (exit, SIGKILL), releases
-//! the client's epoch slot, and the limbo is reclaimed. While clients are
-//! attached a reclaimer thread also returns the limbo's blocks every
-//! [`RECLAIM_EVERY`] (clients unpin without telling anyone); the engine
-//! itself reclaims after each free. Nothing is added to the request path.
+//! Each attached client has a thread here reading its connection: its lease
+//! requests, reservations and returns (`crate::lease`), and the end of
+//! file, however the client ended (exit, SIGKILL), which settles its leases
+//! and reservation, releases its epoch slot, and reclaims the limbo. While
+//! clients are attached a reclaimer thread also returns the limbo's blocks
+//! every [`RECLAIM_EVERY`] (clients unpin without telling anyone); the
+//! engine itself reclaims after each free. The request path gets only the
+//! lease table's hold on the inodes a request uses (`crate::lease`).
 //!
 //! The epoch table lives in a sealed memfd made at mount; the engine holds
 //! frees against it from the first attach on (before that they go straight
 //! to the free lists). Nothing here keeps the engine alive: the unmount
-//! takes it back after [`AttachService::shutdown`], which closes every
-//! client's session.
+//! takes it back after [`AttachService::shutdown`], which takes every lease
+//! back, closes every client's session and waits for them to settle.
 
 use std::collections::HashMap;
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read};
 use std::net::Shutdown;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
@@ -33,8 +35,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use inkfs::api::attach::{send_grant, Grant};
+use inkfs::api::lease::{Msg, LINE_MAX, RANGES_PER_LINE};
 use inkfs::api::{Mode, SharedEpochs};
 
+use crate::lease::{Holder, Leases};
 use crate::Engine;
 
 /// How often the limbo is reclaimed while clients are attached.
@@ -43,6 +47,8 @@ pub const RECLAIM_EVERY: Duration = Duration::from_millis(50);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Supplementary groups of a peer looked at, at most (NGROUPS_MAX).
 const GROUPS_MAX: usize = 65536;
+/// How long the unmount waits for clients' sessions to settle their leases.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(10);
 
 /// The attach service of one mount.
 pub struct AttachService {
@@ -52,6 +58,7 @@ pub struct AttachService {
 
 struct Inner {
     engine: Weak<Engine>,
+    leases: Arc<Leases>,
     epochs: Arc<SharedEpochs>,
     mode: Mode,
     /// The pool keeps file data on a block device too (not in the mapping
@@ -76,9 +83,14 @@ struct State {
 impl AttachService {
     /// The service for `engine`, mounted in `mode`: the epoch table is made
     /// now (a memfd), shared with the engine at the first attach.
-    pub fn new(engine: &Arc<Engine>, mode: Mode) -> std::io::Result<AttachService> {
+    pub fn new(
+        engine: &Arc<Engine>,
+        mode: Mode,
+        leases: Arc<Leases>,
+    ) -> std::io::Result<AttachService> {
         let inner = Arc::new(Inner {
             engine: Arc::downgrade(engine),
+            leases,
             epochs: Arc::new(SharedEpochs::create()?),
             mode,
             hybrid: engine.summary().data.is_some(),
@@ -119,6 +131,9 @@ impl AttachService {
     /// file), and stop the reclaimer: after this nothing here touches the
     /// engine.
     pub fn shutdown(&self) {
+        // Leases first: a holder's write in flight finishes, and it writes
+        // nothing once its session is closed.
+        self.inner.leases.recall_all();
         {
             let mut st = self.inner.lock();
             st.stopping = true;
@@ -127,6 +142,19 @@ impl AttachService {
             }
         }
         self.inner.changed.notify_all();
+        // Each session settles its client's leases as it ends: wait for
+        // that, so that nothing here holds the engine at the unmount.
+        let end = std::time::Instant::now() + SHUTDOWN_WAIT;
+        let mut st = self.inner.lock();
+        while !st.sessions.is_empty() && std::time::Instant::now() < end {
+            st = self
+                .inner
+                .changed
+                .wait_timeout(st, Duration::from_millis(50))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        drop(st);
         let reclaimer = self
             .reclaimer
             .lock()
@@ -154,7 +182,7 @@ impl Inner {
 /// end of file.
 fn session(inner: &Inner, conn: UnixStream) {
     let _ = conn.set_write_timeout(Some(WRITE_TIMEOUT));
-    let (grant, pool) = match admit(inner, &conn) {
+    let (grant, pool, pid) = match admit(inner, &conn) {
         Ok(g) => g,
         Err(why) => {
             use std::io::Write;
@@ -166,9 +194,88 @@ fn session(inner: &Inner, conn: UnixStream) {
     // Our duplicate of the pool's descriptor: the client has its own now.
     drop(pool);
     if sent.is_ok() {
-        wait_for_end(&conn);
+        match conn.try_clone() {
+            Ok(out) => {
+                let holder = inner.leases.join(grant.id, pid, out);
+                serve_leases(inner, &conn, &holder);
+                inner.leases.leave(&holder);
+            }
+            Err(e) => eprintln!("inkfs: attach: cannot keep the session: {e}"),
+        }
     }
     end_session(inner, &grant);
+}
+
+/// The client's lease requests until its session ends (see
+/// `inkfs::api::lease`). Grants wait (for recalls, for requests using the
+/// inode), so they run on a thread of their own: this one keeps reading,
+/// and so sees the `released` of a recall a grant may be waiting for.
+fn serve_leases(inner: &Inner, conn: &UnixStream, holder: &Arc<Holder>) {
+    let _ = conn.set_read_timeout(None);
+    let (tx, rx) = std::sync::mpsc::channel::<u64>();
+    let granter = {
+        let leases = inner.leases.clone();
+        let holder = holder.clone();
+        std::thread::Builder::new()
+            .name("inkfs-grant".into())
+            .spawn(move || {
+                for ino in rx {
+                    let answer = match leases.grant(&holder, ino) {
+                        Ok(()) => Msg::Granted(ino),
+                        Err(e) => Msg::Denied(ino, e),
+                    };
+                    if crate::lease::send(&holder, &answer).is_err() {
+                        return;
+                    }
+                }
+            })
+    };
+    let granter = match granter {
+        Ok(t) => Some(t),
+        Err(e) => {
+            eprintln!("inkfs: attach: cannot start a thread: {e}");
+            None
+        }
+    };
+    let mut lines = BufReader::new(conn);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        // Bounded: a line longer than any message ends the session.
+        match (&mut lines).take(LINE_MAX as u64 + 1).read_line(&mut line) {
+            Ok(0) => break,
+            Ok(n) if n > LINE_MAX || !line.ends_with('\n') => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+        match Msg::parse(line.trim_end()) {
+            Some(Msg::Lease(ino)) if granter.is_some() => {
+                let _ = tx.send(ino);
+            }
+            Some(Msg::Lease(ino)) => {
+                let _ = crate::lease::send(holder, &Msg::Denied(ino, libc::EAGAIN));
+            }
+            Some(Msg::Reserve(n)) => {
+                let got = inner.leases.reserve(holder, n);
+                let answer = if got.is_empty() {
+                    Msg::NoSpace
+                } else {
+                    debug_assert!(got.len() <= RANGES_PER_LINE);
+                    Msg::Blocks(got)
+                };
+                let _ = crate::lease::send(holder, &answer);
+            }
+            Some(Msg::Return(ranges)) => inner.leases.take_back(holder, &ranges),
+            Some(Msg::Released(ino)) => inner.leases.settle(holder, ino),
+            // Anything else from a client is ignored.
+            _ => {}
+        }
+    }
+    drop(tx);
+    if let Some(t) = granter {
+        let _ = t.join();
+    }
 }
 
 /// The client is gone: its slot is free, and what it held can be reclaimed.
@@ -181,26 +288,9 @@ fn end_session(inner: &Inner, grant: &Grant) {
     inner.changed.notify_all();
 }
 
-/// Block until the client's end of the connection closes. Nothing is
-/// expected from it yet; whatever it sends is read and dropped
-/// (descriptors it might pass are closed by the kernel: plain reads take
-/// none).
-fn wait_for_end(conn: &UnixStream) {
-    let _ = conn.set_read_timeout(None);
-    let mut buf = [0u8; 256];
-    loop {
-        match (&*conn).read(&mut buf) {
-            Ok(0) => return,
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return,
-        }
-    }
-}
-
 /// Check the peer and the mount, claim a slot and register the session:
 /// the grant and a duplicate of the pool's descriptor, or why not.
-fn admit(inner: &Inner, conn: &UnixStream) -> Result<(Grant, OwnedFd), String> {
+fn admit(inner: &Inner, conn: &UnixStream) -> Result<(Grant, OwnedFd, i32), String> {
     if inner.hybrid {
         return Err(
             "refused: this pool keeps file data on a block device (a hybrid pool), \
@@ -255,6 +345,7 @@ fn admit(inner: &Inner, conn: &UnixStream) -> Result<(Grant, OwnedFd), String> {
             mode: inner.mode,
         },
         pool,
+        peer.pid,
     ))
 }
 
@@ -293,6 +384,7 @@ fn reclaim_loop(inner: &Inner) {
 
 /// Who is at the other end of a connection (SO_PEERCRED, SO_PEERGROUPS).
 struct Peer {
+    pid: i32,
     uid: u32,
     gid: u32,
     groups: Vec<u32>,
@@ -303,6 +395,7 @@ impl Peer {
         let cred =
             crate::stats::peer_cred(conn).map_err(|e| format!("cannot tell who asks: {e}"))?;
         Ok(Peer {
+            pid: cred.pid,
             uid: cred.uid,
             gid: cred.gid,
             groups: peer_groups(conn),
@@ -374,6 +467,7 @@ mod tests {
     #[test]
     fn the_trust_rule() {
         let peer = |uid, gid, groups: &[u32]| Peer {
+            pid: 0,
             uid,
             gid,
             groups: groups.to_vec(),

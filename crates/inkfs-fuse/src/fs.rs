@@ -147,6 +147,9 @@ pub struct InkFuse {
     /// kernel may still write back to, by inode: kept until it forgets
     /// them (see `pin_victim`).
     pins: Mutex<HashMap<u64, api::Pin>>,
+    /// Attached clients' write leases (lease.rs): each request holds the
+    /// inodes it uses until it has answered.
+    leases: Option<Arc<crate::lease::Leases>>,
 }
 
 /// The attributes of a negative lookup reply: only node 0 matters.
@@ -359,7 +362,20 @@ impl InkFuse {
             caching,
             inval,
             pins: Mutex::default(),
+            leases: None,
         }
+    }
+
+    /// Serve requests under `leases` (recalls before an inode is used).
+    pub fn set_leases(&mut self, leases: Arc<crate::lease::Leases>) {
+        self.leases = Some(leases);
+    }
+
+    /// The hold of the request being served on the inodes it uses (see
+    /// `crate::lease`); nothing when no client is attached.
+    #[inline]
+    fn hold(&self) -> Option<crate::lease::Scope> {
+        self.leases.as_ref().map(|l| l.scope())
     }
 
     /// Under the writeback cache, before a call that may remove the last
@@ -430,6 +446,7 @@ impl InkFuse {
     /// The shape of every handler: time the request, run it, answer the
     /// kernel, count it (as an error if it failed).
     fn answer<T, R: Answer<T>>(&self, op: Op, reply: R, f: impl FnOnce() -> api::Result<T>) {
+        let _hold = self.hold();
         let t = clock::now();
         match f() {
             Ok(v) => {
@@ -532,6 +549,7 @@ impl Filesystem for InkFuse {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _hold = self.hold();
         let t = clock::now();
         match self.fs.lookup(&self.cred(req), parent.0, name_bytes(name)) {
             Err(e) if e.errno() == libc::ENOENT => {
@@ -755,6 +773,7 @@ impl Filesystem for InkFuse {
         thread_local! {
             static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
+        let _hold = self.hold();
         let t = clock::now();
         let size = (size as usize).min(MAX_WRITE_BYTES as usize * 16);
         // Zero-copy first: the reply is written to the device straight from
@@ -941,6 +960,7 @@ impl Filesystem for InkFuse {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        let _hold = self.hold();
         let t = clock::now();
         // Collect first, then getattr outside the engine's readdir callback
         // (no engine call re-enters another).
@@ -1233,6 +1253,7 @@ impl Filesystem for InkFuse {
         out_size: u32,
         reply: fuser::ReplyIoctl,
     ) {
+        let _hold = self.hold();
         let t = clock::now();
         let cred = self.cred(req);
         let r = crate::fileattr::serve(&self.fs, &cred, ino.0, cmd, in_data, out_size)

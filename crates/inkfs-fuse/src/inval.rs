@@ -170,6 +170,19 @@ impl Invalidator {
         self.count(ok);
     }
 
+    /// Send `change` now, whatever its kind, and return once the kernel
+    /// has it. Only for a caller no request in flight can be waiting on
+    /// (the lease table's grant: a request that used the inode would hold
+    /// the grant back), in a mode without the writeback cache (nothing to
+    /// write back first).
+    pub fn changed_now(&self, change: Change) {
+        let Some(a) = self.attached.get() else {
+            return;
+        };
+        let ok = send(&*a.sink, &change).is_ok();
+        self.count(ok);
+    }
+
     fn count(&self, ok: bool) {
         if ok { &self.sent } else { &self.failed }.fetch_add(1, Relaxed);
     }

@@ -675,8 +675,11 @@ pub fn run_engine(
     let stats = Arc::new(Stats::default());
     let caching = cfg.caching();
     let inval = Arc::new(Invalidator::default());
-    let adapter = InkFuse::new(engine.clone(), stats.clone(), caching, inval.clone());
-    let attach = AttachService::new(&engine, cfg.mode)
+    let leases = crate::lease::Leases::new(&engine, inval.clone());
+    let mut adapter = InkFuse::new(engine.clone(), stats.clone(), caching, inval.clone());
+    adapter.set_leases(leases.clone());
+    let leases_held = Arc::downgrade(&leases);
+    let attach = AttachService::new(&engine, cfg.mode, leases)
         .map_err(|e| eprintln!("inkfs: attach: {e} (continuing without)"))
         .ok()
         .map(Arc::new);
@@ -758,6 +761,12 @@ pub fn run_engine(
                 lines.push(
                     Field::count("clients_attached", "attached clients", a.attached() as u64)
                         .explained("processes reading the pool directly (inkfs::api::client)"),
+                );
+            }
+            if let Some(l) = leases_held.upgrade() {
+                lines.push(
+                    Field::count("leases_held", "write leases held", l.held() as u64)
+                        .explained("files attached clients write themselves now"),
                 );
             }
             stats.report(&lines, json)

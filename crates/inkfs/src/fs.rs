@@ -105,6 +105,12 @@ pub struct Fs<P: Pmem> {
     /// Hybrid pools: the data device and everything about it
     /// (`blockdev/`); None when file data lives on PM only.
     pub(crate) data: Option<crate::blockdev::store::DataStore>,
+    /// A mount server's lease table (lease.rs): told before an inode is
+    /// used, so that a client's lease on it is recalled first.
+    pub(crate) lease_hook: std::sync::OnceLock<Arc<dyn crate::lease::LeaseHook>>,
+    /// A client engine of the kernel-free path (lease.rs): writes only
+    /// under leases, frees to the server.
+    pub(crate) client: Option<crate::lease::ClientSide>,
 }
 
 /// What a mount (or an attach) puts together before the engine exists.
@@ -323,6 +329,8 @@ impl<P: Pmem> Fs<P> {
             health: crate::health::Health::new(opts.errors),
             report,
             data,
+            lease_hook: Default::default(),
+            client: None,
         }
     }
 
@@ -419,7 +427,9 @@ impl<P: Pmem> Fs<P> {
     /// Whether anything but an error record may be written.
     #[inline]
     pub(crate) fn may_write(&self) -> bool {
-        !self.read_only && !self.health.is_remounted_ro()
+        // A client engine is read-only but for its lease writes (lease.rs);
+        // a mounted engine never looks at that.
+        (!self.read_only || self.client_writing()) && !self.health.is_remounted_ro()
     }
 
     // -----------------------------------------------------------------------
@@ -447,7 +457,7 @@ impl<P: Pmem> Fs<P> {
 
     /// The loaded inode `ino` as this process last saw it (no catching up
     /// with other processes: see `shared.rs`).
-    fn iget_cached(&self, ino: u64) -> Result<Arc<Inode>> {
+    pub(crate) fn iget_cached(&self, ino: u64) -> Result<Arc<Inode>> {
         self.cache.get_or_load(ino, || {
             let rec_off = self
                 .tables
@@ -809,6 +819,10 @@ impl<P: Pmem> Fs<P> {
     }
 
     pub(crate) fn free_blocks(&self, start: u64, len: u64) {
+        if self.client_free(start, len) {
+            // A client's: the server holds them (lease.rs).
+            return;
+        }
         if let Some(table) = self.epoch_table() {
             // Readers in other processes may still be reading them.
             self.limbo.hold(table, start, len);
@@ -900,6 +914,10 @@ impl<P: Pmem> Fs<P> {
     /// Log GC after an operation committed: unlink dead log pages, and
     /// compact the log when most of it is dead.
     pub(crate) fn maybe_compact(&self, inode: &Inode, st: &mut InodeState) {
+        if self.is_client() {
+            // Log GC is the server's, once it has the inode back.
+            return;
+        }
         crate::gc::maybe_collect(self, inode, st);
     }
 

@@ -72,6 +72,14 @@ const FAST_MIN_PAGES: u64 = 4;
 /// since the last one: a scan reads the whole log, so the growth rule keeps
 /// its cost O(1) per appended page; it pays off on logs too live to compact
 /// whose dead entries cluster (a hot page, name churn, a hot xattr).
+/// Whether a client holding this inode's lease should give it back so that
+/// the server collects its log (lease.rs): compaction would be due, on a
+/// log long enough that giving the lease back now and then costs little.
+pub(crate) fn client_should_yield(st: &InodeState) -> bool {
+    const CLIENT_MIN_ENTRIES: u64 = 32 * MIN_ENTRIES;
+    st.log_entries >= CLIENT_MIN_ENTRIES && st.log_entries >= 2 * live_entries(st)
+}
+
 pub fn maybe_collect<P: Pmem>(fs: &Fs<P>, inode: &Inode, st: &mut InodeState) {
     // Read-only, also once errors=remount-ro has stopped writes.
     if !fs.may_write() || st.gone {

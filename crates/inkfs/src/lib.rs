@@ -82,7 +82,8 @@ pub mod crashtest;
 
 internal!(
     alloc, dir, epoch, extents, fiemap, file, filemap, flags, format, fs, gc, health, inode,
-    journal, log, namei, pagetable, perm, recovery, shared, shift, shm, superblock, time, xattr,
+    journal, lease, log, namei, pagetable, perm, recovery, shared, shift, shm, superblock, time,
+    xattr,
 );
 
 pub use error::{Error, Result};

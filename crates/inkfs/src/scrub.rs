@@ -204,15 +204,24 @@ impl<P: Pmem> Scrub<'_, P> {
             if rec.state == INODE_FREE {
                 return;
             }
-            if let Some(inode) = fs.cache.get(ino) {
+            // A client holding the inode's lease commits to its log
+            // without this engine's lock: the loaded state is behind (it
+            // catches up at the recall), so such an inode is checked as a
+            // cold one, from its record.
+            if let Some(inode) = fs.cache.get(ino).filter(|_| !fs.leased(ino)) {
                 let outcome = loaded(fs, &inode, rec_off);
+                if matches!(outcome, Some(Err(_))) && fs.leased(ino) {
+                    // Leased meanwhile: the mismatch is the holder's commit.
+                    continue;
+                }
                 return self.finish(ino, outcome);
             }
             let outcome = cold(fs, ino, &rec);
-            // Valid only if nobody loaded it meanwhile: loading is the only
-            // way anything changes it.
+            // Valid only if nobody loaded it meanwhile (loading is the only
+            // way this process changes it), or, leased, if the record did
+            // not change (the holder commits by the record's tail).
             let again: InodeRecord = read_pod(&fs.pm, rec_off);
-            if again == rec && fs.cache.get(ino).is_none() {
+            if again == rec && (fs.cache.get(ino).is_none() || fs.leased(ino)) {
                 return self.finish(ino, Some(outcome));
             }
         }

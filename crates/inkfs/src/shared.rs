@@ -162,9 +162,20 @@ impl<P: Pmem> Fs<P> {
     /// Bring `inode`'s DRAM state up to date with its record, if this pool
     /// is shared; ENOENT if another process freed the inode.
     pub(crate) fn revalidate(&self, inode: &Inode) -> Result<()> {
+        if let Some(hook) = self.lease_hook.get() {
+            // A client's lease on it is recalled first (the mount's table).
+            hook.before_use(inode.ino);
+        }
         if !self.is_shared() {
             return Ok(());
         }
+        self.catch_up_now(inode)
+    }
+
+    /// Bring `inode`'s DRAM state up to date with its record whether or
+    /// not this pool is shared (a mount server taking a lease back: it
+    /// checks nothing else, lease.rs).
+    pub(crate) fn catch_up_now(&self, inode: &Inode) -> Result<()> {
         let now = RecordView::read(&self.pm, inode.rec_off);
         {
             let st = read(&inode.state);

@@ -13,8 +13,8 @@
 //!
 //! After a grant the connection stays open for the client's session: the
 //! server learns of the client's end, however it ends, by the end of file
-//! on it, and releases the client's epoch slot. Nothing else is said on it
-//! yet (leases and recalls will be, docs/KERNEL-FREE.md "Writing").
+//! on it, and releases the client's epoch slot. Write leases, reservations
+//! and recalls are said on it too ([`super::lease`]).
 //!
 //! Descriptors travel with `nix`'s `sendmsg`/`recvmsg` (already in the
 //! tree under fuser): its control-message buffers get the alignment and

@@ -1,6 +1,7 @@
-//! A read-only client of a mount server: this process reads the pool an
-//! `inkfs mount` serves straight from its own mapping, without a round
-//! trip through the kernel (docs/KERNEL-FREE.md; stage 2, reads only).
+//! A client of a mount server: this process reads the pool an `inkfs
+//! mount` serves straight from its own mapping, without a round trip
+//! through the kernel, and writes the data of regular files under write
+//! leases (docs/KERNEL-FREE.md; stage 2).
 //!
 //! [`attach`] finds the mount a path is on, asks its server on the control
 //! socket ([`super::attach`]), and gets the pool's descriptor (sharing the
@@ -9,8 +10,19 @@
 //! each inode against its record before use, so every call sees a state
 //! some commit of the server produced. Each call pins the client's epoch
 //! slot for its length: blocks the server frees meanwhile stay out of the
-//! free lists until the call is over. Writing calls get EROFS (writes
-//! under leases are later work).
+//! free lists until the call is over.
+//!
+//! Writes ([`Client::write`], [`Client::pwrite`], [`Client::append`],
+//! [`Client::truncate`], an `O_TRUNC` open) take the inode's write lease
+//! from the server first (kept until the server recalls it) and use blocks
+//! the server reserved for this client; they commit exactly as the engine
+//! does, so they are durable and (strict mode) atomic on return. A thread
+//! of the client reads the session: answers to its requests, and recalls,
+//! which another thread answers once the write in flight on the inode is
+//! over (`inkfs::api::lease` has the messages). Everything else that
+//! changes the file system (namespace, chmod, chown, xattrs, flags) is the
+//! server's: through [`Client::call`] it gets EROFS, as before; make those
+//! calls through the mount.
 //!
 //! Coherence: in strict and sync modes the pool is current when a write
 //! through the mount returns, so a client sees it from its next call on.
@@ -23,25 +35,36 @@
 //! pinned by one call at a time. Attach once per thread.
 
 use std::cell::Cell;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::attach::{self as wire, Answer, Grant};
-use super::{File, Filesystem, Follow, OpenFlags, ROOT_INO};
+use super::lease::{Msg, LINE_MAX, RANGES_PER_LINE};
+use super::{File, Filesystem, Follow, OpenFlags, Written, ROOT_INO};
 use crate::error::{errno, Error, Result};
 use crate::fs::Fs;
 use crate::perm::Credentials;
 use crate::pmem::{MappedPool, PoolFile, PoolOpenOptions};
 use crate::shm::SharedEpochs;
-use crate::types::{Attr, DirEntry, Mode};
+use crate::types::{Attr, DirEntry, FileKind, Mode, SetAttr};
 
 /// How long the server has to answer an attach.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Blocks asked for at a time for the reservation (4 MiB); a write that
+/// needs more asks for what it needs.
+const RESERVE_BLOCKS: u64 = 1024;
+/// A write that found no space asks for more this many times before it
+/// reports ENOSPC.
+const RESERVE_TRIES: u32 = 3;
 
-/// A read-only client of the inkfs mount a path is on.
+/// A client of the inkfs mount a path is on.
 pub struct Client {
-    fs: Filesystem<MappedPool>,
+    shared: Arc<Shared>,
     epochs: SharedEpochs,
     grant: Grant,
     mountpoint: PathBuf,
@@ -49,6 +72,32 @@ pub struct Client {
     conn: UnixStream,
     /// A call is running (and pinned): nested calls reuse its pin.
     pinned: Cell<bool>,
+    /// The session's reader and the recall thread.
+    threads: Vec<std::thread::JoinHandle<()>>,
+    /// The process that attached (a child after fork has neither the
+    /// threads nor the session of its own).
+    pid: u32,
+}
+
+/// What the client's threads share.
+struct Shared {
+    fs: Filesystem<MappedPool>,
+    /// The session, for sending (one message at a time).
+    out: Mutex<UnixStream>,
+    /// The answer to the request in flight.
+    answer: Mutex<Option<Msg>>,
+    answered: Condvar,
+    /// The server closed the session.
+    closed: AtomicBool,
+    /// Per inode: whether this client holds its lease; locked for the
+    /// whole of a write, so a recall waits for the write in flight.
+    leases: Mutex<HashMap<u64, Arc<Mutex<bool>>>>,
+    /// Leases held now.
+    held: AtomicUsize,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Attach to the inkfs mount that `path` is on (found in
@@ -98,25 +147,44 @@ impl Client {
         let epochs = SharedEpochs::from_fd(epochs_fd)?;
         let label = mountpoint.join("(pool of this mount)");
         let file = PoolFile::from_fd(pool_fd, &label)?;
-        let ro = PoolOpenOptions {
+        // Writable when the server's own descriptor is (a read-only mount
+        // leases nothing).
+        let writable = !file.is_read_only();
+        let opts = PoolOpenOptions {
             create_size_bytes: None,
-            read_only: true,
+            read_only: !writable,
         };
-        let pm = MappedPool::map(file, &ro)?;
+        let pm = MappedPool::map(file, &opts)?;
         // Attaching reads the root's log: pinned, like any call.
         let fs = {
             let _pin = epochs
                 .pin_at(grant.slot)
                 .ok_or_else(|| refused(mountpoint, "epoch slot out of range"))?;
-            Fs::attach(pm, grant.mode)?
+            if writable {
+                Fs::attach_client(pm, grant.mode)?
+            } else {
+                Fs::attach(pm, grant.mode)?
+            }
         };
-        Ok(Client {
+        let shared = Arc::new(Shared {
             fs: Filesystem { fs },
+            out: Mutex::new(conn.try_clone()?),
+            answer: Mutex::new(None),
+            answered: Condvar::new(),
+            closed: AtomicBool::new(false),
+            leases: Mutex::default(),
+            held: AtomicUsize::new(0),
+        });
+        let threads = start_threads(&shared, conn.try_clone()?)?;
+        Ok(Client {
+            shared,
             epochs,
             grant,
             mountpoint: mountpoint.to_path_buf(),
             conn,
             pinned: Cell::new(false),
+            threads,
+            pid: std::process::id(),
         })
     }
 
@@ -142,13 +210,33 @@ impl Client {
     pub fn server_alive(&self) -> bool {
         use nix::sys::socket::{recv, MsgFlags};
         use std::os::fd::AsRawFd;
+        if self.shared.closed.load(SeqCst) {
+            return false;
+        }
         let mut b = [0u8; 1];
         let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
         match recv(self.conn.as_raw_fd(), &mut b, flags) {
-            Ok(0) => false,
+            // The end of file: once the session's reader has seen it too,
+            // writes fail with EIO (a short wait, only when the server is
+            // gone).
+            Ok(0) => {
+                for _ in 0..1000 {
+                    if self.shared.closed.load(SeqCst) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                false
+            }
+            // A message the reader has not taken yet.
             Ok(_) => true,
             Err(e) => e == nix::errno::Errno::EAGAIN,
         }
+    }
+
+    /// Write leases this client holds now.
+    pub fn leases_held(&self) -> usize {
+        self.shared.held.load(SeqCst)
     }
 
     /// Run `f` on the engine with this client's epoch pinned: the blocks
@@ -156,13 +244,13 @@ impl Client {
     /// engine's API may be made in it; writing ones get EROFS.
     pub fn call<R>(&self, f: impl FnOnce(&Filesystem<MappedPool>) -> R) -> R {
         if self.pinned.get() {
-            return f(&self.fs);
+            return f(&self.shared.fs);
         }
         // The slot index was checked at attach.
         let _pin = self.epochs.pin_at(self.grant.slot);
         self.pinned.set(true);
         let _unset = Unset(&self.pinned);
-        f(&self.fs)
+        f(&self.shared.fs)
     }
 
     /// The inode `path` names (a path on the host: absolute, or relative
@@ -191,8 +279,20 @@ impl Client {
         self.call(|fs| fs.readlink(ino))
     }
 
-    /// Open inode `ino`; a write access mode or `O_TRUNC` gets EROFS.
+    /// Open inode `ino` (the permission rules of open(2)); `O_TRUNC`
+    /// truncates under the inode's write lease. A write access mode gets
+    /// EROFS on a read-only mount.
     pub fn open(&self, cred: &Credentials, ino: u64, flags: OpenFlags) -> Result<File> {
+        let is_file = || self.getattr(ino).is_ok_and(|a| a.kind == FileKind::File);
+        if flags.has(libc::O_TRUNC) && flags.writable() && is_file() {
+            return self.leased(ino, 0, |fs| fs.open(cred, ino, flags));
+        }
+        if flags.writable() {
+            // Opening writes nothing: only the engine's read-only check
+            // is lifted.
+            let _w = self.shared.fs.fs.client_writes();
+            return self.call(|fs| fs.open(cred, ino, flags));
+        }
         self.call(|fs| fs.open(cred, ino, flags))
     }
 
@@ -219,9 +319,275 @@ impl Client {
         self.call(|fs| fs.readdir(dir, cookie, f))
     }
 
-    /// Writing is not served yet: EROFS.
-    pub fn write(&self, _file: &File, _off: u64, _data: &[u8]) -> Result<usize> {
-        errno(libc::EROFS)
+    /// write(2)/pwrite(2) as a process makes it (at the end of file if the
+    /// file is `O_APPEND`, else at `off`), under the inode's write lease:
+    /// the bytes written.
+    pub fn write(&self, file: &File, off: u64, data: &[u8]) -> Result<usize> {
+        let blocks = blocks_for(data.len());
+        self.file_op(file, blocks, |fs| fs.write(file, off, data))
+            .map(|w| w.len)
+    }
+
+    /// pwrite(2): at `off` whatever `O_APPEND` says.
+    pub fn pwrite(&self, file: &File, off: u64, data: &[u8]) -> Result<Written> {
+        let blocks = blocks_for(data.len());
+        self.file_op(file, blocks, |fs| fs.write_at(file, off, data))
+    }
+
+    /// An `O_APPEND` write: at the end of file as it stands under the
+    /// lease (so appends of several clients interleave whole).
+    pub fn append(&self, file: &File, data: &[u8]) -> Result<Written> {
+        let blocks = blocks_for(data.len());
+        self.file_op(file, blocks, |fs| fs.append(file, data))
+    }
+
+    /// ftruncate(2) through `file` (open for writing).
+    pub fn truncate(&self, cred: &Credentials, file: &File, size: u64) -> Result<Attr> {
+        let set = SetAttr {
+            size: Some(size),
+            ..SetAttr::default()
+        };
+        self.file_op(file, 1, |fs| fs.setattr(cred, file.ino(), &set, Some(file)))
+    }
+
+    /// A change of the regular file open as `file`: under its lease when
+    /// the file is open for writing; otherwise the engine refuses it as
+    /// Linux does (EBADF, EISDIR, EINVAL...) without asking the server.
+    fn file_op<R>(
+        &self,
+        file: &File,
+        blocks: u64,
+        op: impl Fn(&Filesystem<MappedPool>) -> Result<R>,
+    ) -> Result<R> {
+        if file.kind() != FileKind::File || !file.flags().writable() {
+            return self.call(&op);
+        }
+        self.leased(file.ino(), blocks, op)
+    }
+
+    /// fsync(2)/fdatasync(2): every write is durable on return already
+    /// (strict and sync modes); the blocks this client freed go back to
+    /// the server now.
+    pub fn fsync(&self, file: &File, datasync: bool) -> Result<()> {
+        self.call(|fs| fs.fsync(file, datasync))?;
+        self.send_freed()
+    }
+
+    /// Run `op`, which writes inode `ino` (needing about `blocks` blocks),
+    /// under its write lease: asked for first if this client does not hold
+    /// it; more reservation asked for when it finds no space.
+    fn leased<R>(
+        &self,
+        ino: u64,
+        blocks: u64,
+        op: impl Fn(&Filesystem<MappedPool>) -> Result<R>,
+    ) -> Result<R> {
+        let cell = self.shared.lease_cell(ino);
+        let mut held = lock(&cell);
+        if self.shared.closed.load(SeqCst) {
+            // The server ended the session (it took every lease back
+            // first): nothing may be written any more.
+            return errno(libc::EIO);
+        }
+        if !*held {
+            match self.shared.request(Msg::Lease(ino))? {
+                Msg::Granted(i) if i == ino => {}
+                Msg::Denied(i, e) if i == ino => return errno(e),
+                other => return Err(protocol_error(&other)),
+            }
+            *held = true;
+            self.shared.held.fetch_add(1, SeqCst);
+        }
+        let mut tries = 0;
+        loop {
+            let r = {
+                let _w = self.shared.fs.fs.client_writes();
+                self.call(&op)
+            };
+            if self.shared.fs.fs.client_freed_count() >= RANGES_PER_LINE {
+                self.send_freed()?;
+            }
+            if r.is_ok() && self.shared.fs.fs.client_log_due(ino) {
+                // Mostly dead entries: the server collects the log once it
+                // has the lease back (the next write asks for it again).
+                *held = false;
+                self.shared.held.fetch_sub(1, SeqCst);
+                self.shared.give_back(ino);
+            }
+            match r {
+                Err(e) if e.errno() == libc::ENOSPC && tries < RESERVE_TRIES => {
+                    tries += 1;
+                    // What this client freed goes back first: the server
+                    // may have nothing else.
+                    self.send_freed()?;
+                    self.reserve(blocks.max(RESERVE_BLOCKS) << tries)?;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Ask for `want` more blocks: ENOSPC if the server has none.
+    fn reserve(&self, want: u64) -> Result<()> {
+        match self.shared.request(Msg::Reserve(want))? {
+            Msg::Blocks(ranges) => self.shared.fs.fs.add_reservation(&ranges),
+            Msg::NoSpace => errno(libc::ENOSPC),
+            other => Err(protocol_error(&other)),
+        }
+    }
+
+    /// Send the blocks this client freed to the server.
+    fn send_freed(&self) -> Result<()> {
+        let freed = self.shared.fs.fs.take_client_freed();
+        self.shared.send_ranges(&freed)
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        if std::process::id() != self.pid {
+            // A forked child's copy: the session and the threads are the
+            // parent's (a shutdown would end the parent's session). Only
+            // the descriptors close.
+            for t in self.threads.drain(..) {
+                std::mem::forget(t);
+            }
+            return;
+        }
+        // The server settles this client's leases and reservation at the
+        // end of the session, as at its death.
+        let _ = self.conn.shutdown(std::net::Shutdown::Both);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Shared {
+    fn lease_cell(&self, ino: u64) -> Arc<Mutex<bool>> {
+        lock(&self.leases).entry(ino).or_default().clone()
+    }
+
+    fn send(&self, msg: &Msg) -> Result<()> {
+        let out = lock(&self.out);
+        (&*out)
+            .write_all(msg.line().as_bytes())
+            .map_err(|_| Error::Errno(libc::EIO))
+    }
+
+    fn send_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
+        for m in Msg::split(ranges, Msg::Return) {
+            self.send(&m)?;
+        }
+        Ok(())
+    }
+
+    /// Send a request and wait for its answer (EIO if the server is gone).
+    fn request(&self, msg: Msg) -> Result<Msg> {
+        *lock(&self.answer) = None;
+        self.send(&msg)?;
+        let mut answer = lock(&self.answer);
+        loop {
+            if let Some(a) = answer.take() {
+                return Ok(a);
+            }
+            if self.closed.load(SeqCst) {
+                return errno(libc::EIO);
+            }
+            answer = self
+                .answered
+                .wait_timeout(answer, Duration::from_millis(100))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// The server recalls `ino`'s lease: once the write in flight on it is
+    /// over, give it back with the blocks this client freed (and, holding
+    /// no other lease, its unused reservation).
+    fn recall(&self, ino: u64) {
+        let cell = self.lease_cell(ino);
+        let mut held = lock(&cell);
+        if *held {
+            *held = false;
+            self.held.fetch_sub(1, SeqCst);
+        }
+        self.give_back(ino);
+    }
+
+    /// Give `ino`'s lease back (its lock held, marked not held).
+    fn give_back(&self, ino: u64) {
+        let fs = &self.fs.fs;
+        fs.client_release_inode(ino);
+        let mut back = fs.take_client_freed();
+        if self.held.load(SeqCst) == 0 {
+            back.extend(fs.drain_reservation());
+        }
+        let _ = self.send_ranges(&back);
+        let _ = self.send(&Msg::Released(ino));
+    }
+}
+
+/// Blocks a write of `len` bytes may need (data and a log page or two).
+fn blocks_for(len: usize) -> u64 {
+    (len as u64).div_ceil(crate::format::BLOCK_SIZE) + 2
+}
+
+fn protocol_error(got: &Msg) -> Error {
+    Error::Io(std::io::Error::other(format!(
+        "the server answered {:?} out of turn",
+        got.line().trim_end()
+    )))
+}
+
+/// The session's reader (answers to the waiting request, recalls to the
+/// recall thread) and the recall thread.
+fn start_threads(
+    shared: &Arc<Shared>,
+    conn: UnixStream,
+) -> Result<Vec<std::thread::JoinHandle<()>>> {
+    let (tx, rx) = std::sync::mpsc::channel::<u64>();
+    let s = shared.clone();
+    let recaller = std::thread::Builder::new()
+        .name("inkfs-recall".into())
+        .spawn(move || {
+            for ino in rx {
+                s.recall(ino);
+            }
+        })?;
+    let s = shared.clone();
+    let reader = std::thread::Builder::new()
+        .name("inkfs-session".into())
+        .spawn(move || {
+            read_session(&s, &conn, &tx);
+            s.closed.store(true, SeqCst);
+            s.answered.notify_all();
+        })?;
+    Ok(vec![reader, recaller])
+}
+
+fn read_session(s: &Shared, conn: &UnixStream, recalls: &std::sync::mpsc::Sender<u64>) {
+    let mut lines = BufReader::new(conn);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match (&mut lines).take(LINE_MAX as u64 + 1).read_line(&mut line) {
+            Ok(0) => return,
+            Ok(n) if n > LINE_MAX || !line.ends_with('\n') => return,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        }
+        match Msg::parse(line.trim_end()) {
+            Some(Msg::Recall(ino)) => {
+                let _ = recalls.send(ino);
+            }
+            Some(m @ (Msg::Granted(_) | Msg::Denied(..) | Msg::Blocks(_) | Msg::NoSpace)) => {
+                *lock(&s.answer) = Some(m);
+                s.answered.notify_all();
+            }
+            _ => {}
+        }
     }
 }
 
@@ -307,6 +673,13 @@ mod tests {
         assert_eq!(t, "fuse.inkfs");
         assert_eq!(o, Some(1000));
         assert!(parse_mountinfo("garbage").is_none());
+    }
+
+    /// A client may move to another thread (the preload library's).
+    #[test]
+    fn a_client_is_send() {
+        fn send<T: Send>() {}
+        send::<Client>();
     }
 
     #[test]

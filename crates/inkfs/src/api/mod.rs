@@ -44,6 +44,7 @@
 
 pub mod attach;
 pub mod client;
+pub mod lease;
 mod path;
 pub mod pool;
 
@@ -368,9 +369,10 @@ impl<P: Pmem> Filesystem<P> {
     /// the first client, frees go straight to the free lists.
     pub fn share_epochs(&self, table: std::sync::Arc<SharedEpochs>) {
         self.fs.share_epochs(table);
-        // Read-only clients change nothing, so this engine's cached inodes
-        // stay current without checking their records at each access
-        // (clients holding write leases will need it on).
+        // Clients change only inodes leased to them, and the server takes
+        // a lease back (and catches the inode up, `lease_refs`) before it
+        // uses the inode: its cached inodes stay current without checking
+        // their records at each access.
         self.fs.set_shared(false);
     }
     /// Return to the free lists the freed blocks no client can hold now

@@ -30,6 +30,7 @@
 //! --images K` rebuilds exactly those images.
 
 pub mod expect;
+pub mod lease;
 pub mod snapshot;
 pub mod workload;
 

@@ -231,6 +231,17 @@ impl std::fmt::Debug for SimDevice {
 }
 
 impl SimPool {
+    /// A second handle on this pool's simulated memory, as another
+    /// process maps the same pool (a client of the kernel-free path): its
+    /// stores, flushes and fences go to the same media and the same trace.
+    pub fn share(&self) -> SimPool {
+        SimPool {
+            size_bytes: self.size_bytes,
+            dev_bytes: self.dev_bytes,
+            state: self.state.clone(),
+        }
+    }
+
     /// A zero-filled pool, all of it durable. `size_bytes` must be a
     /// multiple of the cache line.
     pub fn new(size_bytes: u64) -> SimPool {

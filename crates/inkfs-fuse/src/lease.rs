@@ -1,0 +1,601 @@
+//! The lease table of a mount: which attached client may write which
+//! regular file itself (docs/KERNEL-FREE.md, "Writing: per-inode leases";
+//! the messages: `inkfs::api::lease`).
+//!
+//! - **Recall.** The engine tells the table before it uses any inode
+//!   (`LeaseHook::before_use`, from its revalidation): a lease on it is
+//!   recalled there, and the caller waits for the holder's `released`
+//!   (or its death) before it goes on. A holder that does not answer in
+//!   [`RECALL_TIMEOUT`] is killed (SIGKILL through the pidfd taken at
+//!   attach), and its death settles the lease.
+//! - **Busy.** A FUSE request holds every inode it used until it has
+//!   answered (`Leases::scope`): no lease is granted on an inode a request
+//!   is using, so the server and a client never write one log at once, and
+//!   no request's reply lands in the kernel's caches after the grant's
+//!   invalidation.
+//! - **Grant** (a thread per client, so that the client's session keeps
+//!   reading answers meanwhile): wait until no request uses the inode,
+//!   recall it from another holder, note the blocks the inode refers to,
+//!   invalidate the kernel's caches of it (pages and attributes), and grant
+//!   only if no request touched it since; else start again.
+//! - **Settling** (at `released`, or at the holder's death): the server's
+//!   cached inode catches up from its own tail; the blocks it referred to
+//!   at the grant and does not any more, and that the client did not
+//!   return, go to the limbo; blocks of the client's reservation the inode
+//!   now refers to leave the reservation. At death, the rest of the
+//!   reservation goes to the limbo too.
+//!
+//! The fast path (no client attached) is one relaxed load.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use inkfs::api::lease::{LeaseHook, Msg, RangeSet};
+
+use crate::inval::{Change, Invalidator};
+use crate::Engine;
+
+/// How long a lease holder has to answer a recall before it is killed.
+pub const RECALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Blocks a client's reservation request gets at most at once.
+pub const RESERVE_MAX: u64 = 1 << 16;
+/// Shards of the table (a power of two).
+const SHARDS: usize = 16;
+
+thread_local! {
+    /// The inodes the current FUSE request holds busy (None: not in a
+    /// request).
+    static SCOPE: RefCell<Option<Vec<u64>>> = const { RefCell::new(None) };
+    /// This thread is the table's own (granting, settling): the engine's
+    /// uses of inodes recall nothing.
+    static SILENT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// One attached client, as the table knows it.
+pub struct Holder {
+    pub id: u64,
+    /// Its session, for recalls and answers (one writer at a time).
+    out: Mutex<UnixStream>,
+    /// To kill it if it does not answer a recall (None: could not be
+    /// opened; the client then cannot be forced, and a recall waits).
+    pidfd: Option<OwnedFd>,
+    books: Mutex<Books>,
+    dead: AtomicBool,
+}
+
+#[derive(Default)]
+struct Books {
+    /// Blocks reserved for it and not yet seen in an inode.
+    reserved: RangeSet,
+    /// Inodes it holds leases on.
+    leases: HashSet<u64>,
+}
+
+#[derive(Default)]
+struct Entry {
+    holder: Option<Arc<Holder>>,
+    /// The blocks the inode referred to at the grant, less those returned.
+    before: RangeSet,
+    /// FUSE requests using the inode now.
+    busy: u32,
+    /// A grant is being prepared.
+    granting: bool,
+    /// Used since the grant being prepared began.
+    touched: bool,
+    /// A recall was sent.
+    recalling: bool,
+}
+
+impl Entry {
+    fn idle(&self) -> bool {
+        self.holder.is_none() && self.busy == 0 && !self.granting
+    }
+}
+
+struct Shard {
+    map: Mutex<HashMap<u64, Entry>>,
+    changed: Condvar,
+}
+
+pub struct Leases {
+    engine: Weak<Engine>,
+    inval: Arc<Invalidator>,
+    /// Clients attached (the fast path's one load).
+    attached: AtomicUsize,
+    /// The mount is ending: no more grants.
+    closing: AtomicBool,
+    shards: Vec<Shard>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Leases {
+    pub fn new(engine: &Arc<Engine>, inval: Arc<Invalidator>) -> Arc<Leases> {
+        let leases = Arc::new(Leases {
+            engine: Arc::downgrade(engine),
+            inval,
+            attached: AtomicUsize::new(0),
+            closing: AtomicBool::new(false),
+            shards: (0..SHARDS)
+                .map(|_| Shard {
+                    map: Mutex::default(),
+                    changed: Condvar::new(),
+                })
+                .collect(),
+        });
+        engine.set_lease_hook(leases.clone());
+        leases
+    }
+
+    fn shard(&self, ino: u64) -> &Shard {
+        &self.shards[(ino as usize) & (SHARDS - 1)]
+    }
+
+    /// A client attached: its books, with the pid to kill it by.
+    pub fn join(&self, id: u64, pid: i32, out: UnixStream) -> Arc<Holder> {
+        self.attached.fetch_add(1, SeqCst);
+        Arc::new(Holder {
+            id,
+            out: Mutex::new(out),
+            pidfd: pidfd_open(pid),
+            books: Mutex::default(),
+            dead: AtomicBool::new(false),
+        })
+    }
+
+    /// Clients attached now.
+    pub fn attached(&self) -> usize {
+        self.attached.load(Relaxed)
+    }
+
+    /// The FUSE request on this thread holds the inodes it uses until the
+    /// returned guard goes (after its answer).
+    pub fn scope(self: &Arc<Self>) -> Scope {
+        if self.attached.load(Relaxed) == 0 {
+            return Scope { leases: None };
+        }
+        SCOPE.with(|s| *s.borrow_mut() = Some(Vec::new()));
+        Scope {
+            leases: Some(self.clone()),
+        }
+    }
+
+    /// Wait until `ino` is leased to no one, recalling it from its holder.
+    /// Called with the shard locked; returns it locked.
+    fn recall_locked<'a>(
+        &self,
+        shard: &'a Shard,
+        mut map: MutexGuard<'a, HashMap<u64, Entry>>,
+        ino: u64,
+    ) -> MutexGuard<'a, HashMap<u64, Entry>> {
+        let mut deadline = None::<Instant>;
+        let mut killed = false;
+        loop {
+            let Some(e) = map.get_mut(&ino) else {
+                return map;
+            };
+            let Some(holder) = e.holder.clone() else {
+                return map;
+            };
+            if !e.recalling {
+                e.recalling = true;
+                if send(&holder, &Msg::Recall(ino)).is_err() {
+                    // Its session is broken: it is dying; its end settles.
+                    kill(&holder);
+                    killed = true;
+                }
+            }
+            let until = *deadline.get_or_insert_with(|| Instant::now() + RECALL_TIMEOUT);
+            let now = Instant::now();
+            if now >= until && !killed {
+                eprintln!(
+                    "inkfs: client {} did not give back the lease of inode {ino} in {:?}: killed",
+                    holder.id, RECALL_TIMEOUT
+                );
+                kill(&holder);
+                killed = true;
+            }
+            let wait = if killed {
+                Duration::from_millis(100)
+            } else {
+                until - now
+            };
+            map = shard
+                .changed
+                .wait_timeout(map, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Grant `ino`'s lease to `holder` (see the module comment): Ok, or
+    /// the errno it is denied with.
+    pub fn grant(&self, holder: &Arc<Holder>, ino: u64) -> Result<(), i32> {
+        let _silent = Silent::on();
+        let engine = self.engine.upgrade().ok_or(libc::ESHUTDOWN)?;
+        let shard = self.shard(ino);
+        loop {
+            {
+                let mut map = lock(&shard.map);
+                loop {
+                    if holder.dead.load(SeqCst) || self.closing.load(SeqCst) {
+                        return Err(libc::ESHUTDOWN);
+                    }
+                    let e = map.entry(ino).or_default();
+                    if e.holder.as_ref().is_some_and(|h| h.id == holder.id) {
+                        return Ok(());
+                    }
+                    if e.holder.is_some() {
+                        map = self.recall_locked(shard, map, ino);
+                        continue;
+                    }
+                    if e.busy > 0 || e.granting {
+                        map = shard
+                            .changed
+                            .wait_timeout(map, Duration::from_millis(100))
+                            .unwrap_or_else(|e| e.into_inner())
+                            .0;
+                        continue;
+                    }
+                    e.granting = true;
+                    e.touched = false;
+                    break;
+                }
+            }
+            let prepared = self.prepare(&engine, ino);
+            let mut map = lock(&shard.map);
+            let e = map.entry(ino).or_default();
+            e.granting = false;
+            let before = match prepared {
+                Ok(b) => b,
+                Err(errno) => {
+                    if e.idle() {
+                        map.remove(&ino);
+                    }
+                    shard.changed.notify_all();
+                    return Err(errno);
+                }
+            };
+            if e.touched || e.busy > 0 || e.holder.is_some() {
+                // A request used it meanwhile: its answer may have filled
+                // the kernel's caches after the invalidation.
+                shard.changed.notify_all();
+                continue;
+            }
+            if holder.dead.load(SeqCst) {
+                map.remove(&ino);
+                shard.changed.notify_all();
+                return Err(libc::ESHUTDOWN);
+            }
+            e.holder = Some(holder.clone());
+            e.before = before;
+            e.recalling = false;
+            lock(&holder.books).leases.insert(ino);
+            return Ok(());
+        }
+    }
+
+    /// The blocks `ino` refers to now, once the kernel has forgotten what
+    /// it cached of it.
+    fn prepare(&self, engine: &Engine, ino: u64) -> Result<RangeSet, i32> {
+        if engine.is_orphan(ino).map_err(|e| e.errno())? {
+            // Unlinked: its last close frees it, which a lease would race.
+            return Err(libc::ENOENT);
+        }
+        let refs = engine.lease_refs(ino).map_err(|e| e.errno())?;
+        // Pages and attributes, at once: no request uses the inode, so the
+        // kernel waits on nothing of ours for it.
+        self.inval.changed_now(Change::Data {
+            ino,
+            off: 0,
+            len: 0,
+        });
+        Ok(RangeSet::from_ranges(&refs))
+    }
+
+    /// The holder gave `ino` back (or died): catch the server's inode up
+    /// and settle the blocks (see the module comment).
+    pub fn settle(&self, holder: &Holder, ino: u64) {
+        let _silent = Silent::on();
+        let Some(engine) = self.engine.upgrade() else {
+            return;
+        };
+        let after = engine.lease_refs(ino);
+        let shard = self.shard(ino);
+        let mut map = lock(&shard.map);
+        let Some(e) = map.get_mut(&ino) else {
+            return;
+        };
+        if e.holder.as_ref().map(|h| h.id) != Some(holder.id) {
+            return;
+        }
+        let mut freed = std::mem::take(&mut e.before);
+        let mut books = lock(&holder.books);
+        match &after {
+            Ok(refs) => {
+                for &(start, len) in refs {
+                    freed.remove(start, len);
+                    books.reserved.remove(start, len);
+                }
+            }
+            Err(err) => {
+                // The log no longer replays: keep every block (a remount's
+                // scan settles them) rather than free one still in use.
+                eprintln!("inkfs: settling the lease of inode {ino}: {err}");
+                freed = RangeSet::new();
+            }
+        }
+        books.leases.remove(&ino);
+        drop(books);
+        e.holder = None;
+        e.recalling = false;
+        if e.idle() {
+            map.remove(&ino);
+        }
+        shard.changed.notify_all();
+        drop(map);
+        engine.return_blocks(&freed.ranges());
+        // The holder collected nothing: the log's GC is due now, before
+        // anyone leases it again (a request waiting for this recall may
+        // get there first; it collects after its own operation).
+        if after.is_ok() {
+            let _ = engine.collect_log(ino);
+        }
+    }
+
+    /// A reservation request: up to `want` blocks (limited to
+    /// [`RESERVE_MAX`]), or none.
+    pub fn reserve(&self, holder: &Holder, want: u64) -> Vec<(u64, u64)> {
+        let Some(engine) = self.engine.upgrade() else {
+            return Vec::new();
+        };
+        let want = want.clamp(1, RESERVE_MAX);
+        let mut got = engine.reserve_blocks(want);
+        if got.is_empty() && engine.limbo_blocks() > 0 {
+            // Freed blocks waiting for readers: the session's own reader
+            // (this client) is not in a call while it waits for this.
+            let end = Instant::now() + inkfs::api::LIMBO_WAIT;
+            while got.is_empty() && Instant::now() < end {
+                engine.reclaim_limbo();
+                got = engine.reserve_blocks(want);
+                if got.is_empty() {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+        let mut books = lock(&holder.books);
+        for &(s, l) in &got {
+            books.reserved.insert(s, l);
+        }
+        got
+    }
+
+    /// Blocks the client returns: those it may give (reserved for it, or
+    /// referred to by an inode it holds at the grant) go to the limbo;
+    /// anything else is ignored, loudly (a double free would corrupt).
+    pub fn take_back(&self, holder: &Holder, ranges: &[(u64, u64)]) {
+        let Some(engine) = self.engine.upgrade() else {
+            return;
+        };
+        let mut ok = Vec::new();
+        let leased: Vec<u64> = lock(&holder.books).leases.iter().copied().collect();
+        for &(start, len) in ranges {
+            let mut rest = RangeSet::from_ranges(&[(start, len)]);
+            {
+                let mut books = lock(&holder.books);
+                for (s, l) in books.reserved.intersect(start, len) {
+                    books.reserved.remove(s, l);
+                    rest.remove(s, l);
+                    ok.push((s, l));
+                }
+            }
+            for &ino in &leased {
+                if rest.is_empty() {
+                    break;
+                }
+                let mut map = lock(&self.shard(ino).map);
+                let Some(e) = map.get_mut(&ino) else { continue };
+                if e.holder.as_ref().map(|h| h.id) != Some(holder.id) {
+                    continue;
+                }
+                for (s, l) in rest.ranges() {
+                    for (a, b) in e.before.intersect(s, l) {
+                        e.before.remove(a, b);
+                        rest.remove(a, b);
+                        ok.push((a, b));
+                    }
+                }
+            }
+            if !rest.is_empty() {
+                eprintln!(
+                    "inkfs: client {} returned blocks it does not hold ({:?}): ignored",
+                    holder.id,
+                    rest.ranges()
+                );
+            }
+        }
+        engine.return_blocks(&ok);
+    }
+
+    /// The client is gone (its session ended): settle every lease it held
+    /// and return the rest of its reservation. The grant thread of the
+    /// client must have ended (it may be granting).
+    pub fn leave(&self, holder: &Holder) {
+        holder.dead.store(true, SeqCst);
+        let leased: Vec<u64> = lock(&holder.books).leases.iter().copied().collect();
+        for ino in leased {
+            self.settle(holder, ino);
+        }
+        let rest = std::mem::take(&mut lock(&holder.books).reserved);
+        if let Some(engine) = self.engine.upgrade() {
+            engine.return_blocks(&rest.ranges());
+        }
+        self.attached.fetch_sub(1, SeqCst);
+        for s in &self.shards {
+            s.changed.notify_all();
+        }
+    }
+
+    /// The mount is ending: grant nothing more, and take every lease back
+    /// (each holder finishes the write in flight first), so that no client
+    /// writes once its session is closed.
+    pub fn recall_all(&self) {
+        self.closing.store(true, SeqCst);
+        for shard in &self.shards {
+            let leased: Vec<u64> = lock(&shard.map)
+                .iter()
+                .filter(|(_, e)| e.holder.is_some())
+                .map(|(&ino, _)| ino)
+                .collect();
+            for ino in leased {
+                let map = lock(&shard.map);
+                drop(self.recall_locked(shard, map, ino));
+            }
+        }
+    }
+
+    /// Leases held now (for statistics and tests).
+    pub fn held(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| lock(&s.map).values().filter(|e| e.holder.is_some()).count())
+            .sum()
+    }
+}
+
+impl LeaseHook for Leases {
+    fn is_leased(&self, ino: u64) -> bool {
+        if self.attached.load(Relaxed) == 0 {
+            return false;
+        }
+        lock(&self.shard(ino).map)
+            .get(&ino)
+            .is_some_and(|e| e.holder.is_some())
+    }
+
+    fn before_use(&self, ino: u64) {
+        if self.attached.load(Relaxed) == 0 || SILENT.get() {
+            return;
+        }
+        let in_scope = SCOPE.with(|s| s.borrow().as_ref().map(|v| v.contains(&ino)));
+        if in_scope == Some(true) {
+            return; // this request holds it already
+        }
+        let shard = self.shard(ino);
+        let mut map = lock(&shard.map);
+        if map.get(&ino).is_some_and(|e| e.holder.is_some()) {
+            map = self.recall_locked(shard, map, ino);
+        }
+        if in_scope.is_none() {
+            // Outside a request (statistics, scrub): a read that leaves
+            // nothing in the kernel's caches.
+            if let Some(e) = map.get_mut(&ino) {
+                e.touched = true;
+            }
+            return;
+        }
+        let e = map.entry(ino).or_default();
+        e.touched = true;
+        e.busy += 1;
+        drop(map);
+        SCOPE.with(|s| {
+            if let Some(v) = s.borrow_mut().as_mut() {
+                v.push(ino);
+            }
+        });
+    }
+}
+
+/// A FUSE request's hold on the inodes it used (see `Leases::scope`).
+pub struct Scope {
+    leases: Option<Arc<Leases>>,
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        let Some(leases) = self.leases.take() else {
+            return;
+        };
+        let held = SCOPE.with(|s| s.borrow_mut().take()).unwrap_or_default();
+        for ino in held {
+            let shard = leases.shard(ino);
+            let mut map = lock(&shard.map);
+            if let Some(e) = map.get_mut(&ino) {
+                e.busy = e.busy.saturating_sub(1);
+                if e.idle() {
+                    map.remove(&ino);
+                }
+            }
+            shard.changed.notify_all();
+        }
+    }
+}
+
+/// Marks this thread as the table's own while it lives.
+struct Silent(bool);
+
+impl Silent {
+    fn on() -> Silent {
+        Silent(SILENT.replace(true))
+    }
+}
+
+impl Drop for Silent {
+    fn drop(&mut self) {
+        SILENT.set(self.0);
+    }
+}
+
+/// Send one message to a client.
+pub fn send(holder: &Holder, msg: &Msg) -> std::io::Result<()> {
+    let out = lock(&holder.out);
+    (&*out).write_all(msg.line().as_bytes())
+}
+
+/// SIGKILL the client through its pidfd (a pid could have been reused).
+fn kill(holder: &Holder) {
+    let Some(fd) = &holder.pidfd else {
+        return;
+    };
+    // SAFETY: pidfd_send_signal with a pidfd we own, no siginfo.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0u32,
+        )
+    };
+    if rc != 0 {
+        // Its lease stays its own: settling it while it may still write
+        // would let two writers at one log.
+        eprintln!(
+            "inkfs: cannot kill client {}: {}",
+            holder.id,
+            std::io::Error::last_os_error()
+        );
+    }
+    // Its session ends (the end of file) once it is dead, and that settles
+    // its leases: not before.
+}
+
+/// A pidfd of process `pid` (None if it cannot be opened).
+fn pidfd_open(pid: i32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags; it returns a new
+    // descriptor we then own, or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a descriptor the kernel just gave us, owned by nothing else.
+    Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}

@@ -1,0 +1,185 @@
+//! Write leases on the attach session (docs/KERNEL-FREE.md, "Writing:
+//! per-inode leases"): the messages client and server exchange after the
+//! grant, and the server's engine calls.
+//!
+//! One line per message, on the session's connection (the one the attach
+//! was made on); blocks are `START+LEN` ranges:
+//!
+//! ```text
+//! client: lease INO              the write lease of regular file INO
+//! server: granted INO            (after recalling it from its holder and
+//!                                 invalidating the kernel's caches of it)
+//!     or: denied INO ERRNO
+//! client: reserve N              N more blocks for the reservation
+//! server: blocks S+L S+L ...     (at least one block)
+//!     or: nospace
+//! server: recall INO             give lease INO back
+//! client: return S+L S+L ...     blocks it freed or did not use (no answer)
+//! client: released INO           the answer to a recall, after the returns
+//! ```
+//!
+//! The client sends one request at a time (lease or reserve) and waits for
+//! its answer; recalls may come at any time and are answered from another
+//! thread of the client. A recall is answered after every block the client
+//! freed before it has been returned, so the server's books of the lease
+//! are complete when `released` arrives.
+
+use super::Filesystem;
+use crate::error::Result;
+use crate::pmem::Pmem;
+
+pub use crate::lease::{LeaseHook, RangeSet};
+
+/// Ranges at most in one `return` or `blocks` line.
+pub const RANGES_PER_LINE: usize = 64;
+
+/// Longest message line, in bytes (64 ranges of two 20-digit numbers).
+pub const LINE_MAX: usize = 64 + RANGES_PER_LINE * 42;
+
+/// A message of the lease protocol.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Msg {
+    Lease(u64),
+    Granted(u64),
+    Denied(u64, i32),
+    Reserve(u64),
+    Blocks(Vec<(u64, u64)>),
+    NoSpace,
+    Recall(u64),
+    Return(Vec<(u64, u64)>),
+    Released(u64),
+}
+
+impl Msg {
+    /// The line (with its newline).
+    pub fn line(&self) -> String {
+        let ranges = |r: &[(u64, u64)]| {
+            r.iter()
+                .map(|(s, l)| format!(" {s}+{l}"))
+                .collect::<String>()
+        };
+        match self {
+            Msg::Lease(i) => format!("lease {i}\n"),
+            Msg::Granted(i) => format!("granted {i}\n"),
+            Msg::Denied(i, e) => format!("denied {i} {e}\n"),
+            Msg::Reserve(n) => format!("reserve {n}\n"),
+            Msg::Blocks(r) => format!("blocks{}\n", ranges(r)),
+            Msg::NoSpace => "nospace\n".into(),
+            Msg::Recall(i) => format!("recall {i}\n"),
+            Msg::Return(r) => format!("return{}\n", ranges(r)),
+            Msg::Released(i) => format!("released {i}\n"),
+        }
+    }
+
+    /// Lines for `ranges` as `make` messages of at most
+    /// [`RANGES_PER_LINE`] ranges each.
+    pub fn split(ranges: &[(u64, u64)], make: fn(Vec<(u64, u64)>) -> Msg) -> Vec<Msg> {
+        ranges
+            .chunks(RANGES_PER_LINE)
+            .map(|c| make(c.to_vec()))
+            .collect()
+    }
+
+    /// Parse one line (without its newline).
+    pub fn parse(line: &str) -> Option<Msg> {
+        let mut w = line.split_ascii_whitespace();
+        let word = w.next()?;
+        let num = |s: Option<&str>| s.and_then(|s| s.parse::<u64>().ok());
+        let ranges = |w: std::str::SplitAsciiWhitespace<'_>| -> Option<Vec<(u64, u64)>> {
+            w.map(|r| {
+                let (s, l) = r.split_once('+')?;
+                let (s, l) = (s.parse().ok()?, l.parse().ok()?);
+                (l > 0).then_some((s, l))
+            })
+            .collect()
+        };
+        let msg = match word {
+            "lease" => Msg::Lease(num(w.next())?),
+            "granted" => Msg::Granted(num(w.next())?),
+            "denied" => Msg::Denied(num(w.next())?, w.next()?.parse().ok()?),
+            "reserve" => Msg::Reserve(num(w.next())?),
+            "blocks" => Msg::Blocks(ranges(w)?),
+            "nospace" => Msg::NoSpace,
+            "recall" => Msg::Recall(num(w.next())?),
+            "return" => Msg::Return(ranges(w)?),
+            "released" => Msg::Released(num(w.next())?),
+            _ => return None,
+        };
+        Some(msg)
+    }
+}
+
+/// The server's side of leases, on the mount's engine.
+impl<P: Pmem> Filesystem<P> {
+    /// Install the mount's lease table: told before any inode is used.
+    pub fn set_lease_hook(&self, hook: std::sync::Arc<dyn LeaseHook>) {
+        self.fs.set_lease_hook(hook)
+    }
+
+    /// Inode `ino` caught up with what its lease holder committed, and the
+    /// blocks it refers to (log pages, data). EINVAL unless a regular
+    /// file, ENOENT if gone.
+    pub fn lease_refs(&self, ino: u64) -> Result<Vec<(u64, u64)>> {
+        self.fs.lease_refs(ino)
+    }
+
+    /// Whether `ino` is unlinked (kept by open handles): not leased.
+    pub fn is_orphan(&self, ino: u64) -> Result<bool> {
+        self.fs.is_orphan(ino)
+    }
+
+    /// Up to `want` free blocks for a client's reservation (none: empty).
+    pub fn reserve_blocks(&self, want: u64) -> Vec<(u64, u64)> {
+        self.fs.reserve_blocks(want, RANGES_PER_LINE)
+    }
+
+    /// Log GC of `ino` once its lease came back.
+    pub fn collect_log(&self, ino: u64) -> Result<()> {
+        self.fs.collect_log(ino)
+    }
+
+    /// Blocks a client gave back or left: to the limbo.
+    pub fn return_blocks(&self, ranges: &[(u64, u64)]) {
+        self.fs.return_blocks(ranges)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip_and_junk_is_refused() {
+        let all = [
+            Msg::Lease(7),
+            Msg::Granted(7),
+            Msg::Denied(7, libc::EINVAL),
+            Msg::Reserve(256),
+            Msg::Blocks(vec![(100, 3), (200, 1)]),
+            Msg::NoSpace,
+            Msg::Recall(9),
+            Msg::Return(vec![]),
+            Msg::Return(vec![(5, 5)]),
+            Msg::Released(9),
+        ];
+        for m in all {
+            let line = m.line();
+            assert!(line.len() <= LINE_MAX);
+            assert_eq!(Msg::parse(line.trim_end()), Some(m));
+        }
+        for bad in [
+            "",
+            "lease",
+            "lease x",
+            "blocks 1+0",
+            "blocks 1-2",
+            "grant 1",
+        ] {
+            assert_eq!(Msg::parse(bad), None, "{bad}");
+        }
+        let many: Vec<(u64, u64)> = (0..150).map(|i| (i * 10, 1)).collect();
+        let lines = Msg::split(&many, Msg::Return);
+        assert_eq!(lines.len(), 3);
+        assert!(lines.iter().all(|m| m.line().len() <= LINE_MAX));
+    }
+}

@@ -1,0 +1,322 @@
+//! The client sequence of the kernel-free path under the crash simulator
+//! (docs/KERNEL-FREE.md, "What each crash leaves": power cut; CRASHTEST.md,
+//! "Client leases").
+//!
+//! One simulated pool, two engines on it: the owner (a mounted engine, the
+//! server's) and a client engine (`Fs::attach_client`) over a second handle
+//! of the same simulated memory, as another process maps the pool. The
+//! lease protocol's DRAM side runs as the mount's lease table runs it (the
+//! grant notes the inode's blocks and reserves blocks for the client; the
+//! recall catches the owner's inode up and returns what the client freed
+//! and did not use), without sockets. The client then writes under the
+//! lease: appends, overwrites, a write past the end of file, truncates;
+//! the lease goes back to the owner, which writes the file itself, and
+//! comes to the client again.
+//!
+//! At every fence of the trace, crash images (all of them when few lines
+//! are pending, else a seeded sample) are checked: fsck finds no error;
+//! recovery mounts the image; the file is the state before or after the
+//! operation in flight (strict: exactly; sync: an overwrite in flight may
+//! mix old and new bytes, the size is one or the other); the other file is
+//! untouched; after a clean unmount fsck reports nothing at all.
+
+use crate::fs::Fs;
+use crate::pmem::{Pmem, SimPool};
+use crate::types::{FormatOptions, Mode, MountOptions, SetAttr};
+
+/// What one exploration found.
+#[derive(Debug, Default)]
+pub struct LeaseReport {
+    /// Crash images checked.
+    pub states: u64,
+    /// Crash points (fences) of the traces.
+    pub points: u64,
+    /// Operations traced (per mode).
+    pub ops: u64,
+    pub violations: Vec<String>,
+}
+
+/// Pool size: room for the reservation and a few files.
+const POOL_BYTES: u64 = 2 << 20;
+/// Blocks reserved for the client at each grant.
+const RESERVE: u64 = 64;
+const ROOT: u64 = crate::format::ROOT_INO;
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Append(usize, u8),
+    Write(u64, usize, u8),
+    Truncate(u64),
+    /// The lease goes back; the owner overwrites bytes itself; the client
+    /// gets the lease again.
+    OwnerWrite(u64, usize, u8),
+}
+
+const OPS: &[Op] = &[
+    Op::Append(3000, 1),
+    Op::Write(100, 4096, 2),
+    Op::Append(4096, 3),
+    Op::Write(20_000, 100, 4),
+    Op::Truncate(7000),
+    Op::Truncate(12_000),
+    Op::OwnerWrite(10, 5000, 5),
+    Op::Append(5000, 6),
+    Op::Write(0, 12_000, 7),
+];
+
+/// One traced operation: the fences it issued and the file before and
+/// after it.
+struct Traced {
+    op: Op,
+    fences: (usize, usize),
+    before: Vec<u8>,
+    after: Vec<u8>,
+}
+
+/// Explore the client sequence in strict and sync modes, checking at most
+/// `max_images` images per crash point (sampled from `seed` beyond that).
+pub fn explore_leases(max_images: usize, seed: u64) -> LeaseReport {
+    let mut report = LeaseReport::default();
+    for mode in [Mode::Strict, Mode::Sync] {
+        if let Err(e) = explore_mode(mode, max_images, seed, &mut report) {
+            report.violations.push(format!("{mode:?}: {e}"));
+        }
+    }
+    report
+}
+
+fn explore_mode(
+    mode: Mode,
+    max_images: usize,
+    seed: u64,
+    report: &mut LeaseReport,
+) -> Result<(), String> {
+    let e = |what: &'static str| move |err: crate::Error| format!("{what}: {err}");
+    let pool = SimPool::new(POOL_BYTES);
+    Fs::format(&pool, &FormatOptions::default()).map_err(e("format"))?;
+    let opts = MountOptions {
+        mode,
+        ..Default::default()
+    };
+    let client_view = pool.share();
+    let owner = Fs::mount(pool, opts).map_err(e("mount"))?;
+    let (fa, ofh) = owner
+        .create(ROOT, b"f", 0o644, 0, 0)
+        .map_err(e("create f"))?;
+    owner.write(&ofh, 0, &[9u8; 5000]).map_err(e("write f"))?;
+    let (ga, gfh) = owner
+        .create(ROOT, b"g", 0o644, 0, 0)
+        .map_err(e("create g"))?;
+    owner.write(&gfh, 0, &[8u8; 8192]).map_err(e("write g"))?;
+    owner.release(gfh);
+    let client = Fs::attach_client(client_view, mode).map_err(e("attach"))?;
+    let cfh = client.open(fa.ino).map_err(e("client open"))?;
+    let mut model = vec![9u8; 5000];
+    let mut lease = grant(&owner, &client, fa.ino)?;
+
+    let f0 = owner.pmem().fence_count();
+    owner.pmem().start_trace();
+    let mut traced = Vec::new();
+    for &op in OPS {
+        let before = model.clone();
+        let start = (owner.pmem().fence_count() - f0) as usize;
+        let result = match op {
+            Op::Append(len, b) => {
+                let _w = client.client_writes();
+                model.extend(std::iter::repeat_n(b, len));
+                client.append(&cfh, &vec![b; len]).map(|_| ())
+            }
+            Op::Write(off, len, b) => {
+                let _w = client.client_writes();
+                write_model(&mut model, off, len, b);
+                client.write(&cfh, off, &vec![b; len]).map(|_| ())
+            }
+            Op::Truncate(size) => {
+                let _w = client.client_writes();
+                model.resize(size as usize, 0);
+                let set = SetAttr {
+                    size: Some(size),
+                    ..Default::default()
+                };
+                client.setattr(fa.ino, &set).map(|_| ())
+            }
+            Op::OwnerWrite(off, len, b) => {
+                recall(&owner, &client, fa.ino, lease)?;
+                write_model(&mut model, off, len, b);
+                let r = owner.write(&ofh, off, &vec![b; len]).map(|_| ());
+                lease = grant(&owner, &client, fa.ino)?;
+                r
+            }
+        };
+        result.map_err(|err| format!("{op:?}: {err}"))?;
+        let end = (owner.pmem().fence_count() - f0) as usize;
+        // The live state is the model, seen by both engines.
+        let seen = read_all(&client, fa.ino)?;
+        if seen != model {
+            return Err(format!(
+                "{op:?}: the client reads {} bytes, not the model's {}",
+                seen.len(),
+                model.len()
+            ));
+        }
+        traced.push(Traced {
+            op,
+            fences: (start, end),
+            before,
+            after: model.clone(),
+        });
+    }
+    let trace = owner.pmem().stop_trace();
+    recall(&owner, &client, fa.ino, lease)?;
+    if read_all(&owner, fa.ino)? != model {
+        return Err("the owner, after the recall, does not read the model".into());
+    }
+    client.release(cfh);
+    owner.release(ofh);
+    report.ops += traced.len() as u64;
+
+    let last = traced.len() - 1;
+    for (i, t) in traced.iter().enumerate() {
+        // Point k is just before the trace's fence k: an operation's own
+        // are those before each of its fences. Just before the next
+        // operation's first fence, that one's first stores may be there
+        // too: the point is the next operation's (its state before is this
+        // one's after). The end of the trace is the last operation's.
+        let end = if i == last {
+            t.fences.1 + 1
+        } else {
+            t.fences.1
+        };
+        for point in t.fences.0..end.min(trace.fence_count() + 1) {
+            report.points += 1;
+            for img in trace.crash_images(point, max_images, seed) {
+                report.states += 1;
+                if let Err(why) = check_image(img.image, mode, fa.ino, ga.ino, t) {
+                    report
+                        .violations
+                        .push(format!("{mode:?} {:?} {}: {why}", t.op, img.description));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn write_model(model: &mut Vec<u8>, off: u64, len: usize, b: u8) {
+    let (off, end) = (off as usize, off as usize + len);
+    if model.len() < end {
+        model.resize(end, 0);
+    }
+    model[off..end].fill(b);
+}
+
+/// The grant's DRAM side: the blocks the inode refers to (the mount keeps
+/// them to settle the lease) and a reservation for the client.
+fn grant(owner: &Fs<SimPool>, client: &Fs<SimPool>, ino: u64) -> Result<Vec<(u64, u64)>, String> {
+    let before = owner.lease_refs(ino).map_err(|e| format!("grant: {e}"))?;
+    let blocks = owner.reserve_blocks(RESERVE, 64);
+    client
+        .add_reservation(&blocks)
+        .map_err(|e| format!("reservation: {e}"))?;
+    Ok(before)
+}
+
+/// The recall's DRAM side: the client gives back what it freed and did
+/// not use; the owner catches up and frees what the inode no longer refers
+/// to and the client did not return.
+fn recall(
+    owner: &Fs<SimPool>,
+    client: &Fs<SimPool>,
+    ino: u64,
+    before: Vec<(u64, u64)>,
+) -> Result<(), String> {
+    client.client_release_inode(ino);
+    let mut back = client.take_client_freed();
+    back.extend(client.drain_reservation());
+    let after = owner.lease_refs(ino).map_err(|e| format!("recall: {e}"))?;
+    let mut freed = crate::lease::RangeSet::from_ranges(&before);
+    for &(s, l) in after.iter().chain(&back) {
+        freed.remove(s, l);
+    }
+    owner.return_blocks(&back);
+    owner.return_blocks(&freed.ranges());
+    Ok(())
+}
+
+fn read_all<P: Pmem>(fs: &Fs<P>, ino: u64) -> Result<Vec<u8>, String> {
+    let fh = fs.open(ino).map_err(|e| format!("open: {e}"))?;
+    let size = fs.fgetattr(&fh).map_err(|e| format!("getattr: {e}"))?.size as usize;
+    let mut buf = vec![0u8; size];
+    let n = fs.read(&fh, 0, &mut buf);
+    fs.release(fh);
+    buf.truncate(n.map_err(|e| format!("read: {e}"))?);
+    Ok(buf)
+}
+
+/// One crash image: fsck, recovery, the file one of the allowed states, a
+/// clean unmount that fsck finds perfect.
+fn check_image(image: Vec<u8>, mode: Mode, f: u64, g: u64, t: &Traced) -> Result<(), String> {
+    let pm = SimPool::from_image(image);
+    fsck(&pm, false)?;
+    let opts = MountOptions {
+        mode,
+        ..Default::default()
+    };
+    let fs = Fs::mount(pm, opts).map_err(|e| format!("recovery: {e}"))?;
+    let got = read_all(&fs, f)?;
+    let ok = got == t.before
+        || got == t.after
+        || (mode == Mode::Sync
+            && matches!(t.op, Op::Write(..) | Op::OwnerWrite(..))
+            && mixed(&got, t));
+    if !ok {
+        return Err(format!(
+            "file of {} bytes: neither the state before ({} bytes) nor after ({} bytes)",
+            got.len(),
+            t.before.len(),
+            t.after.len()
+        ));
+    }
+    if read_all(&fs, g)? != vec![8u8; 8192] {
+        return Err("the other file changed".into());
+    }
+    let pm = fs.unmount().map_err(|e| format!("unmount: {e}"))?;
+    fsck(&pm, true)
+}
+
+/// Sync mode's overwrite in flight: the size one of the two, each byte the
+/// old or the new one (past the old end: the new one or zero, never
+/// invented).
+fn mixed(got: &[u8], t: &Traced) -> bool {
+    if got.len() != t.before.len() && got.len() != t.after.len() {
+        return false;
+    }
+    got.iter().enumerate().all(|(i, &b)| {
+        t.before.get(i).is_some_and(|&o| o == b)
+            || t.after.get(i).is_some_and(|&n| n == b)
+            || b == 0
+    })
+}
+
+fn fsck(pm: &SimPool, no_notes: bool) -> Result<(), String> {
+    let r = crate::fsck::check(pm, &Default::default()).map_err(|e| format!("fsck: {e}"))?;
+    let bad: Vec<String> = r
+        .problems
+        .iter()
+        .filter(|p| no_notes || p.severity == crate::fsck::Severity::Error)
+        .map(|p| format!("[{}] {p}", p.kind.name()))
+        .collect();
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "fsck{}: {}",
+            if no_notes {
+                " after recovery and unmount"
+            } else {
+                ""
+            },
+            bad.join("; ")
+        ))
+    }
+}
