@@ -1,16 +1,17 @@
 //! `libinkfs_preload.so`: run a program with
 //! `LD_PRELOAD=libinkfs_preload.so` (or `inkfs run -- CMD`) and its reads,
-//! stats and directory listings of files under an inkfs mount are served
-//! from the pool mapped in the process, with no kernel crossing
-//! (docs/KERNEL-FREE.md, "Built: the preload library").
+//! writes, fsyncs, stats and directory listings of files under an inkfs
+//! mount are served from the pool mapped in the process (writes under the
+//! inode's write lease), with no kernel crossing (docs/KERNEL-FREE.md,
+//! "Built: the preload library").
 //!
 //! Every file the program opens on the mount is opened on the mount too
 //! (the program gets that real descriptor's number); the library keeps
 //! its own state beside it ([`table`]) and serves the calls it knows from
 //! the pool through an attached [`inkfs::api::client::Client`]
 //! ([`mounts`]). Everything else goes to the kernel descriptor, which is
-//! always valid: writes, truncation, fsync, locks, mmap, namespace
-//! changes, attributes, xattrs. [`io::route`] is the one place that decides
+//! always valid: locks, mmap, fallocate, namespace changes, attributes,
+//! xattrs, and any write the client cannot make. [`io::route`] is the one place that decides
 //! which way a data call goes.
 //!
 //! Not on an inkfs mount, attach refused (trust rule, posix mode, hybrid
@@ -33,6 +34,7 @@ pub mod process;
 pub mod real;
 pub mod stats;
 pub mod stdio;
+pub mod sync;
 pub mod table;
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu", target_arch = "x86_64")))]

@@ -63,6 +63,9 @@ impl Ofd {
     pub fn readable(&self) -> bool {
         self.flags.load(Ordering::Relaxed) as i32 & libc::O_ACCMODE != libc::O_WRONLY
     }
+    pub fn writable(&self) -> bool {
+        self.flags.load(Ordering::Relaxed) as i32 & libc::O_ACCMODE != libc::O_RDONLY
+    }
     pub fn append(&self) -> bool {
         self.flags.load(Ordering::Relaxed) as i32 & libc::O_APPEND != 0
     }
