@@ -369,7 +369,10 @@ enum At {
 /// The one error that follows a commit (returning freed blocks to a server
 /// that just died) leaves a kernel path that fails too (the mount is gone).
 fn pool_write(idx: usize, ofd: &Ofd, data: &[u8], at: At) -> Option<u64> {
-    if data.is_empty() || !ofd.writable() {
+    if data.is_empty()
+        || !ofd.writable()
+        || crate::sync::maybe_mapped(ofd.ino.load(Ordering::Relaxed))
+    {
         return None;
     }
     let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
@@ -477,8 +480,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
 
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    if let (Route::Served(idx, ofd), Some(v)) = (route(fd, Op::Write), unsafe { iovs(iov, cnt) })
-    {
+    if let (Route::Served(idx, ofd), Some(v)) = (route(fd, Op::Write), unsafe { iovs(iov, cnt) }) {
         if guard::inside() {
             return write_seq(fd, idx, ofd, v, false);
         }
@@ -524,7 +526,8 @@ pub unsafe extern "C" fn pwritev64(
     off: off64_t,
 ) -> ssize_t {
     if off >= 0 && !guard::inside() {
-        if let (Route::Served(idx, ofd), Some(v)) = (route(fd, Op::Write), unsafe { iovs(iov, cnt) })
+        if let (Route::Served(idx, ofd), Some(v)) =
+            (route(fd, Op::Write), unsafe { iovs(iov, cnt) })
         {
             if let Some(r) = guard::run(|| write_at(fd, idx, ofd, v, off as u64)) {
                 return r;
@@ -603,7 +606,11 @@ pub unsafe extern "C" fn pwritev2(
 /// the kernel does it (not open for writing, a length the kernel refuses,
 /// any error of the client, which then changed nothing).
 fn pool_truncate(idx: usize, ofd: &Ofd, len: off64_t) -> Option<c_int> {
-    if len < 0 || !ofd.writable() || ofd.is_dir() {
+    if len < 0
+        || !ofd.writable()
+        || ofd.is_dir()
+        || crate::sync::maybe_mapped(ofd.ino.load(Ordering::Relaxed))
+    {
         return None;
     }
     let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;

@@ -190,7 +190,10 @@ impl Mount {
         let cell = &self.cells[i];
         let mut since: Option<std::time::Instant> = None;
         loop {
-            match cell.state.compare_exchange(IDLE, BUSY, Ordering::Acquire, Ordering::Relaxed) {
+            match cell
+                .state
+                .compare_exchange(IDLE, BUSY, Ordering::Acquire, Ordering::Relaxed)
+            {
                 Ok(_) => return Some(lease(cell)),
                 Err(EMPTY) => {
                     if cell

@@ -11,6 +11,12 @@
 //! descriptor, which the library leaves to the kernel). Those reach the
 //! server only through the kernel's write-back, which `fsync(2)` starts.
 //!
+//! A shared mapping also takes the inode's writes back to the kernel in
+//! this process (io.rs asks [`maybe_mapped`]): the mapping and the kernel's
+//! page cache stay one, and the kernel's size of the file stays right (a
+//! client's write past the end would leave the kernel's size short: a
+//! page fault there is a SIGBUS).
+//!
 //! Hence: a served fsync/fdatasync asks the client (which hands the blocks
 //! it freed back to the server, as `Client::fsync` does) and makes no
 //! kernel call, unless this process has a shared mapping of the inode
@@ -46,25 +52,35 @@ fn note_mapped(ino: u64) {
 
 /// Whether the kernel may hold dirty pages of `ino` from a shared mapping
 /// of this process.
-fn maybe_mapped(ino: u64) -> bool {
+pub fn maybe_mapped(ino: u64) -> bool {
     MAPPED_MANY.load(Ordering::Acquire) || MAPPED.iter().any(|m| m.load(Ordering::Acquire) == ino)
 }
 
-/// The inode of `fd` if it is a file on a FUSE mount of this process.
+/// The inode of `fd` if it is a file on a FUSE mount of this process,
+/// after a kernel fstat of it.
 fn fuse_inode(fd: c_int) -> Option<u64> {
-    if let Some((_, o)) = crate::table::get(fd) {
-        return Some(o.ino.load(Ordering::Relaxed));
-    }
-    // Not registered (opened before the library saw it, or by glibc): ask
-    // the kernel which device it is on.
+    // The kernel's fstat makes the kernel's idea of the size current: the
+    // server invalidated its attributes when it granted this process's
+    // client the lease, so the kernel asks the server, which recalls the
+    // lease first. A page fault past the kernel's (stale) end of file would
+    // be a SIGBUS: a file the client just extended (SQLite's -shm) is
+    // mapped right after.
     // SAFETY: all-zero is a valid stat64; the kernel fills it.
     let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
     if unsafe { real::fstat64(fd, &mut st) } != 0 {
         return None;
     }
+    if let Some((_, o)) = crate::table::get(fd) {
+        return Some(o.ino.load(Ordering::Relaxed));
+    }
+    // Not registered (opened before the library saw it, or by glibc).
     mounts::by_dev(st.st_dev).map(|_| st.st_ino)
 }
 
+/// Any mapping of a file: the kernel's size of it made current first;
+/// a shared one noted (its inode's writes and fsyncs are then the
+/// kernel's in this process, so the mapping, the page cache and the file
+/// never disagree).
 #[no_mangle]
 pub unsafe extern "C" fn mmap64(
     addr: *mut c_void,
@@ -74,12 +90,14 @@ pub unsafe extern "C" fn mmap64(
     fd: c_int,
     off: off64_t,
 ) -> *mut c_void {
-    // Noted before the mapping exists: an fsync racing it asks the kernel.
-    // The library's own mappings (the pool) are made inside it.
-    if flags & libc::MAP_SHARED != 0 && fd >= 0 && !guard::inside() {
+    // Noted before the mapping exists: a write or fsync racing it uses the
+    // kernel. The library's own mappings (the pool) are made inside it.
+    if fd >= 0 && flags & libc::MAP_ANONYMOUS == 0 && !guard::inside() {
         let _ = guard::run(|| {
             if let Some(ino) = fuse_inode(fd) {
-                note_mapped(ino);
+                if flags & libc::MAP_SHARED != 0 {
+                    note_mapped(ino);
+                }
             }
         });
     }
@@ -110,7 +128,9 @@ fn pool_fsync(idx: usize, ofd: &Ofd, datasync: bool) -> Option<c_int> {
     let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
     // The inode's writing client: the blocks it freed go back with this.
     let mut lease = m.checkout_writer(ino)?;
-    lease.with_file(idx, ofd, |c, f| c.fsync(f, datasync))?.ok()?;
+    lease
+        .with_file(idx, ofd, |c, f| c.fsync(f, datasync))?
+        .ok()?;
     stats::bump(&stats::SYNC_LOCAL);
     Some(0)
 }
