@@ -1008,3 +1008,74 @@ fn a_preloaded_writer_killed_mid_loop_leaves_its_acknowledged_records() {
         fsck_clean(&pool);
     }
 }
+
+/// redis-server (its allocator, jemalloc, is initialized by another
+/// library's constructor before the library's own and calls readlink
+/// under its lock: it deadlocked when the library served that call)
+/// logging every SET to its append-only file, fsync always, served.
+#[test]
+fn redis_server_appends_and_fsyncs_under_the_library() {
+    require_tool("redis-server", "redis-server");
+    require_tool("redis-cli", "redis-tools");
+    let pool = Pool::new("preload-redis", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    let dir = m.p("r");
+    std::fs::create_dir(&dir).expect("mkdir");
+    let stats = stats_file("redis");
+    let port = 20000 + std::process::id() % 20000;
+    let mut server = Command::new("redis-server")
+        .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+        .arg("--dir")
+        .arg(&dir)
+        .args([
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+        ])
+        .args(["--daemonize", "no", "--logfile", ""])
+        .env("LD_PRELOAD", lib())
+        .env("INKFS_PRELOAD_STATS", stats.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn redis-server");
+    let cli = |args: &[&str]| {
+        Command::new("timeout")
+            .args(["10", "redis-cli", "-p", &port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli")
+    };
+    let t = std::time::Instant::now();
+    while cli(&["ping"]).stdout != b"PONG\n" {
+        if t.elapsed() > std::time::Duration::from_secs(10) {
+            let _ = server.kill();
+            let _ = server.wait();
+            panic!("redis-server never answered (deadlocked at start?)");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    for i in 0..50 {
+        assert_eq!(
+            cli(&["set", &format!("key{i}"), &format!("value{i}")]).stdout,
+            b"OK\n"
+        );
+    }
+    let _ = cli(&["shutdown"]);
+    assert!(server.wait().expect("wait").success());
+    // Without the library: every SET is in the append-only file.
+    let (ok, out, err) = sh_run(
+        &format!("cat {}/appendonlydir/*.incr.aof", dir.display()),
+        None,
+    );
+    assert!(ok, "{err}");
+    for i in 0..50 {
+        assert!(out.contains(&format!("value{i}\r\n")), "value{i} missing");
+    }
+    let n = counts(stats.path());
+    assert!(c(&n, "write_local") >= 50, "{n:?}");
+    assert!(c(&n, "sync_local") >= 50, "{n:?}");
+}

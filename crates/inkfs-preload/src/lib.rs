@@ -43,16 +43,25 @@ compile_error!(
      fixed arguments, which the x86-64 System V ABI allows; it interposes glibc"
 );
 
-/// At load: read the environment; silence panics (a panic in the library
-/// is caught and the call goes to the kernel: no message in the program's
-/// output).
+/// At load: read the environment and the mount table; silence panics (a
+/// panic in the library is caught and the call goes to the kernel: no
+/// message in the program's output).
 extern "C" fn on_load() {
-    let _ = guard::run(|| {
+    let _ = guard::run_always(|| {
         if std::env::var_os("INKFS_PRELOAD_DEBUG").is_none() {
             std::panic::set_hook(Box::new(|_| {}));
         }
         stats::init();
+        // The mount table now, not at the first call that needs it: that
+        // call may come from inside the program's allocator (jemalloc, in
+        // redis-server, calls readlink and open while it initializes
+        // under its own lock), and reading the table allocates: a
+        // deadlock. Here, inside the library, this allocation initializes
+        // a lazy allocator, and whatever it calls meanwhile goes straight
+        // to libc (guard.rs).
+        let _ = mounts::all();
     });
+    guard::set_loaded();
 }
 
 /// At exit: the statistics line, if asked for.

@@ -1,8 +1,8 @@
 //! The FUSE mounts this process may serve, and the clients attached to
 //! them.
 //!
-//! The mount table is read from /proc/self/mountinfo once, at the first
-//! call that needs it (a process that never names a path never reads it).
+//! The mount table is read from /proc/self/mountinfo once, when the
+//! library is loaded (lib.rs says why not later).
 //! Each FUSE mount is a candidate: whether it is an inkfs mount that lets
 //! this process in is the attach's answer, asked at the first call that
 //! would be served on it. A refused or failed attach marks the mount
