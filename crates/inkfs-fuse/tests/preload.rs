@@ -1079,3 +1079,70 @@ fn redis_server_appends_and_fsyncs_under_the_library() {
     assert!(c(&n, "write_local") >= 50, "{n:?}");
     assert!(c(&n, "sync_local") >= 50, "{n:?}");
 }
+
+const PY_THREAD_WRITERS: &str = r#"
+import os, sys, threading
+m = sys.argv[1]
+# Four threads pwrite their own 4 KiB blocks of one file, and append
+# records to one shared O_APPEND descriptor, and write through one shared
+# offset: every write through the same client cell (one per inode).
+fd = os.open(m + "/blocks", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+log = os.open(m + "/log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+seq = os.open(m + "/seq", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+def work(t):
+    for i in range(200):
+        b = ("%d:%04d|" % (t, i)).encode().ljust(4096, b".")
+        os.pwrite(fd, b, (i * 4 + t) * 4096)
+        os.write(log, b"%d %04d\n" % (t, i))
+        os.write(seq, b"%d%04d\n" % (t, i))
+    os.fsync(fd)
+ts = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+[t.start() for t in ts]; [t.join() for t in ts]
+print(os.fstat(fd).st_size, os.lseek(seq, 0, 1))
+"#;
+
+#[test]
+fn threads_write_one_file_at_once() {
+    let pool = Pool::new("preload-twrite", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    let stats = stats_file("twrite");
+    let (ok, out, err) = sh_run(
+        &format!("{PYTHON} -c '{PY_THREAD_WRITERS}' {}", m.path().display()),
+        Some(stats.path()),
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out, format!("{} {}\n", 800 * 4096, 800 * 6));
+    let blocks = std::fs::read(m.p("blocks")).expect("read");
+    for t in 0..4 {
+        for i in 0..200 {
+            let at = (i * 4 + t) * 4096;
+            let head = format!("{t}:{i:04}|");
+            assert_eq!(
+                &blocks[at..at + head.len()],
+                head.as_bytes(),
+                "block {t}/{i}"
+            );
+        }
+    }
+    let log = std::fs::read_to_string(m.p("log")).expect("read");
+    let seq = std::fs::read_to_string(m.p("seq")).expect("read");
+    for t in 0..4 {
+        let mine: Vec<&str> = log
+            .lines()
+            .filter(|l| l.starts_with(&format!("{t} ")))
+            .collect();
+        let want: Vec<String> = (0..200).map(|i| format!("{t} {i:04}")).collect();
+        assert_eq!(mine, want, "thread {t}'s records");
+        let mine: Vec<&str> = seq
+            .lines()
+            .filter(|l| l.starts_with(&t.to_string()))
+            .collect();
+        let want: Vec<String> = (0..200).map(|i| format!("{t}{i:04}")).collect();
+        assert_eq!(mine, want, "thread {t}'s records through the shared offset");
+    }
+    assert_eq!(log.lines().count(), 800);
+    assert_eq!(seq.lines().count(), 800);
+    let n = counts(stats.path());
+    assert_eq!(c(&n, "write_local"), 2400, "{n:?}");
+    assert_eq!(c(&n, "write_kernel"), 0, "{n:?}");
+}
