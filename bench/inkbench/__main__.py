@@ -35,7 +35,7 @@ def parse_args(argv):
                    help="remove what a killed run left behind (mounts, loop devices, servers, files)")
     ap.add_argument("--only", help="comma-separated workloads (micro,fio,filebench,sqlite,rocksdb,redis,meta,copy), "
                     "each optionally NAME:STEP+STEP (e.g. filebench:fileserver+webproxy)")
-    ap.add_argument("--contenders", help="comma-separated, from: " + ",".join(C.ALL_NAMES + C.HYBRID_NAMES)
+    ap.add_argument("--contenders", help="comma-separated, from: " + ",".join(C.ALL_NAMES + C.HYBRID_NAMES + C.PRELOAD_NAMES)
                     + " (default: the first seven), or inkfs-MODE@OPTS")
     ap.add_argument("--reps", type=int, help="repetitions (overrides the mode's)")
     ap.add_argument("--out", help="output directory (default bench/results/MODE-DATE)")
@@ -61,12 +61,15 @@ def binaries(a) -> dict:
     if not (a.inkfs_bin and a.work_bin) and not a.no_build:
         cargo = which("cargo") or os.path.expanduser("~/.cargo/bin/cargo")
         log("building inkfs and inkbench-work (cargo build --release)")
-        run([cargo, "build", "--release", "-q", "-p", "inkfs-cli", "-p", "inkfs-bench"], cwd=REPO, timeout=1800)
+        run([cargo, "build", "--release", "-q", "-p", "inkfs-cli", "-p", "inkfs-bench",
+             "-p", "inkfs-preload"], cwd=REPO, timeout=1800)
     bins = {"inkfs": a.inkfs_bin or os.path.join(rel, "inkfs"),
             "work": a.work_bin or os.path.join(rel, "inkbench-work")}
     for k, p in bins.items():
         if not os.access(p, os.X_OK):
             raise CmdError(f"{p} not found: build it (cargo build --release -p inkfs-cli -p inkfs-bench)")
+    # The preload library (inkfs-preload contenders): next to the binaries.
+    bins["preload"] = os.path.join(os.path.dirname(bins["inkfs"]), "libinkfs_preload.so")
     return bins
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from typing import List, Optional
 
@@ -50,6 +51,16 @@ class Contender:
     def target_args(self) -> List[str]:
         """How inkbench-work reaches this contender."""
         return ["--dir", self.mnt]
+
+    def extra_env(self) -> dict:
+        """Environment the workload's own commands run with on this
+        contender (never the harness or the tools that set contenders up)."""
+        return {}
+
+    def env(self, base: Optional[dict] = None) -> dict:
+        """The environment for a workload command: `base` (default: the
+        harness's) with this contender's additions."""
+        return {**(base if base is not None else os.environ), **self.extra_env()}
 
 
 class Tmpfs(Contender):
@@ -326,6 +337,70 @@ class InkfsHybrid(InkfsFuse):
         self.remove_data()
 
 
+class InkfsPreload(InkfsFuse):
+    """`inkfs-preload` (strict), `inkfs-preload-sync` (and `@OPTS`): an inkfs
+    mount as `inkfs-MODE`, with the workload's commands (fio, db_bench,
+    redis-server, tar, git, rm, cp, the SQLite client, inkbench-work) run
+    with LD_PRELOAD=libinkfs_preload.so: their reads, writes, fsyncs and
+    stats are served from the pool in the process, under write leases
+    (docs/KERNEL-FREE.md); namespace calls still go through the mount."""
+
+    def __init__(self, spec: str, *a, **kw) -> None:
+        base, at, extra = spec.partition("@")
+        mode = base[len("preload-"):] if base.startswith("preload-") else "strict"
+        if base not in ("preload", "preload-" + mode) or mode not in ("strict", "sync"):
+            raise ValueError(f"unknown contender inkfs-{spec}")
+        super().__init__(mode + at + extra, *a, **kw)
+        self.name = "inkfs-" + spec
+        self.mnt = os.path.join(self.work, "mnt", self.name)
+        more = f", -o {extra}" if extra else ""
+        self.describe = (f"inkfs over FUSE, mode={mode}{more}, pool in /dev/shm, the workload's programs run "
+                         "under the preload library (LD_PRELOAD=libinkfs_preload.so)")
+
+    def library(self) -> str:
+        lib = self.bins.get("preload", "")
+        if not lib or not os.path.isfile(lib):
+            raise CmdError(f"{self.name}: libinkfs_preload.so not found ({lib or 'not built'}): "
+                           "cargo build --release -p inkfs-preload")
+        return lib
+
+    def extra_env(self) -> dict:
+        return {"LD_PRELOAD": self.library()}
+
+    def setup(self, cleanup: Cleanup) -> None:
+        self.library()
+        super().setup(cleanup)
+        self.check_served()
+
+    def check_served(self) -> None:
+        """A write and a read under the library, counted by it: the mount
+        must serve the library (a refused attach would measure the mount)."""
+        stats = os.path.join(self.work, f"{self.name}.preload-stats")
+        probe = os.path.join(self.mnt, ".preload-probe")
+        env = self.env()
+        env["INKFS_PRELOAD_STATS"] = stats
+        try:
+            script = ("import os, sys\n"
+                      "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)\n"
+                      "for _ in range(4): os.write(fd, bytes(4096))\n"
+                      "os.fsync(fd)\n"
+                      "assert os.pread(fd, 8192, 0) == bytes(8192)\n")
+            run([sys.executable, "-c", script, probe], env=env, timeout=60)
+            counts: dict = {}
+            with open(stats) as f:
+                for word in f.read().split():
+                    k, _, v = word.partition("=")
+                    if k != "pid" and v.isdigit():
+                        counts[k] = counts.get(k, 0) + int(v)
+        finally:
+            for p in (stats, probe):
+                if os.path.exists(p):
+                    os.unlink(p)
+        self.info["preload_probe"] = counts
+        if counts.get("write_local", 0) < 4 or counts.get("read_local", 0) < 1 or counts.get("attach_refused", 0):
+            raise CmdError(f"{self.name}: the mount does not serve the preload library: {counts}")
+
+
 class InkfsLib(Contender):
     """The engine through its library API, inside the Rust workload runner:
     no kernel, no FUSE. Each run formats a fresh pool in the work directory."""
@@ -355,6 +430,9 @@ ALL_NAMES = ["tmpfs", "ext4", "null-fs", "inkfs-strict", "inkfs-sync", "inkfs-po
 # hybrid pools against ext4 on the same disk, with and without its journal
 # on the PM stand-in.
 HYBRID_NAMES = ["inkfs-hybrid", "inkfs-hybrid-sync", "inkfs-hybrid-posix", "ext4-disk", "ext4-pmjournal"]
+# Issue 16's: the workloads' programs under the preload library (not run by
+# default: name them with --contenders).
+PRELOAD_NAMES = ["inkfs-preload", "inkfs-preload-sync"]
 
 
 def make(name: str, work: str, size: int, bins: dict) -> Contender:
@@ -373,6 +451,8 @@ def make(name: str, work: str, size: int, bins: dict) -> Contender:
         return InkfsLib(mode, work, size, bins)
     if name.startswith("inkfs-hybrid"):
         return InkfsHybrid(name[len("inkfs-"):], work, size, bins)
+    if name.startswith("inkfs-preload"):
+        return InkfsPreload(name[len("inkfs-"):], work, size, bins)
     if name.startswith("inkfs-"):
         return InkfsFuse(name[len("inkfs-"):], work, size, bins)
     raise ValueError(f"unknown contender {name}")

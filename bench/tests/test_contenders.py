@@ -23,7 +23,10 @@ def bins():
     rel = os.path.join(os.environ.get("CARGO_TARGET_DIR") or os.path.join(REPO, "target"), "release")
     b = {"inkfs": os.environ.get("INKBENCH_INKFS") or os.path.join(rel, "inkfs"),
          "work": os.environ.get("INKBENCH_WORK") or os.path.join(rel, "inkbench-work")}
-    return b if all(os.access(p, os.X_OK) for p in b.values()) else None
+    if not all(os.access(p, os.X_OK) for p in b.values()):
+        return None
+    b["preload"] = os.path.join(os.path.dirname(b["inkfs"]), "libinkfs_preload.so")
+    return b
 
 
 def loops_backed_by(prefix):
@@ -97,6 +100,27 @@ class ContenderTest(unittest.TestCase):
             c = self.roundtrip(f"inkfs-{mode}")
             self.assertFalse(os.path.exists(c.pool), "pool left behind")
             self.assertIn("pool_stat", c.info)
+
+    def test_inkfs_preload(self):
+        if not os.path.isfile(HAVE["preload"]):
+            self.skipTest("libinkfs_preload.so not built (cargo build --release -p inkfs-preload)")
+        for name in ("inkfs-preload", "inkfs-preload-sync"):
+            c = self.roundtrip(name)
+            self.assertFalse(os.path.exists(c.pool), "pool left behind")
+            # The setup's probe ran under the library and was served.
+            probe = c.info["preload_probe"]
+            self.assertGreaterEqual(probe.get("write_local", 0), 4, probe)
+            self.assertEqual(probe.get("attach_refused", 0), 0, probe)
+            # The workloads' environment has the library; the harness's not.
+            self.assertEqual(c.env()["LD_PRELOAD"], HAVE["preload"])
+            self.assertNotIn("libinkfs_preload", os.environ.get("LD_PRELOAD", ""))
+            self.assertEqual(C.make("inkfs-strict", self.work, 1 << 20, HAVE).env().get("LD_PRELOAD"),
+                             os.environ.get("LD_PRELOAD"))
+        self.assertRaises(ValueError, C.make, "inkfs-preload-posix", self.work, 1 << 20, HAVE)
+        # Without the library the contender says so at setup, before mounting.
+        c = C.make("inkfs-preload", self.work, 1 << 20, dict(HAVE, preload="/nonexistent.so"))
+        self.assertRaises(Exception, c.setup, self.cleanup)
+        self.assertFalse(mounted(c.mnt))
 
     def test_ext4_disk(self):
         c = self.roundtrip("ext4-disk")

@@ -4,9 +4,11 @@
 //! Opening always happens in the kernel first, with the program's
 //! arguments: the kernel creates, truncates, checks permissions, follows
 //! symlinks and gives the number. Then, if that descriptor is a regular
-//! file or directory on a FUSE mount of this process and readable, the
-//! library registers it (table.rs). Write-only and O_PATH descriptors are
-//! never registered: nothing would be served on them.
+//! file or directory on a FUSE mount of this process, the library
+//! registers it (table.rs): reads need it readable, writes writable (a
+//! write-only descriptor is served for writes, lseek, fstat and fsync).
+//! O_PATH descriptors are never registered: nothing would be served on
+//! them.
 //!
 //! `open`, `openat` and `fcntl` are variadic in C. They are defined here
 //! with their optional argument as a fixed one (`mode`, `arg`): on x86-64
@@ -28,7 +30,7 @@ pub fn adopt(fd: c_int, _dirfd: c_int, path: &[u8], flags: c_int) {
     if fd < 0 || fd as usize >= MAX_FD {
         return;
     }
-    if flags & libc::O_PATH != 0 || flags & libc::O_ACCMODE == libc::O_WRONLY {
+    if flags & libc::O_PATH != 0 {
         return;
     }
     if mounts::all().is_empty() {

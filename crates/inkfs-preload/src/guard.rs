@@ -9,6 +9,21 @@
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Set when the library's constructor has run. Before that every call goes
+/// to libc: another library's constructor may run first and allocate, and
+/// an allocator that initializes lazily (jemalloc, in redis-server) calls
+/// readlink and open under its own lock while it does; served, those would
+/// read the mount table, which allocates: a deadlock. The constructor
+/// allocates itself (inside the library), so a lazy allocator is ready
+/// once this is set.
+static LOADED: AtomicBool = AtomicBool::new(false);
+
+/// The constructor is done: calls may be served from now on.
+pub fn set_loaded() {
+    LOADED.store(true, Ordering::Release);
+}
 
 thread_local! {
     static INSIDE: Cell<bool> = const { Cell::new(false) };
@@ -21,9 +36,18 @@ pub fn inside() -> bool {
 }
 
 /// Run `f` marked as inside the library, panics caught: `None` if `f`
-/// panicked or the thread was already inside (the caller then does the
-/// real call).
+/// panicked, the thread was already inside, or the library is not loaded
+/// yet (the caller then does the real call).
 pub fn run<R>(f: impl FnOnce() -> R) -> Option<R> {
+    if !LOADED.load(Ordering::Acquire) {
+        return None;
+    }
+    run_always(f)
+}
+
+/// [`run`], also before the constructor is done (the constructor's own
+/// work).
+pub fn run_always<R>(f: impl FnOnce() -> R) -> Option<R> {
     if inside() {
         return None;
     }

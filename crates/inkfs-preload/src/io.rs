@@ -7,9 +7,13 @@
 //! descriptor over (process.rs). So every call that uses or moves the
 //! position is here: reads are served from the pool at the library's
 //! offset, or (no client free, the engine could not open the file) made
-//! with pread on the kernel descriptor at that offset; writes go to the
-//! kernel with pwrite at that offset; an O_APPEND write goes through the
-//! kernel's write and the library takes the kernel's new offset.
+//! with pread on the kernel descriptor at that offset. Writes (and
+//! ftruncate) of a descriptor open for writing go through the client under
+//! the inode's write lease (mounts.rs: one client cell per inode); when
+//! the client cannot (cell busy too long, lease refused, any error: it then
+//! wrote nothing) the kernel descriptor does it, with pwrite at the
+//! library's offset, or for O_APPEND through the kernel's write, after
+//! which the library takes the kernel's new offset.
 //!
 //! A sequential read advances the offset by compare-and-swap from the
 //! value it read at: two threads or processes reading one shared
@@ -37,9 +41,10 @@ pub enum Route {
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Op {
     Read,
-    /// Writes are not served from the pool yet (they need the inode's
-    /// write lease): a served descriptor writes through the kernel at the
-    /// library's offset. This is where the lease check will go.
+    /// Writes, ftruncate, fsync: served through the client under the
+    /// inode's write lease; the descriptor's access mode is checked where
+    /// the write is made (a read-only one goes to the kernel, which
+    /// refuses it).
     Write,
     Seek,
     Stat,
@@ -331,10 +336,83 @@ pub unsafe extern "C" fn preadv2(
     unsafe { preadv64v2(fd, iov, cnt, off, flags) }
 }
 
-/// A write at the file position through the kernel descriptor.
-fn write_seq(fd: c_int, ofd: &Ofd, iov: &[iovec]) -> ssize_t {
+/// The bytes of a write: the program's one buffer, or its iovecs
+/// gathered into one (the client writes one slice; gathered, an O_APPEND
+/// writev stays one record).
+fn gather(iov: &[iovec]) -> std::borrow::Cow<'_, [u8]> {
+    let mut parts = iov.iter().filter(|v| v.iov_len > 0);
+    let first = parts.next();
+    let raw = |v: &iovec| {
+        // SAFETY: the program gave this buffer for the write.
+        unsafe { std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len) }
+    };
+    match (first, parts.next()) {
+        (None, _) => std::borrow::Cow::Borrowed(&[]),
+        (Some(v), None) => std::borrow::Cow::Borrowed(raw(v)),
+        _ => std::borrow::Cow::Owned(iov.iter().flat_map(raw).copied().collect()),
+    }
+}
+
+/// Where a served write goes in the file.
+#[derive(Clone, Copy)]
+enum At {
+    /// At this offset.
+    Offset(u64),
+    /// At the end of file as it stands under the lease (O_APPEND).
+    End,
+}
+
+/// Write `data` through the client, under the inode's write lease: the
+/// offset it went to, or `None` (nothing written: the caller writes
+/// through the kernel). The client commits a write whole or not at all
+/// (an error leaves nothing written), so a fallback never writes twice.
+/// The one error that follows a commit (returning freed blocks to a server
+/// that just died) leaves a kernel path that fails too (the mount is gone).
+fn pool_write(idx: usize, ofd: &Ofd, data: &[u8], at: At) -> Option<u64> {
+    if data.is_empty()
+        || !ofd.writable()
+        || crate::sync::maybe_mapped(ofd.ino.load(Ordering::Relaxed))
+    {
+        return None;
+    }
+    let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
+    let mut lease = m.checkout_writer(ofd.ino.load(Ordering::Relaxed))?;
+    let r = lease.with_file(idx, ofd, |c, f| match at {
+        At::Offset(off) => c.pwrite(f, off, data),
+        At::End => c.append(f, data),
+    })?;
+    let w = r.ok()?;
+    debug_assert_eq!(w.len, data.len(), "the client writes whole or fails");
+    (w.len == data.len()).then_some(w.offset)
+}
+
+/// pwrite(v) on the kernel descriptor.
+fn kernel_pwrite(fd: c_int, iov: &[iovec], off: u64) -> ssize_t {
     stats::bump(&stats::WRITE_KERNEL);
+    // SAFETY: the program's buffers, at an explicit offset.
+    unsafe {
+        if iov.len() == 1 {
+            real::pwrite64(fd, iov[0].iov_base, iov[0].iov_len, off as off64_t)
+        } else {
+            real::pwritev64(fd, iov.as_ptr(), iov.len() as c_int, off as off64_t)
+        }
+    }
+}
+
+/// A write at the file position (or the end of file, O_APPEND), which it
+/// advances: through the client if `pool` and it can, else the kernel
+/// descriptor at the library's offset.
+fn write_seq(fd: c_int, idx: usize, ofd: &Ofd, iov: &[iovec], pool: bool) -> ssize_t {
+    let data = if pool { Some(gather(iov)) } else { None };
     if ofd.append() {
+        if let Some(d) = &data {
+            if let Some(at) = pool_write(idx, ofd, d, At::End) {
+                stats::bump(&stats::WRITE_LOCAL);
+                ofd.offset.store(at + d.len() as u64, Ordering::Release);
+                return d.len() as ssize_t;
+            }
+        }
+        stats::bump(&stats::WRITE_KERNEL);
         // The kernel appends at its end of file and moves its offset there.
         // SAFETY: the program's buffers, passed on.
         let r = unsafe { real::writev(fd, iov.as_ptr(), iov.len() as c_int) };
@@ -348,15 +426,16 @@ fn write_seq(fd: c_int, ofd: &Ofd, iov: &[iovec]) -> ssize_t {
         return r;
     }
     let len: u64 = iov.iter().map(|v| v.iov_len as u64).sum();
+    // Take the bytes [off, off + len) of the file position first: threads
+    // or processes sharing the description write one after the other.
     let off = ofd.offset.fetch_add(len, Ordering::AcqRel);
-    // SAFETY: the program's buffers, at an explicit offset.
-    let r = unsafe {
-        if iov.len() == 1 {
-            real::pwrite64(fd, iov[0].iov_base, iov[0].iov_len, off as off64_t)
-        } else {
-            real::pwritev64(fd, iov.as_ptr(), iov.len() as c_int, off as off64_t)
+    if let Some(d) = &data {
+        if pool_write(idx, ofd, d, At::Offset(off)).is_some() {
+            stats::bump(&stats::WRITE_LOCAL);
+            return len as ssize_t;
         }
-    };
+    }
+    let r = kernel_pwrite(fd, iov, off);
     let done = r.max(0) as u64;
     if done < len {
         // Give back what was not written (unless the offset moved since).
@@ -367,14 +446,31 @@ fn write_seq(fd: c_int, ofd: &Ofd, iov: &[iovec]) -> ssize_t {
     r
 }
 
+/// pwrite(v) on a served descriptor: at `off` (at the end of file if the
+/// descriptor is O_APPEND, as Linux does), the file position untouched.
+fn write_at(fd: c_int, idx: usize, ofd: &Ofd, iov: &[iovec], off: u64) -> ssize_t {
+    let data = gather(iov);
+    let at = if ofd.append() {
+        At::End
+    } else {
+        At::Offset(off)
+    };
+    if pool_write(idx, ofd, &data, at).is_some() {
+        stats::bump(&stats::WRITE_LOCAL);
+        return data.len() as ssize_t;
+    }
+    kernel_pwrite(fd, iov, off)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
-    if let Route::Served(_, ofd) = route(fd, Op::Write) {
-        // Kernel calls and atomics only: also right inside the library.
+    if let Route::Served(idx, ofd) = route(fd, Op::Write) {
+        // Without the pool: kernel calls and atomics only, also right
+        // inside the library (a signal handler).
         if guard::inside() {
-            return write_seq(fd, ofd, &one(buf.cast_mut(), n));
+            return write_seq(fd, idx, ofd, &one(buf.cast_mut(), n), false);
         }
-        if let Some(r) = guard::run(|| write_seq(fd, ofd, &one(buf.cast_mut(), n))) {
+        if let Some(r) = guard::run(|| write_seq(fd, idx, ofd, &one(buf.cast_mut(), n), true)) {
             return r;
         }
     }
@@ -384,17 +480,79 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
 
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    if let (Route::Served(_, ofd), Some(v)) = (route(fd, Op::Write), unsafe { iovs(iov, cnt) }) {
+    if let (Route::Served(idx, ofd), Some(v)) = (route(fd, Op::Write), unsafe { iovs(iov, cnt) }) {
         if guard::inside() {
-            return write_seq(fd, ofd, v);
+            return write_seq(fd, idx, ofd, v, false);
         }
-        if let Some(r) = guard::run(|| write_seq(fd, ofd, v)) {
+        if let Some(r) = guard::run(|| write_seq(fd, idx, ofd, v, true)) {
             return r;
         }
     }
     // SAFETY: as called.
     unsafe { real::writev(fd, iov, cnt) }
 }
+
+#[no_mangle]
+pub unsafe extern "C" fn pwrite64(
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    off: off64_t,
+) -> ssize_t {
+    if off >= 0 && !guard::inside() {
+        if let Route::Served(idx, ofd) = route(fd, Op::Write) {
+            if let Some(r) =
+                guard::run(|| write_at(fd, idx, ofd, &one(buf.cast_mut(), n), off as u64))
+            {
+                return r;
+            }
+        }
+    }
+    // SAFETY: as called.
+    unsafe { real::pwrite64(fd, buf, n, off) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pwrite(fd: c_int, buf: *const c_void, n: size_t, off: off64_t) -> ssize_t {
+    // SAFETY: as called.
+    unsafe { pwrite64(fd, buf, n, off) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pwritev64(
+    fd: c_int,
+    iov: *const iovec,
+    cnt: c_int,
+    off: off64_t,
+) -> ssize_t {
+    if off >= 0 && !guard::inside() {
+        if let (Route::Served(idx, ofd), Some(v)) =
+            (route(fd, Op::Write), unsafe { iovs(iov, cnt) })
+        {
+            if let Some(r) = guard::run(|| write_at(fd, idx, ofd, v, off as u64)) {
+                return r;
+            }
+        }
+    }
+    // SAFETY: as called.
+    unsafe { real::pwritev64(fd, iov, cnt, off) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pwritev(
+    fd: c_int,
+    iov: *const iovec,
+    cnt: c_int,
+    off: off64_t,
+) -> ssize_t {
+    // SAFETY: as called.
+    unsafe { pwritev64(fd, iov, cnt, off) }
+}
+
+/// pwritev2 flags a served write honours: every write through the client
+/// is durable on return (strict and sync modes), which is what RWF_DSYNC
+/// and RWF_SYNC ask.
+const SERVED_RWF: c_int = libc::RWF_DSYNC | libc::RWF_SYNC;
 
 #[no_mangle]
 pub unsafe extern "C" fn pwritev64v2(
@@ -404,18 +562,24 @@ pub unsafe extern "C" fn pwritev64v2(
     off: off64_t,
     flags: c_int,
 ) -> ssize_t {
+    if flags & !SERVED_RWF == 0 {
+        if off == -1 {
+            // SAFETY: as called.
+            return unsafe { writev(fd, iov, cnt) };
+        }
+        // SAFETY: as called.
+        return unsafe { pwritev64(fd, iov, cnt, off) };
+    }
     if off == -1 {
-        if let (Route::Served(_, ofd), Some(v)) = (route(fd, Op::Write), unsafe { iovs(iov, cnt) })
+        if let (Route::Served(_, ofd), Some(_)) = (route(fd, Op::Write), unsafe { iovs(iov, cnt) })
         {
-            if flags == 0 {
-                if let Some(r) = guard::run(|| write_seq(fd, ofd, v)) {
-                    return r;
-                }
-            }
+            // Other flags (RWF_NOWAIT, RWF_APPEND...): the kernel, at the
+            // library's offset.
+            stats::bump(&stats::WRITE_KERNEL);
             let at = ofd.offset.load(Ordering::Acquire) as off64_t;
             // SAFETY: as called, at the library's offset.
             let r = unsafe { real::pwritev64v2(fd, iov, cnt, at, flags) };
-            if r > 0 && !ofd.append() {
+            if r > 0 && !ofd.append() && flags & libc::RWF_APPEND == 0 {
                 ofd.offset
                     .store((at + r as off64_t) as u64, Ordering::Release);
             }
@@ -436,6 +600,49 @@ pub unsafe extern "C" fn pwritev2(
 ) -> ssize_t {
     // SAFETY: as called.
     unsafe { pwritev64v2(fd, iov, cnt, off, flags) }
+}
+
+/// ftruncate through the client, under the inode's write lease. `None`:
+/// the kernel does it (not open for writing, a length the kernel refuses,
+/// any error of the client, which then changed nothing).
+fn pool_truncate(idx: usize, ofd: &Ofd, len: off64_t) -> Option<c_int> {
+    if len < 0
+        || !ofd.writable()
+        || ofd.is_dir()
+        || crate::sync::maybe_mapped(ofd.ino.load(Ordering::Relaxed))
+    {
+        return None;
+    }
+    let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
+    let mut lease = m.checkout_writer(ofd.ino.load(Ordering::Relaxed))?;
+    // The caller's ids: the engine drops set-user-ID and set-group-ID bits
+    // as Linux does for them.
+    let cred = crate::path::credentials(false);
+    lease
+        .with_file(idx, ofd, |c, f| c.truncate(&cred, f, len as u64))?
+        .ok()?;
+    stats::bump(&stats::WRITE_LOCAL);
+    Some(0)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ftruncate64(fd: c_int, len: off64_t) -> c_int {
+    if !guard::inside() {
+        if let Route::Served(idx, ofd) = route(fd, Op::Write) {
+            if let Some(Some(r)) = guard::run(|| pool_truncate(idx, ofd, len)) {
+                return r;
+            }
+            stats::bump(&stats::WRITE_KERNEL);
+        }
+    }
+    // SAFETY: no memory involved.
+    unsafe { real::ftruncate64(fd, len) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ftruncate(fd: c_int, len: off64_t) -> c_int {
+    // SAFETY: as called.
+    unsafe { ftruncate64(fd, len) }
 }
 
 /// The size of a served file: from the pool, else the kernel's fstat.

@@ -1,16 +1,17 @@
 //! `libinkfs_preload.so`: run a program with
 //! `LD_PRELOAD=libinkfs_preload.so` (or `inkfs run -- CMD`) and its reads,
-//! stats and directory listings of files under an inkfs mount are served
-//! from the pool mapped in the process, with no kernel crossing
-//! (docs/KERNEL-FREE.md, "Built: the preload library").
+//! writes, fsyncs, stats and directory listings of files under an inkfs
+//! mount are served from the pool mapped in the process (writes under the
+//! inode's write lease), with no kernel crossing (docs/KERNEL-FREE.md,
+//! "Built: the preload library").
 //!
 //! Every file the program opens on the mount is opened on the mount too
 //! (the program gets that real descriptor's number); the library keeps
 //! its own state beside it ([`table`]) and serves the calls it knows from
 //! the pool through an attached [`inkfs::api::client::Client`]
 //! ([`mounts`]). Everything else goes to the kernel descriptor, which is
-//! always valid: writes, truncation, fsync, locks, mmap, namespace
-//! changes, attributes, xattrs. [`io::route`] is the one place that decides
+//! always valid: locks, mmap, fallocate, namespace changes, attributes,
+//! xattrs, and any write the client cannot make. [`io::route`] is the one place that decides
 //! which way a data call goes.
 //!
 //! Not on an inkfs mount, attach refused (trust rule, posix mode, hybrid
@@ -33,6 +34,7 @@ pub mod process;
 pub mod real;
 pub mod stats;
 pub mod stdio;
+pub mod sync;
 pub mod table;
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu", target_arch = "x86_64")))]
@@ -41,16 +43,25 @@ compile_error!(
      fixed arguments, which the x86-64 System V ABI allows; it interposes glibc"
 );
 
-/// At load: read the environment; silence panics (a panic in the library
-/// is caught and the call goes to the kernel: no message in the program's
-/// output).
+/// At load: read the environment and the mount table; silence panics (a
+/// panic in the library is caught and the call goes to the kernel: no
+/// message in the program's output).
 extern "C" fn on_load() {
-    let _ = guard::run(|| {
+    let _ = guard::run_always(|| {
         if std::env::var_os("INKFS_PRELOAD_DEBUG").is_none() {
             std::panic::set_hook(Box::new(|_| {}));
         }
         stats::init();
+        // The mount table now, not at the first call that needs it: that
+        // call may come from inside the program's allocator (jemalloc, in
+        // redis-server, calls readlink and open while it initializes
+        // under its own lock), and reading the table allocates: a
+        // deadlock. Here, inside the library, this allocation initializes
+        // a lazy allocator, and whatever it calls meanwhile goes straight
+        // to libc (guard.rs).
+        let _ = mounts::all();
     });
+    guard::set_loaded();
 }
 
 /// At exit: the statistics line, if asked for.

@@ -1,8 +1,8 @@
 //! The FUSE mounts this process may serve, and the clients attached to
 //! them.
 //!
-//! The mount table is read from /proc/self/mountinfo once, at the first
-//! call that needs it (a process that never names a path never reads it).
+//! The mount table is read from /proc/self/mountinfo once, when the
+//! library is loaded (lib.rs says why not later).
 //! Each FUSE mount is a candidate: whether it is an inkfs mount that lets
 //! this process in is the attach's answer, asked at the first call that
 //! would be served on it. A refused or failed attach marks the mount
@@ -14,6 +14,13 @@
 //! that finds every cell busy and none left to attach takes the kernel
 //! path. So a process uses one slot of the mount's 64 per thread that
 //! actually runs a served call concurrently, at most [`CLIENTS`].
+//!
+//! Writes: a write lease is a client's (its session's), so two cells of
+//! one process writing one inode would recall the lease from each other
+//! at every write. Every write, truncate and fsync of inode `ino` in this
+//! process therefore goes through cell `ino % CLIENTS`
+//! ([`Mount::checkout_writer`]), waiting for it if another thread has it
+//! checked out; reads take any idle cell (they need no lease).
 
 use std::cell::UnsafeCell;
 use std::path::Path;
@@ -27,6 +34,9 @@ use crate::table::{Ofd, MAX_OFD};
 
 /// Clients per mount per process (each one of the mount's 64 slots).
 pub const CLIENTS: usize = 4;
+/// How long a write waits for its inode's client cell before it goes
+/// through the kernel instead.
+const WRITER_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 const EMPTY: u8 = 0;
 const ATTACHING: u8 = 1;
@@ -105,9 +115,10 @@ impl Lease<'_> {
         Some(f(&self.slot.client, file))
     }
 
-    /// The engine's handle for open file `idx` (opened at first use).
-    /// The kernel checked the permissions when the program opened its
-    /// descriptor, so the handle is opened without checks.
+    /// The engine's handle for open file `idx` (opened at first use), with
+    /// the descriptor's access mode. The kernel checked the permissions
+    /// when the program opened its descriptor, so the handle is opened
+    /// without checks.
     fn file(&mut self, idx: usize, ofd: &Ofd) -> Option<&File> {
         let gen = ofd.gen.load(Ordering::Acquire);
         let entry = self.slot.files.get_mut(idx)?;
@@ -122,9 +133,11 @@ impl Lease<'_> {
             let f = if ofd.is_dir() {
                 self.slot.client.opendir(&root, ino)
             } else {
-                self.slot
-                    .client
-                    .open(&root, ino, OpenFlags::new(libc::O_RDONLY))
+                // The descriptor's access mode (never O_TRUNC or O_CREAT:
+                // the kernel's open did those). O_APPEND is decided per
+                // call from the entry's flags, which F_SETFL may change.
+                let acc = ofd.flags.load(Ordering::Relaxed) as i32 & libc::O_ACCMODE;
+                self.slot.client.open(&root, ino, OpenFlags::new(acc))
             };
             *entry = Some((gen, f.ok()?));
         }
@@ -156,32 +169,89 @@ impl Mount {
             {
                 continue;
             }
-            match self.attach() {
-                Some(slot) => {
-                    // SAFETY: this thread owns the cell (ATTACHING).
-                    unsafe { *cell.slot.get() = Some(Box::new(slot)) };
-                    cell.state.store(BUSY, Ordering::Release);
-                    return Some(lease(cell));
-                }
-                None => {
-                    cell.state.store(DEAD, Ordering::Release);
-                    // The first refusal is the mount's answer; later ones
-                    // (64 slots taken) only cost this cell.
-                    if i == 0 {
-                        self.refused.store(true, Ordering::Relaxed);
-                        crate::stats::bump(&crate::stats::ATTACH_REFUSED);
-                    }
-                    return None;
-                }
-            }
+            return self.attach_cell(i, cell);
         }
         None
+    }
+
+    /// The client that writes inode `ino` in this process: always the
+    /// same cell (`ino % CLIENTS`), so one client of the process holds an
+    /// inode's write lease and two threads writing one file never recall
+    /// it from each other. Waits while the cell is busy (a read or a write
+    /// of another thread: short), up to [`WRITER_WAIT`]; `None` after
+    /// that, or if the cell cannot attach: the write then goes through
+    /// the kernel descriptor (correct, only slower: the server recalls the
+    /// lease).
+    pub fn checkout_writer(&self, ino: u64) -> Option<Lease<'_>> {
+        if self.refused.load(Ordering::Relaxed) {
+            return None;
+        }
+        let i = (ino % CLIENTS as u64) as usize;
+        let cell = &self.cells[i];
+        let mut since: Option<std::time::Instant> = None;
+        loop {
+            match cell
+                .state
+                .compare_exchange(IDLE, BUSY, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => return Some(lease(cell)),
+                Err(EMPTY) => {
+                    if cell
+                        .state
+                        .compare_exchange(EMPTY, ATTACHING, Ordering::Acquire, Ordering::Relaxed)
+                        .is_ok()
+                    {
+                        return self.attach_cell(i, cell);
+                    }
+                }
+                Err(DEAD) => return None,
+                Err(_) => {}
+            }
+            let t = *since.get_or_insert_with(std::time::Instant::now);
+            if t.elapsed() > WRITER_WAIT {
+                return None;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Attach the client of `cell` (number `i`), which this thread moved
+    /// to ATTACHING.
+    fn attach_cell<'a>(&self, i: usize, cell: &'a Cell) -> Option<Lease<'a>> {
+        match self.attach() {
+            Some(slot) => {
+                // SAFETY: this thread owns the cell (ATTACHING).
+                unsafe { *cell.slot.get() = Some(Box::new(slot)) };
+                cell.state.store(BUSY, Ordering::Release);
+                Some(lease(cell))
+            }
+            None => {
+                cell.state.store(DEAD, Ordering::Release);
+                // The first refusal is the mount's answer; later ones
+                // (64 slots taken) only cost this cell.
+                if i == 0 {
+                    self.refused.store(true, Ordering::Relaxed);
+                    crate::stats::bump(&crate::stats::ATTACH_REFUSED);
+                }
+                None
+            }
+        }
     }
 
     fn attach(&self) -> Option<Slot> {
         use std::os::unix::ffi::OsStrExt;
         let path = Path::new(std::ffi::OsStr::from_bytes(&self.path));
-        let client = Client::attach_mountpoint(path, self.owner).ok()?;
+        // The client starts threads of its own (the session's reader, the
+        // recall answerer). They must never run the program's signal
+        // handlers: a process-directed signal (SIGALRM of a timer, SIGCHLD)
+        // would otherwise run its handler on them, concurrently with one
+        // on the program's own thread, which a single-threaded program
+        // never expects. Threads inherit the creating thread's mask, so
+        // every signal is blocked while they start, and the mask restored.
+        let client = {
+            let _mask = BlockSignals::new();
+            Client::attach_mountpoint(path, self.owner).ok()?
+        };
         let mut files = Vec::new();
         files.resize_with(MAX_OFD, || None);
         Some(Slot { client, files })
@@ -224,6 +294,31 @@ impl Mount {
             }
             cell.state.store(EMPTY, Ordering::Release);
         }
+    }
+}
+
+/// Every signal blocked in this thread until dropped (the previous mask
+/// restored).
+struct BlockSignals(libc::sigset_t);
+
+impl BlockSignals {
+    fn new() -> BlockSignals {
+        // SAFETY: sigset_t is plain data; sigfillset and pthread_sigmask
+        // only write the sets given.
+        unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+            BlockSignals(old)
+        }
+    }
+}
+
+impl Drop for BlockSignals {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved in `new`.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
     }
 }
 

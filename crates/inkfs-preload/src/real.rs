@@ -61,6 +61,11 @@ mod fns {
         pwritev64(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t) -> ssize_t, -1;
         pwritev64v2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t, flags: c_int) -> ssize_t, -1;
         lseek64(fd: c_int, off: off64_t, whence: c_int) -> off64_t, -1;
+        ftruncate64(fd: c_int, len: off64_t) -> c_int, -1;
+        fsync(fd: c_int) -> c_int, -1;
+        fdatasync(fd: c_int) -> c_int, -1;
+        sync_file_range(fd: c_int, off: off64_t, n: off64_t, flags: c_uint) -> c_int, -1;
+        mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off64_t) -> *mut c_void, libc::MAP_FAILED;
         close(fd: c_int) -> c_int, -1;
         close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int, -1;
         closefrom(low: c_int) -> (), ();

@@ -4,7 +4,8 @@
 //! process appends one line to FILE when it exits through exit() (not
 //! _exit, which runs no destructor):
 //! `pid=P read_local=N read_kernel=N stat_local=N stat_kernel=N
-//! dir_local=N dir_kernel=N write_kernel=N attach_refused=N`. That is how the tests tell a
+//! dir_local=N dir_kernel=N write_kernel=N attach_refused=N write_local=N
+//! sync_local=N`. That is how the tests tell a
 //! read served from the pool from one the kernel served.
 
 use std::io::Write;
@@ -17,10 +18,16 @@ pub static STAT_KERNEL: AtomicU64 = AtomicU64::new(0);
 pub static DIR_LOCAL: AtomicU64 = AtomicU64::new(0);
 pub static DIR_KERNEL: AtomicU64 = AtomicU64::new(0);
 pub static WRITE_KERNEL: AtomicU64 = AtomicU64::new(0);
+/// Writes (write, pwrite and their vector forms) and ftruncates served
+/// through the client under the inode's write lease.
+pub static WRITE_LOCAL: AtomicU64 = AtomicU64::new(0);
+/// fsync, fdatasync and sync_file_range answered by the client with no
+/// kernel call.
+pub static SYNC_LOCAL: AtomicU64 = AtomicU64::new(0);
 /// Mounts whose server refused this process (or could not be reached).
 pub static ATTACH_REFUSED: AtomicU64 = AtomicU64::new(0);
 
-const ALL: [&AtomicU64; 8] = [
+const ALL: [&AtomicU64; 10] = [
     &READ_LOCAL,
     &READ_KERNEL,
     &STAT_LOCAL,
@@ -29,6 +36,8 @@ const ALL: [&AtomicU64; 8] = [
     &DIR_KERNEL,
     &WRITE_KERNEL,
     &ATTACH_REFUSED,
+    &WRITE_LOCAL,
+    &SYNC_LOCAL,
 ];
 
 pub const ENV: &str = "INKFS_PRELOAD_STATS";
@@ -83,7 +92,7 @@ pub fn report() {
     let v = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let _ = writeln!(
         cur,
-        "pid={} read_local={} read_kernel={} stat_local={} stat_kernel={} dir_local={} dir_kernel={} write_kernel={} attach_refused={}",
+        "pid={} read_local={} read_kernel={} stat_local={} stat_kernel={} dir_local={} dir_kernel={} write_kernel={} attach_refused={} write_local={} sync_local={}",
         std::process::id(),
         v(&READ_LOCAL),
         v(&READ_KERNEL),
@@ -93,6 +102,8 @@ pub fn report() {
         v(&DIR_KERNEL),
         v(&WRITE_KERNEL),
         v(&ATTACH_REFUSED),
+        v(&WRITE_LOCAL),
+        v(&SYNC_LOCAL),
     );
     let n = cur.position() as usize;
     // SAFETY: NUL-terminated path, our own buffer; real calls only.

@@ -6,8 +6,8 @@
 //! one, registered if served); a served descriptor gets a cookie FILE,
 //! any other a plain one (`fdopen`). fdopen of a served descriptor gets a
 //! cookie FILE too. The cookie FILE's `_fileno` is set to the descriptor,
-//! so `fileno()` answers as for any FILE (fstat, fsync, fadvise on it go
-//! to the kernel descriptor). Not served: freopen (glibc reopens with its
+//! so `fileno()` answers as for any FILE (fstat, fsync on it are the
+//! library's, fadvise the kernel descriptor's). Not served: freopen (glibc reopens with its
 //! internal open; the library forgets the old and new numbers), wide-
 //! character `,ccs=` modes. fclose forgets the descriptor before glibc
 //! closes it.

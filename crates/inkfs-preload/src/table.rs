@@ -63,6 +63,9 @@ impl Ofd {
     pub fn readable(&self) -> bool {
         self.flags.load(Ordering::Relaxed) as i32 & libc::O_ACCMODE != libc::O_WRONLY
     }
+    pub fn writable(&self) -> bool {
+        self.flags.load(Ordering::Relaxed) as i32 & libc::O_ACCMODE != libc::O_RDONLY
+    }
     pub fn append(&self) -> bool {
         self.flags.load(Ordering::Relaxed) as i32 & libc::O_APPEND != 0
     }
@@ -141,6 +144,9 @@ pub fn local(fd: i32) -> Option<(usize, &'static Ofd)> {
 /// or S_IFDIR, status flags `flags`, offset 0. False if the table is full
 /// or `fd` out of range (the descriptor is then not served).
 pub fn register(fd: i32, mount: usize, ino: u64, kind: u32, flags: i32) -> bool {
+    if is_std(fd) {
+        return false;
+    }
     let Some(slot) = usize::try_from(fd).ok().and_then(|f| FDS.get(f)) else {
         return false;
     };
@@ -205,6 +211,30 @@ pub fn dup(old: i32, new: i32) {
         None => 0,
     };
     release_index(slot.swap(target, Ordering::AcqRel));
+    if target != 0 && is_std(new) {
+        hand_to_kernel(new);
+    }
+}
+
+/// Descriptors 0, 1 and 2: glibc's stdin, stdout and stderr FILEs read
+/// and write them with its internal read and write, which the library
+/// never sees (the kernel's offset moves, the library's does not). So an
+/// open that returns one of them is not served, and a served open file
+/// dup'ed onto one (a shell's `>`, `<&3`) is handed to the kernel for good,
+/// as at exec: one offset, the kernel's, for every descriptor sharing it.
+fn is_std(fd: i32) -> bool {
+    (0..=2).contains(&fd)
+}
+
+/// Hand `fd`'s open file to the kernel: the kernel descriptor takes the
+/// library's offset, then every call on the open file (in any process
+/// sharing it) goes to the kernel.
+pub fn hand_to_kernel(fd: i32) {
+    let Some((_, o)) = local(fd) else { return };
+    let off = o.offset.load(Ordering::Acquire);
+    // SAFETY: no memory involved.
+    unsafe { crate::real::lseek64(fd, off as i64, libc::SEEK_SET) };
+    o.state.store(KERNEL, Ordering::Release);
 }
 
 /// Every served descriptor: `(fd, index, open file)`.
