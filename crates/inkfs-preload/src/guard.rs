@@ -45,6 +45,18 @@ pub fn run<R>(f: impl FnOnce() -> R) -> Option<R> {
     run_always(f)
 }
 
+/// Serve a call: `f(true)` under [`run`] (the pool may be used), or
+/// `f(false)` at once on a thread already inside the library (a signal
+/// handler that interrupted it: no client, nothing that locks or
+/// allocates). `None` when [`run`] gives none: the caller does the real
+/// call.
+pub fn serve<R>(f: impl FnOnce(bool) -> R) -> Option<R> {
+    if inside() {
+        return Some(f(false));
+    }
+    run(|| f(true))
+}
+
 /// [`run`], also before the constructor is done (the constructor's own
 /// work).
 pub fn run_always<R>(f: impl FnOnce() -> R) -> Option<R> {

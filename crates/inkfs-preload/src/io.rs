@@ -171,10 +171,7 @@ unsafe fn iovs<'a>(iov: *const iovec, cnt: c_int) -> Option<&'a [iovec]> {
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
     if let Route::Served(idx, ofd) = route(fd, Op::Read) {
-        if guard::inside() {
-            return read_seq(fd, idx, ofd, &one(buf, n), false);
-        }
-        if let Some(r) = guard::run(|| read_seq(fd, idx, ofd, &one(buf, n), true)) {
+        if let Some(r) = guard::serve(|pool| read_seq(fd, idx, ofd, &one(buf, n), pool)) {
             return r;
         }
     }
@@ -251,10 +248,7 @@ pub unsafe extern "C" fn __pread_chk(
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     if let (Route::Served(idx, ofd), Some(v)) = (route(fd, Op::Read), unsafe { iovs(iov, cnt) }) {
-        if guard::inside() {
-            return read_seq(fd, idx, ofd, v, false);
-        }
-        if let Some(r) = guard::run(|| read_seq(fd, idx, ofd, v, true)) {
+        if let Some(r) = guard::serve(|pool| read_seq(fd, idx, ofd, v, pool)) {
             return r;
         }
     }
@@ -467,10 +461,8 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
     if let Route::Served(idx, ofd) = route(fd, Op::Write) {
         // Without the pool: kernel calls and atomics only, also right
         // inside the library (a signal handler).
-        if guard::inside() {
-            return write_seq(fd, idx, ofd, &one(buf.cast_mut(), n), false);
-        }
-        if let Some(r) = guard::run(|| write_seq(fd, idx, ofd, &one(buf.cast_mut(), n), true)) {
+        if let Some(r) = guard::serve(|pool| write_seq(fd, idx, ofd, &one(buf.cast_mut(), n), pool))
+        {
             return r;
         }
     }
@@ -481,10 +473,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     if let (Route::Served(idx, ofd), Some(v)) = (route(fd, Op::Write), unsafe { iovs(iov, cnt) }) {
-        if guard::inside() {
-            return write_seq(fd, idx, ofd, v, false);
-        }
-        if let Some(r) = guard::run(|| write_seq(fd, idx, ofd, v, true)) {
+        if let Some(r) = guard::serve(|pool| write_seq(fd, idx, ofd, v, pool)) {
             return r;
         }
     }
@@ -712,10 +701,7 @@ fn seek(fd: c_int, ofd: &Ofd, off: off64_t, whence: c_int) -> off64_t {
 #[no_mangle]
 pub unsafe extern "C" fn lseek64(fd: c_int, off: off64_t, whence: c_int) -> off64_t {
     if let Route::Served(_, ofd) = route(fd, Op::Seek) {
-        if guard::inside() {
-            return seek(fd, ofd, off, whence);
-        }
-        if let Some(r) = guard::run(|| seek(fd, ofd, off, whence)) {
+        if let Some(r) = guard::serve(|_| seek(fd, ofd, off, whence)) {
             return r;
         }
     }

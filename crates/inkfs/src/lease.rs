@@ -27,15 +27,12 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::alloc::{BlockAllocator, InodeSlots};
 use crate::error::{errno, Error, Result};
-use crate::format::*;
-use crate::fs::{Fs, MountReport, Parts};
-use crate::inode::{lock, read, write, Body, InodeTables};
+use crate::fs::Fs;
+use crate::inode::{lock, read, write, Body};
 use crate::log;
 use crate::pmem::Pmem;
-use crate::superblock::{self, Geometry};
-use crate::types::{FileKind, Mode, MountOptions};
+use crate::types::{FileKind, Mode};
 
 /// Told by the engine before it uses an inode (the server's lease table):
 /// a lease held on it by another process is recalled before this returns.
@@ -72,38 +69,8 @@ impl<P: Pmem> Fs<P> {
     /// of inodes leased to it (see the module comment); as
     /// [`Fs::attach`] otherwise. The mapping must be writable.
     pub fn attach_client(pm: P, mode: Mode) -> Result<Fs<P>> {
-        let (sb, _) = superblock::read_superblock(&pm)?;
-        if sb.state != STATE_MOUNTED {
-            return Err(Error::BadPool(
-                "the pool is not mounted: nothing to attach to".into(),
-            ));
-        }
-        if sb.has_data_device() {
-            return Err(Error::BadPool(
-                "attaching to a hybrid pool (one with a data device) is not supported yet".into(),
-            ));
-        }
-        let geo = Geometry::of(&sb);
-        let parts = Parts {
-            sb,
-            geo,
-            tables: InodeTables::open(&geo),
-            // Empty until the server reserves blocks for this client.
-            blocks: BlockAllocator::new_all_used(geo.lane_count, geo.first_data_block, geo.total_blocks),
-            slots: InodeSlots::new(geo.lane_count),
-            report: MountReport::default(),
-            data: None,
-        };
-        let opts = MountOptions {
-            mode,
-            // Read-only but for lease writes (`may_write`).
-            read_only: true,
-            ..Default::default()
-        };
-        let mut fs = Fs::assemble(pm, parts, &opts);
+        let mut fs = Fs::attach(pm, mode)?;
         fs.client = Some(ClientSide::default());
-        fs.set_shared(true);
-        fs.iget(ROOT_INO)?;
         Ok(fs)
     }
 
