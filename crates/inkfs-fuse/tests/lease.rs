@@ -457,6 +457,40 @@ fn appends_of_two_clients_interleave_whole() {
     fsck_clean(&pool);
 }
 
+/// Clients taking an O_APPEND file's lease from one another, record by
+/// record: each recall settles the lease and the server then collects the
+/// log (compacts it, the log being mostly dead entries of rewritten tail
+/// blocks). A grant made during that compaction let the next client
+/// append to the log being replaced, and its acknowledged records were
+/// lost with it (or its next appends failed): 7 runs in 150 failed so
+/// before the fix, none in 300 after. A stress test, not deterministic.
+#[test]
+fn appends_of_clients_survive_the_log_collected_at_each_recall() {
+    require_root();
+    let pool = Pool::new("lease-append-gc", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    let f = m.p("log");
+    std::fs::write(&f, b"").unwrap();
+    let tags = [65u8, 66, 67, 68];
+    let mut clients: Vec<ClientProc> = tags.iter().map(|_| ClientProc::start(m.path())).collect();
+    for c in clients.iter_mut() {
+        assert_eq!(c.ask("open log append"), "open ok");
+    }
+    let (n, len) = (1000u32, 100usize);
+    for (c, tag) in clients.iter_mut().zip(tags) {
+        c.tell(&format!("appendloop {n} {len} {tag}"));
+    }
+    for c in clients.iter_mut() {
+        assert_eq!(c.answer(), "appendloop 0");
+    }
+    check_records(&std::fs::read(&f).unwrap(), len, &tags, n);
+    for c in clients {
+        c.quit();
+    }
+    drop(m);
+    fsck_clean(&pool);
+}
+
 /// Why the records above stay whole: an O_APPEND write(2) through the
 /// mount reaches the server as one request, placed at the end of file at
 /// once, in strict, sync and posix-without-writeback modes. Through the
