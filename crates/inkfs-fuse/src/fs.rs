@@ -49,7 +49,8 @@
 //!   reads are never stale, repeated reads cost no round trip, and `mmap`
 //!   works, including shared writable mappings (which `direct_io` would
 //!   forbid); dirty mmap pages reach the engine at `msync`/`fsync`/unmap, as
-//!   POSIX allows.
+//!   POSIX allows. Except O_APPEND opens in these modes: `direct_io`, so
+//!   that each append reaches the engine as one request (`prepare_open`).
 //! - Two worker threads blocking on the device (`threads=2`, no polling)
 //!   by default. On this 2-vCPU VM a single thread sleeping between
 //!   requests costs ~30 µs of wake-up per request; polling (`-o poll`,
@@ -67,7 +68,7 @@
 //!   allows by default); readahead is the kernel's (128 KiB by default: INIT
 //!   may only lower it). No splice and no FUSE over io_uring: fuser 0.18
 //!   offers neither. FOPEN_PARALLEL_DIRECT_WRITES would only concern the
-//!   `direct_io` opens of append-only files.
+//!   `direct_io` opens of append-only files and O_APPEND opens.
 //! - FLUSH is answered ENOSYS: nothing is buffered here, and the kernel
 //!   then stops sending it, so a close costs one request (RELEASE) instead
 //!   of two; the kernel still writes a file's dirty pages back at close
@@ -506,7 +507,21 @@ impl InkFuse {
     /// writeback cache needs of it (see the module comment).
     fn prepare_open(&self, file: &File, flags: i32) -> api::Result<FopenFlags> {
         let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        if !self.caching.writeback || !writes {
+        if !self.caching.writeback {
+            // Written through: an O_APPEND open is uncached, so that each
+            // write(2) reaches us whole, as one request that the engine
+            // places at its end of file atomically. Through the page cache
+            // the kernel cuts a write at every page it has not read (each
+            // piece a request of its own, at the end as it then is), and
+            // places the data in its pages at its own end of file, stale
+            // once a client appended under a lease: a lease granted between
+            // two pieces let a client's record land inside ours.
+            if writes && flags & libc::O_APPEND != 0 {
+                return Ok(OPEN_FLAGS | FopenFlags::FOPEN_DIRECT_IO);
+            }
+            return Ok(OPEN_FLAGS);
+        }
+        if !writes {
             return Ok(OPEN_FLAGS);
         }
         file.allow_cache_fill();

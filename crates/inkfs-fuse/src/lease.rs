@@ -23,7 +23,8 @@
 //!   at the grant and does not any more, and that the client did not
 //!   return, go to the limbo; blocks of the client's reservation the inode
 //!   now refers to leave the reservation. At death, the rest of the
-//!   reservation goes to the limbo too.
+//!   reservation goes to the limbo too. Then the server collects the log,
+//!   the inode busy meanwhile (no grant while the log is replaced).
 //!
 //! The fast path (no client attached) is one relaxed load.
 
@@ -337,17 +338,32 @@ impl Leases {
         drop(books);
         e.holder = None;
         e.recalling = false;
+        // The holder collected nothing: the log's GC is due now, before
+        // anyone leases it again. Busy meanwhile, as under a request: a
+        // client granted the lease during the compaction would append to
+        // the log being replaced, and its records would be lost with it.
+        let collect = after.is_ok();
+        if collect {
+            e.busy += 1;
+        }
         if e.idle() {
             map.remove(&ino);
         }
         shard.changed.notify_all();
         drop(map);
         engine.return_blocks(&freed.ranges());
-        // The holder collected nothing: the log's GC is due now, before
-        // anyone leases it again (a request waiting for this recall may
-        // get there first; it collects after its own operation).
-        if after.is_ok() {
+        if collect {
+            // A request waiting for this recall may get there first; it
+            // collects after its own operation.
             let _ = engine.collect_log(ino);
+            let mut map = lock(&shard.map);
+            if let Some(e) = map.get_mut(&ino) {
+                e.busy = e.busy.saturating_sub(1);
+                if e.idle() {
+                    map.remove(&ino);
+                }
+            }
+            shard.changed.notify_all();
         }
     }
 
