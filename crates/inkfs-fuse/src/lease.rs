@@ -140,6 +140,21 @@ impl Leases {
         &self.shards[(ino as usize) & (SHARDS - 1)]
     }
 
+    /// One hold on `ino` (a request's, or settle's while it collects the
+    /// log) ends: forget an entry nothing uses any more, and wake a grant
+    /// waiting for the inode to be idle.
+    fn unbusy(&self, ino: u64) {
+        let shard = self.shard(ino);
+        let mut map = lock(&shard.map);
+        if let Some(e) = map.get_mut(&ino) {
+            e.busy = e.busy.saturating_sub(1);
+            if e.idle() {
+                map.remove(&ino);
+            }
+        }
+        shard.changed.notify_all();
+    }
+
     /// A client attached: its books, with the pid to kill it by.
     pub fn join(&self, id: u64, pid: i32, out: UnixStream) -> Arc<Holder> {
         self.attached.fetch_add(1, SeqCst);
@@ -356,14 +371,7 @@ impl Leases {
             // A request waiting for this recall may get there first; it
             // collects after its own operation.
             let _ = engine.collect_log(ino);
-            let mut map = lock(&shard.map);
-            if let Some(e) = map.get_mut(&ino) {
-                e.busy = e.busy.saturating_sub(1);
-                if e.idle() {
-                    map.remove(&ino);
-                }
-            }
-            shard.changed.notify_all();
+            self.unbusy(ino);
         }
     }
 
@@ -542,15 +550,7 @@ impl Drop for Scope {
         };
         let held = SCOPE.with(|s| s.borrow_mut().take()).unwrap_or_default();
         for ino in held {
-            let shard = leases.shard(ino);
-            let mut map = lock(&shard.map);
-            if let Some(e) = map.get_mut(&ino) {
-                e.busy = e.busy.saturating_sub(1);
-                if e.idle() {
-                    map.remove(&ino);
-                }
-            }
-            shard.changed.notify_all();
+            leases.unbusy(ino);
         }
     }
 }
