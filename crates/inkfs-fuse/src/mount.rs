@@ -683,7 +683,7 @@ pub fn run_engine(
     let mut adapter = InkFuse::new(engine.clone(), stats.clone(), caching, inval.clone());
     adapter.set_leases(leases.clone());
     let leases_held = Arc::downgrade(&leases);
-    let attach = AttachService::new(&engine, cfg.mode, leases)
+    let attach = AttachService::new(&engine, cfg.mode, leases, stats.clone())
         .map_err(|e| eprintln!("inkfs: attach: {e} (continuing without)"))
         .ok()
         .map(Arc::new);

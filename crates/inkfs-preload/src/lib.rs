@@ -29,6 +29,7 @@ pub mod guard;
 pub mod io;
 pub mod meta;
 pub mod mounts;
+pub mod names;
 pub mod path;
 pub mod process;
 pub mod real;
@@ -52,6 +53,7 @@ extern "C" fn on_load() {
             std::panic::set_hook(Box::new(|_| {}));
         }
         stats::init();
+        names::init();
         // The mount table now, not at the first call that needs it: that
         // call may come from inside the program's allocator (jemalloc, in
         // redis-server, calls readlink and open while it initializes

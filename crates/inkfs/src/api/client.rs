@@ -20,9 +20,11 @@
 //! of the client reads the session: answers to its requests, and recalls,
 //! which another thread answers once the write in flight on the inode is
 //! over (`inkfs::api::lease` has the messages). Everything else that
-//! changes the file system (namespace, chmod, chown, xattrs, flags) is the
-//! server's: through [`Client::call`] it gets EROFS, as before; make those
-//! calls through the mount.
+//! changes the file system (namespace, chmod, chown, xattrs) is the
+//! server's: [`Client::ns`] asks it to make such a change with given
+//! credentials (`inkfs::api::ns`); through [`Client::call`] those calls get
+//! EROFS. Requests that wait for an answer travel on the client's ring
+//! (`inkfs::api::ring`), recalls and their answers on the session.
 //!
 //! Coherence: in strict and sync modes the pool is current when a write
 //! through the mount returns, so a client sees it from its next call on.
@@ -45,6 +47,8 @@ use std::time::Duration;
 
 use super::attach::{self as wire, Answer, Grant};
 use super::lease::{Msg, LINE_MAX, RANGES_PER_LINE};
+use super::ns;
+use super::ring::Ring;
 use super::{File, Filesystem, Follow, OpenFlags, Written, ROOT_INO};
 use crate::error::{errno, Error, Result};
 use crate::fs::Fs;
@@ -52,6 +56,10 @@ use crate::perm::Credentials;
 use crate::pmem::{MappedPool, PoolFile, PoolOpenOptions};
 use crate::shm::SharedEpochs;
 use crate::types::{Attr, DirEntry, FileKind, Mode, SetAttr};
+
+/// `INKFS_CLIENT_CHANNEL=session`: requests on the session's socket
+/// instead of the ring (to measure one against the other).
+pub const CHANNEL_ENV: &str = "INKFS_CLIENT_CHANNEL";
 
 /// How long the server has to answer an attach.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -65,6 +73,11 @@ const RESERVE_TRIES: u32 = 3;
 /// A client of the inkfs mount a path is on.
 pub struct Client {
     shared: Arc<Shared>,
+    /// Requests that wait for an answer go here (`super::ring`)...
+    ring: Ring,
+    /// ...unless `INKFS_CLIENT_CHANNEL=session` asked for the session
+    /// (measurements of one against the other).
+    use_ring: bool,
     epochs: SharedEpochs,
     grant: Grant,
     mountpoint: PathBuf,
@@ -72,6 +85,8 @@ pub struct Client {
     conn: UnixStream,
     /// A call is running (and pinned): nested calls reuse its pin.
     pinned: Cell<bool>,
+    /// The last namespace request's number.
+    seq: Cell<u64>,
     /// The session's reader and the recall thread.
     threads: Vec<std::thread::JoinHandle<()>>,
     /// The process that attached (a child after fork has neither the
@@ -91,7 +106,7 @@ struct Shared {
     closed: AtomicBool,
     /// Per inode: whether this client holds its lease; locked for the
     /// whole of a write, so a recall waits for the write in flight.
-    leases: Mutex<HashMap<u64, Arc<Mutex<bool>>>>,
+    leases: Mutex<HashMap<u64, Arc<Mutex<LeaseState>>>>,
     /// Leases held now.
     held: AtomicUsize,
 }
@@ -132,7 +147,7 @@ impl Client {
         // reported when there is none. MSG_NOSIGNAL: no SIGPIPE for the
         // program this library runs in.
         let sent = wire::send_request(&conn);
-        let (grant, pool_fd, epochs_fd) = match (wire::recv_grant(&mut conn), sent) {
+        let granted = match (wire::recv_grant(&mut conn), sent) {
             (Ok(granted), _) => granted,
             (Err(refusal @ Answer::Refused(_)), _) => {
                 return Err(refused(mountpoint, &refusal.to_string()))
@@ -144,7 +159,14 @@ impl Client {
         // The session is idle from here on: no timeouts on it.
         conn.set_read_timeout(None)?;
         conn.set_write_timeout(None)?;
+        let wire::Granted {
+            grant,
+            pool: pool_fd,
+            epochs: epochs_fd,
+            ring,
+        } = granted;
         let epochs = SharedEpochs::from_fd(epochs_fd)?;
+        let ring = Ring::from_fd(ring)?;
         let label = mountpoint.join("(pool of this mount)");
         let file = PoolFile::from_fd(pool_fd, &label)?;
         // Writable when the server's own descriptor is (a read-only mount
@@ -176,13 +198,17 @@ impl Client {
             held: AtomicUsize::new(0),
         });
         let threads = start_threads(&shared, conn.try_clone()?)?;
+        let use_ring = std::env::var_os(CHANNEL_ENV).is_none_or(|v| v != "session");
         Ok(Client {
             shared,
+            ring,
+            use_ring,
             epochs,
             grant,
             mountpoint: mountpoint.to_path_buf(),
             conn,
             pinned: Cell::new(false),
+            seq: Cell::new(0),
             threads,
             pid: std::process::id(),
         })
@@ -389,14 +415,17 @@ impl Client {
             // first): nothing may be written any more.
             return errno(libc::EIO);
         }
-        if !*held {
-            match self.shared.request(Msg::Lease(ino))? {
-                Msg::Granted(i) if i == ino => {}
+        if !held.held {
+            match self.ask(&Msg::Lease(ino))? {
+                Msg::Granted(i, gen) if i == ino => {
+                    // A recall of this grant cannot have come first: it
+                    // waits for this lock.
+                    debug_assert!(gen > held.recalled);
+                    held.take(gen, &self.shared.held);
+                }
                 Msg::Denied(i, e) if i == ino => return errno(e),
                 other => return Err(protocol_error(&other)),
             }
-            *held = true;
-            self.shared.held.fetch_add(1, SeqCst);
         }
         let mut tries = 0;
         loop {
@@ -410,9 +439,9 @@ impl Client {
             if r.is_ok() && self.shared.fs.fs.client_log_due(ino) {
                 // Mostly dead entries: the server collects the log once it
                 // has the lease back (the next write asks for it again).
-                *held = false;
-                self.shared.held.fetch_sub(1, SeqCst);
-                self.shared.give_back(ino);
+                let gen = held.gen;
+                held.drop_lease(&self.shared.held);
+                self.shared.give_back(ino, gen);
             }
             match r {
                 Err(e) if e.errno() == libc::ENOSPC && tries < RESERVE_TRIES => {
@@ -427,9 +456,66 @@ impl Client {
         }
     }
 
+    /// Ask the server to make namespace change `op` with credentials
+    /// `cred` (docs/KERNEL-FREE.md, "Stage 4: the channel"): its answer,
+    /// whose `errno` is the engine's (0: made). A create's write lease
+    /// comes with it (held from now on unless recalled meanwhile). `Err`:
+    /// the request could not be asked (too long for a line, the session
+    /// closed): make the call through the mount instead.
+    pub fn ns(&self, cred: &Credentials, op: ns::Op) -> Result<ns::Done> {
+        let seq = self.seq.get() + 1;
+        self.seq.set(seq);
+        let req = ns::Request {
+            seq,
+            cred: cred.clone(),
+            op,
+        };
+        if !req.fits() {
+            return errno(libc::E2BIG);
+        }
+        let create = matches!(req.op, ns::Op::Create { .. });
+        match self.ask(&Msg::Ns(req))? {
+            Msg::Done(d) if d.seq == seq => {
+                if create && d.errno == 0 && d.gen != 0 {
+                    self.shared.granted_with_answer(d.ino, d.gen);
+                }
+                Ok(d)
+            }
+            other => Err(protocol_error(&other)),
+        }
+    }
+
+    /// Send a request on the ring and wait for its answer (EIO if the
+    /// server is gone).
+    fn ask(&self, msg: &Msg) -> Result<Msg> {
+        if self.shared.closed.load(SeqCst) {
+            return errno(libc::EIO);
+        }
+        if !self.use_ring {
+            return self.shared.request(msg.clone());
+        }
+        let line = msg.line();
+        let answer = self
+            .ring
+            .call(line.as_bytes(), || self.shared.closed.load(SeqCst))
+            .map_err(Error::Io)?;
+        let text = std::str::from_utf8(&answer).map_err(|_| Error::Errno(libc::EIO))?;
+        Msg::parse(text.trim_end()).ok_or_else(|| {
+            Error::Io(std::io::Error::other(format!(
+                "the server's answer {text:?} is not a message"
+            )))
+        })
+    }
+
+    /// Whether this client holds `ino`'s write lease now.
+    pub fn holds_lease(&self, ino: u64) -> bool {
+        let cell = lock(&self.shared.leases).get(&ino).cloned();
+        cell.is_some_and(|c| lock(&c).held)
+    }
+
     /// Ask for `want` more blocks: ENOSPC if the server has none.
     fn reserve(&self, want: u64) -> Result<()> {
-        match self.shared.request(Msg::Reserve(want))? {
+        match self.ask(&Msg::Reserve(want))? {
             Msg::Blocks(ranges) => self.shared.fs.fs.add_reservation(&ranges),
             Msg::NoSpace => errno(libc::ENOSPC),
             other => Err(protocol_error(&other)),
@@ -463,9 +549,49 @@ impl Drop for Client {
     }
 }
 
+/// This client's view of one inode's write lease.
+#[derive(Default)]
+struct LeaseState {
+    held: bool,
+    /// The grant held (when `held`).
+    gen: u64,
+    /// The latest grant the server recalled: a grant learnt of later (from
+    /// a create's answer, which a recall may overtake) that is not newer
+    /// was given back already.
+    recalled: u64,
+}
+
+impl LeaseState {
+    /// Grant `gen` is held now.
+    fn take(&mut self, gen: u64, count: &AtomicUsize) {
+        if !self.held {
+            count.fetch_add(1, SeqCst);
+        }
+        self.held = true;
+        self.gen = gen;
+    }
+
+    fn drop_lease(&mut self, count: &AtomicUsize) {
+        if self.held {
+            self.held = false;
+            count.fetch_sub(1, SeqCst);
+        }
+    }
+}
+
 impl Shared {
-    fn lease_cell(&self, ino: u64) -> Arc<Mutex<bool>> {
+    fn lease_cell(&self, ino: u64) -> Arc<Mutex<LeaseState>> {
         lock(&self.leases).entry(ino).or_default().clone()
+    }
+
+    /// A namespace request's answer granted the lease of `ino` (grant
+    /// `gen`): held unless it was recalled meanwhile.
+    fn granted_with_answer(&self, ino: u64, gen: u64) {
+        let cell = self.lease_cell(ino);
+        let mut st = lock(&cell);
+        if gen > st.recalled && (!st.held || st.gen <= gen) {
+            st.take(gen, &self.held);
+        }
     }
 
     fn send(&self, msg: &Msg) -> Result<()> {
@@ -502,21 +628,22 @@ impl Shared {
         }
     }
 
-    /// The server recalls `ino`'s lease: once the write in flight on it is
-    /// over, give it back with the blocks this client freed (and, holding
-    /// no other lease, its unused reservation).
-    fn recall(&self, ino: u64) {
+    /// The server recalls grant `gen` of `ino`'s lease: once the write in
+    /// flight on it is over, give it back with the blocks this client freed
+    /// (and, holding no other lease, its unused reservation).
+    fn recall(&self, ino: u64, gen: u64) {
         let cell = self.lease_cell(ino);
-        let mut held = lock(&cell);
-        if *held {
-            *held = false;
-            self.held.fetch_sub(1, SeqCst);
+        let mut st = lock(&cell);
+        st.recalled = st.recalled.max(gen);
+        if st.held && st.gen <= gen {
+            st.drop_lease(&self.held);
         }
-        self.give_back(ino);
+        self.give_back(ino, gen);
     }
 
-    /// Give `ino`'s lease back (its lock held, marked not held).
-    fn give_back(&self, ino: u64) {
+    /// Give grant `gen` of `ino`'s lease back (its lock held, marked not
+    /// held).
+    fn give_back(&self, ino: u64, gen: u64) {
         let fs = &self.fs.fs;
         fs.client_release_inode(ino);
         let mut back = fs.take_client_freed();
@@ -524,7 +651,7 @@ impl Shared {
             back.extend(fs.drain_reservation());
         }
         let _ = self.send_ranges(&back);
-        let _ = self.send(&Msg::Released(ino));
+        let _ = self.send(&Msg::Released(ino, gen));
     }
 }
 
@@ -546,13 +673,13 @@ fn start_threads(
     shared: &Arc<Shared>,
     conn: UnixStream,
 ) -> Result<Vec<std::thread::JoinHandle<()>>> {
-    let (tx, rx) = std::sync::mpsc::channel::<u64>();
+    let (tx, rx) = std::sync::mpsc::channel::<(u64, u64)>();
     let s = shared.clone();
     let recaller = std::thread::Builder::new()
         .name("inkfs-recall".into())
         .spawn(move || {
-            for ino in rx {
-                s.recall(ino);
+            for (ino, gen) in rx {
+                s.recall(ino, gen);
             }
         })?;
     let s = shared.clone();
@@ -566,7 +693,7 @@ fn start_threads(
     Ok(vec![reader, recaller])
 }
 
-fn read_session(s: &Shared, conn: &UnixStream, recalls: &std::sync::mpsc::Sender<u64>) {
+fn read_session(s: &Shared, conn: &UnixStream, recalls: &std::sync::mpsc::Sender<(u64, u64)>) {
     let mut lines = BufReader::new(conn);
     let mut line = String::new();
     loop {
@@ -579,10 +706,16 @@ fn read_session(s: &Shared, conn: &UnixStream, recalls: &std::sync::mpsc::Sender
             Err(_) => return,
         }
         match Msg::parse(line.trim_end()) {
-            Some(Msg::Recall(ino)) => {
-                let _ = recalls.send(ino);
+            Some(Msg::Recall(ino, gen)) => {
+                let _ = recalls.send((ino, gen));
             }
-            Some(m @ (Msg::Granted(_) | Msg::Denied(..) | Msg::Blocks(_) | Msg::NoSpace)) => {
+            Some(
+                m @ (Msg::Granted(..)
+                | Msg::Denied(..)
+                | Msg::Blocks(_)
+                | Msg::NoSpace
+                | Msg::Done(_)),
+            ) => {
                 *lock(&s.answer) = Some(m);
                 s.answered.notify_all();
             }

@@ -7,16 +7,23 @@
 //!
 //! ```text
 //! client: lease INO              the write lease of regular file INO
-//! server: granted INO            (after recalling it from its holder and
+//! server: granted INO GEN        (after recalling it from its holder and
 //!                                 invalidating the kernel's caches of it)
 //!     or: denied INO ERRNO
 //! client: reserve N              N more blocks for the reservation
 //! server: blocks S+L S+L ...     (at least one block)
 //!     or: nospace
-//! server: recall INO             give lease INO back
+//! server: recall INO GEN         give lease INO (grant GEN) back
 //! client: return S+L S+L ...     blocks it freed or did not use (no answer)
-//! client: released INO           the answer to a recall, after the returns
+//! client: released INO GEN       the answer to a recall (or a lease given
+//!                                 back unasked), after the returns
 //! ```
+//!
+//! GEN numbers each grant (unique while the server runs). A lease may also
+//! come with a namespace request's answer (`super::ns`: a create), which
+//! a recall may overtake: the client holds a grant it learns of only if it
+//! was not asked to give back that grant (or a later one) meanwhile, and
+//! the server settles a `released` only for the grant it names.
 //!
 //! The client sends one request at a time (lease or reserve) and waits for
 //! its answer; recalls may come at any time and are answered from another
@@ -33,21 +40,38 @@ pub use crate::lease::{LeaseHook, RangeSet};
 /// Ranges at most in one `return` or `blocks` line.
 pub const RANGES_PER_LINE: usize = 64;
 
-/// Longest message line, in bytes (64 ranges of two 20-digit numbers).
-pub const LINE_MAX: usize = 64 + RANGES_PER_LINE * 42;
+/// Longest message line, in bytes: a namespace request (`super::ns`) or
+/// 64 ranges of two 20-digit numbers.
+pub const LINE_MAX: usize = {
+    let ranges = 64 + RANGES_PER_LINE * 42;
+    if ranges > super::ns::REQUEST_MAX {
+        ranges
+    } else {
+        super::ns::REQUEST_MAX
+    }
+};
 
 /// A message of the lease protocol.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Msg {
     Lease(u64),
-    Granted(u64),
+    /// Inode, grant number.
+    Granted(u64, u64),
     Denied(u64, i32),
     Reserve(u64),
     Blocks(Vec<(u64, u64)>),
     NoSpace,
-    Recall(u64),
+    /// Inode, grant number.
+    Recall(u64, u64),
     Return(Vec<(u64, u64)>),
-    Released(u64),
+    /// Inode, grant number.
+    Released(u64, u64),
+    /// A namespace request (`super::ns`).
+    Ns(super::ns::Request),
+    /// Its answer.
+    Done(super::ns::Done),
+    /// A hold of an orphan ended (`super::ns`).
+    Unheld(u64),
 }
 
 impl Msg {
@@ -60,14 +84,17 @@ impl Msg {
         };
         match self {
             Msg::Lease(i) => format!("lease {i}\n"),
-            Msg::Granted(i) => format!("granted {i}\n"),
+            Msg::Granted(i, g) => format!("granted {i} {g}\n"),
             Msg::Denied(i, e) => format!("denied {i} {e}\n"),
             Msg::Reserve(n) => format!("reserve {n}\n"),
             Msg::Blocks(r) => format!("blocks{}\n", ranges(r)),
             Msg::NoSpace => "nospace\n".into(),
-            Msg::Recall(i) => format!("recall {i}\n"),
+            Msg::Recall(i, g) => format!("recall {i} {g}\n"),
             Msg::Return(r) => format!("return{}\n", ranges(r)),
-            Msg::Released(i) => format!("released {i}\n"),
+            Msg::Released(i, g) => format!("released {i} {g}\n"),
+            Msg::Ns(r) => r.line(),
+            Msg::Done(d) => d.line(),
+            Msg::Unheld(i) => format!("unheld {i}\n"),
         }
     }
 
@@ -95,14 +122,17 @@ impl Msg {
         };
         let msg = match word {
             "lease" => Msg::Lease(num(w.next())?),
-            "granted" => Msg::Granted(num(w.next())?),
+            "granted" => Msg::Granted(num(w.next())?, num(w.next())?),
             "denied" => Msg::Denied(num(w.next())?, w.next()?.parse().ok()?),
             "reserve" => Msg::Reserve(num(w.next())?),
             "blocks" => Msg::Blocks(ranges(w)?),
             "nospace" => Msg::NoSpace,
-            "recall" => Msg::Recall(num(w.next())?),
+            "recall" => Msg::Recall(num(w.next())?, num(w.next())?),
             "return" => Msg::Return(ranges(w)?),
-            "released" => Msg::Released(num(w.next())?),
+            "released" => Msg::Released(num(w.next())?, num(w.next())?),
+            "ns" => Msg::Ns(super::ns::Request::parse(w)?),
+            "done" => Msg::Done(super::ns::Done::parse(w)?),
+            "unheld" => Msg::Unheld(num(w.next())?),
             _ => return None,
         };
         Some(msg)
@@ -152,15 +182,16 @@ mod tests {
     fn messages_round_trip_and_junk_is_refused() {
         let all = [
             Msg::Lease(7),
-            Msg::Granted(7),
+            Msg::Granted(7, 3),
             Msg::Denied(7, libc::EINVAL),
             Msg::Reserve(256),
             Msg::Blocks(vec![(100, 3), (200, 1)]),
             Msg::NoSpace,
-            Msg::Recall(9),
+            Msg::Recall(9, 4),
             Msg::Return(vec![]),
             Msg::Return(vec![(5, 5)]),
-            Msg::Released(9),
+            Msg::Released(9, 4),
+            Msg::Unheld(9),
         ];
         for m in all {
             let line = m.line();
@@ -174,6 +205,8 @@ mod tests {
             "blocks 1+0",
             "blocks 1-2",
             "grant 1",
+            "recall 5",
+            "released 5",
         ] {
             assert_eq!(Msg::parse(bad), None, "{bad}");
         }
