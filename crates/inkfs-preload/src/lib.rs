@@ -23,6 +23,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod attr;
+pub mod attrs;
 pub mod dir;
 pub mod fds;
 pub mod guard;

@@ -1,7 +1,7 @@
-//! Namespace calls by path, made by the server through the attach session
-//! (docs/KERNEL-FREE.md, "Stage 4"): mkdir, mknod, symlink, link, unlink,
-//! rmdir, rename (renameat2's flags too), and chmod, chown and utimens of
-//! inodes this process holds no write lease on.
+//! Namespace calls by path, made by the server through the client's
+//! request ring (docs/KERNEL-FREE.md, "Stage 4"): mkdir, mknod, symlink,
+//! link, unlink, rmdir, rename (renameat2's flags too). Attribute changes
+//! are attrs.rs's.
 //!
 //! The library resolves the path's directory in the pool (path.rs: the
 //! plain cases only), and the client asks the server to change the name
@@ -19,8 +19,8 @@ use std::ffi::{c_char, c_int, c_uint};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use inkfs::api::ns::Op;
-use inkfs::api::{Credentials, SetAttr, TimeSet};
-use libc::{gid_t, mode_t, uid_t};
+use inkfs::api::Credentials;
+use libc::mode_t;
 
 use crate::mounts::Mount;
 use crate::path::{self, CwdBuf, Target};
@@ -65,13 +65,13 @@ fn creator() -> Option<Credentials> {
     Some(c)
 }
 
-fn set_errno(e: c_int) {
+pub(crate) fn set_errno(e: c_int) {
     // SAFETY: this thread's errno.
     unsafe { *libc::__errno_location() = e };
 }
 
 /// The server's answer as a libc return: 0, or -1 with errno.
-fn answer(errno: i32) -> c_int {
+pub(crate) fn answer(errno: i32) -> c_int {
     stats::bump(&stats::NS_LOCAL);
     if errno == 0 {
         return 0;
@@ -82,7 +82,7 @@ fn answer(errno: i32) -> c_int {
 
 /// Ask the server to make the change `op` names, with `cred`, through a
 /// client of `m`: the libc return, or `None` to take the kernel path.
-fn ask(m: &Mount, cred: &Credentials, op: Op) -> Option<c_int> {
+pub(crate) fn ask(m: &Mount, cred: &Credentials, op: Op) -> Option<c_int> {
     let lease = m.checkout()?;
     let done = lease.client().ns(cred, op).ok()?;
     Some(answer(done.errno))
@@ -125,8 +125,12 @@ fn parent_of(t: &Target<'_>, cred: &Credentials, slash_ok: bool) -> Option<(u64,
         .call(|fs| path::walk_parent(fs, cred, t, slash_ok).map(|(dir, name)| (dir, name.to_vec())))
 }
 
-/// The inode `path` (relative to `dirfd`) names, resolved in the pool.
-fn inode_of(t: &Target<'_>, cred: &Credentials, follow: bool) -> Option<inkfs::api::Attr> {
+/// The inode `t` names, resolved in the pool.
+pub(crate) fn inode_of(
+    t: &Target<'_>,
+    cred: &Credentials,
+    follow: bool,
+) -> Option<inkfs::api::Attr> {
     let lease = t.mount.checkout()?;
     lease.client().call(|fs| path::walk(fs, cred, t, follow))
 }
@@ -383,227 +387,6 @@ pub unsafe extern "C" fn linkat(
 pub unsafe extern "C" fn link(p1: *const c_char, p2: *const c_char) -> c_int {
     // SAFETY: as called.
     unsafe { linkat(libc::AT_FDCWD, p1, libc::AT_FDCWD, p2, 0) }
-}
-
-/// chmod, chown or utimens of what `path` (relative to `dirfd`) names:
-/// `set` made by the server. `None`: the kernel does it.
-fn set_attr_at(dirfd: c_int, p: *const c_char, follow: bool, set: SetAttr) -> Option<c_int> {
-    if guard::inside() {
-        return None;
-    }
-    let r = guard::run(|| {
-        // SAFETY: the program's path string.
-        let bytes = unsafe { path::bytes(p) }?;
-        let mut cwd: CwdBuf = [0; libc::PATH_MAX as usize];
-        let t = path::locate(dirfd, bytes, &mut cwd)?;
-        let cred = path::credentials(false);
-        let a = inode_of(&t, &cred, follow)?;
-        ask(t.mount, &cred, Op::Setattr { ino: a.ino, set })
-    })
-    .flatten();
-    if r.is_none() {
-        stats::bump(&stats::NS_KERNEL);
-    }
-    r
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn fchmodat(
-    dirfd: c_int,
-    p: *const c_char,
-    mode: mode_t,
-    flags: c_int,
-) -> c_int {
-    // AT_SYMLINK_NOFOLLOW: Linux refuses to change a symlink's mode
-    // (EOPNOTSUPP); the kernel says so.
-    if flags == 0 {
-        let set = SetAttr {
-            mode: Some(mode & 0o7777),
-            ..SetAttr::default()
-        };
-        if let Some(r) = set_attr_at(dirfd, p, true, set) {
-            return r;
-        }
-    }
-    // SAFETY: as called.
-    unsafe { real::fchmodat(dirfd, p, mode, flags) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn chmod(p: *const c_char, mode: mode_t) -> c_int {
-    // SAFETY: as called.
-    unsafe { fchmodat(libc::AT_FDCWD, p, mode, 0) }
-}
-
-/// chown's "leave it": (uid_t)-1.
-fn id_change(id: u32) -> Option<u32> {
-    (id != u32::MAX).then_some(id)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn fchownat(
-    dirfd: c_int,
-    p: *const c_char,
-    uid: uid_t,
-    gid: gid_t,
-    flags: c_int,
-) -> c_int {
-    if flags & !libc::AT_SYMLINK_NOFOLLOW == 0 {
-        let set = SetAttr {
-            uid: id_change(uid),
-            gid: id_change(gid),
-            ..SetAttr::default()
-        };
-        let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
-        if let Some(r) = set_attr_at(dirfd, p, follow, set) {
-            return r;
-        }
-    }
-    // SAFETY: as called.
-    unsafe { real::fchownat(dirfd, p, uid, gid, flags) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn chown(p: *const c_char, uid: uid_t, gid: gid_t) -> c_int {
-    // SAFETY: as called.
-    unsafe { fchownat(libc::AT_FDCWD, p, uid, gid, 0) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn lchown(p: *const c_char, uid: uid_t, gid: gid_t) -> c_int {
-    // SAFETY: as called.
-    unsafe { fchownat(libc::AT_FDCWD, p, uid, gid, libc::AT_SYMLINK_NOFOLLOW) }
-}
-
-/// One utimensat time: `None` to leave it (UTIME_OMIT), `Err` if invalid.
-fn time_of(t: &libc::timespec) -> Result<Option<TimeSet>, ()> {
-    match t.tv_nsec {
-        libc::UTIME_OMIT => Ok(None),
-        libc::UTIME_NOW => Ok(Some(TimeSet::Now)),
-        ns if (0..1_000_000_000).contains(&ns) => t
-            .tv_sec
-            .checked_mul(1_000_000_000)
-            .and_then(|s| s.checked_add(ns))
-            .map(|v| Some(TimeSet::At(v)))
-            .ok_or(()),
-        _ => Err(()),
-    }
-}
-
-/// The two times of a utimensat call (null: both now). `None`: an
-/// invalid one (the kernel's EINVAL).
-fn times_of(times: *const libc::timespec) -> Option<(Option<TimeSet>, Option<TimeSet>)> {
-    if times.is_null() {
-        return Some((Some(TimeSet::Now), Some(TimeSet::Now)));
-    }
-    // SAFETY: the program's array of two timespecs.
-    let t = unsafe { std::slice::from_raw_parts(times, 2) };
-    Some((time_of(&t[0]).ok()?, time_of(&t[1]).ok()?))
-}
-
-/// utimensat by path (`path` not null).
-fn utimens_path(
-    dirfd: c_int,
-    p: *const c_char,
-    times: *const libc::timespec,
-    flags: c_int,
-) -> Option<c_int> {
-    if flags & !libc::AT_SYMLINK_NOFOLLOW != 0 || p.is_null() {
-        return None;
-    }
-    let (atime, mtime) = times_of(times)?;
-    if atime.is_none() && mtime.is_none() {
-        // Both omitted: nothing changes (the kernel still checks the path).
-        return None;
-    }
-    let set = SetAttr {
-        atime,
-        mtime,
-        ..SetAttr::default()
-    };
-    set_attr_at(dirfd, p, flags & libc::AT_SYMLINK_NOFOLLOW == 0, set)
-}
-
-/// timeval pairs (utimes, lutimes, futimesat) as timespecs.
-fn timevals(tv: *const libc::timeval) -> Option<[libc::timespec; 2]> {
-    if tv.is_null() {
-        return None;
-    }
-    // SAFETY: the program's array of two timevals.
-    let t = unsafe { std::slice::from_raw_parts(tv, 2) };
-    let one = |v: &libc::timeval| libc::timespec {
-        tv_sec: v.tv_sec,
-        tv_nsec: v.tv_usec * 1000,
-    };
-    Some([one(&t[0]), one(&t[1])])
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn utimes(p: *const c_char, tv: *const libc::timeval) -> c_int {
-    let ts = timevals(tv);
-    let ptr = ts.as_ref().map_or(std::ptr::null(), |t| t.as_ptr());
-    if tv.is_null() || ts.is_some_and(|t| t.iter().all(|x| (0..1_000_000_000).contains(&x.tv_nsec)))
-    {
-        if let Some(r) = utimens_path(libc::AT_FDCWD, p, ptr, 0) {
-            return r;
-        }
-    }
-    // SAFETY: as called.
-    unsafe { real::utimes(p, tv) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn lutimes(p: *const c_char, tv: *const libc::timeval) -> c_int {
-    let ts = timevals(tv);
-    let ptr = ts.as_ref().map_or(std::ptr::null(), |t| t.as_ptr());
-    if tv.is_null() || ts.is_some_and(|t| t.iter().all(|x| (0..1_000_000_000).contains(&x.tv_nsec)))
-    {
-        if let Some(r) = utimens_path(libc::AT_FDCWD, p, ptr, libc::AT_SYMLINK_NOFOLLOW) {
-            return r;
-        }
-    }
-    // SAFETY: as called.
-    unsafe { real::lutimes(p, tv) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn utime(p: *const c_char, buf: *const libc::utimbuf) -> c_int {
-    let ts = (!buf.is_null()).then(|| {
-        // SAFETY: the program's utimbuf.
-        let b = unsafe { &*buf };
-        [
-            libc::timespec {
-                tv_sec: b.actime,
-                tv_nsec: 0,
-            },
-            libc::timespec {
-                tv_sec: b.modtime,
-                tv_nsec: 0,
-            },
-        ]
-    });
-    let ptr = ts.as_ref().map_or(std::ptr::null(), |t| t.as_ptr());
-    if let Some(r) = utimens_path(libc::AT_FDCWD, p, ptr, 0) {
-        return r;
-    }
-    // SAFETY: as called.
-    unsafe { real::utime(p, buf) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn utimensat(
-    dirfd: c_int,
-    p: *const c_char,
-    times: *const libc::timespec,
-    flags: c_int,
-) -> c_int {
-    if !p.is_null() {
-        if let Some(r) = utimens_path(dirfd, p, times, flags) {
-            return r;
-        }
-    }
-    // SAFETY: as called.
-    unsafe { real::utimensat(dirfd, p, times, flags) }
 }
 
 /// stdio's remove(3): glibc unlinks, then removes a directory, with its

@@ -119,6 +119,10 @@ mod fns {
         utimes(path: *const c_char, tv: *const libc::timeval) -> c_int, -1;
         lutimes(path: *const c_char, tv: *const libc::timeval) -> c_int, -1;
         utime(path: *const c_char, buf: *const libc::utimbuf) -> c_int, -1;
+        futimes(fd: c_int, tv: *const libc::timeval) -> c_int, -1;
+        futimens(fd: c_int, times: *const libc::timespec) -> c_int, -1;
+        fchmod(fd: c_int, mode: mode_t) -> c_int, -1;
+        fchown(fd: c_int, uid: libc::uid_t, gid: libc::gid_t) -> c_int, -1;
     }
 }
 pub use fns::*;

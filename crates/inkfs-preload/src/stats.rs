@@ -5,7 +5,7 @@
 //! _exit, which runs no destructor):
 //! `pid=P read_local=N read_kernel=N stat_local=N stat_kernel=N
 //! dir_local=N dir_kernel=N write_kernel=N attach_refused=N write_local=N
-//! sync_local=N ns_local=N ns_kernel=N`. That is how the tests tell a
+//! sync_local=N ns_local=N ns_kernel=N attr_local=N`. That is how the tests tell a
 //! read served from the pool from one the kernel served.
 
 use std::io::Write;
@@ -31,8 +31,11 @@ pub static ATTACH_REFUSED: AtomicU64 = AtomicU64::new(0);
 pub static NS_LOCAL: AtomicU64 = AtomicU64::new(0);
 /// Namespace calls on a mount's paths that went to the kernel.
 pub static NS_KERNEL: AtomicU64 = AtomicU64::new(0);
+/// chmod, chown and utimens made by this process's client under the
+/// inode's write lease (no message).
+pub static ATTR_LOCAL: AtomicU64 = AtomicU64::new(0);
 
-const ALL: [&AtomicU64; 12] = [
+const ALL: [&AtomicU64; 13] = [
     &READ_LOCAL,
     &READ_KERNEL,
     &STAT_LOCAL,
@@ -45,6 +48,7 @@ const ALL: [&AtomicU64; 12] = [
     &SYNC_LOCAL,
     &NS_LOCAL,
     &NS_KERNEL,
+    &ATTR_LOCAL,
 ];
 
 pub const ENV: &str = "INKFS_PRELOAD_STATS";
@@ -99,7 +103,7 @@ pub fn report() {
     let v = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let _ = writeln!(
         cur,
-        "pid={} read_local={} read_kernel={} stat_local={} stat_kernel={} dir_local={} dir_kernel={} write_kernel={} attach_refused={} write_local={} sync_local={} ns_local={} ns_kernel={}",
+        "pid={} read_local={} read_kernel={} stat_local={} stat_kernel={} dir_local={} dir_kernel={} write_kernel={} attach_refused={} write_local={} sync_local={} ns_local={} ns_kernel={} attr_local={}",
         std::process::id(),
         v(&READ_LOCAL),
         v(&READ_KERNEL),
@@ -113,6 +117,7 @@ pub fn report() {
         v(&SYNC_LOCAL),
         v(&NS_LOCAL),
         v(&NS_KERNEL),
+        v(&ATTR_LOCAL),
     );
     let n = cur.position() as usize;
     // SAFETY: NUL-terminated path, our own buffer; real calls only.

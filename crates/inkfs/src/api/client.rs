@@ -485,6 +485,26 @@ impl Client {
         }
     }
 
+    /// chmod, chown, utimens of inode `ino` by this client, in the inode's
+    /// log, if this client holds its write lease (docs/KERNEL-FREE.md,
+    /// "Attribute changes by the lease holder"): `None` if it does not (ask
+    /// the server: [`Client::ns`]). The engine's rules with `cred` (the
+    /// owner for chmod and explicit times, set-id bits dropped by a chown,
+    /// the inode's flags). `set` must not change the size.
+    pub fn setattr_leased(
+        &self,
+        cred: &Credentials,
+        ino: u64,
+        set: &SetAttr,
+    ) -> Option<Result<Attr>> {
+        debug_assert!(set.size.is_none(), "a truncate is not an attribute change");
+        if set.size.is_some() || !self.holds_lease(ino) {
+            return None;
+        }
+        // Recalled since: `leased` asks for it again (correct, only slower).
+        Some(self.leased(ino, 1, |fs| fs.setattr(cred, ino, set, None)))
+    }
+
     /// Send a request on the ring and wait for its answer (EIO if the
     /// server is gone).
     fn ask(&self, msg: &Msg) -> Result<Msg> {
