@@ -217,11 +217,15 @@ fn session(inner: &Arc<Inner>, conn: UnixStream) {
                     eprintln!("inkfs: attach: cannot start a thread: {e}");
                     ring.close();
                 }
-                serve_leases(inner, &conn, &holder);
-                // The client is gone: a request it left on the ring is
-                // finished (or was never taken) once the thread ends.
+                let worker = serve_leases(inner, &conn, &holder);
+                // The client is gone: its leases are settled first, so that
+                // a request of its own still running (on the ring or the
+                // worker) that waits for one of them ends; a request it
+                // left on the ring is finished (or was never taken) once
+                // the thread ends.
+                inner.leases.end(&holder);
                 ring.close();
-                if let Ok(t) = ringer {
+                for t in [worker, ringer.ok()].into_iter().flatten() {
                     let _ = t.join();
                 }
                 inner.leases.leave(&holder);
@@ -284,6 +288,8 @@ fn reserve(inner: &Inner, holder: &Holder, n: u64) -> Msg {
 enum Work {
     Lease(u64),
     Ns(Box<inkfs::api::ns::Request>),
+    /// A hold ended on an orphan: free what nobody holds any more.
+    Unheld,
 }
 
 /// The client's worker: its lease grants and namespace requests, in order
@@ -291,6 +297,12 @@ enum Work {
 fn work(inner: &Inner, holder: &Arc<Holder>, rx: std::sync::mpsc::Receiver<Work>) {
     for w in rx {
         let answer = match w {
+            Work::Unheld => {
+                if let Some(engine) = inner.engine.upgrade() {
+                    engine.free_unheld_orphans();
+                }
+                continue;
+            }
             Work::Lease(ino) => match inner.leases.grant(holder, ino, true) {
                 Ok(gen) => Msg::Granted(ino, gen),
                 Err(e) => Msg::Denied(ino, e),
@@ -320,8 +332,13 @@ fn work(inner: &Inner, holder: &Arc<Holder>, rx: std::sync::mpsc::Receiver<Work>
 /// `inkfs::api::lease` and `inkfs::api::ns`). Grants and namespace
 /// changes wait (for recalls, for requests using an inode), so they run on
 /// a worker thread of their own: this one keeps reading, and so sees the
-/// `released` of a recall they may be waiting for.
-fn serve_leases(inner: &Arc<Inner>, conn: &UnixStream, holder: &Arc<Holder>) {
+/// `released` of a recall they may be waiting for. Returns the worker,
+/// which may still be running a request.
+fn serve_leases(
+    inner: &Arc<Inner>,
+    conn: &UnixStream,
+    holder: &Arc<Holder>,
+) -> Option<std::thread::JoinHandle<()>> {
     let _ = conn.set_read_timeout(None);
     let (tx, rx) = std::sync::mpsc::channel::<Work>();
     let worker = {
@@ -365,6 +382,7 @@ fn serve_leases(inner: &Arc<Inner>, conn: &UnixStream, holder: &Arc<Holder>) {
                     seq: req.seq,
                     errno: libc::EAGAIN,
                     ino: 0,
+                    igen: 0,
                     gen: 0,
                 };
                 let _ = crate::lease::send(holder, &Msg::Done(done));
@@ -373,20 +391,27 @@ fn serve_leases(inner: &Arc<Inner>, conn: &UnixStream, holder: &Arc<Holder>) {
                 let _ = crate::lease::send(holder, &reserve(inner, holder, n));
             }
             Some(Msg::Return(ranges)) => inner.leases.take_back(holder, &ranges),
+            // On the worker: freeing recalls leases, whose `released`
+            // this thread must stay free to read.
+            Some(Msg::Unheld(_)) if worker.is_some() => {
+                let _ = tx.send(Work::Unheld);
+            }
             Some(Msg::Released(ino, gen)) => inner.leases.settle(holder, ino, Some(gen)),
             // Anything else from a client is ignored.
             _ => {}
         }
     }
     drop(tx);
-    if let Some(t) = worker {
-        let _ = t.join();
-    }
+    worker
 }
 
 /// The client is gone: its slot is free, and what it held can be reclaimed.
 fn end_session(inner: &Inner, grant: &Grant) {
+    // Its holds go with its slot: orphans only it kept are freed.
     inner.epochs.release_slot(grant.slot);
+    if let Some(engine) = inner.engine.upgrade() {
+        engine.free_unheld_orphans();
+    }
     let mut st = inner.lock();
     st.sessions.remove(&grant.id);
     st.reclaim_due = true;
@@ -469,6 +494,11 @@ fn reclaim_loop(inner: &Inner) {
             drop(st);
             if let Some(engine) = inner.engine.upgrade() {
                 engine.reclaim_limbo();
+                // A hold let go without an `unheld` (the client could not
+                // send it): its orphan is freed here.
+                if engine.held_orphans() > 0 {
+                    engine.free_unheld_orphans();
+                }
             }
             st = inner.lock();
             if st.stopping {

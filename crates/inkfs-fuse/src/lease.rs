@@ -211,6 +211,14 @@ impl Leases {
             let Some(holder) = e.holder.clone() else {
                 return map;
             };
+            if holder.dead.load(SeqCst) {
+                // Its session is over: nothing of it writes any more, and
+                // nobody else would answer for it.
+                drop(map);
+                self.settle(&holder, ino, None);
+                map = lock(&shard.map);
+                continue;
+            }
             if !e.recalling {
                 e.recalling = true;
                 if send(&holder, &Msg::Recall(ino, e.gen)).is_err() {
@@ -326,8 +334,10 @@ impl Leases {
     /// The blocks `ino` refers to now, once the kernel has forgotten what
     /// it cached of it.
     fn prepare(&self, engine: &Engine, ino: u64) -> Result<RangeSet, i32> {
-        if engine.is_orphan(ino).map_err(|e| e.errno())? {
-            // Unlinked: its last close frees it, which a lease would race.
+        if engine.is_orphan(ino).map_err(|e| e.errno())? && !engine.orphan_in_use(ino) {
+            // Unlinked and kept by nobody: it is being freed. (One a
+            // handle or a client's hold keeps may be leased: every path
+            // that frees an orphan takes its lease back first.)
             return Err(libc::ENOENT);
         }
         let refs = engine.lease_refs(ino).map_err(|e| e.errno())?;
@@ -475,15 +485,27 @@ impl Leases {
         engine.return_blocks(&ok);
     }
 
-    /// The client is gone (its session ended): settle every lease it held
-    /// and return the rest of its reservation. The grant thread of the
-    /// client must have ended (it may be granting).
-    pub fn leave(&self, holder: &Holder) {
+    /// The client's session ended: it is dead to the table (no grant to it
+    /// any more, a recall of its leases settles them at once), and every
+    /// lease it holds is settled. Its threads on the server (worker, ring)
+    /// may still be running a request, which may wait for one of these
+    /// leases: they can end now.
+    pub fn end(&self, holder: &Holder) {
         holder.dead.store(true, SeqCst);
         let leased: Vec<u64> = lock(&holder.books).leases.iter().copied().collect();
         for ino in leased {
             self.settle(holder, ino, None);
         }
+        for s in &self.shards {
+            s.changed.notify_all();
+        }
+    }
+
+    /// The client is gone and its threads on the server have ended: settle
+    /// what a grant in flight gave it after [`Leases::end`], and return the
+    /// rest of its reservation.
+    pub fn leave(&self, holder: &Holder) {
+        self.end(holder);
         let rest = std::mem::take(&mut lock(&holder.books).reserved);
         if let Some(engine) = self.engine.upgrade() {
             engine.return_blocks(&rest.ranges());

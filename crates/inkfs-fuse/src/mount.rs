@@ -760,6 +760,14 @@ pub fn run_engine(
                         "return to the free lists when no attached client can be reading them",
                     ),
                 );
+                lines.push(
+                    Field::count(
+                        "held_orphans",
+                        "unlinked files only clients hold open",
+                        engine.held_orphans() as u64,
+                    )
+                    .explained("freed when the last client holding each lets it go or ends"),
+                );
             }
             if let Some(a) = &attached {
                 lines.push(

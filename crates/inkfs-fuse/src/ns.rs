@@ -27,6 +27,8 @@ use crate::Engine;
 /// What a request made or changed, for the answer and the kernel.
 struct Made {
     ino: u64,
+    /// Its generation (0 when not known).
+    igen: u64,
     /// A write lease granted with it (its grant number).
     gen: u64,
     changes: Vec<Change>,
@@ -35,6 +37,7 @@ struct Made {
 fn made(ino: u64, changes: Vec<Change>) -> Made {
     Made {
         ino,
+        igen: 0,
         gen: 0,
         changes,
     }
@@ -64,6 +67,7 @@ pub fn serve(
                 seq: req.seq,
                 errno: 0,
                 ino: m.ino,
+                igen: m.igen,
                 gen: m.gen,
             }
         }
@@ -71,6 +75,7 @@ pub fn serve(
             seq: req.seq,
             errno: e.errno(),
             ino: 0,
+            igen: 0,
             gen: 0,
         },
     };
@@ -129,6 +134,7 @@ fn run(
             let writable = file.flags().writable();
             engine.release(file);
             let mut m = made(a.ino, vec![entry(*dir, name), Change::Attr { ino: a.ino }]);
+            m.igen = a.generation;
             if writable && a.kind == api::FileKind::File {
                 // The lease comes with the create: no grant round trip.
                 // Refused (another holder would have to be recalled...):

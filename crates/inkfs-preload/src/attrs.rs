@@ -316,7 +316,7 @@ pub unsafe extern "C" fn futimens(fd: c_int, times: *const libc::timespec) -> c_
         return r;
     }
     // SAFETY: as called.
-    unsafe { real::futimens(fd, times) }
+    unsafe { real::futimens(crate::lazy::kernel(fd), times) }
 }
 
 #[no_mangle]
@@ -330,7 +330,7 @@ pub unsafe extern "C" fn futimes(fd: c_int, tv: *const libc::timeval) -> c_int {
         }
     }
     // SAFETY: as called.
-    unsafe { real::futimes(fd, tv) }
+    unsafe { real::futimes(crate::lazy::kernel(fd), tv) }
 }
 
 #[no_mangle]
@@ -343,7 +343,7 @@ pub unsafe extern "C" fn fchmod(fd: c_int, mode: mode_t) -> c_int {
         return r;
     }
     // SAFETY: as called.
-    unsafe { real::fchmod(fd, mode) }
+    unsafe { real::fchmod(crate::lazy::kernel(fd), mode) }
 }
 
 #[no_mangle]
@@ -357,5 +357,5 @@ pub unsafe extern "C" fn fchown(fd: c_int, uid: uid_t, gid: gid_t) -> c_int {
         return r;
     }
     // SAFETY: as called.
-    unsafe { real::fchown(fd, uid, gid) }
+    unsafe { real::fchown(crate::lazy::kernel(fd), uid, gid) }
 }

@@ -106,9 +106,19 @@ fn kernel_read(fd: c_int, iov: &[iovec], off: u64) -> ssize_t {
     // SAFETY: the program's buffers, passed on as given.
     unsafe {
         if iov.len() == 1 {
-            real::pread64(fd, iov[0].iov_base, iov[0].iov_len, off as off64_t)
+            real::pread64(
+                crate::lazy::kernel(fd),
+                iov[0].iov_base,
+                iov[0].iov_len,
+                off as off64_t,
+            )
         } else {
-            real::preadv64(fd, iov.as_ptr(), iov.len() as c_int, off as off64_t)
+            real::preadv64(
+                crate::lazy::kernel(fd),
+                iov.as_ptr(),
+                iov.len() as c_int,
+                off as off64_t,
+            )
         }
     }
 }
@@ -176,7 +186,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t
         }
     }
     // SAFETY: as called.
-    unsafe { real::read(fd, buf, n) }
+    unsafe { real::read(crate::lazy::kernel(fd), buf, n) }
 }
 
 extern "C" {
@@ -208,7 +218,7 @@ pub unsafe extern "C" fn pread64(fd: c_int, buf: *mut c_void, n: size_t, off: of
         }
     }
     // SAFETY: as called.
-    unsafe { real::pread64(fd, buf, n, off) }
+    unsafe { real::pread64(crate::lazy::kernel(fd), buf, n, off) }
 }
 
 #[no_mangle]
@@ -253,7 +263,7 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
         }
     }
     // SAFETY: as called.
-    unsafe { real::readv(fd, iov, cnt) }
+    unsafe { real::readv(crate::lazy::kernel(fd), iov, cnt) }
 }
 
 #[no_mangle]
@@ -272,7 +282,7 @@ pub unsafe extern "C" fn preadv64(
         }
     }
     // SAFETY: as called.
-    unsafe { real::preadv64(fd, iov, cnt, off) }
+    unsafe { real::preadv64(crate::lazy::kernel(fd), iov, cnt, off) }
 }
 
 #[no_mangle]
@@ -302,7 +312,9 @@ pub unsafe extern "C" fn preadv64v2(
         if let Route::Served(_, ofd) = route(fd, Op::Read) {
             let at = ofd.offset.load(Ordering::Acquire);
             // SAFETY: as called, with an explicit offset.
-            let r = unsafe { real::preadv64v2(fd, iov, cnt, at as off64_t, flags) };
+            let r = unsafe {
+                real::preadv64v2(crate::lazy::kernel(fd), iov, cnt, at as off64_t, flags)
+            };
             if r > 0 {
                 let _ = ofd.offset.compare_exchange(
                     at,
@@ -315,7 +327,7 @@ pub unsafe extern "C" fn preadv64v2(
         }
     }
     // SAFETY: as called.
-    unsafe { real::preadv64v2(fd, iov, cnt, off, flags) }
+    unsafe { real::preadv64v2(crate::lazy::kernel(fd), iov, cnt, off, flags) }
 }
 
 #[no_mangle]
@@ -386,9 +398,19 @@ fn kernel_pwrite(fd: c_int, iov: &[iovec], off: u64) -> ssize_t {
     // SAFETY: the program's buffers, at an explicit offset.
     unsafe {
         if iov.len() == 1 {
-            real::pwrite64(fd, iov[0].iov_base, iov[0].iov_len, off as off64_t)
+            real::pwrite64(
+                crate::lazy::kernel(fd),
+                iov[0].iov_base,
+                iov[0].iov_len,
+                off as off64_t,
+            )
         } else {
-            real::pwritev64(fd, iov.as_ptr(), iov.len() as c_int, off as off64_t)
+            real::pwritev64(
+                crate::lazy::kernel(fd),
+                iov.as_ptr(),
+                iov.len() as c_int,
+                off as off64_t,
+            )
         }
     }
 }
@@ -409,10 +431,10 @@ fn write_seq(fd: c_int, idx: usize, ofd: &Ofd, iov: &[iovec], pool: bool) -> ssi
         stats::bump(&stats::WRITE_KERNEL);
         // The kernel appends at its end of file and moves its offset there.
         // SAFETY: the program's buffers, passed on.
-        let r = unsafe { real::writev(fd, iov.as_ptr(), iov.len() as c_int) };
+        let r = unsafe { real::writev(crate::lazy::kernel(fd), iov.as_ptr(), iov.len() as c_int) };
         if r >= 0 {
             // SAFETY: no memory involved.
-            let k = unsafe { real::lseek64(fd, 0, libc::SEEK_CUR) };
+            let k = unsafe { real::lseek64(crate::lazy::kernel(fd), 0, libc::SEEK_CUR) };
             if k >= 0 {
                 ofd.offset.store(k as u64, Ordering::Release);
             }
@@ -467,7 +489,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
         }
     }
     // SAFETY: as called.
-    unsafe { real::write(fd, buf, n) }
+    unsafe { real::write(crate::lazy::kernel(fd), buf, n) }
 }
 
 #[no_mangle]
@@ -478,7 +500,7 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssi
         }
     }
     // SAFETY: as called.
-    unsafe { real::writev(fd, iov, cnt) }
+    unsafe { real::writev(crate::lazy::kernel(fd), iov, cnt) }
 }
 
 #[no_mangle]
@@ -498,7 +520,7 @@ pub unsafe extern "C" fn pwrite64(
         }
     }
     // SAFETY: as called.
-    unsafe { real::pwrite64(fd, buf, n, off) }
+    unsafe { real::pwrite64(crate::lazy::kernel(fd), buf, n, off) }
 }
 
 #[no_mangle]
@@ -524,7 +546,7 @@ pub unsafe extern "C" fn pwritev64(
         }
     }
     // SAFETY: as called.
-    unsafe { real::pwritev64(fd, iov, cnt, off) }
+    unsafe { real::pwritev64(crate::lazy::kernel(fd), iov, cnt, off) }
 }
 
 #[no_mangle]
@@ -567,7 +589,7 @@ pub unsafe extern "C" fn pwritev64v2(
             stats::bump(&stats::WRITE_KERNEL);
             let at = ofd.offset.load(Ordering::Acquire) as off64_t;
             // SAFETY: as called, at the library's offset.
-            let r = unsafe { real::pwritev64v2(fd, iov, cnt, at, flags) };
+            let r = unsafe { real::pwritev64v2(crate::lazy::kernel(fd), iov, cnt, at, flags) };
             if r > 0 && !ofd.append() && flags & libc::RWF_APPEND == 0 {
                 ofd.offset
                     .store((at + r as off64_t) as u64, Ordering::Release);
@@ -576,7 +598,7 @@ pub unsafe extern "C" fn pwritev64v2(
         }
     }
     // SAFETY: as called.
-    unsafe { real::pwritev64v2(fd, iov, cnt, off, flags) }
+    unsafe { real::pwritev64v2(crate::lazy::kernel(fd), iov, cnt, off, flags) }
 }
 
 #[no_mangle]
@@ -625,7 +647,7 @@ pub unsafe extern "C" fn ftruncate64(fd: c_int, len: off64_t) -> c_int {
         }
     }
     // SAFETY: no memory involved.
-    unsafe { real::ftruncate64(fd, len) }
+    unsafe { real::ftruncate64(crate::lazy::kernel(fd), len) }
 }
 
 #[no_mangle]
@@ -652,7 +674,8 @@ fn file_size(fd: c_int, ofd: &Ofd) -> Option<u64> {
     from_pool.or_else(|| {
         // SAFETY: all-zero is a valid stat64; the kernel fills it.
         let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
-        (unsafe { real::fstat64(fd, &mut st) } == 0).then_some(st.st_size as u64)
+        (unsafe { real::fstat64(crate::lazy::kernel(fd), &mut st) } == 0)
+            .then_some(st.st_size as u64)
     })
 }
 
@@ -689,7 +712,7 @@ fn seek(fd: c_int, ofd: &Ofd, off: off64_t, whence: c_int) -> off64_t {
             // SEEK_DATA, SEEK_HOLE, a directory's end: the kernel decides,
             // the library takes the position it gives.
             // SAFETY: no memory involved.
-            let r = unsafe { real::lseek64(fd, off, whence) };
+            let r = unsafe { real::lseek64(crate::lazy::kernel(fd), off, whence) };
             if r >= 0 {
                 ofd.offset.store(r as u64, Ordering::Release);
             }
@@ -706,7 +729,7 @@ pub unsafe extern "C" fn lseek64(fd: c_int, off: off64_t, whence: c_int) -> off6
         }
     }
     // SAFETY: no memory involved.
-    unsafe { real::lseek64(fd, off, whence) }
+    unsafe { real::lseek64(crate::lazy::kernel(fd), off, whence) }
 }
 
 #[no_mangle]
@@ -757,7 +780,16 @@ pub unsafe extern "C" fn copy_file_range(
 ) -> ssize_t {
     with_positions(inp, off_in, out, off_out, |a, b| {
         // SAFETY: offsets are the program's or our locals.
-        unsafe { real::copy_file_range(inp, a, out, b, n, flags) }
+        unsafe {
+            real::copy_file_range(
+                crate::lazy::kernel(inp),
+                a,
+                crate::lazy::kernel(out),
+                b,
+                n,
+                flags,
+            )
+        }
     })
 }
 
@@ -772,7 +804,16 @@ pub unsafe extern "C" fn splice(
 ) -> ssize_t {
     with_positions(inp, off_in, out, off_out, |a, b| {
         // SAFETY: as in copy_file_range.
-        unsafe { real::splice(inp, a, out, b, n, flags) }
+        unsafe {
+            real::splice(
+                crate::lazy::kernel(inp),
+                a,
+                crate::lazy::kernel(out),
+                b,
+                n,
+                flags,
+            )
+        }
     })
 }
 
@@ -793,7 +834,7 @@ pub unsafe extern "C" fn sendfile64(
         // SAFETY: no memory involved.
         unsafe {
             real::lseek64(
-                out,
+                crate::lazy::kernel(out),
                 o.offset.load(Ordering::Acquire) as off64_t,
                 libc::SEEK_SET,
             )
@@ -801,11 +842,11 @@ pub unsafe extern "C" fn sendfile64(
     }
     let r = with_positions(inp, off, -1, std::ptr::null_mut(), |a, _| {
         // SAFETY: as in copy_file_range.
-        unsafe { real::sendfile64(out, inp, a, n) }
+        unsafe { real::sendfile64(crate::lazy::kernel(out), crate::lazy::kernel(inp), a, n) }
     });
     if let (Some(o), true) = (out_ofd, r >= 0) {
         // SAFETY: no memory involved.
-        let k = unsafe { real::lseek64(out, 0, libc::SEEK_CUR) };
+        let k = unsafe { real::lseek64(crate::lazy::kernel(out), 0, libc::SEEK_CUR) };
         if k >= 0 {
             o.offset.store(k as u64, Ordering::Release);
         }

@@ -28,6 +28,8 @@ pub mod dir;
 pub mod fds;
 pub mod guard;
 pub mod io;
+pub mod kfd;
+pub mod lazy;
 pub mod meta;
 pub mod mounts;
 pub mod names;
@@ -55,6 +57,7 @@ extern "C" fn on_load() {
         }
         stats::init();
         names::init();
+        lazy::init();
         // The mount table now, not at the first call that needs it: that
         // call may come from inside the program's allocator (jemalloc, in
         // redis-server, calls readlink and open while it initializes

@@ -81,7 +81,7 @@ pub unsafe extern "C" fn fstat64(fd: c_int, st: *mut libc::stat64) -> c_int {
         }
     }
     // SAFETY: as called.
-    unsafe { real::fstat64(fd, st) }
+    unsafe { real::fstat64(crate::lazy::kernel(fd), st) }
 }
 
 #[no_mangle]
@@ -104,7 +104,7 @@ pub unsafe extern "C" fn fstatat64(
         }
     }
     // SAFETY: as called.
-    unsafe { real::fstatat64(dirfd, path, st, flags) }
+    unsafe { real::fstatat64(crate::lazy::kernel(dirfd), path, st, flags) }
 }
 
 macro_rules! stat_aliases {
@@ -188,7 +188,7 @@ pub unsafe extern "C" fn statx(
         }
     }
     // SAFETY: as called.
-    unsafe { real::statx(dirfd, path, flags, mask, sx) }
+    unsafe { real::statx(crate::lazy::kernel(dirfd), path, flags, mask, sx) }
 }
 
 #[no_mangle]
@@ -239,6 +239,12 @@ pub unsafe extern "C" fn readlinkat(
     buf: *mut c_char,
     n: size_t,
 ) -> ssize_t {
+    // /proc/self/fd/N of a placeholder: its file first (the link then
+    // names the file, not /dev/null).
+    // SAFETY: the program's path string.
+    if let Some(n) = unsafe { path::bytes(path) }.and_then(crate::lazy::fd_link) {
+        crate::lazy::kernel(n);
+    }
     if n > 0 && !buf.is_null() && !guard::inside() {
         let got = guard::run(|| {
             let (a, m) = path_attr(dirfd, path, false, false)?;

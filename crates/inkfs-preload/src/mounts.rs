@@ -24,7 +24,7 @@
 
 use std::cell::UnsafeCell;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 use inkfs::api::client::Client;
@@ -66,7 +66,15 @@ pub struct Mount {
     /// A real statx of the mount's root, for the fields a statx answer
     /// copies (mask, attributes, mount id).
     pub root_statx: OnceLock<Option<libc::statx>>,
+    /// Inodes whose writer is not cell `ino % CLIENTS`: a file created
+    /// through a cell holds its lease there (lazy.rs). `ino << 8 | cell`,
+    /// direct-mapped by inode number; a displaced entry costs one lease
+    /// moving between this process's cells.
+    writers: [AtomicU64; WRITERS],
 }
+
+/// Entries of [`Mount::writers`].
+const WRITERS: usize = 1024;
 
 struct Cell {
     state: AtomicU8,
@@ -186,7 +194,7 @@ impl Mount {
         if self.refused.load(Ordering::Relaxed) {
             return None;
         }
-        let i = (ino % CLIENTS as u64) as usize;
+        let i = self.writer_of(ino);
         let cell = &self.cells[i];
         let mut since: Option<std::time::Instant> = None;
         loop {
@@ -209,6 +217,42 @@ impl Mount {
             }
             let t = *since.get_or_insert_with(std::time::Instant::now);
             if t.elapsed() > WRITER_WAIT {
+                return None;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// The cell that writes inode `ino` in this process.
+    fn writer_of(&self, ino: u64) -> usize {
+        let w = self.writers[(ino as usize) % WRITERS].load(Ordering::Relaxed);
+        if w != 0 && w >> 8 == ino {
+            (w & 0xff) as usize % CLIENTS
+        } else {
+            (ino % CLIENTS as u64) as usize
+        }
+    }
+
+    /// Inode `ino`'s lease is `lease`'s cell's (granted with its create):
+    /// that cell writes it from now on.
+    pub fn note_writer(&self, ino: u64, lease: &Lease<'_>) {
+        let Some(i) = self.cells.iter().position(|c| std::ptr::eq(c, lease.cell)) else {
+            return;
+        };
+        if ino >> 56 == 0 {
+            self.writers[(ino as usize) % WRITERS].store(ino << 8 | i as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Any client, waiting up to [`WRITER_WAIT`] for one to be idle (a
+    /// close letting a hold go).
+    pub fn checkout_wait(&self) -> Option<Lease<'_>> {
+        let t = std::time::Instant::now();
+        loop {
+            if let Some(l) = self.checkout() {
+                return Some(l);
+            }
+            if self.refused.load(Ordering::Relaxed) || t.elapsed() > WRITER_WAIT {
                 return None;
             }
             std::thread::yield_now();
@@ -348,6 +392,11 @@ pub fn by_index(i: usize) -> Option<&'static Mount> {
     all().get(i)
 }
 
+/// The index of mount `m` in the table.
+pub fn index_of(m: &Mount) -> Option<(usize, &'static Mount)> {
+    all().iter().enumerate().find(|(_, x)| std::ptr::eq(*x, m))
+}
+
 pub fn by_dev(dev: u64) -> Option<(usize, &'static Mount)> {
     all().iter().enumerate().find(|(_, m)| m.dev == dev)
 }
@@ -390,6 +439,7 @@ fn read_mounts() -> Vec<Mount> {
                 }
             }; CLIENTS],
             root_statx: OnceLock::new(),
+            writers: [const { AtomicU64::new(0) }; WRITERS],
         });
     }
     out

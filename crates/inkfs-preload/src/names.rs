@@ -55,7 +55,7 @@ pub unsafe extern "C" fn umask(mask: mode_t) -> mode_t {
 
 /// The credentials a creation is made with: the effective ids, the
 /// groups, the umask. `None` if the umask is unknown.
-fn creator() -> Option<Credentials> {
+pub(crate) fn creator() -> Option<Credentials> {
     let mask = UMASK.load(Ordering::Relaxed);
     if mask == u32::MAX {
         return None;

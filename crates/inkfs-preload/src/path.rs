@@ -28,6 +28,32 @@ pub struct Target<'a> {
     parts: [&'a [u8]; 2],
 }
 
+impl Target<'_> {
+    /// The absolute path this target names, NUL-terminated, as written
+    /// (no `..` or symlink resolved): the mount's path and the parts; one
+    /// relative to a directory descriptor starts at `dir_path` (that
+    /// directory's path, if the library kept it).
+    pub fn absolute(&self, dir_path: impl FnOnce() -> Option<&'static [u8]>) -> Option<Box<[u8]>> {
+        let mut v: Vec<u8> = Vec::with_capacity(libc::PATH_MAX as usize);
+        if self.start == ROOT_INO {
+            v.extend_from_slice(&self.mount.path);
+        } else {
+            v.extend_from_slice(dir_path()?);
+        }
+        for part in self.parts {
+            if part.is_empty() {
+                continue;
+            }
+            if !v.ends_with(b"/") && !part.starts_with(b"/") {
+                v.push(b'/');
+            }
+            v.extend_from_slice(part);
+        }
+        v.push(0);
+        Some(v.into_boxed_slice())
+    }
+}
+
 /// A buffer for the current directory of a relative path.
 pub type CwdBuf = [u8; libc::PATH_MAX as usize];
 

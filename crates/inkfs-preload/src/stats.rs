@@ -5,7 +5,8 @@
 //! _exit, which runs no destructor):
 //! `pid=P read_local=N read_kernel=N stat_local=N stat_kernel=N
 //! dir_local=N dir_kernel=N write_kernel=N attach_refused=N write_local=N
-//! sync_local=N ns_local=N ns_kernel=N attr_local=N`. That is how the tests tell a
+//! sync_local=N ns_local=N ns_kernel=N attr_local=N open_local=N
+//! materialized=N`. That is how the tests tell a
 //! read served from the pool from one the kernel served.
 
 use std::io::Write;
@@ -34,8 +35,13 @@ pub static NS_KERNEL: AtomicU64 = AtomicU64::new(0);
 /// chmod, chown and utimens made by this process's client under the
 /// inode's write lease (no message).
 pub static ATTR_LOCAL: AtomicU64 = AtomicU64::new(0);
+/// Opens (creates included) served with a placeholder descriptor: no
+/// kernel open.
+pub static OPEN_LOCAL: AtomicU64 = AtomicU64::new(0);
+/// Placeholders materialized (a call needed the kernel's file).
+pub static MATERIALIZED: AtomicU64 = AtomicU64::new(0);
 
-const ALL: [&AtomicU64; 13] = [
+const ALL: [&AtomicU64; 15] = [
     &READ_LOCAL,
     &READ_KERNEL,
     &STAT_LOCAL,
@@ -49,6 +55,8 @@ const ALL: [&AtomicU64; 13] = [
     &NS_LOCAL,
     &NS_KERNEL,
     &ATTR_LOCAL,
+    &OPEN_LOCAL,
+    &MATERIALIZED,
 ];
 
 pub const ENV: &str = "INKFS_PRELOAD_STATS";
@@ -103,7 +111,7 @@ pub fn report() {
     let v = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let _ = writeln!(
         cur,
-        "pid={} read_local={} read_kernel={} stat_local={} stat_kernel={} dir_local={} dir_kernel={} write_kernel={} attach_refused={} write_local={} sync_local={} ns_local={} ns_kernel={} attr_local={}",
+        "pid={} read_local={} read_kernel={} stat_local={} stat_kernel={} dir_local={} dir_kernel={} write_kernel={} attach_refused={} write_local={} sync_local={} ns_local={} ns_kernel={} attr_local={} open_local={} materialized={}",
         std::process::id(),
         v(&READ_LOCAL),
         v(&READ_KERNEL),
@@ -118,6 +126,8 @@ pub fn report() {
         v(&NS_LOCAL),
         v(&NS_KERNEL),
         v(&ATTR_LOCAL),
+        v(&OPEN_LOCAL),
+        v(&MATERIALIZED),
     );
     let n = cur.position() as usize;
     // SAFETY: NUL-terminated path, our own buffer; real calls only.

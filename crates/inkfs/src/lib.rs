@@ -81,7 +81,7 @@ pub mod testkit;
 pub mod crashtest;
 
 internal!(
-    alloc, dir, epoch, extents, fiemap, file, filemap, flags, format, fs, gc, health, inode,
+    alloc, dir, epoch, extents, fiemap, file, filemap, flags, format, fs, gc, health, holds, inode,
     journal, lease, log, namei, pagetable, perm, recovery, shared, shift, shm, superblock, time,
     xattr,
 );

@@ -39,6 +39,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
@@ -69,6 +70,14 @@ const RESERVE_BLOCKS: u64 = 1024;
 /// A write that found no space asks for more this many times before it
 /// reports ENOSPC.
 const RESERVE_TRIES: u32 = 3;
+
+/// An inode a client holds (see [`Client::hold`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hold {
+    pub slot: usize,
+    pub entry: usize,
+    pub ino: u64,
+}
 
 /// A client of the inkfs mount a path is on.
 pub struct Client {
@@ -134,7 +143,7 @@ impl Client {
                 "no control socket: not an inkfs mount, or its server is gone",
             )
         })?;
-        let mut conn = UnixStream::connect(&sock).map_err(|e| {
+        let conn = UnixStream::connect(&sock).map_err(|e| {
             refused(
                 mountpoint,
                 &format!("connecting to {}: {e}", sock.display()),
@@ -147,6 +156,7 @@ impl Client {
         // reported when there is none. MSG_NOSIGNAL: no SIGPIPE for the
         // program this library runs in.
         let sent = wire::send_request(&conn);
+        let mut conn = UnixStream::from(high(conn.into())?);
         let granted = match (wire::recv_grant(&mut conn), sent) {
             (Ok(granted), _) => granted,
             (Err(refusal @ Answer::Refused(_)), _) => {
@@ -165,8 +175,9 @@ impl Client {
             epochs: epochs_fd,
             ring,
         } = granted;
-        let epochs = SharedEpochs::from_fd(epochs_fd)?;
-        let ring = Ring::from_fd(ring)?;
+        let epochs = SharedEpochs::from_fd(high(epochs_fd)?)?;
+        let ring = Ring::from_fd(high(ring)?)?;
+        let pool_fd = high(pool_fd)?;
         let label = mountpoint.join("(pool of this mount)");
         let file = PoolFile::from_fd(pool_fd, &label)?;
         // Writable when the server's own descriptor is (a read-only mount
@@ -190,14 +201,14 @@ impl Client {
         };
         let shared = Arc::new(Shared {
             fs: Filesystem { fs },
-            out: Mutex::new(conn.try_clone()?),
+            out: Mutex::new(clone_high(&conn)?),
             answer: Mutex::new(None),
             answered: Condvar::new(),
             closed: AtomicBool::new(false),
             leases: Mutex::default(),
             held: AtomicUsize::new(0),
         });
-        let threads = start_threads(&shared, conn.try_clone()?)?;
+        let threads = start_threads(&shared, clone_high(&conn)?)?;
         let use_ring = std::env::var_os(CHANNEL_ENV).is_none_or(|v| v != "session");
         Ok(Client {
             shared,
@@ -505,6 +516,40 @@ impl Client {
         Some(self.leased(ino, 1, |fs| fs.setattr(cred, ino, set, None)))
     }
 
+    /// Hold inode `ino` (docs/KERNEL-FREE.md, "Unlinked files a process
+    /// holds open"): its number published in this client's slot, then
+    /// checked still linked with generation `generation` (the one the
+    /// lookup found). `None`: it is not (let the kernel open it), or this
+    /// slot's holds are all taken. While held, the server frees it at no
+    /// unlink.
+    pub fn hold(&self, ino: u64, generation: u64) -> Option<Hold> {
+        let entry = self.epochs.hold(self.grant.slot, ino)?;
+        let hold = Hold {
+            slot: self.grant.slot,
+            entry,
+            ino,
+        };
+        // After the hold's SeqCst store: the record, as the server left it.
+        if self.call(|fs| fs.is_linked(ino, generation)) {
+            Some(hold)
+        } else {
+            self.epochs.unhold(hold.slot, hold.entry, ino);
+            None
+        }
+    }
+
+    /// Let `hold` go (through any client of the mount: the table is
+    /// shared). If its inode lost its last name meanwhile, the server is
+    /// told, so that it frees it now (it also looks every 50 ms).
+    pub fn unhold(&self, hold: Hold) {
+        self.epochs.unhold(hold.slot, hold.entry, hold.ino);
+        std::sync::atomic::fence(SeqCst);
+        let orphan = self.call(|fs| fs.is_orphan(hold.ino).unwrap_or(false));
+        if orphan {
+            let _ = self.shared.send(&Msg::Unheld(hold.ino));
+        }
+    }
+
     /// Send a request on the ring and wait for its answer (EIO if the
     /// server is gone).
     fn ask(&self, msg: &Msg) -> Result<Msg> {
@@ -673,6 +718,41 @@ impl Shared {
         let _ = self.send_ranges(&back);
         let _ = self.send(&Msg::Released(ino, gen));
     }
+}
+
+/// Where a client's own descriptors go: this far below the soft limit of
+/// open files (at least 64), so that the program that made the client (an
+/// unmodified one, under the preload library) gets the descriptor numbers
+/// it would get without it.
+const HIGH_BELOW_LIMIT: u64 = 128;
+
+/// `fd` moved to the lowest free number at or above the client's floor
+/// (close-on-exec): a library's own descriptor out of the program's way.
+pub fn high(fd: OwnedFd) -> Result<OwnedFd> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we own.
+    let cur = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur
+    } else {
+        1024
+    };
+    let floor = cur.saturating_sub(HIGH_BELOW_LIMIT).clamp(64, 1 << 20) as libc::c_int;
+    // SAFETY: F_DUPFD_CLOEXEC on a descriptor we own; no memory involved.
+    let raw = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, floor) };
+    if raw < 0 {
+        // No number free up there: keep the one it has.
+        return Ok(fd);
+    }
+    // SAFETY: a descriptor the kernel just gave us, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// Another descriptor of the session, at a high number as [`high`].
+fn clone_high(conn: &UnixStream) -> Result<UnixStream> {
+    Ok(UnixStream::from(high(conn.try_clone()?.into())?))
 }
 
 /// Blocks a write of `len` bytes may need (data and a log page or two).

@@ -158,6 +158,30 @@ impl<P: Pmem> Filesystem<P> {
         self.fs.is_orphan(ino)
     }
 
+    /// A client's check after it held `ino`: still linked, generation
+    /// `generation` (holds.rs).
+    pub fn is_linked(&self, ino: u64, generation: u64) -> bool {
+        self.fs.is_linked(ino, generation)
+    }
+
+    /// Whether orphan `ino` is in use (a handle of the server's, or a
+    /// client's hold): then it may be leased (holds.rs).
+    pub fn orphan_in_use(&self, ino: u64) -> bool {
+        self.fs.orphan_in_use(ino)
+    }
+
+    /// Free the client-held orphans no client holds any more (after a
+    /// client's `unheld`, at the end of its session, now and then): the
+    /// count freed.
+    pub fn free_unheld_orphans(&self) -> usize {
+        self.fs.free_unheld_orphans()
+    }
+
+    /// Client-held orphans waiting.
+    pub fn held_orphans(&self) -> usize {
+        self.fs.held_orphans()
+    }
+
     /// Up to `want` free blocks for a client's reservation (none: empty).
     pub fn reserve_blocks(&self, want: u64) -> Vec<(u64, u64)> {
         self.fs.reserve_blocks(want, RANGES_PER_LINE)

@@ -13,9 +13,10 @@
 //!   setattr INO MODE UID GID ATIME MTIME   ("-": unchanged; a time is
 //!                                           "now" or nanoseconds)
 //!   setxattr INO NAME VALUE FLAGS     removexattr INO NAME
-//! server: done SEQ ERRNO INO GEN      ERRNO 0: made; INO the inode made or
-//!                                      changed; GEN the grant number of a
-//!                                      write lease that came with it (0: none)
+//! server: done SEQ ERRNO INO IGEN GEN ERRNO 0: made; INO the inode made or
+//!                                      changed, IGEN its generation; GEN the
+//!                                      grant number of a write lease that
+//!                                      came with it (0: none)
 //! client: unheld INO                  a hold of an orphan ended (no answer)
 //! ```
 //!
@@ -118,6 +119,8 @@ pub struct Done {
     pub errno: i32,
     /// The inode made or changed (0 when none).
     pub ino: u64,
+    /// Its generation (the inode number's use: a hold checks it).
+    pub igen: u64,
     /// The grant number of a write lease granted with it (0: none).
     pub gen: u64,
 }
@@ -356,8 +359,8 @@ impl Request {
 impl Done {
     pub fn line(&self) -> String {
         format!(
-            "done {} {} {} {}\n",
-            self.seq, self.errno, self.ino, self.gen
+            "done {} {} {} {} {}\n",
+            self.seq, self.errno, self.ino, self.igen, self.gen
         )
     }
 
@@ -367,6 +370,7 @@ impl Done {
             seq: w.next()?.parse().ok()?,
             errno: w.next()?.parse().ok()?,
             ino: w.next()?.parse().ok()?,
+            igen: w.next()?.parse().ok()?,
             gen: w.next()?.parse().ok()?,
         };
         (w.next().is_none() && d.errno >= 0).then_some(d)
@@ -469,6 +473,7 @@ mod tests {
             seq: 3,
             errno: libc::EEXIST,
             ino: 0,
+            igen: 0,
             gen: 0,
         };
         let line = d.line();
@@ -487,6 +492,7 @@ mod tests {
         ] {
             assert_eq!(Request::parse(bad.split_ascii_whitespace()), None, "{bad}");
         }
-        assert_eq!(Done::parse("1 -5 0 0".split_ascii_whitespace()), None);
+        assert_eq!(Done::parse("1 -5 0 0 0".split_ascii_whitespace()), None);
+        assert_eq!(Done::parse("1 0 0 0".split_ascii_whitespace()), None);
     }
 }
