@@ -429,3 +429,107 @@ fn a_client_killed_amid_namespace_calls_leaves_its_acknowledged_work_and_nothing
     drop(m);
     fsck_clean(&pool);
 }
+
+/// Developer tools, each a sequence of namespace calls, opens and writes:
+/// the same output with and without the library (tar x and c, cp -r, mv,
+/// ln, chmod -R, git init, add, commit, status and log with fixed dates,
+/// rm -r), and the tree the library made is what plain git and the mount
+/// see.
+#[test]
+fn developer_tools_give_the_same_output() {
+    require_tool("git", "git");
+    require_tool("tar", "tar");
+    let pool = Pool::new("open-tools", 128);
+    let m = Mounted::new(&pool, "mode=strict");
+    let d = m.path().display().to_string();
+    let src = repo_root().join("crates/inkfs-preload");
+    let work = tempfile::tempdir().expect("tempdir");
+    let tar = work.path().join("src.tar");
+    sh(&format!("tar -C {} -cf {} .", src.display(), tar.display()));
+    let stats = stats_file("open-tools");
+    let git = "git -c user.name=t -c user.email=t@t -c init.defaultBranch=main \
+               -c core.fsmonitor=false -c gc.auto=0";
+    let script = format!(
+        "set -e; export GIT_AUTHOR_DATE='2001-01-01T00:00:00Z' GIT_COMMITTER_DATE='2001-01-01T00:00:00Z' \
+         HOME={home} GIT_CONFIG_NOSYSTEM=1; \
+         rm -rf {d}/w; mkdir {d}/w; cd {d}/w; tar -xf {tar}; cp -r src src2; mv src2 moved; \
+         ln -s moved/lib.rs link; ln Cargo.toml hard; chmod -R go-w moved; \
+         {git} init -q .; {git} add -A; {git} commit -qm first; \
+         echo change >> src/lib.rs; rm moved/io.rs; {git} status --porcelain; \
+         {git} add -A; {git} commit -qm second; {git} log --stat --format='%H %s'; \
+         {git} status --porcelain; tar -cf - --sort=name --mtime=@0 --owner=0 --group=0 --exclude=.git . | sha256sum; \
+         cd /; rm -r {d}/w; ls {d}",
+        home = work.path().display(),
+        tar = tar.display(),
+    );
+    let out = same(&script, stats.path());
+    assert!(out.contains(" second\n"), "{out}");
+    let n = counts(stats.path());
+    assert!(c(&n, "open_local") >= 30, "{n:?}");
+    assert!(c(&n, "ns_local") >= 30, "{n:?}");
+}
+
+const PY_BUSY: &str = r#"
+import os, sys
+d = sys.argv[1]
+h = os.open(f"{d}/hold", os.O_CREAT | os.O_RDWR, 0o644)
+os.write(h, b"h" * 100000)
+os.unlink(f"{d}/hold")
+print("ready", flush=True)
+i = 0
+try:
+    while True:
+        fd = os.open(f"{d}/t{i}", os.O_CREAT | os.O_WRONLY, 0o644)
+        os.write(fd, b"x" * 100)
+        os.close(fd)
+        os.rename(f"{d}/t{i}", f"{d}/u{i}")
+        i += 1
+except OSError as e:
+    print("stopped", i > 0, flush=True)
+"#;
+
+/// The server killed while a preloaded client creates, renames and holds
+/// an unlinked file: the client's calls fail (its requests get EIO, the
+/// kernel then ENOTCONN), the remount waits for the client to let the pool
+/// go, recovers (the held file was an orphan: freed), and fsck is clean.
+#[test]
+fn a_killed_server_stops_the_clients_namespace_calls() {
+    let pool = Pool::new("open-server-kill", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    let work = tempfile::tempdir().expect("tempdir");
+    let py = work.path().join("busy.py");
+    std::fs::write(&py, PY_BUSY).expect("script");
+    let mut child = Command::new(PYTHON)
+        .arg(&py)
+        .arg(m.path())
+        .env("LD_PRELOAD", lib())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("ready");
+    assert_eq!(line.trim(), "ready");
+    std::thread::sleep(Duration::from_millis(50));
+    let dir = m.kill9();
+    line.clear();
+    out.read_line(&mut line).expect("stopped");
+    assert_eq!(line.trim(), "stopped True", "the loop ran, then failed");
+    child.wait().expect("wait");
+    let _ = Command::new("umount").arg(dir.path()).output();
+    let m = Mounted::at(&pool, dir, "mode=strict");
+    // Every renamed file is whole (its write came before its rename); the
+    // one in flight (t*) is empty or whole; the held file is gone.
+    for e in std::fs::read_dir(m.path()).expect("list") {
+        let p = e.expect("entry").path();
+        let data = std::fs::read(&p).expect("read");
+        let name = p.file_name().expect("name").to_string_lossy().into_owned();
+        if name.starts_with('t') && data.is_empty() {
+            continue;
+        }
+        assert_eq!(data, vec![b'x'; 100], "{name}");
+    }
+    assert!(stats_json(m.path()).expect("stats")["orphans_reclaimed"].as_u64() >= Some(1));
+    drop(m);
+    fsck_clean(&pool);
+}

@@ -79,7 +79,7 @@ fn fail(e: c_int) -> ssize_t {
 /// Read into `iov` at `off` from the pool. `None`: take the kernel path.
 fn pool_read(idx: usize, ofd: &Ofd, iov: &[iovec], off: u64) -> Option<usize> {
     let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
-    let mut lease = m.checkout()?;
+    let mut lease = m.checkout_for(ofd)?;
     let r = lease.with_file(idx, ofd, |c, f| {
         c.call(|fs| {
             let mut total = 0usize;
@@ -382,7 +382,7 @@ fn pool_write(idx: usize, ofd: &Ofd, data: &[u8], at: At) -> Option<u64> {
         return None;
     }
     let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
-    let mut lease = m.checkout_writer(ofd.ino.load(Ordering::Relaxed))?;
+    let mut lease = m.checkout_writer_for(ofd)?;
     let r = lease.with_file(idx, ofd, |c, f| match at {
         At::Offset(off) => c.pwrite(f, off, data),
         At::End => c.append(f, data),
@@ -625,7 +625,7 @@ fn pool_truncate(idx: usize, ofd: &Ofd, len: off64_t) -> Option<c_int> {
         return None;
     }
     let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
-    let mut lease = m.checkout_writer(ofd.ino.load(Ordering::Relaxed))?;
+    let mut lease = m.checkout_writer_for(ofd)?;
     // The caller's ids: the engine drops set-user-ID and set-group-ID bits
     // as Linux does for them.
     let cred = crate::path::credentials(false);
@@ -664,7 +664,7 @@ fn file_size(fd: c_int, ofd: &Ofd) -> Option<u64> {
             return None;
         }
         let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
-        let lease = m.checkout()?;
+        let lease = m.checkout_for(ofd)?;
         lease
             .client()
             .getattr(ofd.ino.load(Ordering::Relaxed))

@@ -32,11 +32,16 @@ use inkfs::api::{Credentials, File, OpenFlags};
 
 use crate::table::{Ofd, MAX_OFD};
 
-/// Clients per mount per process (each one of the mount's 64 slots).
-pub const CLIENTS: usize = 4;
+/// Clients per mount per process (each one of the mount's 64 slots):
+/// eight, so that threads of one process rarely wait for a cell (a
+/// placeholder's calls and namespace requests hold one for the whole call).
+pub const CLIENTS: usize = 8;
 /// How long a write waits for its inode's client cell before it goes
 /// through the kernel instead.
 const WRITER_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+/// How long a call on a placeholder waits for a client: the kernel path
+/// would materialize it.
+const LAZY_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 const EMPTY: u8 = 0;
 const ATTACHING: u8 = 1;
@@ -191,6 +196,31 @@ impl Mount {
     /// the kernel descriptor (correct, only slower: the server recalls the
     /// lease).
     pub fn checkout_writer(&self, ino: u64) -> Option<Lease<'_>> {
+        self.checkout_writer_within(ino, WRITER_WAIT)
+    }
+
+    /// A client for a call on open file `ofd`: a placeholder's waits for
+    /// one (up to [`LAZY_WAIT`]), as the kernel path would materialize it
+    /// (two round trips through the kernel and a real open file from then
+    /// on); any other's takes the kernel path at once if none is idle.
+    pub fn checkout_for(&self, ofd: &Ofd) -> Option<Lease<'_>> {
+        if ofd.lazy.load(Ordering::Relaxed) == 0 {
+            return self.checkout();
+        }
+        self.checkout_within(LAZY_WAIT)
+    }
+
+    /// [`Mount::checkout_writer`] for open file `ofd` (a placeholder's
+    /// waits up to [`LAZY_WAIT`]).
+    pub fn checkout_writer_for(&self, ofd: &Ofd) -> Option<Lease<'_>> {
+        let ino = ofd.ino.load(Ordering::Relaxed);
+        if ofd.lazy.load(Ordering::Relaxed) == 0 {
+            return self.checkout_writer(ino);
+        }
+        self.checkout_writer_within(ino, LAZY_WAIT)
+    }
+
+    fn checkout_writer_within(&self, ino: u64, wait: std::time::Duration) -> Option<Lease<'_>> {
         if self.refused.load(Ordering::Relaxed) {
             return None;
         }
@@ -216,7 +246,7 @@ impl Mount {
                 Err(_) => {}
             }
             let t = *since.get_or_insert_with(std::time::Instant::now);
-            if t.elapsed() > WRITER_WAIT {
+            if t.elapsed() > wait {
                 return None;
             }
             std::thread::yield_now();
@@ -247,12 +277,16 @@ impl Mount {
     /// Any client, waiting up to [`WRITER_WAIT`] for one to be idle (a
     /// close letting a hold go).
     pub fn checkout_wait(&self) -> Option<Lease<'_>> {
+        self.checkout_within(WRITER_WAIT)
+    }
+
+    fn checkout_within(&self, wait: std::time::Duration) -> Option<Lease<'_>> {
         let t = std::time::Instant::now();
         loop {
             if let Some(l) = self.checkout() {
                 return Some(l);
             }
-            if self.refused.load(Ordering::Relaxed) || t.elapsed() > WRITER_WAIT {
+            if self.refused.load(Ordering::Relaxed) || t.elapsed() > wait {
                 return None;
             }
             std::thread::yield_now();

@@ -11,7 +11,10 @@
 //! runs it, writes the answer line, and sets `ans` to the request's
 //! number, waking the client only if it sleeps. Each side spins a little
 //! first ([`CLIENT_SPIN`], [`SERVER_SPIN`]): on a machine with a core for
-//! each, a round trip is then two cache-line transfers.
+//! each, a round trip is then two cache-line transfers. At most half the
+//! machine's cores' worth of threads of one process spin at once (one on
+//! 2 cores): a spinner takes a core from the program, or from the other
+//! side it waits for; the others sleep at once.
 //!
 //! Sleeping is Dekker's: a side announces it sleeps (`*_sleeps`, SeqCst),
 //! then looks at the word it waits on once more, then waits on it with a
@@ -28,7 +31,10 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering::Acquire, Ordering::Release, Ordering::SeqCst};
+use std::sync::atomic::{
+    AtomicU32, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+    Ordering::SeqCst,
+};
 use std::time::{Duration, Instant};
 
 use super::lease::LINE_MAX;
@@ -38,6 +44,38 @@ pub const CLIENT_SPIN: Duration = Duration::from_micros(50);
 /// How long the server's thread spins for the next request after an
 /// answer before it sleeps.
 pub const SERVER_SPIN: Duration = Duration::from_micros(100);
+/// Threads of this process spinning on a ring now.
+static SPINNING: AtomicUsize = AtomicUsize::new(0);
+/// At most this many of them (0: not computed yet).
+static SPINNERS_MAX: AtomicUsize = AtomicUsize::new(0);
+
+/// A turn at spinning, if fewer than the cap spin now (see the module
+/// comment); its end when dropped.
+struct Spin;
+
+impl Spin {
+    fn take() -> Option<Spin> {
+        let mut max = SPINNERS_MAX.load(Relaxed);
+        if max == 0 {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            max = (cores / 2).max(1);
+            SPINNERS_MAX.store(max, Relaxed);
+        }
+        if SPINNING.fetch_add(1, SeqCst) < max {
+            Some(Spin)
+        } else {
+            SPINNING.fetch_sub(1, SeqCst);
+            None
+        }
+    }
+}
+
+impl Drop for Spin {
+    fn drop(&mut self) {
+        SPINNING.fetch_sub(1, SeqCst);
+    }
+}
+
 /// A sleeper wakes this often to see whether the other side is gone.
 const SLEEP_SLICE: Duration = Duration::from_millis(50);
 
@@ -233,6 +271,7 @@ impl Ring {
         if h.server_sleeps.load(SeqCst) != 0 {
             wake(&h.req);
         }
+        let mut spin = Spin::take();
         let spin_until = Instant::now() + CLIENT_SPIN;
         loop {
             let a = h.ans.load(Acquire);
@@ -242,10 +281,11 @@ impl Ring {
             if h.closed.load(Acquire) != 0 {
                 return Err(io::Error::from_raw_os_error(libc::EIO));
             }
-            if Instant::now() < spin_until {
+            if spin.is_some() && Instant::now() < spin_until {
                 std::hint::spin_loop();
                 continue;
             }
+            spin = None;
             h.client_sleeps.store(1, SeqCst);
             if h.ans.load(SeqCst) != seq {
                 sleep_on(&h.ans, a, SLEEP_SLICE);
@@ -264,6 +304,7 @@ impl Ring {
     /// bytes, or `None` once [`Ring::close`] was called.
     pub fn next_request(&self, last: u32) -> Option<(u32, Vec<u8>)> {
         let h = self.header();
+        let mut spin = Spin::take();
         let spin_until = Instant::now() + SERVER_SPIN;
         loop {
             if h.closed.load(Acquire) != 0 {
@@ -273,10 +314,11 @@ impl Ring {
             if r != last {
                 return Some((r, self.take(false, h.req_len.load(Acquire))));
             }
-            if Instant::now() < spin_until {
+            if spin.is_some() && Instant::now() < spin_until {
                 std::hint::spin_loop();
                 continue;
             }
+            spin = None;
             h.server_sleeps.store(1, SeqCst);
             if h.req.load(SeqCst) == last && h.closed.load(SeqCst) == 0 {
                 sleep_on(&h.req, last, SLEEP_SLICE);
