@@ -102,10 +102,11 @@ fn op_stat(op: &Op) -> stats::Op {
 /// The inode `name` in `dir` names now, if any (to tell the kernel which
 /// inode a removal took).
 fn victim(engine: &Engine, dir: u64, name: &[u8]) -> Option<u64> {
-    engine
-        .lookup(&Credentials::root(), dir, name)
-        .ok()
-        .map(|a| a.ino)
+    victim_attr(engine, dir, name).map(|a| a.ino)
+}
+
+fn victim_attr(engine: &Engine, dir: u64, name: &[u8]) -> Option<api::Attr> {
+    engine.lookup(&Credentials::root(), dir, name).ok()
 }
 
 fn entry(parent: u64, name: &[u8]) -> Change {
@@ -133,7 +134,7 @@ fn run(
                 engine.create(cred, *dir, name, mode & 0o7777, OpenFlags::new(*flags))?;
             let writable = file.flags().writable();
             engine.release(file);
-            let mut m = made(a.ino, vec![entry(*dir, name), Change::Attr { ino: a.ino }]);
+            let mut m = made(a.ino, vec![entry(*dir, name)]);
             m.igen = a.generation;
             if writable && a.kind == api::FileKind::File {
                 // The lease comes with the create: no grant round trip.
@@ -142,6 +143,11 @@ fn run(
                 if let Ok(gen) = leases.grant(holder, a.ino, false) {
                     m.gen = gen;
                 }
+            }
+            if m.gen == 0 {
+                // (A grant invalidated the inode's attributes already; an
+                // existing file opened with O_TRUNC changed them.)
+                m.changes.push(Change::Attr { ino: a.ino });
             }
             Ok(m)
         }
@@ -170,7 +176,7 @@ fn run(
             ))
         }
         Op::Unlink { dir, name } | Op::Rmdir { dir, name } => {
-            let child = victim(engine, *dir, name);
+            let child = victim_attr(engine, *dir, name);
             if matches!(op, Op::Rmdir { .. }) {
                 engine.rmdir(cred, *dir, name)?;
             } else {
@@ -178,18 +184,20 @@ fn run(
             }
             let mut changes = Vec::new();
             match child {
-                Some(child) => {
+                Some(a) => {
                     changes.push(Change::Deleted {
                         parent: *dir,
-                        child,
+                        child: a.ino,
                         name: name.clone(),
                     });
-                    // Its link count, if other names remain.
-                    changes.push(Change::Attr { ino: child });
+                    if a.kind != api::FileKind::Dir && a.nlink > 1 {
+                        // Other names remain: its link count changed.
+                        changes.push(Change::Attr { ino: a.ino });
+                    }
                 }
                 None => changes.push(entry(*dir, name)),
             }
-            Ok(made(child.unwrap_or(0), changes))
+            Ok(made(child.map_or(0, |a| a.ino), changes))
         }
         Op::Rename {
             dir,

@@ -97,7 +97,7 @@ fn files_made_and_used_under_the_library_cost_no_fuse_request() {
 }
 
 const PY_KERNEL_CALLS: &str = r#"
-import fcntl, mmap, os, subprocess, sys
+import errno, fcntl, mmap, os, subprocess, sys
 d = sys.argv[1]
 p = f"{d}/m"
 fd = os.open(p, os.O_CREAT | os.O_RDWR, 0o644)
@@ -130,8 +130,30 @@ if pid == 0:
 os.waitpid(pid, 0)
 print("after fork", os.pread(fd, 30, 995), os.read(g, 4))
 os.close(g)
+print("proc stat", os.stat(f"/proc/self/fd/{fd}").st_size)
 os.close(fd)
 os.unlink(p)
+os.mkdir(f"{d}/sub", 0o700)
+dfd = os.open(f"{d}/sub", os.O_RDONLY | os.O_PATH)
+print("opath", oct(os.stat(dfd).st_mode))
+os.chmod(f"/proc/self/fd/{dfd}", 0o750)
+print("proc chmod", oct(os.stat(f"{d}/sub").st_mode))
+os.chmod(f"{d}/sub", 0o755, follow_symlinks=False)
+print("nofollow chmod", oct(os.stat(f"{d}/sub").st_mode))
+os.symlink("sub", f"{d}/sl")
+try:
+    os.chmod(f"{d}/sl", 0o700, follow_symlinks=False)
+except OSError as e:
+    print("symlink chmod", errno.errorcode[e.errno])
+except NotImplementedError:
+    print("symlink chmod refused")
+try:
+    os.read(dfd, 1)
+except OSError as e:
+    print("read opath", errno.errorcode[e.errno])
+os.close(dfd)
+os.unlink(f"{d}/sl")
+os.rmdir(f"{d}/sub")
 "#;
 
 #[test]
@@ -149,6 +171,11 @@ fn calls_that_need_the_kernels_file_materialize_a_placeholder() {
     assert!(out.contains("mmap b'012345678901' 1000"), "{out}");
     assert!(out.contains("link True"), "{out}");
     assert!(out.contains("56789\nafter exec 10"), "{out}");
+    assert!(
+        out.contains("proc chmod 0o40750\nnofollow chmod 0o40755"),
+        "{out}"
+    );
+    assert!(out.contains("read opath EBADF"), "{out}");
     let n = counts(stats.path());
     assert!(c(&n, "open_local") >= 2, "{n:?}");
     assert!(c(&n, "materialized") >= 1, "{n:?}");

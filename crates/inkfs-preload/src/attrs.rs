@@ -53,7 +53,8 @@ fn set_attr(
 /// the descriptor table). `None`: the kernel.
 fn set_attr_fd(fd: c_int, set: SetAttr) -> Option<c_int> {
     let (_, ofd) = table::local(fd)?;
-    if guard::inside() {
+    if guard::inside() || ofd.is_path() {
+        // (fchmod and friends of an O_PATH descriptor: the kernel's EBADF.)
         return None;
     }
     let r = guard::run(|| {
@@ -76,16 +77,44 @@ fn set_attr_fd(fd: c_int, set: SetAttr) -> Option<c_int> {
 /// chmod, chown or utimens of what `path` (relative to `dirfd`) names.
 /// `None`: the kernel does it.
 fn set_attr_at(dirfd: c_int, p: *const c_char, follow: bool, set: SetAttr) -> Option<c_int> {
+    set_attr_at_kind(dirfd, p, follow, set, true)
+}
+
+/// [`set_attr_at`]; `symlinks`: a symlink itself may be changed (not a
+/// chmod: the kernel's EOPNOTSUPP).
+fn set_attr_at_kind(
+    dirfd: c_int,
+    p: *const c_char,
+    follow: bool,
+    set: SetAttr,
+    symlinks: bool,
+) -> Option<c_int> {
     if guard::inside() {
         return None;
     }
     let r = guard::run(|| {
         // SAFETY: the program's path string.
         let bytes = unsafe { path::bytes(p) }?;
+        let cred = path::credentials(false);
+        if let Some(n) = crate::lazy::fd_link(bytes).filter(|_| follow) {
+            // `/proc/self/fd/N` of a served descriptor (GNU tar chmods the
+            // directories it made so, through an O_PATH descriptor): its
+            // inode.
+            let (_, ofd) = table::local(n)?;
+            let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
+            let kind = if ofd.is_dir() {
+                FileKind::Dir
+            } else {
+                FileKind::File
+            };
+            return set_attr(m, &cred, ofd.ino.load(Ordering::Relaxed), kind, set);
+        }
         let mut cwd: CwdBuf = [0; libc::PATH_MAX as usize];
         let t = path::locate(dirfd, bytes, &mut cwd)?;
-        let cred = path::credentials(false);
         let a = inode_of(&t, &cred, follow)?;
+        if !symlinks && a.kind == FileKind::Symlink {
+            return None;
+        }
         set_attr(t.mount, &cred, a.ino, a.kind, set)
     })
     .flatten();
@@ -102,14 +131,16 @@ pub unsafe extern "C" fn fchmodat(
     mode: mode_t,
     flags: c_int,
 ) -> c_int {
-    // AT_SYMLINK_NOFOLLOW: Linux refuses to change a symlink's mode
-    // (EOPNOTSUPP); the kernel says so.
-    if flags == 0 && !p.is_null() {
+    // AT_SYMLINK_NOFOLLOW (GNU tar's way for what it extracts): the same
+    // unless the name is a symlink, whose mode Linux refuses to change
+    // (EOPNOTSUPP): the kernel says so.
+    if flags & !libc::AT_SYMLINK_NOFOLLOW == 0 && !p.is_null() {
         let set = SetAttr {
             mode: Some(mode & 0o7777),
             ..SetAttr::default()
         };
-        if let Some(r) = set_attr_at(dirfd, p, true, set) {
+        let follow = flags == 0;
+        if let Some(r) = set_attr_at_kind(dirfd, p, follow, set, follow) {
             return r;
         }
     }

@@ -9,8 +9,9 @@
 //! descriptor is a regular file or directory on a FUSE mount of this
 //! process, the library registers it (table.rs): reads need it readable,
 //! writes writable (a write-only descriptor is served for writes, lseek,
-//! fstat and fsync). O_PATH descriptors are never registered: nothing
-//! would be served on them.
+//! fstat and fsync). An O_PATH descriptor is registered for its fstat and
+//! as the directory of relative paths (and `/proc/self/fd/N` of it names
+//! its inode); every other call on it is the kernel's (EBADF).
 //!
 //! `open`, `openat` and `fcntl` are variadic in C. They are defined here
 //! with their optional argument as a fixed one (`mode`, `arg`): on x86-64
@@ -30,9 +31,6 @@ use crate::{guard, lazy, mounts, path, real, table};
 /// `dirfd`) with `flags`, if it is served.
 pub fn adopt(fd: c_int, dirfd: c_int, path: &[u8], flags: c_int) {
     if fd < 0 || fd as usize >= MAX_FD {
-        return;
-    }
-    if flags & libc::O_PATH != 0 {
         return;
     }
     if mounts::all().is_empty() {

@@ -57,6 +57,7 @@ pub enum Op {
 pub fn route(fd: c_int, op: Op) -> Route {
     match table::local(fd) {
         Some((i, o)) => match op {
+            _ if op != Op::Stat && o.is_path() => Route::Kernel,
             Op::Read if o.is_dir() || !o.readable() => Route::Kernel,
             Op::Write if o.is_dir() => Route::Kernel,
             Op::Dir if !o.is_dir() => Route::Kernel,

@@ -61,6 +61,24 @@ on_kernel_file! {
     fremovexattr(fd: c_int, name: *const c_char) -> c_int, -1;
 }
 
+/// truncate by path: `/proc/self/fd/N` of a placeholder is materialized
+/// first (else it names /dev/null); any other path is the kernel's.
+#[no_mangle]
+pub unsafe extern "C" fn truncate64(p: *const c_char, len: off64_t) -> c_int {
+    // SAFETY: the program's path string (or null: the kernel's EFAULT).
+    if let Some(n) = unsafe { crate::path::bytes(p) }.and_then(lazy::fd_link) {
+        lazy::kernel(n);
+    }
+    // SAFETY: as called.
+    unsafe { crate::real::truncate64(p, len) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn truncate(p: *const c_char, len: off64_t) -> c_int {
+    // SAFETY: as called.
+    unsafe { truncate64(p, len) }
+}
+
 /// posix_fadvise: advice about a placeholder's file needs no kernel file
 /// (the pool is memory); any other descriptor's is the kernel's.
 #[no_mangle]

@@ -25,6 +25,12 @@ fn path_attr(
 ) -> Option<(Attr, &'static Mount)> {
     // SAFETY: the program's path string.
     let p = unsafe { path::bytes(path) }?;
+    if let Some(n) = crate::lazy::fd_link(p) {
+        // `/proc/self/fd/N` of a placeholder names /dev/null until its
+        // file is opened in the kernel: then the kernel answers.
+        crate::lazy::kernel(n);
+        return None;
+    }
     let mut cwd: CwdBuf = [0; libc::PATH_MAX as usize];
     let t = path::locate(dirfd, p, &mut cwd)?;
     let got = (|| {

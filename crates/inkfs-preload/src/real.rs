@@ -122,6 +122,7 @@ mod fns {
         futimes(fd: c_int, tv: *const libc::timeval) -> c_int, -1;
         futimens(fd: c_int, times: *const libc::timespec) -> c_int, -1;
         posix_fadvise64(fd: c_int, off: off64_t, len: off64_t, advice: c_int) -> c_int, libc::ENOSYS;
+        truncate64(path: *const c_char, len: off64_t) -> c_int, -1;
         fchmod(fd: c_int, mode: mode_t) -> c_int, -1;
         fchown(fd: c_int, uid: libc::uid_t, gid: libc::gid_t) -> c_int, -1;
     }

@@ -72,6 +72,11 @@ impl Ofd {
     pub fn append(&self) -> bool {
         self.flags.load(Ordering::Relaxed) as i32 & libc::O_APPEND != 0
     }
+    /// An O_PATH descriptor: only fstat is served (and it may be the
+    /// directory of a path); everything else is the kernel's EBADF.
+    pub fn is_path(&self) -> bool {
+        self.flags.load(Ordering::Relaxed) as i32 & libc::O_PATH != 0
+    }
 }
 
 /// Descriptor number -> 1 + index of its [`Ofd`] (0: not served).
