@@ -9,12 +9,13 @@
 //! a futex only if that thread said it sleeps. The server copies the
 //! request out (the client could change it under the server's feet),
 //! runs it, writes the answer line, and sets `ans` to the request's
-//! number, waking the client only if it sleeps. Each side spins a little
-//! first ([`CLIENT_SPIN`], [`SERVER_SPIN`]): on a machine with a core for
-//! each, a round trip is then two cache-line transfers. At most half the
-//! machine's cores' worth of threads of one process spin at once (one on
-//! 2 cores): a spinner takes a core from the program, or from the other
-//! side it waits for; the others sleep at once.
+//! number, waking the client only if it sleeps. Each side may spin a
+//! little first ([`CLIENT_SPIN`], [`SERVER_SPIN`]; none by default: it
+//! was measured slower on the shared 2-vCPU machine): on a machine with a
+//! core for each, a round trip is then two cache-line transfers. At most
+//! half the machine's cores' worth of threads of one process spin at once
+//! (one on 2 cores): a spinner takes a core from the program, or from the
+//! other side it waits for; the others sleep at once.
 //!
 //! Sleeping is Dekker's: a side announces it sleeps (`*_sleeps`, SeqCst),
 //! then looks at the word it waits on once more, then waits on it with a
@@ -39,11 +40,33 @@ use std::time::{Duration, Instant};
 
 use super::lease::LINE_MAX;
 
-/// How long the client spins for an answer before it sleeps.
-pub const CLIENT_SPIN: Duration = Duration::from_micros(50);
-/// How long the server's thread spins for the next request after an
-/// answer before it sleeps.
-pub const SERVER_SPIN: Duration = Duration::from_micros(100);
+/// How long the client spins for an answer before it sleeps, and the
+/// server's thread for the next request after an answer: not at all by
+/// default. Measured on the 2-vCPU machine (load 5-9, shared): spins of
+/// 50 and 100 µs made an untar 2-3x slower than sleeping at once (a
+/// spinner held a core the other side or the program needed), and 5 µs
+/// did no better than none. `INKFS_RING_SPIN=US` sets both (in the
+/// client's environment for the client, the server's for the server).
+pub const CLIENT_SPIN: Duration = Duration::ZERO;
+pub const SERVER_SPIN: Duration = Duration::ZERO;
+
+/// The spin of this process: `INKFS_RING_SPIN=US` microseconds, else `default`.
+fn spin_for(default: Duration) -> Duration {
+    static US: AtomicUsize = AtomicUsize::new(usize::MAX);
+    let mut us = US.load(Relaxed);
+    if us == usize::MAX {
+        us = std::env::var("INKFS_RING_SPIN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(usize::MAX - 1);
+        US.store(us, Relaxed);
+    }
+    if us == usize::MAX - 1 {
+        default
+    } else {
+        Duration::from_micros(us as u64)
+    }
+}
 /// Threads of this process spinning on a ring now.
 static SPINNING: AtomicUsize = AtomicUsize::new(0);
 /// At most this many of them (0: not computed yet).
@@ -272,7 +295,7 @@ impl Ring {
             wake(&h.req);
         }
         let mut spin = Spin::take();
-        let spin_until = Instant::now() + CLIENT_SPIN;
+        let spin_until = Instant::now() + spin_for(CLIENT_SPIN);
         loop {
             let a = h.ans.load(Acquire);
             if a == seq {
@@ -305,7 +328,7 @@ impl Ring {
     pub fn next_request(&self, last: u32) -> Option<(u32, Vec<u8>)> {
         let h = self.header();
         let mut spin = Spin::take();
-        let spin_until = Instant::now() + SERVER_SPIN;
+        let spin_until = Instant::now() + spin_for(SERVER_SPIN);
         loop {
             if h.closed.load(Acquire) != 0 {
                 return None;
