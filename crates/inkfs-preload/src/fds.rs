@@ -42,16 +42,25 @@ pub fn adopt(fd: c_int, dirfd: c_int, path: &[u8], flags: c_int) {
     if path.first() == Some(&b'/') && mounts::locate_abs(path).is_none() {
         return;
     }
-    // SAFETY: all-zero is a valid stat64; the kernel fills it.
-    let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
-    if unsafe { real::fstat64(fd, &mut st) } != 0 {
+    // The type, inode and device: none of them changes, so the kernel's
+    // cached attributes do, however old (AT_STATX_DONT_SYNC: no GETATTR
+    // request when the kernel's copy expired, as a namespace change
+    // through the ring makes the directory's).
+    // SAFETY: all-zero is a valid statx; the kernel fills it.
+    let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+    let flags_sx = libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC;
+    let mask = libc::STATX_TYPE | libc::STATX_INO;
+    if unsafe { real::statx(fd, c"".as_ptr(), flags_sx, mask, &mut sx) } != 0
+        || sx.stx_mask & mask != mask
+    {
         return;
     }
-    let kind = st.st_mode & libc::S_IFMT;
+    let kind = u32::from(sx.stx_mode) & libc::S_IFMT;
     if kind != libc::S_IFREG && kind != libc::S_IFDIR {
         return;
     }
-    let Some((mi, m)) = mounts::by_dev(st.st_dev) else {
+    let dev = libc::makedev(sx.stx_dev_major, sx.stx_dev_minor);
+    let Some((mi, m)) = mounts::by_dev(dev) else {
         return;
     };
     // Attach now (or learn the refusal), and make sure the mount is the
@@ -67,7 +76,7 @@ pub fn adopt(fd: c_int, dirfd: c_int, path: &[u8], flags: c_int) {
     if m.is_refused() {
         return;
     }
-    let idx = table::register(fd, mi, st.st_ino, kind, flags, false);
+    let idx = table::register(fd, mi, sx.stx_ino, kind, flags, false);
     if let (Some(idx), true) = (idx, kind == libc::S_IFDIR) {
         // A directory's path: placeholders opened relative to it are
         // materialized by it.

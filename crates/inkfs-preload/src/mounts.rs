@@ -24,7 +24,7 @@
 
 use std::cell::UnsafeCell;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 use inkfs::api::client::Client;
@@ -71,6 +71,10 @@ pub struct Mount {
     /// A real statx of the mount's root, for the fields a statx answer
     /// copies (mask, attributes, mount id).
     pub root_statx: OnceLock<Option<libc::statx>>,
+    /// Bumped at every cell's release, and the threads waiting for any
+    /// cell (futex, as [`Cell::freed`]).
+    any_freed: AtomicU32,
+    any_waiters: AtomicU32,
     /// Inodes whose writer is not cell `ino % CLIENTS`: a file created
     /// through a cell holds its lease there (lazy.rs). `ino << 8 | cell`,
     /// direct-mapped by inode number; a displaced entry costs one lease
@@ -84,6 +88,10 @@ const WRITERS: usize = 1024;
 struct Cell {
     state: AtomicU8,
     slot: UnsafeCell<Option<Box<Slot>>>,
+    /// Bumped each time the cell goes back to idle (a futex word threads
+    /// waiting for this cell sleep on), and how many wait.
+    freed: AtomicU32,
+    waiters: AtomicU32,
 }
 
 /// An attached client and the engine handles it opened, by open-file
@@ -99,6 +107,7 @@ unsafe impl Sync for Cell {}
 
 /// A checked-out client: given back when dropped.
 pub struct Lease<'a> {
+    mount: &'a Mount,
     cell: &'a Cell,
     slot: &'a mut Slot,
 }
@@ -106,7 +115,58 @@ pub struct Lease<'a> {
 impl Drop for Lease<'_> {
     fn drop(&mut self) {
         self.cell.state.store(IDLE, Ordering::Release);
+        // Threads waiting for this cell, or for any: one of them takes it
+        // (waking them all for one cell: few wait for a given cell).
+        self.cell.freed.fetch_add(1, Ordering::SeqCst);
+        if self.cell.waiters.load(Ordering::SeqCst) != 0 {
+            futex_wake(&self.cell.freed, i32::MAX);
+        }
+        let m = self.mount;
+        m.any_freed.fetch_add(1, Ordering::SeqCst);
+        if m.any_waiters.load(Ordering::SeqCst) != 0 {
+            futex_wake(&m.any_freed, 1);
+        }
     }
+}
+
+/// Wake up to `n` threads sleeping on `word` (this process's).
+fn futex_wake(word: &AtomicU32, n: i32) {
+    // SAFETY: a futex wake on a word of ours; no memory is written.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            n,
+        );
+    }
+}
+
+/// Sleep while `word` holds `seen`, at most until `deadline`, counted in
+/// `waiters` meanwhile (the waker looks at it after changing the word).
+fn futex_wait(word: &AtomicU32, waiters: &AtomicU32, seen: u32, deadline: std::time::Instant) {
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    if left.is_zero() {
+        return;
+    }
+    waiters.fetch_add(1, Ordering::SeqCst);
+    if word.load(Ordering::SeqCst) == seen {
+        let ts = libc::timespec {
+            tv_sec: left.as_secs() as libc::time_t,
+            tv_nsec: left.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: a futex wait on a word of ours with a timeout we own.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                word.as_ptr(),
+                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                seen,
+                &ts as *const libc::timespec,
+            );
+        }
+    }
+    waiters.fetch_sub(1, Ordering::SeqCst);
 }
 
 impl Lease<'_> {
@@ -171,7 +231,7 @@ impl Mount {
                 .compare_exchange(IDLE, BUSY, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
             {
-                return Some(lease(cell));
+                return Some(lease(self, cell));
             }
         }
         for (i, cell) in self.cells.iter().enumerate() {
@@ -226,13 +286,14 @@ impl Mount {
         }
         let i = self.writer_of(ino);
         let cell = &self.cells[i];
-        let mut since: Option<std::time::Instant> = None;
+        let mut deadline: Option<std::time::Instant> = None;
         loop {
+            let seen = cell.freed.load(Ordering::SeqCst);
             match cell
                 .state
                 .compare_exchange(IDLE, BUSY, Ordering::Acquire, Ordering::Relaxed)
             {
-                Ok(_) => return Some(lease(cell)),
+                Ok(_) => return Some(lease(self, cell)),
                 Err(EMPTY) => {
                     if cell
                         .state
@@ -245,11 +306,13 @@ impl Mount {
                 Err(DEAD) => return None,
                 Err(_) => {}
             }
-            let t = *since.get_or_insert_with(std::time::Instant::now);
-            if t.elapsed() > wait {
+            let end = *deadline.get_or_insert_with(|| std::time::Instant::now() + wait);
+            if std::time::Instant::now() >= end {
                 return None;
             }
-            std::thread::yield_now();
+            // Asleep until the cell is given back (not spinning: on a
+            // small machine the holder needs the core).
+            futex_wait(&cell.freed, &cell.waiters, seen, end);
         }
     }
 
@@ -281,27 +344,28 @@ impl Mount {
     }
 
     fn checkout_within(&self, wait: std::time::Duration) -> Option<Lease<'_>> {
-        let t = std::time::Instant::now();
+        let end = std::time::Instant::now() + wait;
         loop {
+            let seen = self.any_freed.load(Ordering::SeqCst);
             if let Some(l) = self.checkout() {
                 return Some(l);
             }
-            if self.refused.load(Ordering::Relaxed) || t.elapsed() > wait {
+            if self.refused.load(Ordering::Relaxed) || std::time::Instant::now() >= end {
                 return None;
             }
-            std::thread::yield_now();
+            futex_wait(&self.any_freed, &self.any_waiters, seen, end);
         }
     }
 
     /// Attach the client of `cell` (number `i`), which this thread moved
     /// to ATTACHING.
-    fn attach_cell<'a>(&self, i: usize, cell: &'a Cell) -> Option<Lease<'a>> {
+    fn attach_cell<'a>(&'a self, i: usize, cell: &'a Cell) -> Option<Lease<'a>> {
         match self.attach() {
             Some(slot) => {
                 // SAFETY: this thread owns the cell (ATTACHING).
                 unsafe { *cell.slot.get() = Some(Box::new(slot)) };
                 cell.state.store(BUSY, Ordering::Release);
-                Some(lease(cell))
+                Some(lease(self, cell))
             }
             None => {
                 cell.state.store(DEAD, Ordering::Release);
@@ -400,11 +464,12 @@ impl Drop for BlockSignals {
     }
 }
 
-fn lease(cell: &Cell) -> Lease<'_> {
+fn lease<'a>(mount: &'a Mount, cell: &'a Cell) -> Lease<'a> {
     // SAFETY: the caller moved the cell to BUSY, so this thread owns the
     // slot until the lease is dropped; a BUSY cell always has a slot.
     let slot = unsafe { (*cell.slot.get()).as_deref_mut() };
     Lease {
+        mount,
         cell,
         slot: slot.expect("a busy cell has a client"),
     }
@@ -470,8 +535,12 @@ fn read_mounts() -> Vec<Mount> {
                 Cell {
                     state: AtomicU8::new(EMPTY),
                     slot: UnsafeCell::new(None),
+                    freed: AtomicU32::new(0),
+                    waiters: AtomicU32::new(0),
                 }
             }; CLIENTS],
+            any_freed: AtomicU32::new(0),
+            any_waiters: AtomicU32::new(0),
             root_statx: OnceLock::new(),
             writers: [const { AtomicU64::new(0) }; WRITERS],
         });
