@@ -10,12 +10,12 @@
 //! request out (the client could change it under the server's feet),
 //! runs it, writes the answer line, and sets `ans` to the request's
 //! number, waking the client only if it sleeps. Each side may spin a
-//! little first ([`CLIENT_SPIN`], [`SERVER_SPIN`]; none by default: it
-//! was measured slower on the shared 2-vCPU machine): on a machine with a
-//! core for each, a round trip is then two cache-line transfers. At most
-//! half the machine's cores' worth of threads of one process spin at once
-//! (one on 2 cores): a spinner takes a core from the program, or from the
-//! other side it waits for; the others sleep at once.
+//! little first ([`CLIENT_SPIN`], [`SERVER_SPIN`]), while spinning pays
+//! in this process (adaptive): on a machine with a core for each, a round
+//! trip is then two cache-line transfers. At most half the machine's
+//! cores' worth of threads of one process spin at once (one on 2 cores):
+//! a spinner takes a core from the program, or from the other side it
+//! waits for; the others sleep at once.
 //!
 //! Sleeping is Dekker's: a side announces it sleeps (`*_sleeps`, SeqCst),
 //! then looks at the word it waits on once more, then waits on it with a
@@ -41,14 +41,15 @@ use std::time::{Duration, Instant};
 use super::lease::LINE_MAX;
 
 /// How long the client spins for an answer before it sleeps, and the
-/// server's thread for the next request after an answer: not at all by
-/// default. Measured on the 2-vCPU machine (load 5-9, shared): spins of
-/// 50 and 100 µs made an untar 2-3x slower than sleeping at once (a
-/// spinner held a core the other side or the program needed), and 5 µs
-/// did no better than none. `INKFS_RING_SPIN=US` sets both (in the
-/// client's environment for the client, the server's for the server).
-pub const CLIENT_SPIN: Duration = Duration::ZERO;
-pub const SERVER_SPIN: Duration = Duration::ZERO;
+/// server's thread for the next request after an answer. Adaptive
+/// ([`Spin::take`]): a side keeps spinning while its spins end with what
+/// it waited for, and stops (trying again now and then) when they do not
+/// (the other side is off its core). Measured on the shared 2-vCPU machine
+/// (bench/results-notes/namespace.md): fixed spins were 2-3x faster than
+/// sleeping at once in some runs and 2-3x slower in others, at the same
+/// load average. `INKFS_RING_SPIN=US` sets both (0: never spin).
+pub const CLIENT_SPIN: Duration = Duration::from_micros(30);
+pub const SERVER_SPIN: Duration = Duration::from_micros(30);
 
 /// The spin of this process: `INKFS_RING_SPIN=US` microseconds, else `default`.
 fn spin_for(default: Duration) -> Duration {
@@ -67,17 +68,30 @@ fn spin_for(default: Duration) -> Duration {
         Duration::from_micros(us as u64)
     }
 }
+
 /// Threads of this process spinning on a ring now.
 static SPINNING: AtomicUsize = AtomicUsize::new(0);
 /// At most this many of them (0: not computed yet).
 static SPINNERS_MAX: AtomicUsize = AtomicUsize::new(0);
+/// How well spinning has paid lately in this process: +1 for a spin that
+/// ended with what it waited for, -4 for one that ran out (0 to 16).
+static SPIN_SCORE: AtomicUsize = AtomicUsize::new(8);
+/// Waits so far (every 32nd spins whatever the score: a probe).
+static WAITS: AtomicUsize = AtomicUsize::new(0);
 
-/// A turn at spinning, if fewer than the cap spin now (see the module
-/// comment); its end when dropped.
+/// A turn at spinning, if spinning pays and fewer than the cap spin now
+/// (see the module comment); its end when dropped.
 struct Spin;
 
 impl Spin {
-    fn take() -> Option<Spin> {
+    fn take(budget: Duration) -> Option<Spin> {
+        if budget.is_zero() {
+            return None;
+        }
+        let probe = WAITS.fetch_add(1, Relaxed).is_multiple_of(32);
+        if SPIN_SCORE.load(Relaxed) == 0 && !probe {
+            return None;
+        }
         let mut max = SPINNERS_MAX.load(Relaxed);
         if max == 0 {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -90,6 +104,19 @@ impl Spin {
             SPINNING.fetch_sub(1, SeqCst);
             None
         }
+    }
+
+    /// The spin ended: with what it waited for (`paid`) or not.
+    fn end(self, paid: bool) {
+        let s = SPIN_SCORE.load(Relaxed);
+        SPIN_SCORE.store(
+            if paid {
+                (s + 1).min(16)
+            } else {
+                s.saturating_sub(4)
+            },
+            Relaxed,
+        );
     }
 }
 
@@ -294,11 +321,15 @@ impl Ring {
         if h.server_sleeps.load(SeqCst) != 0 {
             wake(&h.req);
         }
-        let mut spin = Spin::take();
-        let spin_until = Instant::now() + spin_for(CLIENT_SPIN);
+        let budget = spin_for(CLIENT_SPIN);
+        let mut spin = Spin::take(budget);
+        let spin_until = Instant::now() + budget;
         loop {
             let a = h.ans.load(Acquire);
             if a == seq {
+                if let Some(s) = spin.take() {
+                    s.end(true);
+                }
                 break;
             }
             if h.closed.load(Acquire) != 0 {
@@ -308,7 +339,9 @@ impl Ring {
                 std::hint::spin_loop();
                 continue;
             }
-            spin = None;
+            if let Some(s) = spin.take() {
+                s.end(false);
+            }
             h.client_sleeps.store(1, SeqCst);
             if h.ans.load(SeqCst) != seq {
                 sleep_on(&h.ans, a, SLEEP_SLICE);
@@ -327,21 +360,27 @@ impl Ring {
     /// bytes, or `None` once [`Ring::close`] was called.
     pub fn next_request(&self, last: u32) -> Option<(u32, Vec<u8>)> {
         let h = self.header();
-        let mut spin = Spin::take();
-        let spin_until = Instant::now() + spin_for(SERVER_SPIN);
+        let budget = spin_for(SERVER_SPIN);
+        let mut spin = Spin::take(budget);
+        let spin_until = Instant::now() + budget;
         loop {
             if h.closed.load(Acquire) != 0 {
                 return None;
             }
             let r = h.req.load(Acquire);
             if r != last {
+                if let Some(s) = spin.take() {
+                    s.end(true);
+                }
                 return Some((r, self.take(false, h.req_len.load(Acquire))));
             }
             if spin.is_some() && Instant::now() < spin_until {
                 std::hint::spin_loop();
                 continue;
             }
-            spin = None;
+            if let Some(s) = spin.take() {
+                s.end(false);
+            }
             h.server_sleeps.store(1, SeqCst);
             if h.req.load(SeqCst) == last && h.closed.load(SeqCst) == 0 {
                 sleep_on(&h.req, last, SLEEP_SLICE);
