@@ -257,6 +257,11 @@ pub fn open(dirfd: c_int, bytes: &[u8], flags: c_int, mode: libc::mode_t) -> Opt
         path::credentials(false)
     };
     let lease = t.mount.checkout()?;
+    if lease.client().session_closed() {
+        // The server is gone: no placeholder for a pool nobody serves.
+        t.mount.alive(&lease);
+        return None;
+    }
     let (dir, name, found) = lease.client().call(|fs| {
         let (dir, name) = path::walk_parent(fs, &cred, &t, false)?;
         Some((dir, name, fs.lookup(&cred, dir, name)))

@@ -271,6 +271,12 @@ impl Client {
         }
     }
 
+    /// Whether this client's session has ended (its reader saw the end of
+    /// file): no system call, unlike [`Client::server_alive`].
+    pub fn session_closed(&self) -> bool {
+        self.shared.closed.load(SeqCst)
+    }
+
     /// Write leases this client holds now.
     pub fn leases_held(&self) -> usize {
         self.shared.held.load(SeqCst)
