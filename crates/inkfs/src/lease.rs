@@ -24,11 +24,12 @@
 //! tail and settles the blocks ([`Fs::lease_refs`], and `RangeSet`).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{errno, Error, Result};
-use crate::fs::Fs;
+use crate::format::{BLOCK_SIZE, DEV_BLOCK_BASE};
+use crate::fs::{FileHandle, Fs};
 use crate::inode::{lock, read, write, Body};
 use crate::log;
 use crate::pmem::Pmem;
@@ -43,13 +44,89 @@ pub trait LeaseHook: Send + Sync {
     fn is_leased(&self, ino: u64) -> bool;
 }
 
+/// Freed ranges a client keeps before it sends them (four message lines,
+/// written at once: a random overwrite frees one range per write).
+pub const FREED_RANGES_MAX: usize = 4 * crate::api::lease::RANGES_PER_LINE;
+/// Freed blocks a client keeps before it sends them (4 MiB): the server
+/// cannot reuse them meanwhile, so they count as used in `statfs`.
+pub const FREED_BLOCKS_MAX: u64 = 1024;
+
 /// What a client engine keeps of its writes.
 #[derive(Default)]
 pub(crate) struct ClientSide {
     /// Lease writes in progress (the only time the engine may write).
     writing: AtomicU32,
     /// Blocks freed by this client, for the server's limbo.
-    freed: Mutex<Vec<(u64, u64)>>,
+    freed: Mutex<Freed>,
+    /// `freed` holds a full batch (read after every lease write: a load,
+    /// not the lock).
+    freed_due: AtomicBool,
+    /// One bit per [`MAP_CHUNK_BLOCKS`] blocks of the pool: this process
+    /// mapped them already ([`Pmem::map_ahead`]; mapping them again costs a
+    /// page-table walk per page).
+    mapped: Vec<AtomicU64>,
+}
+
+/// Blocks mapped ahead at once (2 MiB): a reservation's blocks are mapped
+/// in whole chunks, each once per process.
+const MAP_CHUNK_BLOCKS: u64 = 512;
+
+impl ClientSide {
+    fn new(total_blocks: u64) -> ClientSide {
+        let chunks = total_blocks.div_ceil(MAP_CHUNK_BLOCKS);
+        ClientSide {
+            mapped: (0..chunks.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            ..ClientSide::default()
+        }
+    }
+
+    /// Mark chunk `c` mapped: whether it was not yet.
+    fn first_map(&self, c: u64) -> bool {
+        let Some(word) = self.mapped.get((c / 64) as usize) else {
+            return false;
+        };
+        let bit = 1u64 << (c % 64);
+        word.fetch_or(bit, Ordering::Relaxed) & bit == 0
+    }
+}
+
+/// A client's freed blocks not sent yet: ranges, adjacent ones merged (a
+/// sequential overwrite frees block after block), and their block count.
+#[derive(Default)]
+struct Freed {
+    ranges: Vec<(u64, u64)>,
+    blocks: u64,
+}
+
+impl Freed {
+    fn push(&mut self, start: u64, len: u64) {
+        self.blocks += len;
+        match self.ranges.last_mut() {
+            Some((s, l)) if *s + *l == start => *l += len,
+            Some((s, l)) if start + len == *s => {
+                *s = start;
+                *l += len;
+            }
+            _ => {
+                if self.ranges.capacity() == 0 {
+                    // Once, not at each batch's first free (a write path).
+                    self.ranges.reserve_exact(FREED_RANGES_MAX * 2);
+                }
+                self.ranges.push((start, len));
+            }
+        }
+    }
+
+    /// Whether the batch should go to the server now.
+    fn due(&self) -> bool {
+        self.ranges.len() >= FREED_RANGES_MAX || self.blocks >= FREED_BLOCKS_MAX
+    }
+
+    fn take(&mut self) -> Vec<(u64, u64)> {
+        self.blocks = 0;
+        let keep = self.ranges.capacity();
+        std::mem::replace(&mut self.ranges, Vec::with_capacity(keep))
+    }
 }
 
 /// A lease write in progress on a client engine: while one lives, the
@@ -70,7 +147,7 @@ impl<P: Pmem> Fs<P> {
     /// [`Fs::attach`] otherwise. The mapping must be writable.
     pub fn attach_client(pm: P, mode: Mode) -> Result<Fs<P>> {
         let mut fs = Fs::attach(pm, mode)?;
-        fs.client = Some(ClientSide::default());
+        fs.client = Some(ClientSide::new(fs.geo.total_blocks));
         Ok(fs)
     }
 
@@ -103,7 +180,11 @@ impl<P: Pmem> Fs<P> {
         let Some(side) = &self.client else {
             return false;
         };
-        lock(&side.freed).push((start, len));
+        let mut freed = lock(&side.freed);
+        freed.push(start, len);
+        if freed.due() {
+            side.freed_due.store(true, Ordering::Relaxed);
+        }
         true
     }
 
@@ -112,13 +193,25 @@ impl<P: Pmem> Fs<P> {
     pub fn take_client_freed(&self) -> Vec<(u64, u64)> {
         self.client
             .as_ref()
-            .map(|c| std::mem::take(&mut *lock(&c.freed)))
+            .map(|c| {
+                let mut freed = lock(&c.freed);
+                c.freed_due.store(false, Ordering::Relaxed);
+                freed.take()
+            })
             .unwrap_or_default()
     }
 
-    /// Ranges this client freed and has not sent yet.
-    pub fn client_freed_count(&self) -> usize {
-        self.client.as_ref().map_or(0, |c| lock(&c.freed).len())
+    /// Whether this client has freed enough blocks (or ranges) since the
+    /// last [`Fs::take_client_freed`] that they should go to the server
+    /// now ([`FREED_RANGES_MAX`], [`FREED_BLOCKS_MAX`]). Until then they
+    /// wait: sending costs a system call and wakes the server, which is
+    /// most of a write's time when it happens at every write. A recall, a
+    /// detach and a reservation request send them at once; the server's
+    /// own writes have the rest of the free space.
+    pub fn client_freed_due(&self) -> bool {
+        self.client
+            .as_ref()
+            .is_some_and(|c| c.freed_due.load(Ordering::Relaxed))
     }
 
     /// Blocks the server reserved for this client join its allocator.
@@ -130,6 +223,25 @@ impl<P: Pmem> Fs<P> {
             self.blocks
                 .free(start, len)
                 .map_err(|e| Error::Corrupt(format!("reserved blocks {start}+{len}: {e:?}")))?;
+        }
+        // This process's writes go there next: map the pages now, a chunk
+        // at a time and each chunk once, instead of a page fault inside
+        // each of those writes (the server mapped its own pages; this
+        // mapping is new).
+        if let Some(side) = &self.client {
+            for &(start, len) in ranges {
+                if start >= DEV_BLOCK_BASE {
+                    continue;
+                }
+                let end = start + len;
+                for c in start / MAP_CHUNK_BLOCKS..end.div_ceil(MAP_CHUNK_BLOCKS) {
+                    if side.first_map(c) {
+                        let first = (c * MAP_CHUNK_BLOCKS).max(self.geo.first_data_block);
+                        let last = ((c + 1) * MAP_CHUNK_BLOCKS).min(self.geo.total_blocks);
+                        self.pm.map_ahead(first * BLOCK_SIZE, (last - first) * BLOCK_SIZE);
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -174,6 +286,12 @@ impl<P: Pmem> Fs<P> {
         self.cache
             .get(ino)
             .is_some_and(|i| crate::gc::client_should_yield(&read(&i.state)))
+    }
+
+    /// [`Fs::client_log_due`] of a file open as `fh` (no cache lookup: the
+    /// check runs after every lease write).
+    pub(crate) fn client_log_due_of(&self, fh: &FileHandle) -> bool {
+        crate::gc::client_should_yield(&read(&fh.inode.state))
     }
 
     /// The server, once a lease came back: log GC of inode `ino` as after
