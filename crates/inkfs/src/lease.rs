@@ -23,13 +23,15 @@
 //! holder's death) the server catches its cached inode up from its own
 //! tail and settles the blocks ([`Fs::lease_refs`], and `RangeSet`).
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{errno, Error, Result};
 use crate::format::{BLOCK_SIZE, DEV_BLOCK_BASE};
+pub use crate::blockset::RangeSet;
+use crate::epoch::SharedTable;
 use crate::fs::{FileHandle, Fs};
+use crate::recycle::Recycled;
 use crate::inode::{lock, read, write, Body};
 use crate::log;
 use crate::pmem::Pmem;
@@ -61,6 +63,13 @@ pub(crate) struct ClientSide {
     /// `freed` holds a full batch (read after every lease write: a load,
     /// not the lock).
     freed_due: AtomicBool,
+    /// The readers' epoch table and this client's own slot in it: with
+    /// them, blocks its overwrites displace are recycled (recycle.rs).
+    epochs: std::sync::OnceLock<(SharedTable, usize)>,
+    /// Blocks waiting before recycled ones are reused.
+    recycle_batch: AtomicU64,
+    /// Recycled blocks reused (statistics, tests).
+    recycled_reused: AtomicU64,
     /// One bit per [`MAP_CHUNK_BLOCKS`] blocks of the pool: this process
     /// mapped them already ([`Pmem::map_ahead`]; mapping them again costs a
     /// page-table walk per page).
@@ -76,6 +85,7 @@ impl ClientSide {
         let chunks = total_blocks.div_ceil(MAP_CHUNK_BLOCKS);
         ClientSide {
             mapped: (0..chunks.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            recycle_batch: AtomicU64::new(crate::recycle::RECYCLE_BATCH_BLOCKS),
             ..ClientSide::default()
         }
     }
@@ -266,12 +276,78 @@ impl<P: Pmem> Fs<P> {
     }
 
     /// A client lets inode `ino`'s lease go: the blocks its DRAM state
-    /// keeps in reserve are freed (to the server, see `client_free`).
+    /// keeps in reserve and its recycled blocks are freed (to the server,
+    /// see `client_free`).
     pub fn client_release_inode(&self, ino: u64) {
         if let Some(inode) = self.cache.get(ino) {
             let mut st = write(&inode.state);
             self.drop_prealloc(&mut st);
+            let mut recycled = std::mem::take(&mut st.recycled);
+            recycled.drain(|start, len| self.free_blocks(start, len));
         }
+    }
+
+    /// This client engine recycles displaced blocks: the table readers pin
+    /// their epochs in (the mount's, shared), and this client's own slot.
+    /// Set once; without it every displaced block goes to the server.
+    pub fn client_use_epochs(&self, table: SharedTable, own_slot: usize) {
+        if let Some(side) = &self.client {
+            let _ = side.epochs.set((table, own_slot));
+        }
+    }
+
+    /// Reuse recycled blocks once `blocks` wait (instead of
+    /// [`crate::recycle::RECYCLE_BATCH_BLOCKS`]): the crash simulator's
+    /// short client sequence reuses from the first.
+    pub fn client_recycle_batch(&self, blocks: u64) {
+        if let Some(side) = &self.client {
+            side.recycle_batch.store(blocks.max(1), Ordering::Relaxed);
+        }
+    }
+
+    /// Recycled blocks this client reused so far.
+    pub fn client_recycled_reused(&self) -> u64 {
+        self.client
+            .as_ref()
+            .map_or(0, |c| c.recycled_reused.load(Ordering::Relaxed))
+    }
+
+    /// Whether a durable commit's displaced blocks are kept (recycle.rs).
+    pub(crate) fn client_recycles(&self) -> bool {
+        self.client.as_ref().is_some_and(|c| c.epochs.get().is_some())
+    }
+
+    /// The epoch a block freed now is tagged with. The fence first: the
+    /// commit that displaced it (its tail store) is visible to every reader
+    /// that pins later, so a reader pinned above the tag cannot have read
+    /// the old log.
+    pub(crate) fn client_free_epoch(&self) -> u64 {
+        let Some((table, _)) = self.client.as_ref().and_then(|c| c.epochs.get()) else {
+            return u64::MAX;
+        };
+        std::sync::atomic::fence(Ordering::SeqCst);
+        (**table).as_ref().now()
+    }
+
+    /// Up to `want` recycled blocks of `r` that no other reader can hold.
+    pub(crate) fn client_take_recycled(&self, r: &mut Recycled, want: u64) -> Option<(u64, u64)> {
+        let side = self.client.as_ref()?;
+        if r.wants_scan(side.recycle_batch.load(Ordering::Relaxed)) {
+            let (table, own) = side.epochs.get()?;
+            // After the frees being checked (their tags were read after a
+            // fence too): a reader not seen pinned here pinned later, and
+            // sees the commits that displaced them.
+            std::sync::atomic::fence(Ordering::SeqCst);
+            r.promote((**table).as_ref().oldest_pinned_but(*own));
+        }
+        let got = r.take(want)?;
+        debug_assert!(got.1 > 0 && got.1 <= want && got.0 >= self.geo.first_data_block);
+        // Not a locked add: it would wait for this write's stores so far,
+        // and a client engine's writer is one thread at a time (the
+        // inode's lock); a lost count would only be a statistic.
+        let n = side.recycled_reused.load(Ordering::Relaxed);
+        side.recycled_reused.store(n + got.1, Ordering::Relaxed);
+        Some(got)
     }
 
     /// Whether a client holds inode `ino`'s lease now (the server's view).
@@ -376,137 +452,5 @@ impl<P: Pmem> Fs<P> {
         for &(start, len) in ranges {
             self.free_blocks(start, len);
         }
-    }
-}
-
-/// A set of block numbers, kept as disjoint ranges (the server's books of
-/// what each client may use or free).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RangeSet {
-    /// start -> end (exclusive); disjoint and not adjacent.
-    ranges: BTreeMap<u64, u64>,
-}
-
-impl RangeSet {
-    pub fn new() -> RangeSet {
-        RangeSet::default()
-    }
-
-    pub fn from_ranges(ranges: &[(u64, u64)]) -> RangeSet {
-        let mut s = RangeSet::new();
-        for &(start, len) in ranges {
-            s.insert(start, len);
-        }
-        s
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ranges.is_empty()
-    }
-
-    /// Blocks in the set.
-    pub fn blocks(&self) -> u64 {
-        self.ranges.iter().map(|(s, e)| e - s).sum()
-    }
-
-    /// The ranges, as (start, len), in order.
-    pub fn ranges(&self) -> Vec<(u64, u64)> {
-        self.ranges.iter().map(|(&s, &e)| (s, e - s)).collect()
-    }
-
-    pub fn insert(&mut self, start: u64, len: u64) {
-        if len == 0 {
-            return;
-        }
-        let (mut lo, mut hi) = (start, start.saturating_add(len));
-        // Merge with every range that overlaps or touches [lo, hi).
-        let touching: Vec<(u64, u64)> = self
-            .ranges
-            .range(..=hi)
-            .rev()
-            .take_while(|(_, &e)| e >= lo)
-            .map(|(&s, &e)| (s, e))
-            .collect();
-        for (s, e) in touching {
-            self.ranges.remove(&s);
-            lo = lo.min(s);
-            hi = hi.max(e);
-        }
-        self.ranges.insert(lo, hi);
-    }
-
-    pub fn remove(&mut self, start: u64, len: u64) {
-        if len == 0 {
-            return;
-        }
-        let (lo, hi) = (start, start.saturating_add(len));
-        let overlapping: Vec<(u64, u64)> = self
-            .ranges
-            .range(..hi)
-            .rev()
-            .take_while(|(_, &e)| e > lo)
-            .map(|(&s, &e)| (s, e))
-            .collect();
-        for (s, e) in overlapping {
-            self.ranges.remove(&s);
-            if s < lo {
-                self.ranges.insert(s, lo);
-            }
-            if e > hi {
-                self.ranges.insert(hi, e);
-            }
-        }
-    }
-
-    /// Whether every block of `[start, start + len)` is in the set.
-    pub fn contains(&self, start: u64, len: u64) -> bool {
-        if len == 0 {
-            return true;
-        }
-        self.ranges
-            .range(..=start)
-            .next_back()
-            .is_some_and(|(_, &e)| e >= start.saturating_add(len))
-    }
-
-    /// The part of `[start, start + len)` in the set, as ranges.
-    pub fn intersect(&self, start: u64, len: u64) -> Vec<(u64, u64)> {
-        let (lo, hi) = (start, start.saturating_add(len));
-        let mut out: Vec<(u64, u64)> = self
-            .ranges
-            .range(..hi)
-            .rev()
-            .take_while(|(_, &e)| e > lo)
-            .map(|(&s, &e)| (s.max(lo), e.min(hi)))
-            .map(|(s, e)| (s, e - s))
-            .collect();
-        out.reverse();
-        out
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn range_sets_merge_split_and_intersect() {
-        let mut s = RangeSet::from_ranges(&[(10, 5), (20, 5)]);
-        assert_eq!(s.ranges(), vec![(10, 5), (20, 5)]);
-        s.insert(15, 5); // fills the gap exactly: one range
-        assert_eq!(s.ranges(), vec![(10, 15)]);
-        s.remove(12, 3);
-        assert_eq!(s.ranges(), vec![(10, 2), (15, 10)]);
-        assert!(s.contains(15, 10));
-        assert!(!s.contains(11, 5));
-        assert_eq!(s.intersect(0, 100), vec![(10, 2), (15, 10)]);
-        assert_eq!(s.intersect(11, 6), vec![(11, 1), (15, 2)]);
-        s.remove(0, 100);
-        assert!(s.is_empty());
-        s.insert(5, 1);
-        s.insert(3, 1);
-        s.insert(4, 1);
-        assert_eq!(s.ranges(), vec![(3, 3)]);
-        assert_eq!(s.blocks(), 3);
     }
 }

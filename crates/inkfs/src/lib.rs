@@ -81,9 +81,9 @@ pub mod testkit;
 pub mod crashtest;
 
 internal!(
-    alloc, dir, epoch, extents, fiemap, file, filemap, flags, format, fs, gc, health, inode,
-    journal, lease, log, namei, pagetable, perm, recovery, shared, shift, shm, superblock, time,
-    xattr,
+    alloc, blockset, dir, epoch, extents, fiemap, file, filemap, flags, format, fs, gc, health,
+    inode, journal, lease, log, namei, pagetable, perm, recovery, recycle, shared, shift, shm,
+    superblock, time, xattr,
 );
 
 pub use error::{Error, Result};

@@ -65,7 +65,7 @@ const RESERVE_TRIES: u32 = 3;
 /// A client of the inkfs mount a path is on.
 pub struct Client {
     shared: Arc<Shared>,
-    epochs: SharedEpochs,
+    epochs: Arc<SharedEpochs>,
     grant: Grant,
     mountpoint: PathBuf,
     /// The session: the server reaps this client when it closes.
@@ -148,7 +148,7 @@ impl Client {
         // The session is idle from here on: no timeouts on it.
         conn.set_read_timeout(None)?;
         conn.set_write_timeout(None)?;
-        let epochs = SharedEpochs::from_fd(epochs_fd)?;
+        let epochs = Arc::new(SharedEpochs::from_fd(epochs_fd)?);
         let label = mountpoint.join("(pool of this mount)");
         let file = PoolFile::from_fd(pool_fd, &label)?;
         // Writable when the server's own descriptor is (a read-only mount
@@ -170,6 +170,9 @@ impl Client {
                 Fs::attach(pm, grant.mode)?
             }
         };
+        // Blocks this client's overwrites displace are kept for the same
+        // file's next overwrites once no other reader can hold them.
+        fs.client_use_epochs(epochs.clone(), grant.slot);
         let shared = Arc::new(Shared {
             fs: Filesystem { fs },
             out: Mutex::new(conn.try_clone()?),
