@@ -874,7 +874,7 @@ fn a_client_log_full_of_dead_entries_is_collected_by_the_server() {
     std::fs::write(&f, vec![0u8; 4096]).unwrap();
     let mut c = ClientProc::start(m.path());
     assert_eq!(c.ask("open f rw"), "open ok");
-    assert_eq!(c.ask("overwrite 40000 4096 7"), "overwrite 0");
+    assert_eq!(c.ask("overwrite 50000 4096 7"), "overwrite 0");
     assert!(stat_u64(m.path(), "gc_compactions") >= 2, "no compaction");
     assert_eq!(std::fs::read(&f).unwrap(), vec![7u8; 4096]);
     assert_eq!(c.ask("cat f"), format!("cat 4096 {}", 4096 * 7));

@@ -84,6 +84,20 @@ impl RangeSet {
             return;
         }
         let (lo, hi) = (start, start.saturating_add(len));
+        // The last range starting before `hi`: if it ends by `lo`, nothing
+        // overlaps (a settling removes every block of a file from a set
+        // most of them are not in: one walk).
+        let Some((&s, &e)) = self.ranges.range(..hi).next_back() else {
+            return;
+        };
+        if e <= lo {
+            return;
+        }
+        if s == lo && e == hi {
+            // Exactly one whole range (the other common case).
+            self.ranges.remove(&s);
+            return;
+        }
         // A range starting before `lo` that reaches into it: cut at `lo`
         // (and its part past `hi` kept).
         if let Some((&s, &e)) = self.ranges.range(..lo).next_back() {

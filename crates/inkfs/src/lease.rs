@@ -411,10 +411,13 @@ impl<P: Pmem> Fs<P> {
         if st.gone {
             return errno(libc::ENOENT);
         }
-        let summary = log::walk(&self.pm, &self.geo, ino, st.log.head, st.log.tail, |_, _| {
-            Ok(())
-        })?;
-        let mut out: Vec<(u64, u64)> = summary.pages.iter().map(|&p| (p, 1)).collect();
+        // The entries were replayed (at load, or by the catch-up above):
+        // the pages are found by their footers alone, not by parsing every
+        // entry again (a settling and a grant each do this, on logs of
+        // tens of thousands of entries).
+        let pages = log::chain_pages(&self.pm, &self.geo, st.log.head, st.log.pages)?;
+        debug_assert_eq!(pages.len() as u64, st.log.pages);
+        let mut out: Vec<(u64, u64)> = pages.iter().map(|&p| (p, 1)).collect();
         if let Body::File(map) = &st.body {
             out.extend(map.iter().map(|e| (e.block, e.pages)));
         }
