@@ -105,6 +105,18 @@ fn lease_child() {
                 format!("overwrite {failed}")
             }
             ["alive"] => format!("alive {}", client.server_alive()),
+            ["sent"] => format!("sent {}", client.messages_sent()),
+            // N overwrites of the first 4 KiB, each followed by fdatasync.
+            ["syncloop", ..] => {
+                let f = file.as_ref().expect("open first");
+                let failed = (0..num(1))
+                    .filter(|&i| {
+                        client.pwrite(f, 0, &[i as u8; 4096]).is_err()
+                            || client.fsync(f, true).is_err()
+                    })
+                    .count();
+                format!("syncloop {failed}")
+            }
             // N appends of LEN bytes, each a record: TAG then its number.
             ["appendloop", ..] => {
                 let f = file.as_ref().expect("open first");
@@ -859,6 +871,33 @@ fn a_killed_server_stops_the_clients_writes() {
     assert_eq!(std::fs::read(m.p("f")).unwrap(), vec![4u8; 6000]);
     drop(m);
     fsck_clean(&pool);
+}
+
+/// A served write + fdatasync asks nothing of the server once the client
+/// holds the lease and a reservation: fdatasync sends nothing (every write
+/// is durable already), and the blocks overwrites displace are recycled
+/// for the file's next overwrites, not sent back one message at a time
+/// (each message was a system call and woke the server: most of a durable
+/// write's time).
+#[test]
+fn a_write_and_fdatasync_loop_sends_the_server_nothing() {
+    require_root();
+    for mode in ["strict", "sync"] {
+        let pool = Pool::new("lease-quiet", 64);
+        let m = Mounted::new(&pool, &format!("mode={mode}"));
+        std::fs::write(m.p("f"), vec![1u8; 4096]).unwrap();
+        let mut c = ClientProc::start(m.path());
+        assert_eq!(c.ask("open f rw"), "open ok");
+        // The lease and a reservation, and the first displaced blocks.
+        assert_eq!(c.ask("syncloop 200"), "syncloop 0", "{mode}");
+        let sent = c.ask("sent");
+        assert_eq!(c.ask("syncloop 2000"), "syncloop 0", "{mode}");
+        assert_eq!(c.ask("sent"), sent, "{mode}: messages during the loop");
+        assert_eq!(c.ask("cat f"), format!("cat 4096 {}", 4096 * (1999 % 256)));
+        c.quit();
+        drop(m);
+        fsck_clean(&pool);
+    }
 }
 
 /// A client overwriting one block again and again fills its log with dead

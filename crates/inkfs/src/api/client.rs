@@ -98,6 +98,9 @@ struct Shared {
     leases: Mutex<HashMap<u64, Arc<Mutex<bool>>>>,
     /// Leases held now.
     held: AtomicUsize,
+    /// Writes to the session so far (each a system call the server answers
+    /// or reads): what a served write or fsync should not cost.
+    sent: AtomicUsize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -181,6 +184,7 @@ impl Client {
             closed: AtomicBool::new(false),
             leases: Mutex::default(),
             held: AtomicUsize::new(0),
+            sent: AtomicUsize::new(0),
         });
         let threads = start_threads(&shared, conn.try_clone()?)?;
         Ok(Client {
@@ -245,6 +249,13 @@ impl Client {
     /// Write leases this client holds now.
     pub fn leases_held(&self) -> usize {
         self.shared.held.load(SeqCst)
+    }
+
+    /// Messages this client has written to its session so far (requests,
+    /// returned blocks, answers to recalls): each a system call and work
+    /// for the server, which a served write or fsync avoids.
+    pub fn messages_sent(&self) -> usize {
+        self.shared.sent.load(SeqCst)
     }
 
     /// Run `f` on the engine with this client's epoch pinned: the blocks
@@ -499,6 +510,7 @@ impl Shared {
     }
 
     fn send(&self, msg: &Msg) -> Result<()> {
+        self.sent.fetch_add(1, SeqCst);
         let out = lock(&self.out);
         (&*out)
             .write_all(msg.line().as_bytes())
@@ -514,6 +526,7 @@ impl Shared {
         for m in Msg::split(ranges, Msg::Return) {
             m.write_line(&mut lines);
         }
+        self.sent.fetch_add(1, SeqCst);
         let out = lock(&self.out);
         (&*out)
             .write_all(lines.as_bytes())
