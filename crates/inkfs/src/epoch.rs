@@ -172,7 +172,12 @@ pub struct Pin<'a> {
 
 impl Drop for Pin<'_> {
     fn drop(&mut self) {
-        self.slot.store(0, SeqCst);
+        // Release, not SeqCst: nothing this thread does later must wait for
+        // the unpin to be seen (a reclaimer that still sees the pin only
+        // holds blocks a little longer), and a SeqCst store is a locked
+        // exchange on every served call. The pin itself stays SeqCst: the
+        // reads that follow it must not pass it.
+        self.slot.store(0, std::sync::atomic::Ordering::Release);
     }
 }
 
