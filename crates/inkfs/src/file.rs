@@ -972,9 +972,13 @@ impl<P: Pmem> Fs<P> {
         }
         let mut buf = [0u8; BLOCK_SIZE as usize];
         // Bytes past EOF in the last page are always zero (truncate zeroes
-        // them), so the whole old page can be copied.
+        // them; fsck checks it), so only the old page's bytes below EOF are
+        // read: a small append (a log record) reads what the page holds so
+        // far, not the whole page, whose lines were all written with
+        // non-temporal stores (each a miss).
         if let Some(e) = st.file().and_then(|m| m.find(page)) {
-            self.data_read((e.block + (page - e.page)) * BLOCK_SIZE, &mut buf)?;
+            let n = st.attr.size.saturating_sub(p0).min(BLOCK_SIZE) as usize;
+            self.data_read((e.block + (page - e.page)) * BLOCK_SIZE, &mut buf[..n])?;
         }
         if a < b {
             let (lo, hi) = ((a - p0) as usize, (b - p0) as usize);
