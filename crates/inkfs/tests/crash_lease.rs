@@ -31,7 +31,7 @@ fn crash_exploration_client_leases() {
         report.violations.len()
     );
     assert!(
-        report.ops >= 18,
+        report.ops >= 22,
         "both modes ran every operation: {report:?}"
     );
     assert!(report.states >= report.points, "{report:?}");

@@ -36,7 +36,7 @@
 //! A client is one thread's (`Send`, not `Sync`): its one epoch slot is
 //! pinned by one call at a time. Attach once per thread.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -47,7 +47,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::attach::{self as wire, Answer, Grant};
-use super::lease::{Msg, LINE_MAX, RANGES_PER_LINE};
+use super::lease::{Msg, LINE_MAX};
 use super::ns;
 use super::ring::Ring;
 use super::{File, Filesystem, Follow, OpenFlags, Written, ROOT_INO};
@@ -87,7 +87,7 @@ pub struct Client {
     /// ...unless `INKFS_CLIENT_CHANNEL=session` asked for the session
     /// (measurements of one against the other).
     use_ring: bool,
-    epochs: SharedEpochs,
+    epochs: Arc<SharedEpochs>,
     grant: Grant,
     mountpoint: PathBuf,
     /// The session: the server reaps this client when it closes.
@@ -96,6 +96,10 @@ pub struct Client {
     pinned: Cell<bool>,
     /// The last namespace request's number.
     seq: Cell<u64>,
+    /// The lease cell of the inode this client wrote last: a write to the
+    /// same inode (the common case) skips the table's lock and hash. The
+    /// table never drops a cell, so a cached one stays the inode's.
+    last_cell: RefCell<Option<(u64, Arc<Mutex<LeaseState>>)>>,
     /// The session's reader and the recall thread.
     threads: Vec<std::thread::JoinHandle<()>>,
     /// The process that attached (a child after fork has neither the
@@ -118,6 +122,9 @@ struct Shared {
     leases: Mutex<HashMap<u64, Arc<Mutex<LeaseState>>>>,
     /// Leases held now.
     held: AtomicUsize,
+    /// Writes to the session so far (each a system call the server answers
+    /// or reads): what a served write or fsync should not cost.
+    sent: AtomicUsize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -175,7 +182,7 @@ impl Client {
             epochs: epochs_fd,
             ring,
         } = granted;
-        let epochs = SharedEpochs::from_fd(high(epochs_fd)?)?;
+        let epochs = Arc::new(SharedEpochs::from_fd(high(epochs_fd)?)?);
         let ring = Ring::from_fd(high(ring)?)?;
         let pool_fd = high(pool_fd)?;
         let label = mountpoint.join("(pool of this mount)");
@@ -199,6 +206,9 @@ impl Client {
                 Fs::attach(pm, grant.mode)?
             }
         };
+        // Blocks this client's overwrites displace are kept for the same
+        // file's next overwrites once no other reader can hold them.
+        fs.client_use_epochs(epochs.clone(), grant.slot);
         let shared = Arc::new(Shared {
             fs: Filesystem { fs },
             out: Mutex::new(clone_high(&conn)?),
@@ -207,6 +217,7 @@ impl Client {
             closed: AtomicBool::new(false),
             leases: Mutex::default(),
             held: AtomicUsize::new(0),
+            sent: AtomicUsize::new(0),
         });
         let threads = start_threads(&shared, clone_high(&conn)?)?;
         let use_ring = std::env::var_os(CHANNEL_ENV).is_none_or(|v| v != "session");
@@ -220,6 +231,7 @@ impl Client {
             conn,
             pinned: Cell::new(false),
             seq: Cell::new(0),
+            last_cell: RefCell::new(None),
             threads,
             pid: std::process::id(),
         })
@@ -282,6 +294,13 @@ impl Client {
         self.shared.held.load(SeqCst)
     }
 
+    /// Messages this client has written to its session so far (requests,
+    /// returned blocks, answers to recalls): each a system call and work
+    /// for the server, which a served write or fsync avoids.
+    pub fn messages_sent(&self) -> usize {
+        self.shared.sent.load(SeqCst)
+    }
+
     /// Run `f` on the engine with this client's epoch pinned: the blocks
     /// `f` reads are not reused before it returns. Every call of the
     /// engine's API may be made in it; writing ones get EROFS.
@@ -328,7 +347,7 @@ impl Client {
     pub fn open(&self, cred: &Credentials, ino: u64, flags: OpenFlags) -> Result<File> {
         let is_file = || self.getattr(ino).is_ok_and(|a| a.kind == FileKind::File);
         if flags.has(libc::O_TRUNC) && flags.writable() && is_file() {
-            return self.leased(ino, 0, |fs| fs.open(cred, ino, flags));
+            return self.leased(ino, None, 0, |fs| fs.open(cred, ino, flags));
         }
         if flags.writable() {
             // Opening writes nothing: only the engine's read-only check
@@ -405,27 +424,45 @@ impl Client {
         if file.kind() != FileKind::File || !file.flags().writable() {
             return self.call(&op);
         }
-        self.leased(file.ino(), blocks, op)
+        self.leased(file.ino(), Some(file), blocks, op)
     }
 
     /// fsync(2)/fdatasync(2): every write is durable on return already
-    /// (strict and sync modes); the blocks this client freed go back to
-    /// the server now.
+    /// (strict and sync modes), so this asks nothing of the server: the
+    /// blocks this client freed go back in batches (`Fs::client_freed_due`)
+    /// and at each recall, not per call (a message per fsync was most of a
+    /// durable write's time: a system call, and the server woken).
     pub fn fsync(&self, file: &File, datasync: bool) -> Result<()> {
-        self.call(|fs| fs.fsync(file, datasync))?;
-        self.send_freed()
+        self.call(|fs| fs.fsync(file, datasync))
     }
 
-    /// Run `op`, which writes inode `ino` (needing about `blocks` blocks),
-    /// under its write lease: asked for first if this client does not hold
-    /// it; more reservation asked for when it finds no space.
+    /// The lease cell of `ino` (this client's last one when it is the
+    /// same inode).
+    fn lease_cell(&self, ino: u64) -> Arc<Mutex<LeaseState>> {
+        let mut last = self.last_cell.borrow_mut();
+        match &*last {
+            Some((i, cell)) if *i == ino => cell.clone(),
+            _ => {
+                let cell = self.shared.lease_cell(ino);
+                *last = Some((ino, cell.clone()));
+                cell
+            }
+        }
+    }
+
+    /// Run `op`, which writes inode `ino` (open as `file`, if it is;
+    /// needing about `blocks` blocks), under its write lease: asked for
+    /// first if this client does not hold it; more reservation asked for
+    /// when it finds no space.
     fn leased<R>(
         &self,
         ino: u64,
+        file: Option<&File>,
         blocks: u64,
         op: impl Fn(&Filesystem<MappedPool>) -> Result<R>,
     ) -> Result<R> {
-        let cell = self.shared.lease_cell(ino);
+        debug_assert!(file.is_none_or(|f| f.ino() == ino));
+        let cell = self.lease_cell(ino);
         let mut held = lock(&cell);
         if self.shared.closed.load(SeqCst) {
             // The server ended the session (it took every lease back
@@ -450,13 +487,21 @@ impl Client {
                 let _w = self.shared.fs.fs.client_writes();
                 self.call(&op)
             };
-            if self.shared.fs.fs.client_freed_count() >= RANGES_PER_LINE {
+            if self.shared.fs.fs.client_freed_due() {
                 self.send_freed()?;
             }
-            if r.is_ok() && self.shared.fs.fs.client_log_due(ino) {
+            let log_due = || match file {
+                Some(f) => self.shared.fs.fs.client_log_due_of(&f.handle),
+                None => self.shared.fs.fs.client_log_due(ino),
+            };
+            if r.is_ok() && log_due() {
                 // Mostly dead entries: the server collects the log once it
                 // has the lease back (the next write asks for it again).
+                // Given back: a create's answer naming this grant, which
+                // the server may send until the `released` reaches it, is
+                // not held again.
                 let gen = held.gen;
+                held.recalled = held.recalled.max(gen);
                 held.drop_lease(&self.shared.held);
                 self.shared.give_back(ino, gen);
             }
@@ -519,7 +564,7 @@ impl Client {
             return None;
         }
         // Recalled since: `leased` asks for it again (correct, only slower).
-        Some(self.leased(ino, 1, |fs| fs.setattr(cred, ino, set, None)))
+        Some(self.leased(ino, None, 1, |fs| fs.setattr(cred, ino, set, None)))
     }
 
     /// Hold inode `ino` (docs/KERNEL-FREE.md, "Unlinked files a process
@@ -666,17 +711,27 @@ impl Shared {
     }
 
     fn send(&self, msg: &Msg) -> Result<()> {
+        self.sent.fetch_add(1, SeqCst);
         let out = lock(&self.out);
         (&*out)
             .write_all(msg.line().as_bytes())
             .map_err(|_| Error::Errno(libc::EIO))
     }
 
+    /// `return` lines for `ranges`, all in one write (one system call).
     fn send_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
-        for m in Msg::split(ranges, Msg::Return) {
-            self.send(&m)?;
+        if ranges.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        let mut lines = String::new();
+        for m in Msg::split(ranges, Msg::Return) {
+            m.write_line(&mut lines);
+        }
+        self.sent.fetch_add(1, SeqCst);
+        let out = lock(&self.out);
+        (&*out)
+            .write_all(lines.as_bytes())
+            .map_err(|_| Error::Errno(libc::EIO))
     }
 
     /// Send a request and wait for its answer (EIO if the server is gone).
