@@ -31,6 +31,10 @@ struct Made {
     igen: u64,
     /// A write lease granted with it (its grant number).
     gen: u64,
+    /// A regular file created (or opened) for writing: its lease goes
+    /// with the answer, granted once the request's hold on the inodes it
+    /// used is over (a grant waits for every hold on the inode to end).
+    lease: bool,
     changes: Vec<Change>,
 }
 
@@ -39,6 +43,7 @@ fn made(ino: u64, changes: Vec<Change>) -> Made {
         ino,
         igen: 0,
         gen: 0,
+        lease: false,
         changes,
     }
 }
@@ -56,10 +61,23 @@ pub fn serve(
     let r = {
         // Hold what the engine uses, as a FUSE request does (lease.rs).
         let _scope = leases.scope();
-        run(engine, leases, holder, &req.cred, &req.op)
+        run(engine, &req.cred, &req.op)
     };
     let done = match r {
-        Ok(m) => {
+        Ok(mut m) => {
+            if m.lease {
+                // The lease comes with the create: no grant round trip.
+                // Refused (the server is ending...): the client asks for it
+                // at its first write.
+                if let Ok(gen) = leases.grant(holder, m.ino, false) {
+                    m.gen = gen;
+                }
+            }
+            if m.gen == 0 && matches!(req.op, Op::Create { .. }) {
+                // (A grant invalidated the inode's attributes already; an
+                // existing file opened with O_TRUNC changed them.)
+                m.changes.push(Change::Attr { ino: m.ino });
+            }
             for c in m.changes {
                 inval.changed_now(c);
             }
@@ -116,13 +134,7 @@ fn entry(parent: u64, name: &[u8]) -> Change {
     }
 }
 
-fn run(
-    engine: &Engine,
-    leases: &Arc<Leases>,
-    holder: &Arc<Holder>,
-    cred: &Credentials,
-    op: &Op,
-) -> api::Result<Made> {
+fn run(engine: &Engine, cred: &Credentials, op: &Op) -> api::Result<Made> {
     match op {
         Op::Create {
             dir,
@@ -136,19 +148,7 @@ fn run(
             engine.release(file);
             let mut m = made(a.ino, vec![entry(*dir, name)]);
             m.igen = a.generation;
-            if writable && a.kind == api::FileKind::File {
-                // The lease comes with the create: no grant round trip.
-                // Refused (another holder would have to be recalled...):
-                // the client asks for it at its first write.
-                if let Ok(gen) = leases.grant(holder, a.ino, false) {
-                    m.gen = gen;
-                }
-            }
-            if m.gen == 0 {
-                // (A grant invalidated the inode's attributes already; an
-                // existing file opened with O_TRUNC changed them.)
-                m.changes.push(Change::Attr { ino: a.ino });
-            }
+            m.lease = writable && a.kind == api::FileKind::File;
             Ok(m)
         }
         Op::Mkdir { dir, name, mode } => {

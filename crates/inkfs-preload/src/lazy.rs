@@ -256,7 +256,7 @@ pub fn open(dirfd: c_int, bytes: &[u8], flags: c_int, mode: libc::mode_t) -> Opt
     } else {
         path::credentials(false)
     };
-    let lease = t.mount.checkout()?;
+    let lease = t.mount.checkout_lazy()?;
     if lease.client().session_closed() {
         // The server is gone: no placeholder for a pool nobody serves.
         t.mount.alive(&lease);
@@ -304,7 +304,7 @@ fn existing(
     let lease = if flags & libc::O_TRUNC != 0 && oflags.writable() {
         m.checkout_writer(ino)?
     } else {
-        m.checkout()?
+        m.checkout_lazy()?
     };
     let c = lease.client();
     match c.open(cred, ino, oflags) {
@@ -338,7 +338,7 @@ fn create(
     cred: &inkfs::api::Credentials,
     path: Box<[u8]>,
 ) -> Option<c_int> {
-    let lease = m.checkout()?;
+    let lease = m.checkout_lazy()?;
     let c = lease.client();
     let op = Op::Create {
         dir,

@@ -337,6 +337,15 @@ impl Mount {
         }
     }
 
+    /// Any client, waiting up to [`LAZY_WAIT`] for one to be idle: for
+    /// what the kernel would do at a higher price (an open without the
+    /// kernel, a namespace request: through the kernel each is a FUSE
+    /// round trip or more, and a kernel-opened file's calls take the
+    /// kernel path whenever no cell is idle).
+    pub fn checkout_lazy(&self) -> Option<Lease<'_>> {
+        self.checkout_within(LAZY_WAIT)
+    }
+
     /// Any client, waiting up to [`WRITER_WAIT`] for one to be idle (a
     /// close letting a hold go).
     pub fn checkout_wait(&self) -> Option<Lease<'_>> {
