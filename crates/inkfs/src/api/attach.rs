@@ -5,9 +5,10 @@
 //!
 //! ```text
 //! client: attach\n
-//! server: ok layout=L id=N slot=I mode=MODE\n    + 2 descriptors (SCM_RIGHTS):
+//! server: ok layout=L id=N slot=I mode=MODE\n    + 3 descriptors (SCM_RIGHTS):
 //!         the pool (the server's own open file description: the client
-//!         shares its claim) and the memfd of the epoch table
+//!         shares its claim), the memfd of the epoch table, and the memfd
+//!         of the client's request ring (`super::ring`)
 //!     or: error MESSAGE\n                          and the server closes
 //! ```
 //!
@@ -132,16 +133,17 @@ pub fn send_request(conn: &UnixStream) -> io::Result<()> {
     Ok(())
 }
 
-/// Send `grant` with the pool's descriptor and the epoch table's (the
-/// server).
+/// Send `grant` with the pool's descriptor, the epoch table's and the
+/// client's request ring's (the server).
 pub fn send_grant(
     conn: &UnixStream,
     grant: &Grant,
     pool: BorrowedFd<'_>,
     epochs: BorrowedFd<'_>,
+    ring: BorrowedFd<'_>,
 ) -> io::Result<()> {
     let line = grant.line();
-    let fds = [pool.as_raw_fd(), epochs.as_raw_fd()];
+    let fds = [pool.as_raw_fd(), epochs.as_raw_fd(), ring.as_raw_fd()];
     let cmsg = [ControlMessage::ScmRights(&fds)];
     let iov = [IoSlice::new(line.as_bytes())];
     let sent = socket::sendmsg::<()>(conn.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None)
@@ -157,9 +159,19 @@ pub fn send_grant(
     Ok(())
 }
 
-/// The server's answer: the grant and its two descriptors (pool, epoch
-/// table), or the server's reason for refusing (`Err(Refused)`).
-pub fn recv_grant(conn: &mut UnixStream) -> Result<(Grant, OwnedFd, OwnedFd), Answer> {
+/// What a grant carries: the pool's descriptor, the epoch table's and the
+/// request ring's.
+#[derive(Debug)]
+pub struct Granted {
+    pub grant: Grant,
+    pub pool: OwnedFd,
+    pub epochs: OwnedFd,
+    pub ring: OwnedFd,
+}
+
+/// The server's answer: the grant and its descriptors, or the server's
+/// reason for refusing (`Err(Refused)`).
+pub fn recv_grant(conn: &mut UnixStream) -> Result<Granted, Answer> {
     let mut buf = [0u8; ANSWER_BYTES_MAX];
     let (mut len, fds) = recv_with_fds(conn, &mut buf).map_err(Answer::Io)?;
     while !buf[..len].contains(&b'\n') && len < buf.len() {
@@ -181,10 +193,15 @@ pub fn recv_grant(conn: &mut UnixStream) -> Result<(Grant, OwnedFd, OwnedFd), An
     }
     let grant = Grant::parse(line).map_err(Answer::Malformed)?;
     let mut fds = fds.into_iter();
-    match (fds.next(), fds.next(), fds.next()) {
-        (Some(pool), Some(epochs), None) => Ok((grant, pool, epochs)),
+    match (fds.next(), fds.next(), fds.next(), fds.next()) {
+        (Some(pool), Some(epochs), Some(ring), None) => Ok(Granted {
+            grant,
+            pool,
+            epochs,
+            ring,
+        }),
         _ => Err(Answer::Malformed(
-            "the grant did not carry exactly two descriptors".into(),
+            "the grant did not carry exactly three descriptors".into(),
         )),
     }
 }
@@ -283,10 +300,11 @@ mod tests {
             mode: Mode::Strict,
         };
         use std::os::fd::AsFd;
-        send_grant(&a, &g, f.as_fd(), f.as_fd()).unwrap();
-        let (got, p, e) = recv_grant(&mut b).unwrap();
-        assert_eq!(got, g);
-        assert_ne!(p.as_raw_fd(), e.as_raw_fd());
+        send_grant(&a, &g, f.as_fd(), f.as_fd(), f.as_fd()).unwrap();
+        let got = recv_grant(&mut b).unwrap();
+        assert_eq!(got.grant, g);
+        assert_ne!(got.pool.as_raw_fd(), got.epochs.as_raw_fd());
+        assert_ne!(got.epochs.as_raw_fd(), got.ring.as_raw_fd());
         drop(a);
         let (a, mut b) = UnixStream::pair().unwrap();
         use std::io::Write;
