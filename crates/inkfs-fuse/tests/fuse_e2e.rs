@@ -25,7 +25,8 @@ fn last_errno() -> i32 {
 }
 
 /// A walk through the POSIX operations, with errno checks.
-fn posix_walk(m: &Mounted) {
+fn posix_walk(root: &Path) {
+    let m = Root(root);
     // create / write / read / overwrite / append
     fs::write(m.p("f"), b"hello world").unwrap();
     assert_eq!(fs::read(m.p("f")).unwrap(), b"hello world");
@@ -321,13 +322,22 @@ fn posix_walk(m: &Mounted) {
     assert!((1024..2048).contains(&kib), "du of the sparse file: {du}");
 
     // statfs
-    let st = nix_statfs(m.path());
+    let st = nix_statfs(root);
     assert!(st.0 > 0 && st.1 > 0 && st.1 <= st.0, "statfs blocks {st:?}");
 
     // mmap, shared and writable
     write_mapped(&m.p("mapped"), 4096, b"mapped!");
     let data = fs::read(m.p("mapped")).unwrap();
     assert_eq!(&data[4096..4103], b"mapped!");
+}
+
+/// Paths under a mount point, as [`Mounted::p`] gives them.
+struct Root<'a>(&'a Path);
+
+impl Root<'_> {
+    fn p(&self, rel: &str) -> std::path::PathBuf {
+        self.0.join(rel)
+    }
 }
 
 fn nix_statfs(p: &Path) -> (u64, u64) {
@@ -343,7 +353,12 @@ fn nix_statfs(p: &Path) -> (u64, u64) {
 fn posix_walk_inkfs() {
     let pool = Pool::new("posix", 256);
     let m = Mounted::new(&pool, "mode=strict");
-    posix_walk(&m);
+    if preloading() {
+        // The walk's own calls (std::fs, libc) through the library.
+        in_preloaded_child("posix_walk_child", &m.path().display().to_string());
+    } else {
+        posix_walk(m.path());
+    }
     // everything survives a clean unmount and remount
     let dir = m.unmount();
     let m = Mounted::at(&pool, dir, "");
@@ -359,12 +374,28 @@ fn posix_walk_inkfs() {
     assert!(mounted_clean(m.path()));
 }
 
+/// The body of `posix_walk_inkfs` in a child with the library in (not a
+/// test by itself: returns at once unless started as that child).
+#[test]
+fn posix_walk_child() {
+    if let Some(dir) = child_arg() {
+        posix_walk(Path::new(&dir));
+    }
+}
+
 #[test]
 fn cp_diff_tar() {
     let pool = Pool::new("cp", 512);
-    let m = Mounted::new(&pool, "mode=posix");
+    // Through the page cache; under the library in strict mode, which it
+    // serves (a posix-mode server refuses every attach).
+    let opts = if preloading() {
+        "mode=strict"
+    } else {
+        "mode=posix"
+    };
+    let m = Mounted::new(&pool, opts);
     let src = repo_root().join("crates");
-    let out = Command::new("cp")
+    let out = tool("cp")
         .arg("-a")
         .arg(&src)
         .arg(m.p("crates"))
@@ -385,7 +416,7 @@ fn cp_diff_tar() {
         mnt = m.path().display()
     ));
     let dir = m.unmount();
-    let m = Mounted::at(&pool, dir, "mode=posix");
+    let m = Mounted::at(&pool, dir, opts);
     sh(&format!(
         "diff -r {} {}",
         src.display(),
@@ -427,7 +458,7 @@ fn sqlite_delete_and_wal() {
             ));
         }
         script.push_str("DELETE FROM t WHERE k % 3 = 0; VACUUM;\nPRAGMA integrity_check;\nSELECT count(*) FROM t;\n");
-        let mut child = Command::new("sqlite3")
+        let mut child = tool("sqlite3")
             .arg(&db)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
@@ -489,9 +520,18 @@ fn xattr_tools() {
 fn permissions_as_nobody() {
     require_tool("setpriv", "util-linux");
     let pool = Pool::new("perm", 64);
-    let m = Mounted::new(&pool, "");
+    // Under the library: a pool every user may map, and a control socket
+    // every user reaches (`stats=all`), so nobody's calls are served by
+    // the library and judged by the engine, not refused at attach.
+    let opts = if preloading() {
+        fs::set_permissions(&pool.path, fs::Permissions::from_mode(0o666)).unwrap();
+        "stats=all"
+    } else {
+        ""
+    };
+    let m = Mounted::new(&pool, opts);
     let as_nobody = |script: &str| {
-        Command::new("setpriv")
+        tool("setpriv")
             .args([
                 "--reuid=65534",
                 "--regid=65534",
@@ -1013,11 +1053,7 @@ fn copy_file_range_is_served_in_the_pool() {
                 "{opts}: copy differs"
             );
             // cp's own path, whole file.
-            let out = Command::new("cp")
-                .arg(m.p("src"))
-                .arg(m.p("cp"))
-                .output()
-                .unwrap();
+            let out = tool("cp").arg(m.p("src")).arg(m.p("cp")).output().unwrap();
             assert!(out.status.success(), "{opts}: cp: {out:?}");
             assert!(fs::read(m.p("cp")).unwrap() == data, "{opts}: cp differs");
             let t = Instant::now();
@@ -1133,7 +1169,7 @@ fn null_fs_with_fio() {
         fs::OpenOptions::new().write(true).open(&f)?.sync_all()?;
         fs::remove_file(&f)?;
         assert!(fs::metadata(&f).is_err());
-        let out = Command::new("fio")
+        let out = tool("fio")
             .args([
                 "--name=null",
                 "--rw=randwrite",
