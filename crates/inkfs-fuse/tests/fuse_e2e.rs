@@ -671,19 +671,85 @@ fn write_mapped(path: &Path, at: usize, bytes: &[u8]) {
     }
 }
 
-fn kill9_keeps_fsynced_data_in(opts: &str) {
-    let pool = Pool::new("kill9", 256);
-    let m = Mounted::new(&pool, opts);
-    let root = m.path().to_path_buf();
-    // One fsync first: in strict mode the kernel has then stopped sending
-    // FSYNC when the msync comes.
+/// The contents of file `w{i}` of the kill test, `len` bytes.
+fn kill9_pattern(i: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|j| (i * 31 + j * 7) as u8).collect()
+}
+
+/// The kill test's writer: one fsync first (in strict mode the kernel has
+/// then stopped sending FSYNC when the msync comes), an msynced mapping,
+/// then files created, written and fsynced until a call fails (the server
+/// is killed meanwhile) or 20 s pass; `synced(i, len)` after each fsync
+/// that returned.
+fn kill9_writer(root: &Path, mut synced: impl FnMut(usize, usize)) {
     fs::File::create(root.join("first"))
         .and_then(|f| f.sync_all())
         .unwrap();
     write_mapped(&root.join("mapped"), 4096, b"msynced");
+    let t = Instant::now();
+    for i in 0.. {
+        if t.elapsed() > Duration::from_secs(20) {
+            break;
+        }
+        let len = 1000 + (i * 4099) % 70_000;
+        let r = (|| -> std::io::Result<()> {
+            let mut f = fs::File::create(root.join(format!("w{i}")))?;
+            f.write_all(&kill9_pattern(i, len))?;
+            f.sync_all()?;
+            Ok(())
+        })();
+        match r {
+            Ok(()) => synced(i, len),
+            Err(_) => break,
+        }
+    }
+}
+
+/// The writer in a child with the library in, printing each file it
+/// fsynced (`SYNCED i len`) as it goes.
+#[test]
+fn kill9_writer_child() {
+    if let Some(root) = child_arg() {
+        kill9_writer(Path::new(&root), |i, len| println!("SYNCED {i} {len}"));
+    }
+}
+
+/// Run the writer under the library (a child) while the server is killed:
+/// what it fsynced, as it said it as it went.
+fn kill9_writer_preloaded(
+    root: &Path,
+    done: &std::sync::atomic::AtomicUsize,
+) -> Vec<(usize, usize)> {
+    use std::io::BufRead;
+    let child = PreloadedChild::new("kill9_writer_child", &root.display().to_string());
+    let mut proc = child
+        .command()
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the writer");
+    let mut synced = Vec::new();
+    let mut text = String::new();
+    let stdout = proc.stdout.take().expect("piped");
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.expect("the writer's output");
+        if let Some((i, len)) = line.strip_prefix("SYNCED ").and_then(|r| r.split_once(' ')) {
+            synced.push((i.parse().expect("i"), len.parse().expect("len")));
+            done.store(synced.len(), std::sync::atomic::Ordering::Relaxed);
+        }
+        text.push_str(&line);
+        text.push('\n');
+    }
+    let mut out = proc.wait_with_output().expect("the writer's end");
+    out.stdout = text.into_bytes();
+    child.check(&out);
+    synced
+}
+
+fn kill9_keeps_fsynced_data_in(opts: &str) {
+    let pool = Pool::new("kill9", 256);
+    let m = Mounted::new(&pool, opts);
+    let root = m.path().to_path_buf();
     let pid = m.pid;
-    let pattern =
-        |i: usize, len: usize| -> Vec<u8> { (0..len).map(|j| (i * 31 + j * 7) as u8).collect() };
     // Kill the server while the writer is busy: once it has fsynced a few
     // dozen files (a fixed delay is too short on a loaded machine), a
     // little later still, so the kill lands mid-write.
@@ -700,27 +766,19 @@ fn kill9_keeps_fsynced_data_in(opts: &str) {
         // SAFETY: kill has no memory preconditions.
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     });
-    let mut synced = Vec::new();
-    let t = Instant::now();
-    for i in 0.. {
-        if t.elapsed() > Duration::from_secs(20) {
-            break;
-        }
-        let len = 1000 + (i * 4099) % 70_000;
-        let r = (|| -> std::io::Result<()> {
-            let mut f = fs::File::create(root.join(format!("w{i}")))?;
-            f.write_all(&pattern(i, len))?;
-            f.sync_all()?;
-            Ok(())
-        })();
-        match r {
-            Ok(()) => {
-                synced.push((i, len));
-                done.store(synced.len(), std::sync::atomic::Ordering::Relaxed);
-            }
-            Err(_) => break,
-        }
-    }
+    // Under the library in strict mode (a posix-mode server refuses the
+    // attach): the writes, fsyncs and creates served by the library, the
+    // server killed under them.
+    let synced = if preloading() && opts == "mode=strict" {
+        kill9_writer_preloaded(&root, &done)
+    } else {
+        let mut synced = Vec::new();
+        kill9_writer(&root, |i, len| {
+            synced.push((i, len));
+            done.store(synced.len(), std::sync::atomic::Ordering::Relaxed);
+        });
+        synced
+    };
     killer.join().unwrap();
     assert!(
         synced.len() > 10,
@@ -745,7 +803,7 @@ fn kill9_keeps_fsynced_data_in(opts: &str) {
     for &(i, len) in &synced {
         let got = fs::read(m.p(&format!("w{i}"))).unwrap_or_else(|e| panic!("w{i} lost: {e}"));
         assert!(
-            got == pattern(i, len),
+            got == kill9_pattern(i, len),
             "{opts}: w{i}: contents differ after the crash"
         );
     }

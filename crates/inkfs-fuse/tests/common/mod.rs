@@ -116,34 +116,67 @@ pub const CHILD_ENV: &str = "INKFS_TEST_CHILD";
 /// in this process it would never know the mounts a test makes. The child
 /// must pass, and the library must have served some of its calls.
 pub fn in_preloaded_child(name: &str, arg: &str) {
-    let stats = preload_stats();
-    let from = std::fs::metadata(&stats).map(|m| m.len()).unwrap_or(0);
-    let me = std::env::current_exe().expect("this test binary");
-    let out = Command::new(me)
-        .args(["--exact", name, "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, arg)
-        .env("LD_PRELOAD", preload::lib())
-        .env("INKFS_PRELOAD_STATS", &stats)
-        .output()
-        .expect("run the child test");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("test result: ok. 1 passed"),
-        "{name} under the library ({}):\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let counts = preload_counts_from(&stats, from);
-    let served: u64 = counts
-        .iter()
-        .filter(|(k, _)| k.ends_with("_local"))
-        .map(|(_, v)| v)
-        .sum();
-    eprintln!("{name}: the test's own calls under the library: {counts:?}");
-    assert!(
-        served > 0,
-        "{name}: nothing served by the library: {counts:?}"
-    );
+    let child = PreloadedChild::new(name, arg);
+    let out = child.command().output().expect("run the child test");
+    child.check(&out);
+}
+
+/// A child of this test binary running test `name` with the library in
+/// ([`in_preloaded_child`]), for a test that talks to it while it runs
+/// ([`PreloadedChild::command`] to spawn it, [`PreloadedChild::check`]
+/// on its output).
+pub struct PreloadedChild {
+    name: String,
+    arg: String,
+    stats: PathBuf,
+    from: u64,
+}
+
+impl PreloadedChild {
+    pub fn new(name: &str, arg: &str) -> PreloadedChild {
+        let stats = preload_stats();
+        let from = std::fs::metadata(&stats).map(|m| m.len()).unwrap_or(0);
+        PreloadedChild {
+            name: name.to_string(),
+            arg: arg.to_string(),
+            stats,
+            from,
+        }
+    }
+
+    /// The child's command: this test binary, the one test, the library.
+    pub fn command(&self) -> Command {
+        let me = std::env::current_exe().expect("this test binary");
+        let mut c = Command::new(me);
+        c.args(["--exact", &self.name, "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, &self.arg)
+            .env("LD_PRELOAD", preload::lib())
+            .env("INKFS_PRELOAD_STATS", &self.stats);
+        c
+    }
+
+    /// The child passed, and the library served some of its calls.
+    pub fn check(&self, out: &Output) {
+        let name = &self.name;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("test result: ok. 1 passed"),
+            "{name} under the library ({}):\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let counts = preload_counts_from(&self.stats, self.from);
+        let served: u64 = counts
+            .iter()
+            .filter(|(k, _)| k.ends_with("_local"))
+            .map(|(_, v)| v)
+            .sum();
+        eprintln!("{name}: the test's own calls under the library: {counts:?}");
+        assert!(
+            served > 0,
+            "{name}: nothing served by the library: {counts:?}"
+        );
+    }
 }
 
 /// In a child started by [`in_preloaded_child`]: its argument. `None`
