@@ -265,10 +265,11 @@ fn permission_table_through_the_mount_engine_alone() {
 /// (groups, modes) must hold through the mount. The pool is world
 /// read-write and the control socket open to all (`stats=all`), so the
 /// trust rule admits every user: the library's counters must show each
-/// user attached and served.
+/// user attached and served. In strict mode whatever the run's base
+/// options (a posix-mode server refuses every attach).
 #[test]
 fn permission_table_through_the_library() {
-    permission_table("perm-library", "stats=all", true);
+    permission_table("perm-library", "mode=strict,stats=all", true);
 }
 
 /// Forget every cached name and inode, so path walks ask the server.
