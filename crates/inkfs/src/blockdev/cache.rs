@@ -9,6 +9,14 @@
 //! reader looked (`stamp`): a read racing with a write of the same block
 //! (possible only for readahead past the reader's own file, whose blocks
 //! another file may be writing) can never leave old contents behind.
+//!
+//! Writes this engine did not make (an attached client's, under a write
+//! lease: docs/KERNEL-FREE.md) reach the device without passing here: the
+//! server drops the blocks such a client could have written (`forget`)
+//! when it reserves them for the client and when the lease comes back,
+//! before anyone reads the file through the server again. `forget` moves
+//! the stamp too, so a fill that read the device before the client's
+//! write and arrives after the forget is dropped.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,6 +28,8 @@ use crate::format::BLOCK_SIZE;
 const SHARDS: usize = 16;
 /// Consecutive blocks share a shard, so a sequential read takes few locks.
 const RUN_SHIFT: u32 = 4;
+/// A slot whose block was forgotten (no block number is this large).
+const NO_BLOCK: u64 = u64::MAX;
 
 struct Slot {
     block: u64,
@@ -71,6 +81,15 @@ impl Shard {
         };
         self.pages[i].0.copy_from_slice(data);
         self.slots[i].referenced = true;
+    }
+
+    /// Drop `block` if cached; its slot is the next victim's to reuse.
+    fn forget(&mut self, block: u64) {
+        if let Some(i) = self.map.remove(&block) {
+            let slot = &mut self.slots[i as usize];
+            slot.block = NO_BLOCK;
+            slot.referenced = false;
+        }
     }
 }
 
@@ -155,6 +174,47 @@ impl DataCache {
         s.store(block, &data.0);
     }
 
+    /// Drop every block of `ranges` (start, len) from the cache, and move
+    /// the stamps of their shards (see the module comment). Block by block
+    /// when the ranges are no larger than the cache, else by a walk of
+    /// every cached block.
+    pub fn forget(&self, ranges: &[(u64, u64)]) {
+        if self.capacity_pages == 0 || ranges.is_empty() {
+            return;
+        }
+        let total: u64 = ranges.iter().map(|r| r.1).sum();
+        if total <= self.capacity_pages {
+            for &(start, len) in ranges {
+                let mut b = start;
+                while b < start + len {
+                    // Blocks of one run share a shard: one lock for each.
+                    let run_end = (((b >> RUN_SHIFT) + 1) << RUN_SHIFT).min(start + len);
+                    let mut s = self.shard(b);
+                    s.stamp += 1;
+                    for x in b..run_end {
+                        s.forget(x);
+                    }
+                    b = run_end;
+                }
+            }
+            return;
+        }
+        let mut sorted = ranges.to_vec();
+        sorted.sort_unstable();
+        let inside = |b: u64| {
+            let i = sorted.partition_point(|r| r.0 <= b);
+            i > 0 && b < sorted[i - 1].0 + sorted[i - 1].1
+        };
+        for shard in self.shards.iter() {
+            let mut s = shard.lock().unwrap_or_else(|p| p.into_inner());
+            s.stamp += 1;
+            let doomed: Vec<u64> = s.map.keys().copied().filter(|&b| inside(b)).collect();
+            for b in doomed {
+                s.forget(b);
+            }
+        }
+    }
+
     /// A reader read `data` from the device for `block` after taking
     /// `stamp`: keep it unless cached already or written since.
     pub fn fill(&self, block: u64, data: &Page, stamp: u64) {
@@ -208,6 +268,43 @@ mod tests {
         let stamp = c.stamp(9);
         c.fill(9, &page(1), stamp);
         assert!(c.contains(9));
+    }
+
+    #[test]
+    fn forgotten_blocks_are_gone_and_their_slots_reused() {
+        for cap_pages in [4 * SHARDS as u64, 4096] {
+            let c = DataCache::new(cap_pages * BLOCK_SIZE);
+            for b in 0..64u64 {
+                c.put(b, &page(b as u8));
+            }
+            let cached: Vec<u64> = (0..64).filter(|&b| c.contains(b)).collect();
+            // Small ranges block by block, a range larger than the cache
+            // by the walk.
+            c.forget(&[(3, 2), (1000, 1)]);
+            assert!(!c.contains(3) && !c.contains(4));
+            c.forget(&[(40, 1 << 20)]);
+            for b in cached {
+                let gone = (3..5).contains(&b) || b >= 40;
+                assert_eq!(c.contains(b), !gone, "block {b}");
+            }
+            // A fill that looked before the forget is dropped.
+            let stamp = c.stamp(50);
+            c.forget(&[(50, 1)]);
+            c.fill(50, &page(1), stamp);
+            assert!(!c.contains(50));
+            // Forgotten slots take new blocks, and evicting them later
+            // unmaps nothing else.
+            for b in 100..200u64 {
+                c.put(b, &page(b as u8));
+            }
+            let mut out = [0u8; 1];
+            for b in 100..200u64 {
+                if c.get(b, 0, &mut out) {
+                    assert_eq!(out[0], b as u8);
+                }
+            }
+            assert!(c.contains(199));
+        }
     }
 
     #[test]

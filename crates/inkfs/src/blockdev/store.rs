@@ -11,6 +11,7 @@ use std::io;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::bounce::BouncePool;
 use super::cache::DataCache;
 use super::dev::{self, BlockDev, Page};
 use super::flush::GroupFlush;
@@ -21,8 +22,8 @@ use crate::format::*;
 /// Where a write's new pages go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Side {
-    Pm,
-    Dev,
+    Pm = 0,
+    Dev = 1,
 }
 
 impl Side {
@@ -40,6 +41,9 @@ impl Side {
 const READAHEAD_BLOCKS: u64 = 64;
 /// Largest single device read.
 const READ_RUN_MAX: u64 = 256;
+/// Bounce buffers of an engine whose reads bypass the cache (each made on
+/// first use: a client engine, one thread's, makes one).
+const BOUNCE_BUFFERS: usize = 4;
 
 /// The placement policy (docs/DESIGN.md, "Hybrid pools"): small writes on
 /// PM, large ones on the device, PM kept for metadata when it runs low.
@@ -57,7 +61,17 @@ impl Placement {
     /// free space falls below an eighth (logs, directories and inode tables
     /// need it, and only PM can hold them).
     pub fn choose(&self, bytes: u64, pm_free: u64, pm_total: u64) -> Side {
-        if bytes >= self.threshold_bytes || pm_free < pm_total / 8 {
+        if pm_free < pm_total / 8 {
+            Side::Dev
+        } else {
+            self.by_size(bytes)
+        }
+    }
+
+    /// The side by size alone: what an attached client decides, which does
+    /// not know PM's free space (the server's allocator has it).
+    pub fn by_size(&self, bytes: u64) -> Side {
+        if bytes >= self.threshold_bytes {
             Side::Dev
         } else {
             Side::Pm
@@ -84,6 +98,8 @@ pub struct DataStore {
     pub(crate) cache: DataCache,
     pub(crate) flusher: GroupFlush,
     pub(crate) policy: Placement,
+    /// Aligned buffers for reads that bypass the cache.
+    bounce: BouncePool,
     /// Device blocks the pool uses (label and save area included).
     pub(crate) dev_blocks: u64,
     /// Device blocks held in inodes' DRAM reservations (free for statfs).
@@ -106,6 +122,7 @@ impl DataStore {
             cache: DataCache::new(cache_bytes),
             flusher: GroupFlush::default(),
             policy,
+            bounce: BouncePool::new(BOUNCE_BUFFERS, READ_RUN_MAX as usize),
             dev_blocks,
             reserved: AtomicI64::new(0),
             bytes_written: AtomicU64::new(0),
@@ -173,10 +190,25 @@ impl DataStore {
         self.flusher.flush(|| self.dev.flush())
     }
 
+    /// Drop `ranges` (start, len; PM blocks among them are ignored) from
+    /// the DRAM cache: another process may have written them (see
+    /// `cache.rs`).
+    pub fn forget(&self, ranges: &[(u64, u64)]) {
+        let dev: Vec<(u64, u64)> = ranges
+            .iter()
+            .copied()
+            .filter(|&(start, _)| Side::of(start) == Side::Dev)
+            .collect();
+        self.cache.forget(&dev);
+    }
+
     /// Read the bytes at byte address `at` (a device block number times
     /// `BLOCK_SIZE`, plus an offset) into `buf`: from the cache, or from
     /// the device in runs, reading ahead when the reader is sequential.
     pub fn read(&self, at: u64, buf: &mut [u8]) -> io::Result<()> {
+        if self.cache.capacity_bytes() == 0 {
+            return self.read_uncached(at, buf);
+        }
         let end_block = DEV_BLOCK_BASE + self.dev_blocks;
         let mut done = 0usize;
         while done < buf.len() {
@@ -215,6 +247,39 @@ impl DataStore {
             done += take;
         }
         Ok(())
+    }
+
+    /// `read` with no cache: straight into `buf` when it is whole aligned
+    /// pages, else through a bounce buffer, in runs of at most its size.
+    fn read_uncached(&self, at: u64, buf: &mut [u8]) -> io::Result<()> {
+        if at.is_multiple_of(BLOCK_SIZE) {
+            if let Some(pages) = dev::as_pages_mut(buf) {
+                self.dev.read_at(Self::dev_offset(at / BLOCK_SIZE), pages)?;
+                self.bytes_read
+                    .fetch_add(buf.len() as u64, Ordering::Relaxed);
+                return Ok(());
+            }
+        }
+        self.bounce.with(|bounce| {
+            let mut done = 0usize;
+            while done < buf.len() {
+                let pos = at + done as u64;
+                let block = pos / BLOCK_SIZE;
+                let off = (pos % BLOCK_SIZE) as usize;
+                let run = (off + buf.len() - done)
+                    .div_ceil(BLOCK_SIZE as usize)
+                    .min(bounce.len());
+                let pages = &mut bounce[..run];
+                self.dev.read_at(Self::dev_offset(block), pages)?;
+                self.bytes_read
+                    .fetch_add(run as u64 * BLOCK_SIZE, Ordering::Relaxed);
+                let bytes = dev::as_bytes(pages);
+                let take = (bytes.len() - off).min(buf.len() - done);
+                buf[done..done + take].copy_from_slice(&bytes[off..off + take]);
+                done += take;
+            }
+            Ok(())
+        })
     }
 
     /// One whole block's current contents.
