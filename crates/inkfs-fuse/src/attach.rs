@@ -6,8 +6,9 @@
 //! read-write) gets the pool's descriptor, the epoch table and a slot in
 //! it; others are refused with the reason. Posix mode is refused: its
 //! writes may wait in the kernel's page cache, where a client would not
-//! see them. So are hybrid pools: their large files' data is on a block
-//! device, not in the mapping a client gets.
+//! see them. A hybrid pool's client gets the data device's descriptor too
+//! (the server's own description, as for the pool), and reads and writes
+//! large files' data there itself.
 //!
 //! Each attached client has a thread here reading its connection: its lease
 //! requests, reservations and returns (`crate::lease`), and the end of
@@ -36,7 +37,7 @@ use std::time::Duration;
 
 use inkfs::api::attach::{send_grant, Grant};
 use inkfs::api::lease::{Msg, LINE_MAX, RANGES_PER_LINE};
-use inkfs::api::{Mode, SharedEpochs};
+use inkfs::api::{Mode, SharedEpochs, Side};
 
 use crate::lease::{Holder, Leases};
 use crate::Engine;
@@ -61,9 +62,6 @@ struct Inner {
     leases: Arc<Leases>,
     epochs: Arc<SharedEpochs>,
     mode: Mode,
-    /// The pool keeps file data on a block device too (not in the mapping
-    /// a client gets).
-    hybrid: bool,
     state: Mutex<State>,
     /// Signalled when a client goes and at shutdown.
     changed: Condvar,
@@ -93,7 +91,6 @@ impl AttachService {
             leases,
             epochs: Arc::new(SharedEpochs::create()?),
             mode,
-            hybrid: engine.summary().data.is_some(),
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
             next_id: AtomicU64::new(1),
@@ -182,7 +179,7 @@ impl Inner {
 /// end of file.
 fn session(inner: &Inner, conn: UnixStream) {
     let _ = conn.set_write_timeout(Some(WRITE_TIMEOUT));
-    let (grant, pool, pid) = match admit(inner, &conn) {
+    let (grant, fds, pid) = match admit(inner, &conn) {
         Ok(g) => g,
         Err(why) => {
             use std::io::Write;
@@ -190,9 +187,10 @@ fn session(inner: &Inner, conn: UnixStream) {
             return;
         }
     };
-    let sent = send_grant(&conn, &grant, pool.as_fd(), inner.epochs.fd());
-    // Our duplicate of the pool's descriptor: the client has its own now.
-    drop(pool);
+    let data = fds.data.as_ref().map(|d| d.as_fd());
+    let sent = send_grant(&conn, &grant, fds.pool.as_fd(), inner.epochs.fd(), data);
+    // Our duplicates of the descriptors: the client has its own now.
+    drop(fds);
     if sent.is_ok() {
         match conn.try_clone() {
             Ok(out) => {
@@ -256,8 +254,12 @@ fn serve_leases(inner: &Inner, conn: &UnixStream, holder: &Arc<Holder>) {
             Some(Msg::Lease(ino)) => {
                 let _ = crate::lease::send(holder, &Msg::Denied(ino, libc::EAGAIN));
             }
-            Some(Msg::Reserve(n)) => {
-                let got = inner.leases.reserve(holder, n);
+            Some(m @ (Msg::Reserve(_) | Msg::ReserveDev(_))) => {
+                let got = match m {
+                    Msg::ReserveDev(n) => inner.leases.reserve(holder, n, Side::Dev),
+                    Msg::Reserve(n) => inner.leases.reserve(holder, n, Side::Pm),
+                    _ => unreachable!("matched above"),
+                };
                 let answer = if got.is_empty() {
                     Msg::NoSpace
                 } else {
@@ -288,16 +290,16 @@ fn end_session(inner: &Inner, grant: &Grant) {
     inner.changed.notify_all();
 }
 
+/// Duplicates of the descriptors a grant hands over.
+struct GrantFds {
+    pool: OwnedFd,
+    /// A hybrid pool's data device.
+    data: Option<OwnedFd>,
+}
+
 /// Check the peer and the mount, claim a slot and register the session:
-/// the grant and a duplicate of the pool's descriptor, or why not.
-fn admit(inner: &Inner, conn: &UnixStream) -> Result<(Grant, OwnedFd, i32), String> {
-    if inner.hybrid {
-        return Err(
-            "refused: this pool keeps file data on a block device (a hybrid pool), \
-                    which an attached client cannot read from the pool's mapping"
-                .into(),
-        );
-    }
+/// the grant and duplicates of its descriptors, or why not.
+fn admit(inner: &Inner, conn: &UnixStream) -> Result<(Grant, GrantFds, i32), String> {
     if inner.mode == Mode::Posix {
         return Err(
             "refused: this mount is in posix mode, where writes may wait in the \
@@ -325,6 +327,18 @@ fn admit(inner: &Inner, conn: &UnixStream) -> Result<(Grant, OwnedFd, i32), Stri
         .as_fd()
         .try_clone_to_owned()
         .map_err(|e| format!("cannot duplicate the pool's descriptor: {e}"))?;
+    // A hybrid pool: the client reads and writes the data device too.
+    let data_threshold = engine.data_threshold_bytes();
+    let data = match data_threshold {
+        None => None,
+        Some(_) => Some(
+            engine
+                .data_device_fd()
+                .ok_or("refused: this pool's data device has no descriptor to hand over")?
+                .try_clone_to_owned()
+                .map_err(|e| format!("cannot duplicate the data device's descriptor: {e}"))?,
+        ),
+    };
     let session = conn
         .try_clone()
         .map_err(|e| format!("cannot keep the session: {e}"))?;
@@ -343,8 +357,9 @@ fn admit(inner: &Inner, conn: &UnixStream) -> Result<(Grant, OwnedFd, i32), Stri
             id,
             slot,
             mode: inner.mode,
+            data_threshold,
         },
-        pool,
+        GrantFds { pool, data },
         peer.pid,
     ))
 }

@@ -14,8 +14,8 @@
 //! xattrs, and any write the client cannot make. [`io::route`] is the one place that decides
 //! which way a data call goes.
 //!
-//! Not on an inkfs mount, attach refused (trust rule, posix mode, hybrid
-//! pool, server gone), a call the library does not know, a panic in the
+//! Not on an inkfs mount, attach refused (trust rule, posix mode, server
+//! gone), a call the library does not know, a panic in the
 //! library, a reentrant call: libc does it, as without the library.
 
 // Each exported function is the libc function of the same name, with its

@@ -5,9 +5,12 @@
 //!
 //! ```text
 //! client: attach\n
-//! server: ok layout=L id=N slot=I mode=MODE\n    + 2 descriptors (SCM_RIGHTS):
-//!         the pool (the server's own open file description: the client
-//!         shares its claim) and the memfd of the epoch table
+//! server: ok layout=L id=N slot=I mode=MODE[ data=T]\n
+//!         + 2 descriptors (SCM_RIGHTS): the pool (the server's own open
+//!         file description: the client shares its claim) and the memfd of
+//!         the epoch table; a hybrid pool (`data=T`, T the mount's
+//!         placement threshold in bytes) adds a third: the data device
+//!         (the server's own description too: its lock and its O_DIRECT)
 //!     or: error MESSAGE\n                          and the server closes
 //! ```
 //!
@@ -74,16 +77,28 @@ pub struct Grant {
     pub slot: usize,
     /// The mount's consistency mode (the client's engine runs in it).
     pub mode: Mode,
+    /// A hybrid pool: the mount's placement threshold in bytes (the grant
+    /// carries the data device's descriptor too). None: no data device.
+    pub data_threshold: Option<u64>,
 }
 
 impl Grant {
     fn line(&self) -> String {
+        let data = self
+            .data_threshold
+            .map(|t| format!(" data={t}"))
+            .unwrap_or_default();
         format!(
-            "ok layout={TABLE_LAYOUT} id={} slot={} mode={}\n",
+            "ok layout={TABLE_LAYOUT} id={} slot={} mode={}{data}\n",
             self.id,
             self.slot,
             self.mode.name()
         )
+    }
+
+    /// Descriptors the grant comes with.
+    fn fds(&self) -> usize {
+        2 + self.data_threshold.is_some() as usize
     }
 
     /// Parse a grant line (without its newline); every field must be there
@@ -94,12 +109,19 @@ impl Grant {
             return Err(format!("not a grant: {line:?}"));
         }
         let (mut layout, mut id, mut slot, mut mode) = (None, None, None, None);
+        let mut data_threshold = None;
         for w in words {
             match w.split_once('=') {
                 Some(("layout", v)) => layout = v.parse::<u32>().ok(),
                 Some(("id", v)) => id = v.parse::<u64>().ok(),
                 Some(("slot", v)) => slot = v.parse::<usize>().ok(),
                 Some(("mode", v)) => mode = Mode::parse(v),
+                Some(("data", v)) => {
+                    data_threshold = Some(
+                        v.parse::<u64>()
+                            .map_err(|_| format!("malformed grant: {line:?}"))?,
+                    )
+                }
                 _ => {} // a later server's extra field
             }
         }
@@ -107,7 +129,12 @@ impl Grant {
             (Some(TABLE_LAYOUT), Some(id), Some(slot), Some(mode))
                 if slot < crate::epoch::READERS_MAX =>
             {
-                Ok(Grant { id, slot, mode })
+                Ok(Grant {
+                    id,
+                    slot,
+                    mode,
+                    data_threshold,
+                })
             }
             (Some(l), ..) if l != TABLE_LAYOUT => Err(format!(
                 "the server's epoch table has layout {l}, this build's {TABLE_LAYOUT}"
@@ -132,16 +159,24 @@ pub fn send_request(conn: &UnixStream) -> io::Result<()> {
     Ok(())
 }
 
-/// Send `grant` with the pool's descriptor and the epoch table's (the
-/// server).
+/// Send `grant` with the pool's descriptor, the epoch table's and, when
+/// the grant says the pool is hybrid, the data device's (the server).
 pub fn send_grant(
     conn: &UnixStream,
     grant: &Grant,
     pool: BorrowedFd<'_>,
     epochs: BorrowedFd<'_>,
+    data: Option<BorrowedFd<'_>>,
 ) -> io::Result<()> {
+    if data.is_some() != grant.data_threshold.is_some() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a data device's descriptor goes with a grant that says data=",
+        ));
+    }
     let line = grant.line();
-    let fds = [pool.as_raw_fd(), epochs.as_raw_fd()];
+    let mut fds = vec![pool.as_raw_fd(), epochs.as_raw_fd()];
+    fds.extend(data.map(|d| d.as_raw_fd()));
     let cmsg = [ControlMessage::ScmRights(&fds)];
     let iov = [IoSlice::new(line.as_bytes())];
     let sent = socket::sendmsg::<()>(conn.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None)
@@ -157,9 +192,21 @@ pub fn send_grant(
     Ok(())
 }
 
-/// The server's answer: the grant and its two descriptors (pool, epoch
-/// table), or the server's reason for refusing (`Err(Refused)`).
-pub fn recv_grant(conn: &mut UnixStream) -> Result<(Grant, OwnedFd, OwnedFd), Answer> {
+/// The descriptors a grant brings.
+#[derive(Debug)]
+pub struct Granted {
+    pub grant: Grant,
+    /// The pool (the server's open file description).
+    pub pool: OwnedFd,
+    /// The epoch table's memfd.
+    pub epochs: OwnedFd,
+    /// A hybrid pool's data device (the server's description).
+    pub data: Option<OwnedFd>,
+}
+
+/// The server's answer: the grant and its descriptors, or the server's
+/// reason for refusing (`Err(Refused)`).
+pub fn recv_grant(conn: &mut UnixStream) -> Result<Granted, Answer> {
     let mut buf = [0u8; ANSWER_BYTES_MAX];
     let (mut len, fds) = recv_with_fds(conn, &mut buf).map_err(Answer::Io)?;
     while !buf[..len].contains(&b'\n') && len < buf.len() {
@@ -180,12 +227,22 @@ pub fn recv_grant(conn: &mut UnixStream) -> Result<(Grant, OwnedFd, OwnedFd), An
         return Err(Answer::Refused(msg.to_string()));
     }
     let grant = Grant::parse(line).map_err(Answer::Malformed)?;
+    if fds.len() != grant.fds() {
+        return Err(Answer::Malformed(format!(
+            "the grant carried {} descriptors, not {}",
+            fds.len(),
+            grant.fds()
+        )));
+    }
     let mut fds = fds.into_iter();
-    match (fds.next(), fds.next(), fds.next()) {
-        (Some(pool), Some(epochs), None) => Ok((grant, pool, epochs)),
-        _ => Err(Answer::Malformed(
-            "the grant did not carry exactly two descriptors".into(),
-        )),
+    match (fds.next(), fds.next()) {
+        (Some(pool), Some(epochs)) => Ok(Granted {
+            grant,
+            pool,
+            epochs,
+            data: fds.next(),
+        }),
+        _ => Err(Answer::Malformed("the grant carried no descriptors".into())),
     }
 }
 
@@ -257,13 +314,21 @@ mod tests {
             id: 7,
             slot: 3,
             mode: Mode::Sync,
+            data_threshold: None,
         };
         assert_eq!(Grant::parse(g.line().trim_end()), Ok(g));
+        let h = Grant {
+            data_threshold: Some(65536),
+            ..g
+        };
+        assert!(h.line().contains(" data=65536"));
+        assert_eq!(Grant::parse(h.line().trim_end()), Ok(h));
         for bad in [
             "ok id=1 slot=2 mode=strict",
             "ok layout=1 id=1 slot=64 mode=strict",
             "ok layout=1 id=x slot=2 mode=strict",
             "ok layout=1 id=1 slot=2 mode=fast",
+            "ok layout=1 id=1 slot=2 mode=strict data=x",
             "ko layout=1 id=1 slot=2 mode=strict",
         ] {
             assert!(Grant::parse(bad).is_err(), "{bad}");
@@ -281,12 +346,38 @@ mod tests {
             id: 1,
             slot: 0,
             mode: Mode::Strict,
+            data_threshold: None,
         };
         use std::os::fd::AsFd;
-        send_grant(&a, &g, f.as_fd(), f.as_fd()).unwrap();
-        let (got, p, e) = recv_grant(&mut b).unwrap();
-        assert_eq!(got, g);
-        assert_ne!(p.as_raw_fd(), e.as_raw_fd());
+        send_grant(&a, &g, f.as_fd(), f.as_fd(), None).unwrap();
+        let got = recv_grant(&mut b).unwrap();
+        assert_eq!(got.grant, g);
+        assert_ne!(got.pool.as_raw_fd(), got.epochs.as_raw_fd());
+        assert!(got.data.is_none());
+        // A hybrid pool's grant: the data device's descriptor too, and
+        // only with `data=`.
+        let h = Grant {
+            data_threshold: Some(4096),
+            ..g
+        };
+        assert!(send_grant(&a, &h, f.as_fd(), f.as_fd(), None).is_err());
+        assert!(send_grant(&a, &g, f.as_fd(), f.as_fd(), Some(f.as_fd())).is_err());
+        send_grant(&a, &h, f.as_fd(), f.as_fd(), Some(f.as_fd())).unwrap();
+        let got = recv_grant(&mut b).unwrap();
+        assert_eq!(got.grant, h);
+        assert!(got.data.is_some());
+        // A grant whose descriptors do not match its line is refused.
+        let line = h.line();
+        let fds = [f.as_raw_fd(), f.as_raw_fd()];
+        socket::sendmsg::<()>(
+            a.as_raw_fd(),
+            &[IoSlice::new(line.as_bytes())],
+            &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::empty(),
+            None,
+        )
+        .unwrap();
+        assert!(matches!(recv_grant(&mut b), Err(Answer::Malformed(_))));
         drop(a);
         let (a, mut b) = UnixStream::pair().unwrap();
         use std::io::Write;
