@@ -101,6 +101,12 @@ pub fn report_fields(fs: &Engine) -> Vec<Field> {
                 "data device: cache misses",
                 d.cache_misses,
             ),
+            Field::bytes(
+                "data_readahead_bytes",
+                "data device: read ahead",
+                d.readahead_bytes,
+            )
+            .explained("of the bytes read: ahead of sequential readers, by its threads"),
         ]);
     }
     if let Some(last) = e.recorded.last {
