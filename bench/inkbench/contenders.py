@@ -255,7 +255,9 @@ class InkfsFuse(FuseServer):
             base = base[:-len("-nocache")]
             opts.append("nowriteback_cache")
         if extra:
-            opts.append(extra)
+            # Several options joined by '+' (--contenders splits on ','):
+            # inkfs-hybrid@data_cache=16M+data_readahead=uring.
+            opts.append(extra.replace("+", ","))
         self.mode = base
         self.opts = ",".join([f"mode={base}"] + opts)
         self.name = "inkfs-" + spec

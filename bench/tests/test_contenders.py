@@ -178,6 +178,8 @@ class ContenderTest(unittest.TestCase):
             self.assertEqual(c.env()["LD_PRELOAD"], HAVE["preload"])
         self.assertEqual(C.make("inkfs-hybrid-preload-sync@data_cache=16M", self.work, 1 << 20, HAVE).opts,
                          "mode=sync,data_cache=16M")
+        self.assertEqual(C.make("inkfs-hybrid@data_cache=16M+data_readahead=uring", self.work, 1 << 20, HAVE).opts,
+                         "mode=strict,data_cache=16M,data_readahead=uring")
         with self.assertRaises(ValueError):
             C.make("inkfs-hybrid-preload-posix", self.work, 1 << 20, HAVE)
 

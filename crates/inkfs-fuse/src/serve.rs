@@ -141,6 +141,7 @@ pub fn serve_pool(cfg: &MountConfig, mnt: &Path, notify: &mut Notify, pm: Mapped
             data: cfg.data.clone().map(inkfs::api::DataDevice::Path),
             data_cache_bytes: cfg.data_cache_bytes,
             data_threshold_bytes: cfg.data_threshold_bytes,
+            data_readahead: cfg.data_readahead,
         },
     ) {
         Ok(f) => f,

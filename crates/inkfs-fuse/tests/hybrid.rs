@@ -372,13 +372,29 @@ fn hybrid_kill9_rounds_in_every_mode() {
 fn a_sequential_reader_is_read_ahead_through_the_mount() {
     require_root();
     let h = Hybrid::new("hyra");
-    let opts = "mode=sync,data_cache=8M";
-    let m = Mounted::new(&h.pool, opts);
     let len = 40 << 20;
     let want = pattern(5, len);
-    fs::write(m.p("f"), &want).unwrap();
-    let dir = m.unmount();
-    let m = Mounted::at(&h.pool, dir, opts);
+    {
+        let m = Mounted::new(&h.pool, "mode=sync");
+        fs::write(m.p("f"), &want).unwrap();
+    }
+    // Both ways of reading ahead (threads, io_uring); a bad one refused.
+    let out = mount_with(
+        &h.pool.path,
+        Path::new("/nonexistent"),
+        "data_readahead=lots",
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("data_readahead=lots"));
+    for how in ["uring", "threads"] {
+        let opts = format!("mode=sync,data_cache=8M,data_readahead={how}");
+        let m = Mounted::new(&h.pool, &opts);
+        read_ahead_checks(&m, &want, how);
+    }
+}
+
+fn read_ahead_checks(m: &Mounted, want: &[u8], how: &str) {
+    let len = want.len();
     let s0 = stats_json(m.path()).expect("statistics");
     let got = {
         use std::io::Read;
@@ -394,13 +410,16 @@ fn a_sequential_reader_is_read_ahead_through_the_mount() {
         }
         got
     };
-    assert!(got == want, "the file read back differs");
+    assert!(got == want, "{how}: the file read back differs");
     let s1 = stats_json(m.path()).expect("statistics");
     let ahead = stat_u64(&s1, "data_readahead_bytes") - stat_u64(&s0, "data_readahead_bytes");
     assert!(
         ahead >= (len / 2) as u64,
-        "read ahead: {ahead} of {len} bytes"
+        "{how}: read ahead {ahead} of {len} bytes"
     );
+    if how != "threads" {
+        return;
+    }
     // Random 4 KiB reads (no page cache: O_DIRECT through FUSE is a read
     // request each): nothing read ahead.
     {
@@ -442,7 +461,7 @@ fn a_sequential_reader_is_read_ahead_through_the_mount() {
         let w = fs::OpenOptions::new().write(true).open(m.p("f")).unwrap();
         let mut buf = vec![0u8; 128 << 10];
         let mut at = 0usize;
-        let mut want = want.clone();
+        let mut want = want.to_vec();
         while at < len {
             if at == len / 2 {
                 // The readahead has the next window in the cache by now.

@@ -70,7 +70,7 @@ pub use crate::types::{
     FallocFlags, FiemapExtent, FileKind, FormatOptions, GcStats, Mode, MountOptions, RenameFlags,
     SetAttr, StatFs, TimeSet, Whence, XattrFlags,
 };
-pub use crate::types::{DataDevice, DATA_CACHE_DEFAULT_BYTES};
+pub use crate::types::{DataDevice, ReadaheadMode, DATA_CACHE_DEFAULT_BYTES};
 pub use path::{Follow, Resolved, PATH_MAX, SYMLINKS_MAX};
 pub use pool::{looks_like_inkfs, read_data_path, read_summary, DataSummary, PoolSummary};
 

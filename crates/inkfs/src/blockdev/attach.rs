@@ -82,7 +82,7 @@ pub fn store(
         unit_blocks: sb.data_unit_blocks.max(1) as u64,
     };
     let cache = opts.data_cache_bytes.unwrap_or(DATA_CACHE_DEFAULT_BYTES);
-    DataStore::new(dev, blocks, sb.data_blocks, policy, cache)
+    DataStore::with_readahead(dev, blocks, sb.data_blocks, policy, cache, opts.data_readahead)
 }
 
 /// The block side of an engine attached to a pool another process has

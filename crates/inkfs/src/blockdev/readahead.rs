@@ -9,8 +9,11 @@
 //! where a stream's last one ended, give or take a few requests that the
 //! kernel sent out of order, continues it), and once a stream has read
 //! past half of what was read ahead for it, the next window is queued in
-//! chunks that [`WORKERS`] threads read at once (a queue depth of up to
-//! that many), each into the cache. The reader finds its blocks there, or
+//! chunks read into the cache with several reads in flight: by
+//! [`WORKERS`] threads, one read each (`data_readahead=threads`, the
+//! default), or by one thread keeping up to [`URING_DEPTH`] reads in
+//! flight through io_uring (`data_readahead=uring`; threads where io_uring
+//! or the device's descriptor is not available). The reader finds its blocks there, or
 //! waits for the read already in flight (`DataCache::wait_load`) instead of
 //! issuing its own.
 //!
@@ -27,17 +30,21 @@
 //! stamps keep a fill that raced a write out).
 
 use std::collections::VecDeque;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use super::cache::DataCache;
-use super::dev::{self, BlockDev};
+use super::dev::{self, BlockDev, Page};
 use crate::format::{BLOCK_SIZE, DEV_BLOCK_BASE};
+use crate::types::ReadaheadMode;
 
 /// Threads reading ahead (the device's queue depth from readahead): four
 /// read a cold file 1.5-2x faster than two on this machine's disk
 /// (bench/results-notes/hybrid.md).
 pub const WORKERS: usize = 4;
+/// Reads the io_uring thread keeps in flight.
+pub const URING_DEPTH: usize = 4;
 /// Blocks one readahead read covers (512 KiB).
 pub const CHUNK_BLOCKS: u64 = 128;
 /// Largest window read ahead of a stream, in blocks (8 MiB), before the
@@ -84,6 +91,8 @@ struct Shared {
     /// Bytes read by readahead, and by every device read of the store.
     ahead_bytes: AtomicU64,
     bytes_read: Arc<AtomicU64>,
+    /// The io_uring thread runs (`data_readahead=uring` got its ring).
+    uring: AtomicBool,
 }
 
 /// See the module documentation.
@@ -91,6 +100,7 @@ pub struct Readahead {
     shared: Arc<Shared>,
     streams: Mutex<([Stream; STREAMS], u64)>,
     window_blocks: u64,
+    mode: ReadaheadMode,
     workers: OnceLock<Vec<std::thread::JoinHandle<()>>>,
 }
 
@@ -107,6 +117,7 @@ impl Readahead {
         cache: Arc<DataCache>,
         dev_blocks: u64,
         bytes_read: Arc<AtomicU64>,
+        mode: ReadaheadMode,
     ) -> Option<Readahead> {
         let window_blocks = (cache.capacity_bytes() / BLOCK_SIZE / 4).min(WINDOW_MAX_BLOCKS);
         if window_blocks < CHUNK_BLOCKS {
@@ -122,9 +133,11 @@ impl Readahead {
                 stop: AtomicBool::new(false),
                 ahead_bytes: AtomicU64::new(0),
                 bytes_read,
+                uring: AtomicBool::new(false),
             }),
             streams: Mutex::new(([Stream::default(); STREAMS], 0)),
             window_blocks,
+            mode,
             workers: OnceLock::new(),
         })
     }
@@ -132,6 +145,11 @@ impl Readahead {
     /// Bytes read ahead so far.
     pub fn ahead_bytes(&self) -> u64 {
         self.shared.ahead_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Whether reads ahead go through io_uring (once started).
+    pub fn uses_uring(&self) -> bool {
+        self.shared.uring.load(Ordering::Relaxed)
     }
 
     /// A reader asks for blocks `[start, end)`: follow its stream, and
@@ -199,12 +217,21 @@ impl Readahead {
 
     fn start_workers(&self) {
         self.workers.get_or_init(|| {
-            (0..WORKERS)
+            let threads = match self.mode {
+                ReadaheadMode::Uring => 1,
+                _ => WORKERS,
+            };
+            let uring = self.mode == ReadaheadMode::Uring;
+            (0..threads)
                 .filter_map(|i| {
                     let shared = self.shared.clone();
                     std::thread::Builder::new()
                         .name(format!("inkfs-ra{i}"))
-                        .spawn(move || work(&shared))
+                        .spawn(move || {
+                            if !uring || !work_uring(&shared) {
+                                work(&shared)
+                            }
+                        })
                         .ok()
                 })
                 .collect()
@@ -224,50 +251,174 @@ impl Drop for Readahead {
     }
 }
 
-/// A worker: read each queued chunk's blocks that are neither cached nor
-/// being read, into the cache.
+/// The next job, waiting for one (None: stop). With `busy`, does not
+/// wait: None when the queue is empty.
+fn next_job(shared: &Shared, busy: bool) -> Option<(u64, u64)> {
+    let mut q = lock(&shared.queue);
+    loop {
+        if shared.stop.load(Ordering::SeqCst) {
+            return None;
+        }
+        if let Some(job) = q.pop_front() {
+            return Some(job);
+        }
+        if busy {
+            return None;
+        }
+        q = shared
+            .queued
+            .wait(q)
+            .unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+/// The next run of blocks of job `[*at, end)` to read: claimed in the
+/// cache (`stamps` filled), as (start, count); None when the job is done.
+/// Blocks cached or being read by another read are skipped.
+fn claim_run(shared: &Shared, at: &mut u64, end: u64, stamps: &mut [u64]) -> Option<(u64, usize)> {
+    while *at < end {
+        let b = *at;
+        let claimed = shared
+            .cache
+            .begin_load(b, &mut stamps[..(end - b) as usize]);
+        if claimed == 0 {
+            *at += 1;
+            continue;
+        }
+        *at += claimed as u64;
+        return Some((b, claimed));
+    }
+    None
+}
+
+/// A run read (or not): into the cache, counted.
+fn finish(shared: &Shared, start: u64, pages: Option<&[Page]>, stamps: &[u64]) {
+    shared.cache.end_load(start, pages, stamps);
+    if pages.is_some() {
+        let bytes = stamps.len() as u64 * BLOCK_SIZE;
+        shared.ahead_bytes.fetch_add(bytes, Ordering::Relaxed);
+        shared.bytes_read.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+/// A worker thread: read each queued chunk's blocks that are neither
+/// cached nor being read, into the cache, one read at a time.
 fn work(shared: &Shared) {
     // One buffer per worker, for its life.
     let mut buf = dev::pages(CHUNK_BLOCKS as usize);
     let mut stamps = [0u64; CHUNK_BLOCKS as usize];
+    while let Some((start, n)) = next_job(shared, false) {
+        let mut at = start;
+        while let Some((b, claimed)) = claim_run(shared, &mut at, start + n, &mut stamps) {
+            let pages = &mut buf[..claimed];
+            let read = shared
+                .dev
+                .read_at((b - DEV_BLOCK_BASE) * BLOCK_SIZE, pages);
+            finish(shared, b, read.is_ok().then_some(&*pages), &stamps[..claimed]);
+        }
+    }
+}
+
+/// One read in flight through io_uring: its run and its buffer.
+struct InFlight {
+    start: u64,
+    stamps: [u64; CHUNK_BLOCKS as usize],
+    claimed: usize,
+}
+
+/// The io_uring worker: one thread keeping up to [`URING_DEPTH`] reads in
+/// flight. False (nothing done) if io_uring or the device's descriptor is
+/// not available; the caller then runs `work`.
+fn work_uring(shared: &Shared) -> bool {
+    use io_uring::{opcode, types, IoUring};
+    let Some(fd) = shared.dev.shared_fd().map(|f| f.as_raw_fd()) else {
+        return false;
+    };
+    let Ok(mut ring) = IoUring::new(URING_DEPTH as u32) else {
+        return false;
+    };
+    shared.uring.store(true, Ordering::Relaxed);
+    // One buffer per slot, for the thread's life; a slot's buffer is not
+    // touched while its read is in flight, and the thread does not return
+    // before every read has completed.
+    let mut bufs: Vec<Vec<Page>> = (0..URING_DEPTH)
+        .map(|_| dev::pages(CHUNK_BLOCKS as usize))
+        .collect();
+    let mut slots: Vec<Option<InFlight>> = (0..URING_DEPTH).map(|_| None).collect();
+    let mut job: Option<(u64, u64)> = None;
+    let mut in_flight = 0usize;
+    let mut stopping = false;
     loop {
-        let (start, n) = {
-            let mut q = lock(&shared.queue);
-            loop {
-                if shared.stop.load(Ordering::SeqCst) {
-                    return;
-                }
-                if let Some(job) = q.pop_front() {
-                    break job;
-                }
-                q = shared
-                    .queued
-                    .wait(q)
-                    .unwrap_or_else(|e| e.into_inner());
+        // Fill the free slots.
+        while !stopping && in_flight < URING_DEPTH {
+            let (at, end) = match job.as_mut() {
+                Some(j) => (&mut j.0, j.1),
+                None => match next_job(shared, in_flight > 0) {
+                    Some((start, n)) => {
+                        job = Some((start, start + n));
+                        continue;
+                    }
+                    None => {
+                        stopping = shared.stop.load(Ordering::SeqCst);
+                        break;
+                    }
+                },
+            };
+            let mut stamps = [0u64; CHUNK_BLOCKS as usize];
+            let Some((start, claimed)) = claim_run(shared, at, end, &mut stamps) else {
+                job = None;
+                continue;
+            };
+            let Some(i) = slots.iter().position(|s| s.is_none()) else {
+                // Cannot happen (in_flight < depth): give the claim back.
+                finish(shared, start, None, &stamps[..claimed]);
+                break;
+            };
+            let len = claimed as u64 * BLOCK_SIZE;
+            let read = opcode::Read::new(types::Fd(fd), bufs[i].as_mut_ptr().cast::<u8>(), len as u32)
+                .offset((start - DEV_BLOCK_BASE) * BLOCK_SIZE)
+                .build()
+                .user_data(i as u64);
+            // SAFETY: the buffer (slot i's, `len` bytes of it) stays alive
+            // and untouched until this read's completion is reaped below
+            // (the loop never ends with reads in flight), and the device's
+            // descriptor stays open while `shared.dev` lives.
+            if unsafe { ring.submission().push(&read) }.is_err() {
+                finish(shared, start, None, &stamps[..claimed]);
+                break;
             }
-        };
-        let end = start + n;
-        let mut b = start;
-        while b < end {
-            let claimed = shared
-                .cache
-                .begin_load(b, &mut stamps[..(end - b) as usize]);
-            if claimed == 0 {
-                b += 1; // cached already, or another read has it
+            slots[i] = Some(InFlight {
+                start,
+                stamps,
+                claimed,
+            });
+            in_flight += 1;
+        }
+        if in_flight == 0 {
+            if stopping || shared.stop.load(Ordering::SeqCst) {
+                return true;
+            }
+            continue;
+        }
+        if let Err(e) = ring.submit_and_wait(1) {
+            if e.raw_os_error() == Some(libc::EINTR) {
                 continue;
             }
-            let pages = &mut buf[..claimed];
-            let off = (b - DEV_BLOCK_BASE) * BLOCK_SIZE;
-            let read = shared.dev.read_at(off, pages);
-            shared
-                .cache
-                .end_load(b, read.is_ok().then_some(&*pages), &stamps[..claimed]);
-            if read.is_ok() {
-                let bytes = claimed as u64 * BLOCK_SIZE;
-                shared.ahead_bytes.fetch_add(bytes, Ordering::Relaxed);
-                shared.bytes_read.fetch_add(bytes, Ordering::Relaxed);
-            }
-            b += claimed as u64;
+            // The ring broke: wait for nothing more from it; the claims of
+            // reads that may still complete stay until they are reaped
+            // (never, then: the blocks are read by the readers instead).
+            eprintln!("inkfs: readahead: io_uring: {e}");
+            return true;
+        }
+        for c in ring.completion() {
+            let (i, result) = (c.user_data() as usize, c.result());
+            let Some(f) = slots.get_mut(i).and_then(Option::take) else {
+                continue;
+            };
+            in_flight -= 1;
+            let whole = result >= 0 && result as u64 == f.claimed as u64 * BLOCK_SIZE;
+            let pages = &bufs[i][..f.claimed];
+            finish(shared, f.start, whole.then_some(pages), &f.stamps[..f.claimed]);
         }
     }
 }
@@ -280,7 +431,8 @@ mod tests {
     fn readahead(cache_pages: u64) -> (Readahead, Arc<DataCache>) {
         let dev = Arc::new(MemDev::new(8192 * BLOCK_SIZE));
         let cache = Arc::new(DataCache::new(cache_pages * BLOCK_SIZE));
-        let ra = Readahead::new(dev, cache.clone(), 8192, Default::default()).unwrap();
+        let ra = Readahead::new(dev, cache.clone(), 8192, Default::default(), ReadaheadMode::Threads)
+            .unwrap();
         (ra, cache)
     }
 
@@ -332,10 +484,48 @@ mod tests {
         assert_eq!(ra.ahead_bytes(), 128 * BLOCK_SIZE);
     }
 
+    /// Both ways of reading ahead, on a real file (io_uring needs a
+    /// descriptor): the blocks land in the cache with the file's bytes.
+    #[test]
+    fn threads_and_io_uring_read_ahead_the_same_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let blocks = 2048u64;
+        let file = crate::blockdev::FileDev::create(&dir.path().join("d"), blocks * BLOCK_SIZE).unwrap();
+        let mut pages = dev::pages(blocks as usize);
+        for (i, p) in pages.iter_mut().enumerate() {
+            p.0.fill((i % 251) as u8);
+            p.0[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        }
+        file.write_at(0, &pages).unwrap();
+        let dev: Arc<dyn BlockDev> = Arc::new(file);
+        for mode in [ReadaheadMode::Threads, ReadaheadMode::Uring] {
+            let cache = Arc::new(DataCache::new(8 << 20));
+            let ra = Readahead::new(dev.clone(), cache.clone(), blocks, Default::default(), mode).unwrap();
+            let b0 = DEV_BLOCK_BASE;
+            for i in 0..4 {
+                ra.note(b0 + i * 32, b0 + i * 32 + 32);
+            }
+            // Four requests' worth ahead: blocks 128..256.
+            let t = std::time::Instant::now();
+            while ra.ahead_bytes() < 128 * BLOCK_SIZE && t.elapsed() < std::time::Duration::from_secs(10) {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            assert_eq!(ra.ahead_bytes(), 128 * BLOCK_SIZE, "{mode:?}");
+            assert_eq!(ra.uses_uring(), mode == ReadaheadMode::Uring);
+            let mut out = [0u8; BLOCK_SIZE as usize];
+            for b in 128..256u64 {
+                assert!(cache.get(b0 + b, 0, &mut out), "{mode:?}: block {b}");
+                assert_eq!(out[..8], b.to_le_bytes(), "{mode:?}: block {b}");
+                assert!(out[8..].iter().all(|&x| x == (b % 251) as u8));
+            }
+            drop(ra); // the threads stop, with nothing in flight
+        }
+    }
+
     #[test]
     fn no_readahead_without_room_in_the_cache() {
         let dev = Arc::new(MemDev::new(64 * BLOCK_SIZE));
         let cache = Arc::new(DataCache::new(64 * BLOCK_SIZE));
-        assert!(Readahead::new(dev, cache, 64, Default::default()).is_none());
+        assert!(Readahead::new(dev, cache, 64, Default::default(), ReadaheadMode::Threads).is_none());
     }
 }

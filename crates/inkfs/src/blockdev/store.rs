@@ -19,6 +19,7 @@ use super::flush::GroupFlush;
 use super::layout;
 use crate::alloc::BlockAllocator;
 use crate::format::*;
+use crate::types::ReadaheadMode;
 
 /// Where a write's new pages go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,9 +123,24 @@ impl DataStore {
         policy: Placement,
         cache_bytes: u64,
     ) -> DataStore {
+        Self::with_readahead(dev, blocks, dev_blocks, policy, cache_bytes, ReadaheadMode::default())
+    }
+
+    /// `new`, reading ahead as `readahead` says.
+    pub fn with_readahead(
+        dev: Arc<dyn BlockDev>,
+        blocks: BlockAllocator,
+        dev_blocks: u64,
+        policy: Placement,
+        cache_bytes: u64,
+        readahead: ReadaheadMode,
+    ) -> DataStore {
         let cache = Arc::new(DataCache::new(cache_bytes));
         let bytes_read = Arc::new(AtomicU64::new(0));
-        let readahead = Readahead::new(dev.clone(), cache.clone(), dev_blocks, bytes_read.clone());
+        let readahead = match readahead {
+            ReadaheadMode::Off => None,
+            mode => Readahead::new(dev.clone(), cache.clone(), dev_blocks, bytes_read.clone(), mode),
+        };
         DataStore {
             dev,
             blocks,
