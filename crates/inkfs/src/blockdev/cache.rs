@@ -148,14 +148,15 @@ impl DataCache {
         DataCache {
             shards: (0..SHARDS)
                 .map(|_| {
-                    // Room reserved for every slot (address space only,
+                    // Room reserved for every page (address space only,
                     // untouched until a slot fills): a shard that grew by
                     // doubling copied all its pages at each growth, which
                     // cost a first pass over a 256 MiB cache a third of
-                    // its speed.
+                    // its speed. The map and the slots are small: they
+                    // grow (a mount that reads little initializes little).
                     Mutex::new(Shard {
-                        map: BlockMap::with_capacity_and_hasher(per_shard, Default::default()),
-                        slots: Vec::with_capacity(per_shard),
+                        map: BlockMap::default(),
+                        slots: Vec::new(),
                         pages: Vec::with_capacity(per_shard),
                         capacity: per_shard,
                         hand: 0,
