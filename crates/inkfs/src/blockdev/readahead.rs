@@ -241,7 +241,13 @@ impl Readahead {
 
 impl Drop for Readahead {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
+        {
+            // Under the queue's lock: a worker between its look at `stop`
+            // and its wait would otherwise miss the wake-up and never
+            // return (a crash-exploration run hung in this join).
+            let _queue = lock(&self.shared.queue);
+            self.shared.stop.store(true, Ordering::SeqCst);
+        }
         self.shared.queued.notify_all();
         if let Some(workers) = self.workers.take() {
             for w in workers {
