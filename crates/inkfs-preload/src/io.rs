@@ -330,20 +330,44 @@ pub unsafe extern "C" fn preadv2(
     unsafe { preadv64v2(fd, iov, cnt, off, flags) }
 }
 
-/// The bytes of a write: the program's one buffer, or its iovecs
+/// A gathered writev's bytes above this stay in no per-thread buffer.
+const GATHER_KEEP_BYTES: usize = 1 << 20;
+
+thread_local! {
+    /// The buffer a thread's writev gathers into, kept between calls: no
+    /// allocation per served writev (but the first, and one above
+    /// [`GATHER_KEEP_BYTES`]).
+    static GATHER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `f` of the bytes of a write: the program's one buffer, or its iovecs
 /// gathered into one (the client writes one slice; gathered, an O_APPEND
 /// writev stays one record).
-fn gather(iov: &[iovec]) -> std::borrow::Cow<'_, [u8]> {
-    let mut parts = iov.iter().filter(|v| v.iov_len > 0);
-    let first = parts.next();
+fn with_bytes<R>(iov: &[iovec], f: impl FnOnce(&[u8]) -> R) -> R {
     let raw = |v: &iovec| {
         // SAFETY: the program gave this buffer for the write.
         unsafe { std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len) }
     };
-    match (first, parts.next()) {
-        (None, _) => std::borrow::Cow::Borrowed(&[]),
-        (Some(v), None) => std::borrow::Cow::Borrowed(raw(v)),
-        _ => std::borrow::Cow::Owned(iov.iter().flat_map(raw).copied().collect()),
+    let mut parts = iov.iter().filter(|v| v.iov_len > 0);
+    match (parts.next(), parts.next()) {
+        (None, _) => f(&[]),
+        (Some(v), None) => f(raw(v)),
+        _ => GATHER.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut buf) => {
+                buf.clear();
+                for v in iov {
+                    buf.extend_from_slice(raw(v));
+                }
+                let r = f(&buf);
+                if buf.capacity() > GATHER_KEEP_BYTES {
+                    *buf = Vec::new();
+                }
+                r
+            }
+            // Only a served call gathers, and served calls do not nest
+            // (guard.rs): never taken, but never a panic either.
+            Err(_) => f(&iov.iter().flat_map(raw).copied().collect::<Vec<u8>>()),
+        }),
     }
 }
 
@@ -397,14 +421,18 @@ fn kernel_pwrite(fd: c_int, iov: &[iovec], off: u64) -> ssize_t {
 /// advances: through the client if `pool` and it can, else the kernel
 /// descriptor at the library's offset.
 fn write_seq(fd: c_int, idx: usize, ofd: &Ofd, iov: &[iovec], pool: bool) -> ssize_t {
-    let data = if pool { Some(gather(iov)) } else { None };
     if ofd.append() {
-        if let Some(d) = &data {
-            if let Some(at) = pool_write(idx, ofd, d, At::End) {
-                stats::bump(&stats::WRITE_LOCAL);
-                ofd.offset.store(at + d.len() as u64, Ordering::Release);
-                return d.len() as ssize_t;
-            }
+        let served = pool
+            .then(|| {
+                with_bytes(iov, |d| {
+                    pool_write(idx, ofd, d, At::End).map(|at| (at, d.len()))
+                })
+            })
+            .flatten();
+        if let Some((at, len)) = served {
+            stats::bump(&stats::WRITE_LOCAL);
+            ofd.offset.store(at + len as u64, Ordering::Release);
+            return len as ssize_t;
         }
         stats::bump(&stats::WRITE_KERNEL);
         // The kernel appends at its end of file and moves its offset there.
@@ -423,11 +451,9 @@ fn write_seq(fd: c_int, idx: usize, ofd: &Ofd, iov: &[iovec], pool: bool) -> ssi
     // Take the bytes [off, off + len) of the file position first: threads
     // or processes sharing the description write one after the other.
     let off = ofd.offset.fetch_add(len, Ordering::AcqRel);
-    if let Some(d) = &data {
-        if pool_write(idx, ofd, d, At::Offset(off)).is_some() {
-            stats::bump(&stats::WRITE_LOCAL);
-            return len as ssize_t;
-        }
+    if pool && with_bytes(iov, |d| pool_write(idx, ofd, d, At::Offset(off))).is_some() {
+        stats::bump(&stats::WRITE_LOCAL);
+        return len as ssize_t;
     }
     let r = kernel_pwrite(fd, iov, off);
     let done = r.max(0) as u64;
@@ -443,15 +469,15 @@ fn write_seq(fd: c_int, idx: usize, ofd: &Ofd, iov: &[iovec], pool: bool) -> ssi
 /// pwrite(v) on a served descriptor: at `off` (at the end of file if the
 /// descriptor is O_APPEND, as Linux does), the file position untouched.
 fn write_at(fd: c_int, idx: usize, ofd: &Ofd, iov: &[iovec], off: u64) -> ssize_t {
-    let data = gather(iov);
     let at = if ofd.append() {
         At::End
     } else {
         At::Offset(off)
     };
-    if pool_write(idx, ofd, &data, at).is_some() {
+    let served = with_bytes(iov, |d| pool_write(idx, ofd, d, at).map(|_| d.len()));
+    if let Some(len) = served {
         stats::bump(&stats::WRITE_LOCAL);
-        return data.len() as ssize_t;
+        return len as ssize_t;
     }
     kernel_pwrite(fd, iov, off)
 }

@@ -38,8 +38,14 @@ use crate::{guard, mounts, real, stats};
 static MAPPED: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
 /// More were mapped than [`MAPPED`] holds: every fsync goes to the kernel.
 static MAPPED_MANY: AtomicBool = AtomicBool::new(false);
+/// Whether any inode was ever noted: most processes map no file of a
+/// mount shared, and every served write asks (one load instead of 64).
+static MAPPED_ANY: AtomicBool = AtomicBool::new(false);
 
 fn note_mapped(ino: u64) {
+    // Before the entry: a write that sees the entry sees this too (and
+    // one that races the mmap call may take either path, as before).
+    MAPPED_ANY.store(true, Ordering::Release);
     for m in &MAPPED {
         match m.compare_exchange(0, ino, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => return,
@@ -53,6 +59,9 @@ fn note_mapped(ino: u64) {
 /// Whether the kernel may hold dirty pages of `ino` from a shared mapping
 /// of this process.
 pub fn maybe_mapped(ino: u64) -> bool {
+    if !MAPPED_ANY.load(Ordering::Acquire) {
+        return false;
+    }
     MAPPED_MANY.load(Ordering::Acquire) || MAPPED.iter().any(|m| m.load(Ordering::Acquire) == ino)
 }
 

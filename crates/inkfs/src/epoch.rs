@@ -87,6 +87,27 @@ impl EpochTable {
         Some(Pin { slot })
     }
 
+    /// The global epoch now: a block freed now, tagged with it, may be
+    /// held by a reader pinned at it or before.
+    pub fn now(&self) -> u64 {
+        self.global.load(SeqCst)
+    }
+
+    /// The oldest epoch any reader but slot `own` is pinned at, or
+    /// `u64::MAX` when none is: a block tagged below it is out of every
+    /// other reader's reach (a writer excludes its own slot: between its
+    /// calls it holds no pointer, and within one it knows what it freed).
+    pub fn oldest_pinned_but(&self, own: usize) -> u64 {
+        self.pinned
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != own)
+            .map(|(_, p)| p.load(SeqCst))
+            .filter(|&e| e != 0)
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
     /// Slots claimed now.
     pub fn claimed_count(&self) -> usize {
         self.claimed.iter().filter(|c| c.load(SeqCst) != 0).count()
@@ -151,7 +172,12 @@ pub struct Pin<'a> {
 
 impl Drop for Pin<'_> {
     fn drop(&mut self) {
-        self.slot.store(0, SeqCst);
+        // Release, not SeqCst: nothing this thread does later must wait for
+        // the unpin to be seen (a reclaimer that still sees the pin only
+        // holds blocks a little longer), and a SeqCst store is a locked
+        // exchange on every served call. The pin itself stays SeqCst: the
+        // reads that follow it must not pass it.
+        self.slot.store(0, std::sync::atomic::Ordering::Release);
     }
 }
 

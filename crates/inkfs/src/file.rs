@@ -15,6 +15,7 @@ use crate::fs::{live, FileHandle, Fs};
 use crate::inode::{self, write, Inode, InodeState};
 use crate::log::{Entry, EntryBuf, LogCursor, NewPages};
 use crate::pmem::Pmem;
+use crate::recycle::Recycled;
 use crate::time::now_ns;
 use crate::types::*;
 
@@ -116,10 +117,14 @@ struct DataTx {
     /// Hybrid pools: device blocks were written, to be flushed before the
     /// commit that names them.
     dev_written: bool,
+    /// A client's recycled blocks of the inode (recycle.rs), taken from
+    /// its state for the operation and handed back by `commit_data` or
+    /// `abort_data`.
+    recycled: Recycled,
 }
 
 impl DataTx {
-    fn new(st: &InodeState) -> DataTx {
+    fn new(st: &mut InodeState) -> DataTx {
         DataTx {
             pieces: Pieces::new(),
             fresh: Pieces::new(),
@@ -129,7 +134,34 @@ impl DataTx {
             reserved_taken_dev: 0,
             side: Side::Pm,
             dev_written: false,
+            recycled: std::mem::take(&mut st.recycled),
         }
+    }
+
+    /// The operation is over: the recycled blocks go back to the state.
+    fn hand_back(&mut self, st: &mut InodeState) {
+        debug_assert!(st.recycled.is_empty(), "one operation at a time");
+        st.recycled = std::mem::take(&mut self.recycled);
+    }
+}
+
+/// Where the blocks a committed entry displaced go.
+enum Displaced<'a> {
+    /// A durable commit: to the allocator (or a client's server) at once.
+    Free,
+    /// A posix commit: freed after the next fence.
+    Later(Vec<(u64, u64)>),
+    /// A client's durable commit: kept for the inode's next overwrites,
+    /// tagged with the epoch of the free (read at the first one).
+    Recycle(&'a mut Recycled, Option<u64>),
+}
+
+impl Drop for DataTx {
+    fn drop(&mut self) {
+        // Dropped without `hand_back`, the blocks would stay neither the
+        // inode's nor the client's (the server would get them back only
+        // at the lease's settling).
+        debug_assert!(self.recycled.is_empty(), "recycled blocks handed back");
     }
 }
 
@@ -488,6 +520,7 @@ impl<P: Pmem> Fs<P> {
             // Posix-mode overwrite in place: data durable at fsync; the new
             // mtime is persisted then too.
             debug_assert!(self.mode == Mode::Posix);
+            tx.hand_back(st);
             st.attr.mtime_ns = now;
             st.attr.ctime_ns = now;
             st.attr_dirty = true;
@@ -573,8 +606,15 @@ impl<P: Pmem> Fs<P> {
         // overwritten before the tail is durable would show the next
         // operation's bytes through the old mapping after a crash.
         // A durable commit frees them at once (no heap allocation on the
-        // strict/sync write path); a posix one collects them.
-        let mut displaced = (!durable).then(Vec::new);
+        // strict/sync write path), or a client keeps them for the inode's
+        // next overwrites (recycle.rs); a posix one collects them.
+        let mut displaced = if !durable {
+            Displaced::Later(Vec::new())
+        } else if self.client_recycles() {
+            Displaced::Recycle(&mut tx.recycled, None)
+        } else {
+            Displaced::Free
+        };
         for w in tx.pieces.iter() {
             self.apply_committed(st, Entry::Write(*w), &mut displaced);
         }
@@ -588,12 +628,15 @@ impl<P: Pmem> Fs<P> {
                 &mut displaced,
             );
         }
-        if let Some(list) = displaced.filter(|l| !l.is_empty()) {
-            self.pm.fence();
-            for (b, n) in list {
-                self.free_blocks(b, n);
+        if let Displaced::Later(list) = displaced {
+            if !list.is_empty() {
+                self.pm.fence();
+                for (b, n) in list {
+                    self.free_blocks(b, n);
+                }
             }
         }
+        tx.hand_back(st);
         if durable {
             st.attr_dirty = false;
             st.unfenced_size = None;
@@ -617,26 +660,27 @@ impl<P: Pmem> Fs<P> {
 
     /// Apply a committed entry to DRAM and free the blocks it displaced
     /// (never the blocks it maps itself: an in-place entry remaps them; a
-    /// hole entry maps none): at once when the commit was durable, else
-    /// collected in `deferred` to be freed after the next fence.
-    fn apply_committed(
-        &self,
-        st: &mut InodeState,
-        e: Entry<'_>,
-        deferred: &mut Option<Vec<(u64, u64)>>,
-    ) {
+    /// hole entry maps none) as `displaced` says.
+    fn apply_committed(&self, st: &mut InodeState, e: Entry<'_>, displaced: &mut Displaced<'_>) {
         let geo = self.geo;
         // `released` gets only blocks nothing maps any more: an in-place
         // entry's own blocks are cut out by the file map.
-        let mut released = |b: u64, n: u64| match deferred {
-            Some(list) => list.push((b, n)),
-            None => self.free_blocks(b, n),
+        let mut released = |b: u64, n: u64| match displaced {
+            Displaced::Free => self.free_blocks(b, n),
+            Displaced::Later(list) => list.push((b, n)),
+            Displaced::Recycle(kept, tag) => {
+                let tag = *tag.get_or_insert_with(|| self.client_free_epoch());
+                if !kept.keep(b, n, tag) {
+                    self.free_blocks(b, n);
+                }
+            }
         };
         let r = inode::apply_entry(&self.pm, &geo, st, e, &mut released);
         debug_assert!(r.is_ok(), "a committed entry must apply: {r:?}");
     }
 
     fn abort_data(&self, st: &mut InodeState, tx: &mut DataTx) {
+        tx.hand_back(st);
         for w in tx.fresh.iter() {
             self.free_blocks(w.block, w.pages as u64);
         }
@@ -667,6 +711,14 @@ impl<P: Pmem> Fs<P> {
         want: u64,
         appending: bool,
     ) -> Result<(u64, u64)> {
+        // A client's overwrite (no goal) takes the blocks its earlier
+        // overwrites of this file displaced, once no reader can hold them:
+        // mapped already, and kept out of the server's books (recycle.rs).
+        if goal == 0 && !appending && tx.side == Side::Pm {
+            if let Some(got) = self.client_take_recycled(&mut tx.recycled, want) {
+                return Ok(got);
+            }
+        }
         let (start, len) = tx.prealloc;
         // The reservation serves the file's next pages when they belong on
         // its side (a hybrid pool's small and large writes go to different
@@ -920,9 +972,13 @@ impl<P: Pmem> Fs<P> {
         }
         let mut buf = [0u8; BLOCK_SIZE as usize];
         // Bytes past EOF in the last page are always zero (truncate zeroes
-        // them), so the whole old page can be copied.
+        // them; fsck checks it), so only the old page's bytes below EOF are
+        // read: a small append (a log record) reads what the page holds so
+        // far, not the whole page, whose lines were all written with
+        // non-temporal stores (each a miss).
         if let Some(e) = st.file().and_then(|m| m.find(page)) {
-            self.data_read((e.block + (page - e.page)) * BLOCK_SIZE, &mut buf)?;
+            let n = st.attr.size.saturating_sub(p0).min(BLOCK_SIZE) as usize;
+            self.data_read((e.block + (page - e.page)) * BLOCK_SIZE, &mut buf[..n])?;
         }
         if a < b {
             let (lo, hi) = ((a - p0) as usize, (b - p0) as usize);
@@ -1096,7 +1152,7 @@ impl<P: Pmem> Fs<P> {
         } else {
             old_size.max(end)
         };
-        let mut tx = DataTx::new(&st);
+        let mut tx = DataTx::new(&mut st);
         tx.side = self.place(len);
         let r = if flags.punch_hole || flags.zero_range {
             self.clear_range(&st, off, end, size, now, flags.zero_range, &mut tx)

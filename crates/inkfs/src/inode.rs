@@ -59,6 +59,9 @@ pub struct InodeState {
     /// Data blocks reserved in DRAM past the end of the file (start, count),
     /// see `file::PREALLOC_BLOCKS`. Never on media.
     pub prealloc: (u64, u64),
+    /// A lease holder's blocks displaced from this file, for its next
+    /// overwrites (recycle.rs). Never on media; empty but in a client.
+    pub recycled: crate::recycle::Recycled,
 }
 
 impl InodeState {
@@ -89,6 +92,7 @@ impl InodeState {
             attr_dirty: false,
             unfenced_size: None,
             prealloc: (0, 0),
+            recycled: Default::default(),
         }
     }
 

@@ -23,12 +23,15 @@
 //! holder's death) the server catches its cached inode up from its own
 //! tail and settles the blocks ([`Fs::lease_refs`], and `RangeSet`).
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{errno, Error, Result};
-use crate::fs::Fs;
+use crate::format::{BLOCK_SIZE, DEV_BLOCK_BASE};
+pub use crate::blockset::RangeSet;
+use crate::epoch::SharedTable;
+use crate::fs::{FileHandle, Fs};
+use crate::recycle::Recycled;
 use crate::inode::{lock, read, write, Body};
 use crate::log;
 use crate::pmem::Pmem;
@@ -43,17 +46,101 @@ pub trait LeaseHook: Send + Sync {
     fn is_leased(&self, ino: u64) -> bool;
 }
 
+/// Freed ranges a client keeps before it sends them (four message lines,
+/// written at once: a random overwrite frees one range per write).
+pub const FREED_RANGES_MAX: usize = 4 * crate::api::lease::RANGES_PER_LINE;
+/// Freed blocks a client keeps before it sends them (4 MiB): the server
+/// cannot reuse them meanwhile, so they count as used in `statfs`.
+pub const FREED_BLOCKS_MAX: u64 = 1024;
+
 /// What a client engine keeps of its writes.
 #[derive(Default)]
 pub(crate) struct ClientSide {
     /// Lease writes in progress (the only time the engine may write).
     writing: AtomicU32,
     /// Blocks freed by this client, for the server's limbo.
-    freed: Mutex<Vec<(u64, u64)>>,
-    /// Per side (PM, data device): the server said it is full (it had no
-    /// block of that side for this client's last reservation request), so
-    /// writes placed there spill to the other side.
+    freed: Mutex<Freed>,
+    /// `freed` holds a full batch (read after every lease write: a load,
+    /// not the lock).
+    freed_due: AtomicBool,
+    /// The readers' epoch table and this client's own slot in it: with
+    /// them, blocks its overwrites displace are recycled (recycle.rs).
+    epochs: std::sync::OnceLock<(SharedTable, usize)>,
+    /// Blocks waiting before recycled ones are reused.
+    recycle_batch: AtomicU64,
+    /// Recycled blocks reused (statistics, tests).
+    recycled_reused: AtomicU64,
+    /// Per side (PM, data device): the server had fewer blocks of that
+    /// side than this client asked for (`set_client_side_full`), so writes
+    /// placed there spill to the other side.
     full: [AtomicBool; 2],
+    /// One bit per [`MAP_CHUNK_BLOCKS`] blocks of the pool: this process
+    /// mapped them already ([`Pmem::map_ahead`]; mapping them again costs a
+    /// page-table walk per page).
+    mapped: Vec<AtomicU64>,
+}
+
+/// Blocks mapped ahead at once (2 MiB): a reservation's blocks are mapped
+/// in whole chunks, each once per process.
+const MAP_CHUNK_BLOCKS: u64 = 512;
+
+impl ClientSide {
+    fn new(total_blocks: u64) -> ClientSide {
+        let chunks = total_blocks.div_ceil(MAP_CHUNK_BLOCKS);
+        ClientSide {
+            mapped: (0..chunks.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            recycle_batch: AtomicU64::new(crate::recycle::RECYCLE_BATCH_BLOCKS),
+            ..ClientSide::default()
+        }
+    }
+
+    /// Mark chunk `c` mapped: whether it was not yet.
+    fn first_map(&self, c: u64) -> bool {
+        let Some(word) = self.mapped.get((c / 64) as usize) else {
+            return false;
+        };
+        let bit = 1u64 << (c % 64);
+        word.fetch_or(bit, Ordering::Relaxed) & bit == 0
+    }
+}
+
+/// A client's freed blocks not sent yet: ranges, adjacent ones merged (a
+/// sequential overwrite frees block after block), and their block count.
+#[derive(Default)]
+struct Freed {
+    ranges: Vec<(u64, u64)>,
+    blocks: u64,
+}
+
+impl Freed {
+    fn push(&mut self, start: u64, len: u64) {
+        self.blocks += len;
+        match self.ranges.last_mut() {
+            Some((s, l)) if *s + *l == start => *l += len,
+            Some((s, l)) if start + len == *s => {
+                *s = start;
+                *l += len;
+            }
+            _ => {
+                if self.ranges.capacity() == 0 {
+                    // Once, not at each batch's first free (a write path).
+                    self.ranges.reserve_exact(FREED_RANGES_MAX * 2);
+                }
+                self.ranges.push((start, len));
+            }
+        }
+    }
+
+    /// Whether the batch should go to the server now.
+    fn due(&self) -> bool {
+        self.ranges.len() >= FREED_RANGES_MAX || self.blocks >= FREED_BLOCKS_MAX
+    }
+
+    fn take(&mut self) -> Vec<(u64, u64)> {
+        self.blocks = 0;
+        let keep = self.ranges.capacity();
+        std::mem::replace(&mut self.ranges, Vec::with_capacity(keep))
+    }
 }
 
 /// A lease write in progress on a client engine: while one lives, the
@@ -86,7 +173,7 @@ impl<P: Pmem> Fs<P> {
         data: Option<(Arc<dyn crate::blockdev::BlockDev>, u64)>,
     ) -> Result<Fs<P>> {
         let mut fs = Fs::attach_with(pm, mode, data)?;
-        fs.client = Some(ClientSide::default());
+        fs.client = Some(ClientSide::new(fs.geo.total_blocks));
         Ok(fs)
     }
 
@@ -119,7 +206,11 @@ impl<P: Pmem> Fs<P> {
         let Some(side) = &self.client else {
             return false;
         };
-        lock(&side.freed).push((start, len));
+        let mut freed = lock(&side.freed);
+        freed.push(start, len);
+        if freed.due() {
+            side.freed_due.store(true, Ordering::Relaxed);
+        }
         true
     }
 
@@ -128,13 +219,25 @@ impl<P: Pmem> Fs<P> {
     pub fn take_client_freed(&self) -> Vec<(u64, u64)> {
         self.client
             .as_ref()
-            .map(|c| std::mem::take(&mut *lock(&c.freed)))
+            .map(|c| {
+                let mut freed = lock(&c.freed);
+                c.freed_due.store(false, Ordering::Relaxed);
+                freed.take()
+            })
             .unwrap_or_default()
     }
 
-    /// Ranges this client freed and has not sent yet.
-    pub fn client_freed_count(&self) -> usize {
-        self.client.as_ref().map_or(0, |c| lock(&c.freed).len())
+    /// Whether this client has freed enough blocks (or ranges) since the
+    /// last [`Fs::take_client_freed`] that they should go to the server
+    /// now ([`FREED_RANGES_MAX`], [`FREED_BLOCKS_MAX`]). Until then they
+    /// wait: sending costs a system call and wakes the server, which is
+    /// most of a write's time when it happens at every write. A recall, a
+    /// detach and a reservation request send them at once; the server's
+    /// own writes have the rest of the free space.
+    pub fn client_freed_due(&self) -> bool {
+        self.client
+            .as_ref()
+            .is_some_and(|c| c.freed_due.load(Ordering::Relaxed))
     }
 
     /// A client engine: the server said `side` is full (or has room again:
@@ -165,6 +268,25 @@ impl<P: Pmem> Fs<P> {
         for &(start, len) in ranges {
             self.add_free_on_side(start, len)
                 .map_err(|e| Error::Corrupt(format!("reserved blocks {start}+{len}: {e:?}")))?;
+        }
+        // This process's writes go there next: map the pages now, a chunk
+        // at a time and each chunk once, instead of a page fault inside
+        // each of those writes (the server mapped its own pages; this
+        // mapping is new).
+        if let Some(side) = &self.client {
+            for &(start, len) in ranges {
+                if start >= DEV_BLOCK_BASE {
+                    continue;
+                }
+                let end = start + len;
+                for c in start / MAP_CHUNK_BLOCKS..end.div_ceil(MAP_CHUNK_BLOCKS) {
+                    if side.first_map(c) {
+                        let first = (c * MAP_CHUNK_BLOCKS).max(self.geo.first_data_block);
+                        let last = ((c + 1) * MAP_CHUNK_BLOCKS).min(self.geo.total_blocks);
+                        self.pm.map_ahead(first * BLOCK_SIZE, (last - first) * BLOCK_SIZE);
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -201,12 +323,78 @@ impl<P: Pmem> Fs<P> {
     }
 
     /// A client lets inode `ino`'s lease go: the blocks its DRAM state
-    /// keeps in reserve are freed (to the server, see `client_free`).
+    /// keeps in reserve and its recycled blocks are freed (to the server,
+    /// see `client_free`).
     pub fn client_release_inode(&self, ino: u64) {
         if let Some(inode) = self.cache.get(ino) {
             let mut st = write(&inode.state);
             self.drop_prealloc(&mut st);
+            let mut recycled = std::mem::take(&mut st.recycled);
+            recycled.drain(|start, len| self.free_blocks(start, len));
         }
+    }
+
+    /// This client engine recycles displaced blocks: the table readers pin
+    /// their epochs in (the mount's, shared), and this client's own slot.
+    /// Set once; without it every displaced block goes to the server.
+    pub fn client_use_epochs(&self, table: SharedTable, own_slot: usize) {
+        if let Some(side) = &self.client {
+            let _ = side.epochs.set((table, own_slot));
+        }
+    }
+
+    /// Reuse recycled blocks once `blocks` wait (instead of
+    /// [`crate::recycle::RECYCLE_BATCH_BLOCKS`]): the crash simulator's
+    /// short client sequence reuses from the first.
+    pub fn client_recycle_batch(&self, blocks: u64) {
+        if let Some(side) = &self.client {
+            side.recycle_batch.store(blocks.max(1), Ordering::Relaxed);
+        }
+    }
+
+    /// Recycled blocks this client reused so far.
+    pub fn client_recycled_reused(&self) -> u64 {
+        self.client
+            .as_ref()
+            .map_or(0, |c| c.recycled_reused.load(Ordering::Relaxed))
+    }
+
+    /// Whether a durable commit's displaced blocks are kept (recycle.rs).
+    pub(crate) fn client_recycles(&self) -> bool {
+        self.client.as_ref().is_some_and(|c| c.epochs.get().is_some())
+    }
+
+    /// The epoch a block freed now is tagged with. The fence first: the
+    /// commit that displaced it (its tail store) is visible to every reader
+    /// that pins later, so a reader pinned above the tag cannot have read
+    /// the old log.
+    pub(crate) fn client_free_epoch(&self) -> u64 {
+        let Some((table, _)) = self.client.as_ref().and_then(|c| c.epochs.get()) else {
+            return u64::MAX;
+        };
+        std::sync::atomic::fence(Ordering::SeqCst);
+        (**table).as_ref().now()
+    }
+
+    /// Up to `want` recycled blocks of `r` that no other reader can hold.
+    pub(crate) fn client_take_recycled(&self, r: &mut Recycled, want: u64) -> Option<(u64, u64)> {
+        let side = self.client.as_ref()?;
+        if r.wants_scan(side.recycle_batch.load(Ordering::Relaxed)) {
+            let (table, own) = side.epochs.get()?;
+            // After the frees being checked (their tags were read after a
+            // fence too): a reader not seen pinned here pinned later, and
+            // sees the commits that displaced them.
+            std::sync::atomic::fence(Ordering::SeqCst);
+            r.promote((**table).as_ref().oldest_pinned_but(*own));
+        }
+        let got = r.take(want)?;
+        debug_assert!(got.1 > 0 && got.1 <= want && got.0 >= self.geo.first_data_block);
+        // Not a locked add: it would wait for this write's stores so far,
+        // and a client engine's writer is one thread at a time (the
+        // inode's lock); a lost count would only be a statistic.
+        let n = side.recycled_reused.load(Ordering::Relaxed);
+        side.recycled_reused.store(n + got.1, Ordering::Relaxed);
+        Some(got)
     }
 
     /// Whether a client holds inode `ino`'s lease now (the server's view).
@@ -221,6 +409,12 @@ impl<P: Pmem> Fs<P> {
         self.cache
             .get(ino)
             .is_some_and(|i| crate::gc::client_should_yield(&read(&i.state)))
+    }
+
+    /// [`Fs::client_log_due`] of a file open as `fh` (no cache lookup: the
+    /// check runs after every lease write).
+    pub(crate) fn client_log_due_of(&self, fh: &FileHandle) -> bool {
+        crate::gc::client_should_yield(&read(&fh.inode.state))
     }
 
     /// The server, once a lease came back: log GC of inode `ino` as after
@@ -264,10 +458,13 @@ impl<P: Pmem> Fs<P> {
         if st.gone {
             return errno(libc::ENOENT);
         }
-        let summary = log::walk(&self.pm, &self.geo, ino, st.log.head, st.log.tail, |_, _| {
-            Ok(())
-        })?;
-        let mut out: Vec<(u64, u64)> = summary.pages.iter().map(|&p| (p, 1)).collect();
+        // The entries were replayed (at load, or by the catch-up above):
+        // the pages are found by their footers alone, not by parsing every
+        // entry again (a settling and a grant each do this, on logs of
+        // tens of thousands of entries).
+        let pages = log::chain_pages(&self.pm, &self.geo, st.log.head, st.log.pages)?;
+        debug_assert_eq!(pages.len() as u64, st.log.pages);
+        let mut out: Vec<(u64, u64)> = pages.iter().map(|&p| (p, 1)).collect();
         if let Body::File(map) = &st.body {
             out.extend(map.iter().map(|e| (e.block, e.pages)));
         }
@@ -323,137 +520,5 @@ impl<P: Pmem> Fs<P> {
         for &(start, len) in ranges {
             self.free_blocks(start, len);
         }
-    }
-}
-
-/// A set of block numbers, kept as disjoint ranges (the server's books of
-/// what each client may use or free).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RangeSet {
-    /// start -> end (exclusive); disjoint and not adjacent.
-    ranges: BTreeMap<u64, u64>,
-}
-
-impl RangeSet {
-    pub fn new() -> RangeSet {
-        RangeSet::default()
-    }
-
-    pub fn from_ranges(ranges: &[(u64, u64)]) -> RangeSet {
-        let mut s = RangeSet::new();
-        for &(start, len) in ranges {
-            s.insert(start, len);
-        }
-        s
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ranges.is_empty()
-    }
-
-    /// Blocks in the set.
-    pub fn blocks(&self) -> u64 {
-        self.ranges.iter().map(|(s, e)| e - s).sum()
-    }
-
-    /// The ranges, as (start, len), in order.
-    pub fn ranges(&self) -> Vec<(u64, u64)> {
-        self.ranges.iter().map(|(&s, &e)| (s, e - s)).collect()
-    }
-
-    pub fn insert(&mut self, start: u64, len: u64) {
-        if len == 0 {
-            return;
-        }
-        let (mut lo, mut hi) = (start, start.saturating_add(len));
-        // Merge with every range that overlaps or touches [lo, hi).
-        let touching: Vec<(u64, u64)> = self
-            .ranges
-            .range(..=hi)
-            .rev()
-            .take_while(|(_, &e)| e >= lo)
-            .map(|(&s, &e)| (s, e))
-            .collect();
-        for (s, e) in touching {
-            self.ranges.remove(&s);
-            lo = lo.min(s);
-            hi = hi.max(e);
-        }
-        self.ranges.insert(lo, hi);
-    }
-
-    pub fn remove(&mut self, start: u64, len: u64) {
-        if len == 0 {
-            return;
-        }
-        let (lo, hi) = (start, start.saturating_add(len));
-        let overlapping: Vec<(u64, u64)> = self
-            .ranges
-            .range(..hi)
-            .rev()
-            .take_while(|(_, &e)| e > lo)
-            .map(|(&s, &e)| (s, e))
-            .collect();
-        for (s, e) in overlapping {
-            self.ranges.remove(&s);
-            if s < lo {
-                self.ranges.insert(s, lo);
-            }
-            if e > hi {
-                self.ranges.insert(hi, e);
-            }
-        }
-    }
-
-    /// Whether every block of `[start, start + len)` is in the set.
-    pub fn contains(&self, start: u64, len: u64) -> bool {
-        if len == 0 {
-            return true;
-        }
-        self.ranges
-            .range(..=start)
-            .next_back()
-            .is_some_and(|(_, &e)| e >= start.saturating_add(len))
-    }
-
-    /// The part of `[start, start + len)` in the set, as ranges.
-    pub fn intersect(&self, start: u64, len: u64) -> Vec<(u64, u64)> {
-        let (lo, hi) = (start, start.saturating_add(len));
-        let mut out: Vec<(u64, u64)> = self
-            .ranges
-            .range(..hi)
-            .rev()
-            .take_while(|(_, &e)| e > lo)
-            .map(|(&s, &e)| (s.max(lo), e.min(hi)))
-            .map(|(s, e)| (s, e - s))
-            .collect();
-        out.reverse();
-        out
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn range_sets_merge_split_and_intersect() {
-        let mut s = RangeSet::from_ranges(&[(10, 5), (20, 5)]);
-        assert_eq!(s.ranges(), vec![(10, 5), (20, 5)]);
-        s.insert(15, 5); // fills the gap exactly: one range
-        assert_eq!(s.ranges(), vec![(10, 15)]);
-        s.remove(12, 3);
-        assert_eq!(s.ranges(), vec![(10, 2), (15, 10)]);
-        assert!(s.contains(15, 10));
-        assert!(!s.contains(11, 5));
-        assert_eq!(s.intersect(0, 100), vec![(10, 2), (15, 10)]);
-        assert_eq!(s.intersect(11, 6), vec![(11, 1), (15, 2)]);
-        s.remove(0, 100);
-        assert!(s.is_empty());
-        s.insert(5, 1);
-        s.insert(3, 1);
-        s.insert(4, 1);
-        assert_eq!(s.ranges(), vec![(3, 3)]);
-        assert_eq!(s.blocks(), 3);
     }
 }

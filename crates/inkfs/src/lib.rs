@@ -41,7 +41,11 @@
 //! attributes, handles, commit helpers), `namei` (namespace operations),
 //! `file` (data operations), `xattr`, `shift` (collapse/insert range),
 //! `fiemap`, `flags` (chattr), `perm` (POSIX permission rules), `gc` (log
-//! GC), `recovery` (crash rebuild), `health` (errors met while mounted).
+//! GC), `recovery` (crash rebuild), `health` (errors met while mounted);
+//! the kernel-free path's engine side: `shared`, `epoch`, `shm` (a pool
+//! other processes read), `lease` (client engines writing under leases),
+//! `recycle` (a client's displaced blocks), `blockset` (the server's books
+//! of a lease's blocks).
 
 /// Internal modules: `pub(crate)`, and public only with the `testing`
 /// feature, which the engine's own tests and benchmarks enable (a
@@ -81,9 +85,9 @@ pub mod testkit;
 pub mod crashtest;
 
 internal!(
-    alloc, dir, epoch, extents, fiemap, file, filemap, flags, format, fs, gc, health, inode,
-    journal, lease, log, namei, pagetable, perm, recovery, shared, shift, shm, superblock, time,
-    xattr,
+    alloc, blockset, dir, epoch, extents, fiemap, file, filemap, flags, format, fs, gc, health,
+    inode, journal, lease, log, namei, pagetable, perm, recovery, recycle, shared, shift, shm,
+    superblock, time, xattr,
 );
 
 pub use error::{Error, Result};

@@ -250,11 +250,13 @@ impl<P: Pmem> Fs<P> {
             return self.gone(inode, st);
         }
         // DRAM-only facts of this process survive: its open handles and
-        // its own block reservation.
+        // its own block reservation and recycled blocks.
         let (open_count, prealloc) = (st.open_count, st.prealloc);
+        let recycled = std::mem::take(&mut st.recycled);
         *st = fresh;
         st.open_count = open_count;
         st.prealloc = prealloc;
+        st.recycled = recycled;
         st.flags = seen.flags as u32;
         st.orphan = seen.state == INODE_ORPHAN;
         Ok(())

@@ -50,7 +50,7 @@ fn judge(what: &str, report: &LeaseReport, t: std::time::Instant) {
         report.violations.len()
     );
     assert!(
-        report.ops >= 18,
+        report.ops >= 22,
         "both modes ran every operation: {report:?}"
     );
     assert!(report.states >= report.points, "{report:?}");

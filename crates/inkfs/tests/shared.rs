@@ -248,6 +248,74 @@ fn a_pinned_reader_keeps_the_blocks_it_may_read() {
     );
 }
 
+/// A client engine's overwrites keep the blocks they displace for the
+/// file's next overwrites (recycle.rs), but never reuse one while another
+/// reader, pinned before the commit that displaced it, may read it: the
+/// blocks the pinned reader saw keep their bytes through many overwrites,
+/// and once it unpins they are reused.
+#[test]
+fn a_clients_recycled_blocks_wait_for_pinned_readers() {
+    const PAGES: u64 = 4;
+    let s = shared("recycle", Mode::Strict);
+    let (a, fh) = s.owner.create(ROOT, b"f", 0o644, 0, 0).unwrap();
+    s.owner
+        .write(&fh, 0, &vec![1u8; (PAGES * 4096) as usize])
+        .unwrap();
+    s.owner.release(fh);
+    // The client: a writable mapping of its own, blocks reserved for it,
+    // the readers' table with a slot of its own, reuse from the first block.
+    let file = s.owner.pmem().pool_file().try_clone().unwrap();
+    let rw = PoolOpenOptions {
+        create_size_bytes: None,
+        read_only: false,
+    };
+    let client = Fs::attach_client(MappedPool::map(file, &rw).unwrap(), Mode::Strict).unwrap();
+    client
+        .add_reservation(&s.owner.reserve_blocks(256, 64))
+        .unwrap();
+    let table = Arc::new(EpochTable::default());
+    let own = table.claim_index().unwrap();
+    client.client_use_epochs(table.clone(), own);
+    client.client_recycle_batch(1);
+    let cfh = client.open(a.ino).unwrap();
+    let slot = table.claim().unwrap();
+    let write = |byte: u8| {
+        let _w = client.client_writes();
+        client
+            .write(&cfh, 0, &vec![byte; (PAGES * 4096) as usize])
+            .unwrap();
+    };
+    // Pinned before the overwrite that displaces what it sees.
+    let pin = slot.pin();
+    let old = s.reader.fiemap(a.ino, 0, PAGES * 4096).unwrap();
+    assert!(!old.is_empty());
+    for round in 2..12u8 {
+        write(round);
+    }
+    for e in &old {
+        let mut buf = vec![0u8; e.length as usize];
+        inkfs::pmem::Pmem::read(s.reader.pmem(), e.physical, &mut buf);
+        assert!(
+            buf.iter().all(|&b| b == 1),
+            "a block the pinned reader could read was reused"
+        );
+    }
+    let reused_pinned = client.client_recycled_reused();
+    drop(pin);
+    for round in 12..20u8 {
+        write(round);
+    }
+    assert!(
+        client.client_recycled_reused() > reused_pinned,
+        "no reuse once the reader unpinned"
+    );
+    assert_eq!(
+        read_all(&s.reader, a.ino),
+        vec![19u8; (PAGES * 4096) as usize]
+    );
+    client.release(cfh);
+}
+
 /// The limbo costs nothing: after the readers are gone and the owner
 /// unmounts, the pool is exactly as full as its files say (fsck clean).
 #[test]

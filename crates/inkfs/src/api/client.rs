@@ -39,7 +39,7 @@
 //! A client is one thread's (`Send`, not `Sync`): its one epoch slot is
 //! pinned by one call at a time. Attach once per thread.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -49,7 +49,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::attach::{self as wire, Answer, Grant};
-use super::lease::{Msg, LINE_MAX, RANGES_PER_LINE};
+use super::lease::{Msg, LINE_MAX};
 use super::{File, Filesystem, Follow, OpenFlags, Written, ROOT_INO};
 use crate::blockdev::{BlockDev, FileDev, Side};
 use crate::error::{errno, Error, Result};
@@ -74,13 +74,17 @@ const LOG_BLOCKS_MIN: u64 = 16;
 /// A client of the inkfs mount a path is on.
 pub struct Client {
     shared: Arc<Shared>,
-    epochs: SharedEpochs,
+    epochs: Arc<SharedEpochs>,
     grant: Grant,
     mountpoint: PathBuf,
     /// The session: the server reaps this client when it closes.
     conn: UnixStream,
     /// A call is running (and pinned): nested calls reuse its pin.
     pinned: Cell<bool>,
+    /// The lease cell of the inode this client wrote last: a write to the
+    /// same inode (the common case) skips the table's lock and hash. The
+    /// table never drops a cell, so a cached one stays the inode's.
+    last_cell: RefCell<Option<(u64, Arc<Mutex<bool>>)>>,
     /// The session's reader and the recall thread.
     threads: Vec<std::thread::JoinHandle<()>>,
     /// The process that attached (a child after fork has neither the
@@ -103,6 +107,9 @@ struct Shared {
     leases: Mutex<HashMap<u64, Arc<Mutex<bool>>>>,
     /// Leases held now.
     held: AtomicUsize,
+    /// Writes to the session so far (each a system call the server answers
+    /// or reads): what a served write or fsync should not cost.
+    sent: AtomicUsize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -154,7 +161,7 @@ impl Client {
         conn.set_read_timeout(None)?;
         conn.set_write_timeout(None)?;
         let grant = granted.grant;
-        let epochs = SharedEpochs::from_fd(granted.epochs)?;
+        let epochs = Arc::new(SharedEpochs::from_fd(granted.epochs)?);
         let label = mountpoint.join("(pool of this mount)");
         let file = PoolFile::from_fd(granted.pool, &label)?;
         // A hybrid pool: the server's data device, read and written by
@@ -186,6 +193,9 @@ impl Client {
                 Fs::attach_with(pm, grant.mode, data)?
             }
         };
+        // Blocks this client's overwrites displace are kept for the same
+        // file's next overwrites once no other reader can hold them.
+        fs.client_use_epochs(epochs.clone(), grant.slot);
         let shared = Arc::new(Shared {
             fs: Filesystem { fs },
             out: Mutex::new(conn.try_clone()?),
@@ -194,6 +204,7 @@ impl Client {
             closed: AtomicBool::new(false),
             leases: Mutex::default(),
             held: AtomicUsize::new(0),
+            sent: AtomicUsize::new(0),
         });
         let threads = start_threads(&shared, conn.try_clone()?)?;
         Ok(Client {
@@ -203,6 +214,7 @@ impl Client {
             mountpoint: mountpoint.to_path_buf(),
             conn,
             pinned: Cell::new(false),
+            last_cell: RefCell::new(None),
             threads,
             pid: std::process::id(),
         })
@@ -259,6 +271,13 @@ impl Client {
         self.shared.held.load(SeqCst)
     }
 
+    /// Messages this client has written to its session so far (requests,
+    /// returned blocks, answers to recalls): each a system call and work
+    /// for the server, which a served write or fsync avoids.
+    pub fn messages_sent(&self) -> usize {
+        self.shared.sent.load(SeqCst)
+    }
+
     /// Run `f` on the engine with this client's epoch pinned: the blocks
     /// `f` reads are not reused before it returns. Every call of the
     /// engine's API may be made in it; writing ones get EROFS.
@@ -305,7 +324,7 @@ impl Client {
     pub fn open(&self, cred: &Credentials, ino: u64, flags: OpenFlags) -> Result<File> {
         let is_file = || self.getattr(ino).is_ok_and(|a| a.kind == FileKind::File);
         if flags.has(libc::O_TRUNC) && flags.writable() && is_file() {
-            return self.leased(ino, 0, |fs| fs.open(cred, ino, flags));
+            return self.leased(ino, None, 0, |fs| fs.open(cred, ino, flags));
         }
         if flags.writable() {
             // Opening writes nothing: only the engine's read-only check
@@ -380,27 +399,45 @@ impl Client {
         if file.kind() != FileKind::File || !file.flags().writable() {
             return self.call(&op);
         }
-        self.leased(file.ino(), bytes, op)
+        self.leased(file.ino(), Some(file), bytes, op)
     }
 
     /// fsync(2)/fdatasync(2): every write is durable on return already
-    /// (strict and sync modes); the blocks this client freed go back to
-    /// the server now.
+    /// (strict and sync modes), so this asks nothing of the server: the
+    /// blocks this client freed go back in batches (`Fs::client_freed_due`)
+    /// and at each recall, not per call (a message per fsync was most of a
+    /// durable write's time: a system call, and the server woken).
     pub fn fsync(&self, file: &File, datasync: bool) -> Result<()> {
-        self.call(|fs| fs.fsync(file, datasync))?;
-        self.send_freed()
+        self.call(|fs| fs.fsync(file, datasync))
     }
 
-    /// Run `op`, which writes inode `ino` (`bytes` of data), under its
-    /// write lease: asked for first if this client does not hold it; more
-    /// reservation asked for when it finds no space.
+    /// The lease cell of `ino` (this client's last one when it is the
+    /// same inode).
+    fn lease_cell(&self, ino: u64) -> Arc<Mutex<bool>> {
+        let mut last = self.last_cell.borrow_mut();
+        match &*last {
+            Some((i, cell)) if *i == ino => cell.clone(),
+            _ => {
+                let cell = self.shared.lease_cell(ino);
+                *last = Some((ino, cell.clone()));
+                cell
+            }
+        }
+    }
+
+    /// Run `op`, which writes inode `ino` (open as `file`, if it is;
+    /// `bytes` of data), under its write lease: asked for first if this
+    /// client does not hold it; more reservation asked for when it finds
+    /// no space.
     fn leased<R>(
         &self,
         ino: u64,
+        file: Option<&File>,
         bytes: u64,
         op: impl Fn(&Filesystem<MappedPool>) -> Result<R>,
     ) -> Result<R> {
-        let cell = self.shared.lease_cell(ino);
+        debug_assert!(file.is_none_or(|f| f.ino() == ino));
+        let cell = self.lease_cell(ino);
         let mut held = lock(&cell);
         if self.shared.closed.load(SeqCst) {
             // The server ended the session (it took every lease back
@@ -422,10 +459,14 @@ impl Client {
                 let _w = self.shared.fs.fs.client_writes();
                 self.call(&op)
             };
-            if self.shared.fs.fs.client_freed_count() >= RANGES_PER_LINE {
+            if self.shared.fs.fs.client_freed_due() {
                 self.send_freed()?;
             }
-            if r.is_ok() && self.shared.fs.fs.client_log_due(ino) {
+            let log_due = || match file {
+                Some(f) => self.shared.fs.fs.client_log_due_of(&f.handle),
+                None => self.shared.fs.fs.client_log_due(ino),
+            };
+            if r.is_ok() && log_due() {
                 // Mostly dead entries: the server collects the log once it
                 // has the lease back (the next write asks for it again).
                 *held = false;
@@ -447,9 +488,9 @@ impl Client {
 
     /// Ask for the blocks a write of `bytes` found missing: its data's
     /// side (a hybrid pool's data device for a write the placement puts
-    /// there), and PM for its log pages. A side the server has no block of
-    /// is marked full in the engine, whose writes then spill to the other
-    /// (as the server's own do).
+    /// there), and PM for its log pages. A side the server has too few
+    /// blocks of is marked full in the engine, whose writes then spill to
+    /// the other (as the server's own do).
     fn refill(&self, bytes: u64, tries: u32) -> Result<()> {
         let fs = &self.shared.fs.fs;
         let blocks = blocks_for(bytes);
@@ -533,17 +574,27 @@ impl Shared {
     }
 
     fn send(&self, msg: &Msg) -> Result<()> {
+        self.sent.fetch_add(1, SeqCst);
         let out = lock(&self.out);
         (&*out)
             .write_all(msg.line().as_bytes())
             .map_err(|_| Error::Errno(libc::EIO))
     }
 
+    /// `return` lines for `ranges`, all in one write (one system call).
     fn send_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
-        for m in Msg::split(ranges, Msg::Return) {
-            self.send(&m)?;
+        if ranges.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        let mut lines = String::new();
+        for m in Msg::split(ranges, Msg::Return) {
+            m.write_line(&mut lines);
+        }
+        self.sent.fetch_add(1, SeqCst);
+        let out = lock(&self.out);
+        (&*out)
+            .write_all(lines.as_bytes())
+            .map_err(|_| Error::Errno(libc::EIO))
     }
 
     /// Send a request and wait for its answer (EIO if the server is gone).

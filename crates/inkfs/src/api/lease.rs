@@ -56,23 +56,42 @@ pub enum Msg {
 impl Msg {
     /// The line (with its newline).
     pub fn line(&self) -> String {
-        let ranges = |r: &[(u64, u64)]| {
-            r.iter()
-                .map(|(s, l)| format!(" {s}+{l}"))
-                .collect::<String>()
+        let mut out = String::new();
+        self.write_line(&mut out);
+        out
+    }
+
+    /// Append the line (with its newline) to `out`: one buffer for a
+    /// batch of lines, no allocation per range.
+    pub fn write_line(&self, out: &mut String) {
+        use std::fmt::Write;
+        let ranges = |out: &mut String, word: &str, r: &[(u64, u64)]| {
+            out.reserve(word.len() + 1 + r.len() * 16);
+            out.push_str(word);
+            for (s, l) in r {
+                let _ = write!(out, " {s}+{l}");
+            }
+            out.push('\n');
         };
-        match self {
-            Msg::Lease(i) => format!("lease {i}\n"),
-            Msg::Granted(i) => format!("granted {i}\n"),
-            Msg::Denied(i, e) => format!("denied {i} {e}\n"),
-            Msg::Reserve(n) => format!("reserve {n}\n"),
-            Msg::ReserveDev(n) => format!("reserve-dev {n}\n"),
-            Msg::Blocks(r) => format!("blocks{}\n", ranges(r)),
-            Msg::NoSpace => "nospace\n".into(),
-            Msg::Recall(i) => format!("recall {i}\n"),
-            Msg::Return(r) => format!("return{}\n", ranges(r)),
-            Msg::Released(i) => format!("released {i}\n"),
-        }
+        // Writing to a String cannot fail.
+        let _ = match self {
+            Msg::Lease(i) => writeln!(out, "lease {i}"),
+            Msg::Granted(i) => writeln!(out, "granted {i}"),
+            Msg::Denied(i, e) => writeln!(out, "denied {i} {e}"),
+            Msg::Reserve(n) => writeln!(out, "reserve {n}"),
+            Msg::ReserveDev(n) => writeln!(out, "reserve-dev {n}"),
+            Msg::Blocks(r) => {
+                ranges(out, "blocks", r);
+                Ok(())
+            }
+            Msg::NoSpace => writeln!(out, "nospace"),
+            Msg::Recall(i) => writeln!(out, "recall {i}"),
+            Msg::Return(r) => {
+                ranges(out, "return", r);
+                Ok(())
+            }
+            Msg::Released(i) => writeln!(out, "released {i}"),
+        };
     }
 
     /// Lines for `ranges` as `make` messages of at most

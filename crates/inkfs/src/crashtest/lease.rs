@@ -11,7 +11,10 @@
 //! and did not use), without sockets. The client then writes under the
 //! lease: appends, overwrites, a write past the end of file, truncates;
 //! the lease goes back to the owner, which writes the file itself, and
-//! comes to the client again.
+//! comes to the client again. The client recycles the blocks its
+//! overwrites displace (recycle.rs) from the first one, against an epoch
+//! table no one else pins: later overwrites reuse them, and the sequence
+//! fails if none did.
 //!
 //! At every fence of the trace, crash images (all of them when few lines
 //! are pending, else a seeded sample) are checked: fsck finds no error;
@@ -75,6 +78,8 @@ const OPS: &[Op] = &[
     Op::OwnerWrite(10, 5000, 5),
     Op::Append(5000, 6),
     Op::Write(0, 12_000, 7),
+    Op::Write(4096, 8192, 10),
+    Op::Write(0, 16_384, 11),
 ];
 
 /// One traced operation: the fences it issued and the file before and
@@ -170,6 +175,10 @@ fn explore_mode(
     // descriptor over.
     let client_dev = device_of(&client_view).map(|d| (d, HYBRID_THRESHOLD as u64));
     let client = Fs::attach_client_with(client_view, mode, client_dev).map_err(e("attach"))?;
+    let epochs = std::sync::Arc::new(crate::epoch::EpochTable::default());
+    let slot = epochs.claim_index().ok_or("no epoch slot")?;
+    client.client_use_epochs(epochs, slot);
+    client.client_recycle_batch(1);
     let cfh = client.open(fa.ino).map_err(e("client open"))?;
     let mut model = vec![9u8; 5000];
     let mut lease = grant(&owner, &client, fa.ino)?;
@@ -229,6 +238,9 @@ fn explore_mode(
     let trace = owner.pmem().stop_trace();
     if hybrid && client.data_stats().is_none_or(|d| d.bytes_written == 0) {
         return Err("the client wrote nothing to the data device".into());
+    }
+    if mode == Mode::Strict && client.client_recycled_reused() == 0 {
+        return Err("no overwrite reused a recycled block".into());
     }
     recall(&owner, &client, fa.ino, lease)?;
     if read_all(&owner, fa.ino)? != model {
@@ -399,3 +411,4 @@ fn fsck(pm: &SimPool, no_notes: bool) -> Result<(), String> {
         ))
     }
 }
+

@@ -115,6 +115,15 @@ pub trait Pmem: Send + Sync + 'static {
     #[inline]
     fn prefetch_store(&self, _off: u64) {}
 
+    /// A hint that stores will land in `[off, off + len)` soon (blocks a
+    /// client was just reserved): map those pages now, in one call, rather
+    /// than take a page fault at the first store to each (on a DRAM pool in
+    /// 4 KiB pages a write fault cost 1.5 µs here, more than a whole 4 KiB
+    /// write). No store, no effect on contents; a no-op where there is
+    /// nothing to map.
+    #[inline]
+    fn map_ahead(&self, _off: u64, _len: u64) {}
+
     /// Whether pages are still being mapped in the background
     /// (`MappedPool::populate_in_background`): until then some first stores
     /// take page faults. Reported by the mount's statistics.
