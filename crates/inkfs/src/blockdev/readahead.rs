@@ -39,9 +39,10 @@ use super::dev::{self, BlockDev, Page};
 use crate::format::{BLOCK_SIZE, DEV_BLOCK_BASE};
 use crate::types::ReadaheadMode;
 
-/// Threads reading ahead (the device's queue depth from readahead): four
-/// read a cold file 1.5-2x faster than two on this machine's disk
-/// (bench/results-notes/hybrid.md).
+/// Threads reading ahead (the device's queue depth from readahead): in an
+/// interactive comparison on this project's VM, four read a cold file at
+/// about 1.0-1.2 GB/s where two read 0.5-0.7 (bench/results-notes/
+/// hybrid.md, "Choosing the thread count"; noisy, not a bench run).
 pub const WORKERS: usize = 4;
 /// Reads the io_uring thread keeps in flight.
 pub const URING_DEPTH: usize = 4;
