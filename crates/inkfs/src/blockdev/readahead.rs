@@ -177,7 +177,14 @@ impl Readahead {
 
     /// The stream table's part of `note`: the range to read ahead, if any.
     fn advance(&self, start: u64, end: u64) -> Option<(u64, u64)> {
-        let mut guard = lock(&self.streams);
+        // Advice only: a reader never waits for the table (a reader
+        // running at the same moment holds it for a few loads). Its
+        // stream still moves on at its next request.
+        let mut guard = match self.streams.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
         let (streams, clock) = &mut *guard;
         *clock += 1;
         let found = streams
