@@ -51,6 +51,10 @@ pub struct CrashtestArgs {
     /// data device that keeps or loses each write not yet flushed
     #[arg(long)]
     hybrid: bool,
+    /// Run with a client of the kernel-free path attached: an inode's last
+    /// unlink commits it ORPHAN and frees it after
+    #[arg(long)]
+    clients: bool,
     /// Print the operations of the catalogue and exit
     #[arg(long)]
     list: bool,
@@ -144,6 +148,7 @@ pub fn main(a: &CrashtestArgs) -> Result<(), String> {
     opts.deep = !a.quick;
     opts.torn_stores = a.torn;
     opts.hybrid = a.hybrid;
+    opts.clients = a.clients;
     let mut modes: Vec<Mode> = a.mode.iter().map(|&m| m.into()).collect();
     if opts.images.is_some() && !states_given {
         // Reproducing with exactly K images per point: every point, unless

@@ -37,9 +37,11 @@ use std::time::Duration;
 
 use inkfs::api::attach::{send_grant, Grant};
 use inkfs::api::lease::{Msg, LINE_MAX, RANGES_PER_LINE};
+use inkfs::api::ring::Ring;
 use inkfs::api::{Mode, SharedEpochs, Side};
 
 use crate::lease::{Holder, Leases};
+use crate::stats::Stats;
 use crate::Engine;
 
 /// How often the limbo is reclaimed while clients are attached.
@@ -60,6 +62,8 @@ pub struct AttachService {
 struct Inner {
     engine: Weak<Engine>,
     leases: Arc<Leases>,
+    /// The mount's statistics (clients' namespace requests are counted).
+    stats: Arc<Stats>,
     epochs: Arc<SharedEpochs>,
     mode: Mode,
     state: Mutex<State>,
@@ -85,10 +89,12 @@ impl AttachService {
         engine: &Arc<Engine>,
         mode: Mode,
         leases: Arc<Leases>,
+        stats: Arc<Stats>,
     ) -> std::io::Result<AttachService> {
         let inner = Arc::new(Inner {
             engine: Arc::downgrade(engine),
             leases,
+            stats,
             epochs: Arc::new(SharedEpochs::create()?),
             mode,
             state: Mutex::new(State::default()),
@@ -177,25 +183,56 @@ impl Inner {
 
 /// One client, on its own thread: the grant, then its session until the
 /// end of file.
-fn session(inner: &Inner, conn: UnixStream) {
+fn session(inner: &Arc<Inner>, conn: UnixStream) {
     let _ = conn.set_write_timeout(Some(WRITE_TIMEOUT));
+    let refuse = |why: String| {
+        use std::io::Write;
+        let _ = (&conn).write_all(format!("error {}\n", why.replace('\n', " ")).as_bytes());
+    };
+    let ring = match Ring::create() {
+        Ok(r) => Arc::new(r),
+        Err(e) => return refuse(format!("cannot make the request ring: {e}")),
+    };
     let (grant, fds, pid) = match admit(inner, &conn) {
         Ok(g) => g,
-        Err(why) => {
-            use std::io::Write;
-            let _ = (&conn).write_all(format!("error {}\n", why.replace('\n', " ")).as_bytes());
-            return;
-        }
+        Err(why) => return refuse(why),
     };
     let data = fds.data.as_ref().map(|d| d.as_fd());
-    let sent = send_grant(&conn, &grant, fds.pool.as_fd(), inner.epochs.fd(), data);
+    let sent = send_grant(
+        &conn,
+        &grant,
+        fds.pool.as_fd(),
+        inner.epochs.fd(),
+        ring.fd(),
+        data,
+    );
     // Our duplicates of the descriptors: the client has its own now.
     drop(fds);
     if sent.is_ok() {
         match conn.try_clone() {
             Ok(out) => {
                 let holder = inner.leases.join(grant.id, pid, out);
-                serve_leases(inner, &conn, &holder);
+                let ringer = {
+                    let (inner, holder, ring) = (inner.clone(), holder.clone(), ring.clone());
+                    std::thread::Builder::new()
+                        .name("inkfs-ring".into())
+                        .spawn(move || serve_ring(&inner, &holder, &ring))
+                };
+                if let Err(e) = &ringer {
+                    eprintln!("inkfs: attach: cannot start a thread: {e}");
+                    ring.close();
+                }
+                let worker = serve_leases(inner, &conn, &holder);
+                // The client is gone: its leases are settled first, so that
+                // a request of its own still running (on the ring or the
+                // worker) that waits for one of them ends; a request it
+                // left on the ring is finished (or was never taken) once
+                // the thread ends.
+                inner.leases.end(&holder);
+                ring.close();
+                for t in [worker, ringer.ok()].into_iter().flatten() {
+                    let _ = t.join();
+                }
                 inner.leases.leave(&holder);
             }
             Err(e) => eprintln!("inkfs: attach: cannot keep the session: {e}"),
@@ -204,31 +241,121 @@ fn session(inner: &Inner, conn: UnixStream) {
     end_session(inner, &grant);
 }
 
-/// The client's lease requests until its session ends (see
-/// `inkfs::api::lease`). Grants wait (for recalls, for requests using the
-/// inode), so they run on a thread of their own: this one keeps reading,
-/// and so sees the `released` of a recall a grant may be waiting for.
-fn serve_leases(inner: &Inner, conn: &UnixStream, holder: &Arc<Holder>) {
+/// The client's requests on its ring (`inkfs::api::ring`): lease grants,
+/// reservations and namespace changes, answered in order, until the
+/// session ends.
+fn serve_ring(inner: &Inner, holder: &Arc<Holder>, ring: &Ring) {
+    let mut last = 0;
+    while let Some((seq, bytes)) = ring.next_request(last) {
+        last = seq;
+        let msg = std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(|t| Msg::parse(t.trim_end()));
+        let answer = match msg {
+            Some(Msg::Lease(ino)) => match inner.leases.grant(holder, ino, true) {
+                Ok(gen) => Msg::Granted(ino, gen),
+                Err(e) => Msg::Denied(ino, e),
+            },
+            Some(Msg::Reserve(n)) => reserve(inner, holder, n, Side::Pm),
+            Some(Msg::ReserveDev(n)) => reserve(inner, holder, n, Side::Dev),
+            Some(Msg::Ns(req)) => {
+                let Some(engine) = inner.engine.upgrade() else {
+                    return;
+                };
+                Msg::Done(crate::ns::serve(
+                    &engine,
+                    &inner.leases,
+                    inner.leases.inval(),
+                    &inner.stats,
+                    holder,
+                    &req,
+                ))
+            }
+            // Not a request: no answer the client could wait for makes
+            // sense; it gets one it cannot take for another's.
+            _ => Msg::Denied(0, libc::EINVAL),
+        };
+        ring.answer(seq, answer.line().as_bytes());
+    }
+}
+
+/// The answer to a reservation request of `n` blocks on `side` (a hybrid
+/// pool's data device: PM blocks when it is full).
+fn reserve(inner: &Inner, holder: &Holder, n: u64, side: Side) -> Msg {
+    let got = inner.leases.reserve(holder, n, side);
+    if got.is_empty() {
+        Msg::NoSpace
+    } else {
+        debug_assert!(got.len() <= RANGES_PER_LINE);
+        Msg::Blocks(got)
+    }
+}
+
+/// What a client's worker thread does, in the order the client asked.
+enum Work {
+    Lease(u64),
+    Ns(Box<inkfs::api::ns::Request>),
+    /// A hold ended on an orphan: free what nobody holds any more.
+    Unheld,
+}
+
+/// The client's worker: its lease grants and namespace requests, in order
+/// (see `serve_leases`).
+fn work(inner: &Inner, holder: &Arc<Holder>, rx: std::sync::mpsc::Receiver<Work>) {
+    for w in rx {
+        let answer = match w {
+            Work::Unheld => {
+                if let Some(engine) = inner.engine.upgrade() {
+                    engine.free_unheld_orphans();
+                }
+                continue;
+            }
+            Work::Lease(ino) => match inner.leases.grant(holder, ino, true) {
+                Ok(gen) => Msg::Granted(ino, gen),
+                Err(e) => Msg::Denied(ino, e),
+            },
+            Work::Ns(req) => {
+                let Some(engine) = inner.engine.upgrade() else {
+                    return;
+                };
+                let inval = inner.leases.inval();
+                Msg::Done(crate::ns::serve(
+                    &engine,
+                    &inner.leases,
+                    inval,
+                    &inner.stats,
+                    holder,
+                    &req,
+                ))
+            }
+        };
+        if crate::lease::send(holder, &answer).is_err() {
+            return;
+        }
+    }
+}
+
+/// The client's lease and namespace requests until its session ends (see
+/// `inkfs::api::lease` and `inkfs::api::ns`). Grants and namespace
+/// changes wait (for recalls, for requests using an inode), so they run on
+/// a worker thread of their own: this one keeps reading, and so sees the
+/// `released` of a recall they may be waiting for. Returns the worker,
+/// which may still be running a request.
+fn serve_leases(
+    inner: &Arc<Inner>,
+    conn: &UnixStream,
+    holder: &Arc<Holder>,
+) -> Option<std::thread::JoinHandle<()>> {
     let _ = conn.set_read_timeout(None);
-    let (tx, rx) = std::sync::mpsc::channel::<u64>();
-    let granter = {
-        let leases = inner.leases.clone();
+    let (tx, rx) = std::sync::mpsc::channel::<Work>();
+    let worker = {
+        let inner = inner.clone();
         let holder = holder.clone();
         std::thread::Builder::new()
-            .name("inkfs-grant".into())
-            .spawn(move || {
-                for ino in rx {
-                    let answer = match leases.grant(&holder, ino) {
-                        Ok(()) => Msg::Granted(ino),
-                        Err(e) => Msg::Denied(ino, e),
-                    };
-                    if crate::lease::send(&holder, &answer).is_err() {
-                        return;
-                    }
-                }
-            })
+            .name("inkfs-client".into())
+            .spawn(move || work(&inner, &holder, rx))
     };
-    let granter = match granter {
+    let worker = match worker {
         Ok(t) => Some(t),
         Err(e) => {
             eprintln!("inkfs: attach: cannot start a thread: {e}");
@@ -248,41 +375,53 @@ fn serve_leases(inner: &Inner, conn: &UnixStream, holder: &Arc<Holder>) {
             Err(_) => break,
         }
         match Msg::parse(line.trim_end()) {
-            Some(Msg::Lease(ino)) if granter.is_some() => {
-                let _ = tx.send(ino);
+            Some(Msg::Lease(ino)) if worker.is_some() => {
+                let _ = tx.send(Work::Lease(ino));
             }
             Some(Msg::Lease(ino)) => {
                 let _ = crate::lease::send(holder, &Msg::Denied(ino, libc::EAGAIN));
             }
-            Some(m @ (Msg::Reserve(_) | Msg::ReserveDev(_))) => {
-                let got = match m {
-                    Msg::ReserveDev(n) => inner.leases.reserve(holder, n, Side::Dev),
-                    Msg::Reserve(n) => inner.leases.reserve(holder, n, Side::Pm),
-                    _ => unreachable!("matched above"),
+            Some(Msg::Ns(req)) if worker.is_some() => {
+                let _ = tx.send(Work::Ns(Box::new(req)));
+            }
+            Some(Msg::Ns(req)) => {
+                let done = inkfs::api::ns::Done {
+                    seq: req.seq,
+                    errno: libc::EAGAIN,
+                    ino: 0,
+                    igen: 0,
+                    gen: 0,
                 };
-                let answer = if got.is_empty() {
-                    Msg::NoSpace
-                } else {
-                    debug_assert!(got.len() <= RANGES_PER_LINE);
-                    Msg::Blocks(got)
-                };
-                let _ = crate::lease::send(holder, &answer);
+                let _ = crate::lease::send(holder, &Msg::Done(done));
+            }
+            Some(Msg::Reserve(n)) => {
+                let _ = crate::lease::send(holder, &reserve(inner, holder, n, Side::Pm));
+            }
+            Some(Msg::ReserveDev(n)) => {
+                let _ = crate::lease::send(holder, &reserve(inner, holder, n, Side::Dev));
             }
             Some(Msg::Return(ranges)) => inner.leases.take_back(holder, &ranges),
-            Some(Msg::Released(ino)) => inner.leases.settle(holder, ino),
+            // On the worker: freeing recalls leases, whose `released`
+            // this thread must stay free to read.
+            Some(Msg::Unheld(_)) if worker.is_some() => {
+                let _ = tx.send(Work::Unheld);
+            }
+            Some(Msg::Released(ino, gen)) => inner.leases.settle(holder, ino, Some(gen)),
             // Anything else from a client is ignored.
             _ => {}
         }
     }
     drop(tx);
-    if let Some(t) = granter {
-        let _ = t.join();
-    }
+    worker
 }
 
 /// The client is gone: its slot is free, and what it held can be reclaimed.
 fn end_session(inner: &Inner, grant: &Grant) {
+    // Its holds go with its slot: orphans only it kept are freed.
     inner.epochs.release_slot(grant.slot);
+    if let Some(engine) = inner.engine.upgrade() {
+        engine.free_unheld_orphans();
+    }
     let mut st = inner.lock();
     st.sessions.remove(&grant.id);
     st.reclaim_due = true;
@@ -378,6 +517,11 @@ fn reclaim_loop(inner: &Inner) {
             drop(st);
             if let Some(engine) = inner.engine.upgrade() {
                 engine.reclaim_limbo();
+                // A hold let go without an `unheld` (the client could not
+                // send it): its orphan is freed here.
+                if engine.held_orphans() > 0 {
+                    engine.free_unheld_orphans();
+                }
             }
             st = inner.lock();
             if st.stopping {

@@ -33,7 +33,7 @@ use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -82,6 +82,8 @@ struct Books {
 #[derive(Default)]
 struct Entry {
     holder: Option<Arc<Holder>>,
+    /// The number of the holder's grant (`inkfs::api::lease`).
+    gen: u64,
     /// The blocks the inode referred to at the grant, less those returned.
     before: RangeSet,
     /// FUSE requests using the inode now.
@@ -112,6 +114,8 @@ pub struct Leases {
     attached: AtomicUsize,
     /// The mount is ending: no more grants.
     closing: AtomicBool,
+    /// The next grant's number.
+    next_gen: AtomicU64,
     shards: Vec<Shard>,
 }
 
@@ -126,6 +130,7 @@ impl Leases {
             inval,
             attached: AtomicUsize::new(0),
             closing: AtomicBool::new(false),
+            next_gen: AtomicU64::new(1),
             shards: (0..SHARDS)
                 .map(|_| Shard {
                     map: Mutex::default(),
@@ -135,6 +140,11 @@ impl Leases {
         });
         engine.set_lease_hook(leases.clone());
         leases
+    }
+
+    /// How the kernel is told of changes made outside it.
+    pub fn inval(&self) -> &Invalidator {
+        &self.inval
     }
 
     fn shard(&self, ino: u64) -> &Shard {
@@ -202,9 +212,17 @@ impl Leases {
             let Some(holder) = e.holder.clone() else {
                 return map;
             };
+            if holder.dead.load(SeqCst) {
+                // Its session is over: nothing of it writes any more, and
+                // nobody else would answer for it.
+                drop(map);
+                self.settle(&holder, ino, None);
+                map = lock(&shard.map);
+                continue;
+            }
             if !e.recalling {
                 e.recalling = true;
-                if send(&holder, &Msg::Recall(ino)).is_err() {
+                if send(&holder, &Msg::Recall(ino, e.gen)).is_err() {
                     // Its session is broken: it is dying; its end settles.
                     kill(&holder);
                     killed = true;
@@ -233,9 +251,14 @@ impl Leases {
         }
     }
 
-    /// Grant `ino`'s lease to `holder` (see the module comment): Ok, or
-    /// the errno it is denied with.
-    pub fn grant(&self, holder: &Arc<Holder>, ino: u64) -> Result<(), i32> {
+    /// Grant `ino`'s lease to `holder` (see the module comment): the
+    /// grant's number, or the errno it is denied with. `asked`: the client
+    /// asked for it, so it does not hold it any more if the table says it
+    /// does (its `released` is on its way, on the session, while the
+    /// request came on the ring): wait for that, then grant anew. Else (a
+    /// lease that comes with a create) a grant it holds already is its
+    /// answer.
+    pub fn grant(&self, holder: &Arc<Holder>, ino: u64, asked: bool) -> Result<u64, i32> {
         let _silent = Silent::on();
         let engine = self.engine.upgrade().ok_or(libc::ESHUTDOWN)?;
         let shard = self.shard(ino);
@@ -248,7 +271,15 @@ impl Leases {
                     }
                     let e = map.entry(ino).or_default();
                     if e.holder.as_ref().is_some_and(|h| h.id == holder.id) {
-                        return Ok(());
+                        if !asked {
+                            return Ok(e.gen);
+                        }
+                        map = shard
+                            .changed
+                            .wait_timeout(map, Duration::from_millis(100))
+                            .unwrap_or_else(|e| e.into_inner())
+                            .0;
+                        continue;
                     }
                     if e.holder.is_some() {
                         map = self.recall_locked(shard, map, ino);
@@ -293,18 +324,21 @@ impl Leases {
                 return Err(libc::ESHUTDOWN);
             }
             e.holder = Some(holder.clone());
+            e.gen = self.next_gen.fetch_add(1, Relaxed);
             e.before = before;
             e.recalling = false;
             lock(&holder.books).leases.insert(ino);
-            return Ok(());
+            return Ok(e.gen);
         }
     }
 
     /// The blocks `ino` refers to now, once the kernel has forgotten what
     /// it cached of it.
     fn prepare(&self, engine: &Engine, ino: u64) -> Result<RangeSet, i32> {
-        if engine.is_orphan(ino).map_err(|e| e.errno())? {
-            // Unlinked: its last close frees it, which a lease would race.
+        if engine.is_orphan(ino).map_err(|e| e.errno())? && !engine.orphan_in_use(ino) {
+            // Unlinked and kept by nobody: it is being freed. (One a
+            // handle or a client's hold keeps may be leased: every path
+            // that frees an orphan takes its lease back first.)
             return Err(libc::ENOENT);
         }
         let refs = engine.lease_refs(ino).map_err(|e| e.errno())?;
@@ -318,9 +352,11 @@ impl Leases {
         Ok(RangeSet::from_ranges(&refs))
     }
 
-    /// The holder gave `ino` back (or died): catch the server's inode up
-    /// and settle the blocks (see the module comment).
-    pub fn settle(&self, holder: &Holder, ino: u64) {
+    /// The holder gave `ino`'s grant `gen` back (`None`: it died, every
+    /// grant): catch the server's inode up and settle the blocks (see the
+    /// module comment). A `released` of an older grant than the one held
+    /// now is ignored.
+    pub fn settle(&self, holder: &Holder, ino: u64, gen: Option<u64>) {
         let _silent = Silent::on();
         let Some(engine) = self.engine.upgrade() else {
             return;
@@ -331,7 +367,7 @@ impl Leases {
         let Some(e) = map.get_mut(&ino) else {
             return;
         };
-        if e.holder.as_ref().map(|h| h.id) != Some(holder.id) {
+        if e.holder.as_ref().map(|h| h.id) != Some(holder.id) || gen.is_some_and(|g| g != e.gen) {
             return;
         }
         let mut freed = std::mem::take(&mut e.before);
@@ -455,15 +491,27 @@ impl Leases {
         engine.return_blocks(&ok);
     }
 
-    /// The client is gone (its session ended): settle every lease it held
-    /// and return the rest of its reservation. The grant thread of the
-    /// client must have ended (it may be granting).
-    pub fn leave(&self, holder: &Holder) {
+    /// The client's session ended: it is dead to the table (no grant to it
+    /// any more, a recall of its leases settles them at once), and every
+    /// lease it holds is settled. Its threads on the server (worker, ring)
+    /// may still be running a request, which may wait for one of these
+    /// leases: they can end now.
+    pub fn end(&self, holder: &Holder) {
         holder.dead.store(true, SeqCst);
         let leased: Vec<u64> = lock(&holder.books).leases.iter().copied().collect();
         for ino in leased {
-            self.settle(holder, ino);
+            self.settle(holder, ino, None);
         }
+        for s in &self.shards {
+            s.changed.notify_all();
+        }
+    }
+
+    /// The client is gone and its threads on the server have ended: settle
+    /// what a grant in flight gave it after [`Leases::end`], and return the
+    /// rest of its reservation.
+    pub fn leave(&self, holder: &Holder) {
+        self.end(holder);
         let rest = std::mem::take(&mut lock(&holder.books).reserved);
         if let Some(engine) = self.engine.upgrade() {
             engine.return_blocks(&rest.ranges());

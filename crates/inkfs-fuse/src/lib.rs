@@ -29,6 +29,7 @@ pub mod handles;
 pub mod inval;
 pub mod lease;
 pub mod mount;
+pub mod ns;
 pub mod nullfs;
 pub mod poll;
 pub mod scrub;

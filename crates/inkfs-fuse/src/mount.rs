@@ -694,7 +694,7 @@ pub fn run_engine(
     let mut adapter = InkFuse::new(engine.clone(), stats.clone(), caching, inval.clone());
     adapter.set_leases(leases.clone());
     let leases_held = Arc::downgrade(&leases);
-    let attach = AttachService::new(&engine, cfg.mode, leases)
+    let attach = AttachService::new(&engine, cfg.mode, leases, stats.clone())
         .map_err(|e| eprintln!("inkfs: attach: {e} (continuing without)"))
         .ok()
         .map(Arc::new);
@@ -770,6 +770,14 @@ pub fn run_engine(
                     .explained(
                         "return to the free lists when no attached client can be reading them",
                     ),
+                );
+                lines.push(
+                    Field::count(
+                        "held_orphans",
+                        "unlinked files only clients hold open",
+                        engine.held_orphans() as u64,
+                    )
+                    .explained("freed when the last client holding each lets it go or ends"),
                 );
             }
             if let Some(a) = &attached {

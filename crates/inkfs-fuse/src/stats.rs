@@ -114,6 +114,18 @@ ops!(
     lseek,
     copy_file_range,
     ioctl,
+    // Attached clients' namespace requests (attach.rs, ns.rs).
+    client_create,
+    client_mkdir,
+    client_mknod,
+    client_symlink,
+    client_link,
+    client_unlink,
+    client_rmdir,
+    client_rename,
+    client_setattr,
+    client_setxattr,
+    client_removexattr,
 );
 
 pub const OPS: usize = Op::ALL.len();

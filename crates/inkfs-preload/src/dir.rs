@@ -356,5 +356,5 @@ pub unsafe extern "C" fn getdents64(fd: c_int, buf: *mut c_void, n: size_t) -> s
         }
     }
     // SAFETY: as called.
-    unsafe { real::getdents64(fd, buf, n) }
+    unsafe { real::getdents64(crate::lazy::kernel(fd), buf, n) }
 }

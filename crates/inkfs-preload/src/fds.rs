@@ -1,14 +1,17 @@
 //! Descriptors: open (every form), close, close_range, closefrom, dup,
 //! dup2, dup3 and fcntl's F_DUPFD/F_SETFL.
 //!
-//! Opening always happens in the kernel first, with the program's
-//! arguments: the kernel creates, truncates, checks permissions, follows
-//! symlinks and gives the number. Then, if that descriptor is a regular
-//! file or directory on a FUSE mount of this process, the library
-//! registers it (table.rs): reads need it readable, writes writable (a
-//! write-only descriptor is served for writes, lseek, fstat and fsync).
-//! O_PATH descriptors are never registered: nothing would be served on
-//! them.
+//! A regular file on a served mount is opened without the kernel when the
+//! library can (lazy.rs: a placeholder descriptor; creates through the
+//! server's ring). Otherwise opening happens in the kernel first, with
+//! the program's arguments: the kernel creates, truncates, checks
+//! permissions, follows symlinks and gives the number. Then, if that
+//! descriptor is a regular file or directory on a FUSE mount of this
+//! process, the library registers it (table.rs): reads need it readable,
+//! writes writable (a write-only descriptor is served for writes, lseek,
+//! fstat and fsync). An O_PATH descriptor is registered for its fstat and
+//! as the directory of relative paths (and `/proc/self/fd/N` of it names
+//! its inode); every other call on it is the kernel's (EBADF).
 //!
 //! `open`, `openat` and `fcntl` are variadic in C. They are defined here
 //! with their optional argument as a fixed one (`mode`, `arg`): on x86-64
@@ -22,15 +25,12 @@ use std::sync::atomic::Ordering;
 use libc::mode_t;
 
 use crate::table::MAX_FD;
-use crate::{guard, mounts, path, real, table};
+use crate::{guard, lazy, mounts, path, real, table};
 
 /// Register `fd`, just opened by the kernel from `path` (relative to
 /// `dirfd`) with `flags`, if it is served.
-pub fn adopt(fd: c_int, _dirfd: c_int, path: &[u8], flags: c_int) {
+pub fn adopt(fd: c_int, dirfd: c_int, path: &[u8], flags: c_int) {
     if fd < 0 || fd as usize >= MAX_FD {
-        return;
-    }
-    if flags & libc::O_PATH != 0 {
         return;
     }
     if mounts::all().is_empty() {
@@ -42,16 +42,25 @@ pub fn adopt(fd: c_int, _dirfd: c_int, path: &[u8], flags: c_int) {
     if path.first() == Some(&b'/') && mounts::locate_abs(path).is_none() {
         return;
     }
-    // SAFETY: all-zero is a valid stat64; the kernel fills it.
-    let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
-    if unsafe { real::fstat64(fd, &mut st) } != 0 {
+    // The type, inode and device: none of them changes, so the kernel's
+    // cached attributes do, however old (AT_STATX_DONT_SYNC: no GETATTR
+    // request when the kernel's copy expired, as a namespace change
+    // through the ring makes the directory's).
+    // SAFETY: all-zero is a valid statx; the kernel fills it.
+    let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+    let flags_sx = libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC;
+    let mask = libc::STATX_TYPE | libc::STATX_INO;
+    if unsafe { real::statx(fd, c"".as_ptr(), flags_sx, mask, &mut sx) } != 0
+        || sx.stx_mask & mask != mask
+    {
         return;
     }
-    let kind = st.st_mode & libc::S_IFMT;
+    let kind = u32::from(sx.stx_mode) & libc::S_IFMT;
     if kind != libc::S_IFREG && kind != libc::S_IFDIR {
         return;
     }
-    let Some((mi, m)) = mounts::by_dev(st.st_dev) else {
+    let dev = libc::makedev(sx.stx_dev_major, sx.stx_dev_minor);
+    let Some((mi, m)) = mounts::by_dev(dev) else {
         return;
     };
     // Attach now (or learn the refusal), and make sure the mount is the
@@ -67,10 +76,31 @@ pub fn adopt(fd: c_int, _dirfd: c_int, path: &[u8], flags: c_int) {
     if m.is_refused() {
         return;
     }
-    table::register(fd, mi, st.st_ino, kind, flags);
+    let idx = table::register(fd, mi, sx.stx_ino, kind, flags, false);
+    if let (Some(idx), true) = (idx, kind == libc::S_IFDIR) {
+        // A directory's path: placeholders opened relative to it are
+        // materialized by it.
+        let mut cwd: path::CwdBuf = [0; libc::PATH_MAX as usize];
+        if path.first() != Some(&b'/') && dirfd == libc::AT_FDCWD {
+            // SAFETY: the buffer is ours and its length is given.
+            unsafe { real::getcwd(cwd.as_mut_ptr().cast(), cwd.len()) };
+        }
+        if let Some(abs) = lazy::absolute(dirfd, path, &cwd) {
+            lazy::keep_path(idx, abs);
+        }
+    }
 }
 
 fn open_at(dirfd: c_int, p: *const c_char, flags: c_int, mode: mode_t) -> c_int {
+    // SAFETY: the program's path string.
+    let bytes = unsafe { path::bytes(p) };
+    if let Some(Some(fd)) = guard::run(|| lazy::open(dirfd, bytes?, flags, mode)) {
+        return fd;
+    }
+    // /proc/self/fd/N of a placeholder: its file first.
+    if let Some(n) = bytes.and_then(lazy::fd_link) {
+        lazy::kernel(n);
+    }
     // SAFETY: the program's arguments, passed on.
     let fd = unsafe { real::openat(dirfd, p, flags, mode) };
     if fd >= 0 {
@@ -129,6 +159,26 @@ pub unsafe extern "C" fn __openat64_2(d: c_int, p: *const c_char, flags: c_int) 
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn creat(p: *const c_char, mode: mode_t) -> c_int {
+    open_at(
+        libc::AT_FDCWD,
+        p,
+        libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC,
+        mode,
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn creat64(p: *const c_char, mode: mode_t) -> c_int {
+    open_at(
+        libc::AT_FDCWD,
+        p,
+        libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC,
+        mode,
+    )
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     table::release(fd);
     // SAFETY: as called.
@@ -166,8 +216,17 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     r
 }
 
+/// A placeholder dup'ed onto 0, 1 or 2 is handed to the kernel (table.rs):
+/// its file first, so the standard descriptor is the file.
+fn before_dup(old: c_int, new: c_int) {
+    if (0..=2).contains(&new) && lazy::is_lazy(old) {
+        lazy::kernel(old);
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    before_dup(old, new);
     // SAFETY: as called.
     let r = unsafe { real::dup2(old, new) };
     if r >= 0 {
@@ -178,6 +237,7 @@ pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    before_dup(old, new);
     // SAFETY: as called.
     let r = unsafe { real::dup3(old, new, flags) };
     if r >= 0 {
@@ -186,10 +246,39 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     r
 }
 
+/// fcntl commands a placeholder answers itself (the others need the real
+/// file: it is materialized first).
+fn placeholder_cmd(cmd: c_int) -> bool {
+    matches!(
+        cmd,
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC | libc::F_GETFD | libc::F_SETFD
+    )
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    if lazy::is_lazy(fd) {
+        match cmd {
+            libc::F_GETFL => {
+                if let Some(fl) = lazy::status_flags(fd) {
+                    return fl;
+                }
+            }
+            libc::F_SETFL => {
+                if let Some(r) = lazy::set_status_flags(fd, arg as c_int) {
+                    return r;
+                }
+            }
+            _ => {}
+        }
+    }
+    let kfd = if placeholder_cmd(cmd) {
+        fd
+    } else {
+        lazy::kernel(fd)
+    };
     // SAFETY: as called.
-    let r = unsafe { real::fcntl(fd, cmd, arg) };
+    let r = unsafe { real::fcntl(kfd, cmd, arg) };
     if r >= 0 {
         match cmd {
             libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => table::dup(fd, r),

@@ -57,6 +57,7 @@ pub enum Op {
 pub fn route(fd: c_int, op: Op) -> Route {
     match table::local(fd) {
         Some((i, o)) => match op {
+            _ if op != Op::Stat && o.is_path() => Route::Kernel,
             Op::Read if o.is_dir() || !o.readable() => Route::Kernel,
             Op::Write if o.is_dir() => Route::Kernel,
             Op::Dir if !o.is_dir() => Route::Kernel,
@@ -79,7 +80,7 @@ fn fail(e: c_int) -> ssize_t {
 /// Read into `iov` at `off` from the pool. `None`: take the kernel path.
 fn pool_read(idx: usize, ofd: &Ofd, iov: &[iovec], off: u64) -> Option<usize> {
     let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
-    let mut lease = m.checkout()?;
+    let mut lease = m.checkout_for(ofd)?;
     let r = lease.with_file(idx, ofd, |c, f| {
         c.call(|fs| {
             let mut total = 0usize;
@@ -106,9 +107,19 @@ fn kernel_read(fd: c_int, iov: &[iovec], off: u64) -> ssize_t {
     // SAFETY: the program's buffers, passed on as given.
     unsafe {
         if iov.len() == 1 {
-            real::pread64(fd, iov[0].iov_base, iov[0].iov_len, off as off64_t)
+            real::pread64(
+                crate::lazy::kernel(fd),
+                iov[0].iov_base,
+                iov[0].iov_len,
+                off as off64_t,
+            )
         } else {
-            real::preadv64(fd, iov.as_ptr(), iov.len() as c_int, off as off64_t)
+            real::preadv64(
+                crate::lazy::kernel(fd),
+                iov.as_ptr(),
+                iov.len() as c_int,
+                off as off64_t,
+            )
         }
     }
 }
@@ -176,7 +187,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t
         }
     }
     // SAFETY: as called.
-    unsafe { real::read(fd, buf, n) }
+    unsafe { real::read(crate::lazy::kernel(fd), buf, n) }
 }
 
 extern "C" {
@@ -208,7 +219,7 @@ pub unsafe extern "C" fn pread64(fd: c_int, buf: *mut c_void, n: size_t, off: of
         }
     }
     // SAFETY: as called.
-    unsafe { real::pread64(fd, buf, n, off) }
+    unsafe { real::pread64(crate::lazy::kernel(fd), buf, n, off) }
 }
 
 #[no_mangle]
@@ -253,7 +264,7 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
         }
     }
     // SAFETY: as called.
-    unsafe { real::readv(fd, iov, cnt) }
+    unsafe { real::readv(crate::lazy::kernel(fd), iov, cnt) }
 }
 
 #[no_mangle]
@@ -272,7 +283,7 @@ pub unsafe extern "C" fn preadv64(
         }
     }
     // SAFETY: as called.
-    unsafe { real::preadv64(fd, iov, cnt, off) }
+    unsafe { real::preadv64(crate::lazy::kernel(fd), iov, cnt, off) }
 }
 
 #[no_mangle]
@@ -302,7 +313,9 @@ pub unsafe extern "C" fn preadv64v2(
         if let Route::Served(_, ofd) = route(fd, Op::Read) {
             let at = ofd.offset.load(Ordering::Acquire);
             // SAFETY: as called, with an explicit offset.
-            let r = unsafe { real::preadv64v2(fd, iov, cnt, at as off64_t, flags) };
+            let r = unsafe {
+                real::preadv64v2(crate::lazy::kernel(fd), iov, cnt, at as off64_t, flags)
+            };
             if r > 0 {
                 let _ = ofd.offset.compare_exchange(
                     at,
@@ -315,7 +328,7 @@ pub unsafe extern "C" fn preadv64v2(
         }
     }
     // SAFETY: as called.
-    unsafe { real::preadv64v2(fd, iov, cnt, off, flags) }
+    unsafe { real::preadv64v2(crate::lazy::kernel(fd), iov, cnt, off, flags) }
 }
 
 #[no_mangle]
@@ -394,7 +407,7 @@ fn pool_write(idx: usize, ofd: &Ofd, data: &[u8], at: At) -> Option<u64> {
         return None;
     }
     let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
-    let mut lease = m.checkout_writer(ofd.ino.load(Ordering::Relaxed))?;
+    let mut lease = m.checkout_writer_for(ofd)?;
     let r = lease.with_file(idx, ofd, |c, f| match at {
         At::Offset(off) => c.pwrite(f, off, data),
         At::End => c.append(f, data),
@@ -410,9 +423,19 @@ fn kernel_pwrite(fd: c_int, iov: &[iovec], off: u64) -> ssize_t {
     // SAFETY: the program's buffers, at an explicit offset.
     unsafe {
         if iov.len() == 1 {
-            real::pwrite64(fd, iov[0].iov_base, iov[0].iov_len, off as off64_t)
+            real::pwrite64(
+                crate::lazy::kernel(fd),
+                iov[0].iov_base,
+                iov[0].iov_len,
+                off as off64_t,
+            )
         } else {
-            real::pwritev64(fd, iov.as_ptr(), iov.len() as c_int, off as off64_t)
+            real::pwritev64(
+                crate::lazy::kernel(fd),
+                iov.as_ptr(),
+                iov.len() as c_int,
+                off as off64_t,
+            )
         }
     }
 }
@@ -437,10 +460,10 @@ fn write_seq(fd: c_int, idx: usize, ofd: &Ofd, iov: &[iovec], pool: bool) -> ssi
         stats::bump(&stats::WRITE_KERNEL);
         // The kernel appends at its end of file and moves its offset there.
         // SAFETY: the program's buffers, passed on.
-        let r = unsafe { real::writev(fd, iov.as_ptr(), iov.len() as c_int) };
+        let r = unsafe { real::writev(crate::lazy::kernel(fd), iov.as_ptr(), iov.len() as c_int) };
         if r >= 0 {
             // SAFETY: no memory involved.
-            let k = unsafe { real::lseek64(fd, 0, libc::SEEK_CUR) };
+            let k = unsafe { real::lseek64(crate::lazy::kernel(fd), 0, libc::SEEK_CUR) };
             if k >= 0 {
                 ofd.offset.store(k as u64, Ordering::Release);
             }
@@ -493,7 +516,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
         }
     }
     // SAFETY: as called.
-    unsafe { real::write(fd, buf, n) }
+    unsafe { real::write(crate::lazy::kernel(fd), buf, n) }
 }
 
 #[no_mangle]
@@ -504,7 +527,7 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssi
         }
     }
     // SAFETY: as called.
-    unsafe { real::writev(fd, iov, cnt) }
+    unsafe { real::writev(crate::lazy::kernel(fd), iov, cnt) }
 }
 
 #[no_mangle]
@@ -524,7 +547,7 @@ pub unsafe extern "C" fn pwrite64(
         }
     }
     // SAFETY: as called.
-    unsafe { real::pwrite64(fd, buf, n, off) }
+    unsafe { real::pwrite64(crate::lazy::kernel(fd), buf, n, off) }
 }
 
 #[no_mangle]
@@ -550,7 +573,7 @@ pub unsafe extern "C" fn pwritev64(
         }
     }
     // SAFETY: as called.
-    unsafe { real::pwritev64(fd, iov, cnt, off) }
+    unsafe { real::pwritev64(crate::lazy::kernel(fd), iov, cnt, off) }
 }
 
 #[no_mangle]
@@ -593,7 +616,7 @@ pub unsafe extern "C" fn pwritev64v2(
             stats::bump(&stats::WRITE_KERNEL);
             let at = ofd.offset.load(Ordering::Acquire) as off64_t;
             // SAFETY: as called, at the library's offset.
-            let r = unsafe { real::pwritev64v2(fd, iov, cnt, at, flags) };
+            let r = unsafe { real::pwritev64v2(crate::lazy::kernel(fd), iov, cnt, at, flags) };
             if r > 0 && !ofd.append() && flags & libc::RWF_APPEND == 0 {
                 ofd.offset
                     .store((at + r as off64_t) as u64, Ordering::Release);
@@ -602,7 +625,7 @@ pub unsafe extern "C" fn pwritev64v2(
         }
     }
     // SAFETY: as called.
-    unsafe { real::pwritev64v2(fd, iov, cnt, off, flags) }
+    unsafe { real::pwritev64v2(crate::lazy::kernel(fd), iov, cnt, off, flags) }
 }
 
 #[no_mangle]
@@ -629,7 +652,7 @@ fn pool_truncate(idx: usize, ofd: &Ofd, len: off64_t) -> Option<c_int> {
         return None;
     }
     let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
-    let mut lease = m.checkout_writer(ofd.ino.load(Ordering::Relaxed))?;
+    let mut lease = m.checkout_writer_for(ofd)?;
     // The caller's ids: the engine drops set-user-ID and set-group-ID bits
     // as Linux does for them.
     let cred = crate::path::credentials(false);
@@ -651,7 +674,7 @@ pub unsafe extern "C" fn ftruncate64(fd: c_int, len: off64_t) -> c_int {
         }
     }
     // SAFETY: no memory involved.
-    unsafe { real::ftruncate64(fd, len) }
+    unsafe { real::ftruncate64(crate::lazy::kernel(fd), len) }
 }
 
 #[no_mangle]
@@ -668,7 +691,7 @@ fn file_size(fd: c_int, ofd: &Ofd) -> Option<u64> {
             return None;
         }
         let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
-        let lease = m.checkout()?;
+        let lease = m.checkout_for(ofd)?;
         lease
             .client()
             .getattr(ofd.ino.load(Ordering::Relaxed))
@@ -678,7 +701,8 @@ fn file_size(fd: c_int, ofd: &Ofd) -> Option<u64> {
     from_pool.or_else(|| {
         // SAFETY: all-zero is a valid stat64; the kernel fills it.
         let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
-        (unsafe { real::fstat64(fd, &mut st) } == 0).then_some(st.st_size as u64)
+        (unsafe { real::fstat64(crate::lazy::kernel(fd), &mut st) } == 0)
+            .then_some(st.st_size as u64)
     })
 }
 
@@ -715,7 +739,7 @@ fn seek(fd: c_int, ofd: &Ofd, off: off64_t, whence: c_int) -> off64_t {
             // SEEK_DATA, SEEK_HOLE, a directory's end: the kernel decides,
             // the library takes the position it gives.
             // SAFETY: no memory involved.
-            let r = unsafe { real::lseek64(fd, off, whence) };
+            let r = unsafe { real::lseek64(crate::lazy::kernel(fd), off, whence) };
             if r >= 0 {
                 ofd.offset.store(r as u64, Ordering::Release);
             }
@@ -732,7 +756,7 @@ pub unsafe extern "C" fn lseek64(fd: c_int, off: off64_t, whence: c_int) -> off6
         }
     }
     // SAFETY: no memory involved.
-    unsafe { real::lseek64(fd, off, whence) }
+    unsafe { real::lseek64(crate::lazy::kernel(fd), off, whence) }
 }
 
 #[no_mangle]
@@ -783,7 +807,16 @@ pub unsafe extern "C" fn copy_file_range(
 ) -> ssize_t {
     with_positions(inp, off_in, out, off_out, |a, b| {
         // SAFETY: offsets are the program's or our locals.
-        unsafe { real::copy_file_range(inp, a, out, b, n, flags) }
+        unsafe {
+            real::copy_file_range(
+                crate::lazy::kernel(inp),
+                a,
+                crate::lazy::kernel(out),
+                b,
+                n,
+                flags,
+            )
+        }
     })
 }
 
@@ -798,7 +831,16 @@ pub unsafe extern "C" fn splice(
 ) -> ssize_t {
     with_positions(inp, off_in, out, off_out, |a, b| {
         // SAFETY: as in copy_file_range.
-        unsafe { real::splice(inp, a, out, b, n, flags) }
+        unsafe {
+            real::splice(
+                crate::lazy::kernel(inp),
+                a,
+                crate::lazy::kernel(out),
+                b,
+                n,
+                flags,
+            )
+        }
     })
 }
 
@@ -819,7 +861,7 @@ pub unsafe extern "C" fn sendfile64(
         // SAFETY: no memory involved.
         unsafe {
             real::lseek64(
-                out,
+                crate::lazy::kernel(out),
                 o.offset.load(Ordering::Acquire) as off64_t,
                 libc::SEEK_SET,
             )
@@ -827,11 +869,11 @@ pub unsafe extern "C" fn sendfile64(
     }
     let r = with_positions(inp, off, -1, std::ptr::null_mut(), |a, _| {
         // SAFETY: as in copy_file_range.
-        unsafe { real::sendfile64(out, inp, a, n) }
+        unsafe { real::sendfile64(crate::lazy::kernel(out), crate::lazy::kernel(inp), a, n) }
     });
     if let (Some(o), true) = (out_ofd, r >= 0) {
         // SAFETY: no memory involved.
-        let k = unsafe { real::lseek64(out, 0, libc::SEEK_CUR) };
+        let k = unsafe { real::lseek64(crate::lazy::kernel(out), 0, libc::SEEK_CUR) };
         if k >= 0 {
             o.offset.store(k as u64, Ordering::Release);
         }

@@ -1,18 +1,22 @@
 //! `libinkfs_preload.so`: run a program with
 //! `LD_PRELOAD=libinkfs_preload.so` (or `inkfs run -- CMD`) and its reads,
-//! writes, fsyncs, stats and directory listings of files under an inkfs
-//! mount are served from the pool mapped in the process (writes under the
-//! inode's write lease), with no kernel crossing (docs/KERNEL-FREE.md,
-//! "Built: the preload library").
+//! writes, fsyncs, stats, directory listings, opens, creates and closes of
+//! files under an inkfs mount are served from the pool mapped in the
+//! process (writes under the inode's write lease), with no kernel
+//! crossing, and its namespace calls are made by the server through the
+//! client's request ring (docs/KERNEL-FREE.md, "Built: the preload
+//! library", "Built: namespace calls").
 //!
-//! Every file the program opens on the mount is opened on the mount too
-//! (the program gets that real descriptor's number); the library keeps
-//! its own state beside it ([`table`]) and serves the calls it knows from
-//! the pool through an attached [`inkfs::api::client::Client`]
-//! ([`mounts`]). Everything else goes to the kernel descriptor, which is
-//! always valid: locks, mmap, fallocate, namespace changes, attributes,
-//! xattrs, and any write the client cannot make. [`io::route`] is the one place that decides
-//! which way a data call goes.
+//! A regular file the program opens on the mount gets a placeholder
+//! descriptor ([`lazy`]) the library materializes (opens in the kernel)
+//! when a call needs the kernel's file; other files and directories are
+//! opened on the mount first and registered. The library keeps its own
+//! state beside each descriptor ([`table`]) and serves the calls it knows
+//! through an attached [`inkfs::api::client::Client`] ([`mounts`]).
+//! [`io::route`] is the one place that decides which way a data call
+//! goes; [`names`] and [`attrs`] send namespace and attribute changes to
+//! the server (or make them under the lease); [`kfd`] materializes for the
+//! calls that need the kernel's file.
 //!
 //! Not on an inkfs mount, attach refused (trust rule, posix mode, server
 //! gone), a call the library does not know, a panic in the
@@ -23,12 +27,16 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod attr;
+pub mod attrs;
 pub mod dir;
 pub mod fds;
 pub mod guard;
 pub mod io;
+pub mod kfd;
+pub mod lazy;
 pub mod meta;
 pub mod mounts;
+pub mod names;
 pub mod path;
 pub mod process;
 pub mod real;
@@ -52,6 +60,8 @@ extern "C" fn on_load() {
             std::panic::set_hook(Box::new(|_| {}));
         }
         stats::init();
+        names::init();
+        lazy::init();
         // The mount table now, not at the first call that needs it: that
         // call may come from inside the program's allocator (jemalloc, in
         // redis-server, calls readlink and open while it initializes

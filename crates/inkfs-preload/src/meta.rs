@@ -25,6 +25,12 @@ fn path_attr(
 ) -> Option<(Attr, &'static Mount)> {
     // SAFETY: the program's path string.
     let p = unsafe { path::bytes(path) }?;
+    if let Some(n) = crate::lazy::fd_link(p) {
+        // `/proc/self/fd/N` of a placeholder names /dev/null until its
+        // file is opened in the kernel: then the kernel answers.
+        crate::lazy::kernel(n);
+        return None;
+    }
     let mut cwd: CwdBuf = [0; libc::PATH_MAX as usize];
     let t = path::locate(dirfd, p, &mut cwd)?;
     let got = (|| {
@@ -51,7 +57,7 @@ fn path_attr(
 fn fd_attr(ofd: &Ofd) -> Option<(Attr, &'static Mount)> {
     let got = (|| {
         let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
-        let lease = m.checkout()?;
+        let lease = m.checkout_for(ofd)?;
         let a = lease
             .client()
             .getattr(ofd.ino.load(Ordering::Relaxed))
@@ -81,7 +87,7 @@ pub unsafe extern "C" fn fstat64(fd: c_int, st: *mut libc::stat64) -> c_int {
         }
     }
     // SAFETY: as called.
-    unsafe { real::fstat64(fd, st) }
+    unsafe { real::fstat64(crate::lazy::kernel(fd), st) }
 }
 
 #[no_mangle]
@@ -104,7 +110,7 @@ pub unsafe extern "C" fn fstatat64(
         }
     }
     // SAFETY: as called.
-    unsafe { real::fstatat64(dirfd, path, st, flags) }
+    unsafe { real::fstatat64(crate::lazy::kernel(dirfd), path, st, flags) }
 }
 
 macro_rules! stat_aliases {
@@ -188,7 +194,7 @@ pub unsafe extern "C" fn statx(
         }
     }
     // SAFETY: as called.
-    unsafe { real::statx(dirfd, path, flags, mask, sx) }
+    unsafe { real::statx(crate::lazy::kernel(dirfd), path, flags, mask, sx) }
 }
 
 #[no_mangle]
@@ -239,6 +245,12 @@ pub unsafe extern "C" fn readlinkat(
     buf: *mut c_char,
     n: size_t,
 ) -> ssize_t {
+    // /proc/self/fd/N of a placeholder: its file first (the link then
+    // names the file, not /dev/null).
+    // SAFETY: the program's path string.
+    if let Some(n) = unsafe { path::bytes(path) }.and_then(crate::lazy::fd_link) {
+        crate::lazy::kernel(n);
+    }
     if n > 0 && !buf.is_null() && !guard::inside() {
         let got = guard::run(|| {
             let (a, m) = path_attr(dirfd, path, false, false)?;

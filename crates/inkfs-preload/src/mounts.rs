@@ -24,7 +24,7 @@
 
 use std::cell::UnsafeCell;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 use inkfs::api::client::Client;
@@ -32,11 +32,16 @@ use inkfs::api::{Credentials, File, OpenFlags};
 
 use crate::table::{Ofd, MAX_OFD};
 
-/// Clients per mount per process (each one of the mount's 64 slots).
-pub const CLIENTS: usize = 4;
+/// Clients per mount per process (each one of the mount's 64 slots):
+/// eight, so that threads of one process rarely wait for a cell (a
+/// placeholder's calls and namespace requests hold one for the whole call).
+pub const CLIENTS: usize = 8;
 /// How long a write waits for its inode's client cell before it goes
 /// through the kernel instead.
 const WRITER_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+/// How long a call on a placeholder waits for a client: the kernel path
+/// would materialize it.
+const LAZY_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 const EMPTY: u8 = 0;
 const ATTACHING: u8 = 1;
@@ -66,11 +71,27 @@ pub struct Mount {
     /// A real statx of the mount's root, for the fields a statx answer
     /// copies (mask, attributes, mount id).
     pub root_statx: OnceLock<Option<libc::statx>>,
+    /// Bumped at every cell's release, and the threads waiting for any
+    /// cell (futex, as [`Cell::freed`]).
+    any_freed: AtomicU32,
+    any_waiters: AtomicU32,
+    /// Inodes whose writer is not cell `ino % CLIENTS`: a file created
+    /// through a cell holds its lease there (lazy.rs). `ino << 8 | cell`,
+    /// direct-mapped by inode number; a displaced entry costs one lease
+    /// moving between this process's cells.
+    writers: [AtomicU64; WRITERS],
 }
+
+/// Entries of [`Mount::writers`].
+const WRITERS: usize = 1024;
 
 struct Cell {
     state: AtomicU8,
     slot: UnsafeCell<Option<Box<Slot>>>,
+    /// Bumped each time the cell goes back to idle (a futex word threads
+    /// waiting for this cell sleep on), and how many wait.
+    freed: AtomicU32,
+    waiters: AtomicU32,
 }
 
 /// An attached client and the engine handles it opened, by open-file
@@ -86,6 +107,7 @@ unsafe impl Sync for Cell {}
 
 /// A checked-out client: given back when dropped.
 pub struct Lease<'a> {
+    mount: &'a Mount,
     cell: &'a Cell,
     slot: &'a mut Slot,
 }
@@ -93,7 +115,58 @@ pub struct Lease<'a> {
 impl Drop for Lease<'_> {
     fn drop(&mut self) {
         self.cell.state.store(IDLE, Ordering::Release);
+        // Threads waiting for this cell, or for any: one of them takes it
+        // (waking them all for one cell: few wait for a given cell).
+        self.cell.freed.fetch_add(1, Ordering::SeqCst);
+        if self.cell.waiters.load(Ordering::SeqCst) != 0 {
+            futex_wake(&self.cell.freed, i32::MAX);
+        }
+        let m = self.mount;
+        m.any_freed.fetch_add(1, Ordering::SeqCst);
+        if m.any_waiters.load(Ordering::SeqCst) != 0 {
+            futex_wake(&m.any_freed, 1);
+        }
     }
+}
+
+/// Wake up to `n` threads sleeping on `word` (this process's).
+fn futex_wake(word: &AtomicU32, n: i32) {
+    // SAFETY: a futex wake on a word of ours; no memory is written.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            n,
+        );
+    }
+}
+
+/// Sleep while `word` holds `seen`, at most until `deadline`, counted in
+/// `waiters` meanwhile (the waker looks at it after changing the word).
+fn futex_wait(word: &AtomicU32, waiters: &AtomicU32, seen: u32, deadline: std::time::Instant) {
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    if left.is_zero() {
+        return;
+    }
+    waiters.fetch_add(1, Ordering::SeqCst);
+    if word.load(Ordering::SeqCst) == seen {
+        let ts = libc::timespec {
+            tv_sec: left.as_secs() as libc::time_t,
+            tv_nsec: left.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: a futex wait on a word of ours with a timeout we own.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                word.as_ptr(),
+                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                seen,
+                &ts as *const libc::timespec,
+            );
+        }
+    }
+    waiters.fetch_sub(1, Ordering::SeqCst);
 }
 
 impl Lease<'_> {
@@ -158,7 +231,7 @@ impl Mount {
                 .compare_exchange(IDLE, BUSY, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
             {
-                return Some(lease(cell));
+                return Some(lease(self, cell));
             }
         }
         for (i, cell) in self.cells.iter().enumerate() {
@@ -183,18 +256,44 @@ impl Mount {
     /// the kernel descriptor (correct, only slower: the server recalls the
     /// lease).
     pub fn checkout_writer(&self, ino: u64) -> Option<Lease<'_>> {
+        self.checkout_writer_within(ino, WRITER_WAIT)
+    }
+
+    /// A client for a call on open file `ofd`: a placeholder's waits for
+    /// one (up to [`LAZY_WAIT`]), as the kernel path would materialize it
+    /// (two round trips through the kernel and a real open file from then
+    /// on); any other's takes the kernel path at once if none is idle.
+    pub fn checkout_for(&self, ofd: &Ofd) -> Option<Lease<'_>> {
+        if ofd.lazy.load(Ordering::Relaxed) == 0 {
+            return self.checkout();
+        }
+        self.checkout_within(LAZY_WAIT)
+    }
+
+    /// [`Mount::checkout_writer`] for open file `ofd` (a placeholder's
+    /// waits up to [`LAZY_WAIT`]).
+    pub fn checkout_writer_for(&self, ofd: &Ofd) -> Option<Lease<'_>> {
+        let ino = ofd.ino.load(Ordering::Relaxed);
+        if ofd.lazy.load(Ordering::Relaxed) == 0 {
+            return self.checkout_writer(ino);
+        }
+        self.checkout_writer_within(ino, LAZY_WAIT)
+    }
+
+    fn checkout_writer_within(&self, ino: u64, wait: std::time::Duration) -> Option<Lease<'_>> {
         if self.refused.load(Ordering::Relaxed) {
             return None;
         }
-        let i = (ino % CLIENTS as u64) as usize;
+        let i = self.writer_of(ino);
         let cell = &self.cells[i];
-        let mut since: Option<std::time::Instant> = None;
+        let mut deadline: Option<std::time::Instant> = None;
         loop {
+            let seen = cell.freed.load(Ordering::SeqCst);
             match cell
                 .state
                 .compare_exchange(IDLE, BUSY, Ordering::Acquire, Ordering::Relaxed)
             {
-                Ok(_) => return Some(lease(cell)),
+                Ok(_) => return Some(lease(self, cell)),
                 Err(EMPTY) => {
                     if cell
                         .state
@@ -207,23 +306,75 @@ impl Mount {
                 Err(DEAD) => return None,
                 Err(_) => {}
             }
-            let t = *since.get_or_insert_with(std::time::Instant::now);
-            if t.elapsed() > WRITER_WAIT {
+            let end = *deadline.get_or_insert_with(|| std::time::Instant::now() + wait);
+            if std::time::Instant::now() >= end {
                 return None;
             }
-            std::thread::yield_now();
+            // Asleep until the cell is given back (not spinning: on a
+            // small machine the holder needs the core).
+            futex_wait(&cell.freed, &cell.waiters, seen, end);
+        }
+    }
+
+    /// The cell that writes inode `ino` in this process.
+    fn writer_of(&self, ino: u64) -> usize {
+        let w = self.writers[(ino as usize) % WRITERS].load(Ordering::Relaxed);
+        if w != 0 && w >> 8 == ino {
+            (w & 0xff) as usize % CLIENTS
+        } else {
+            (ino % CLIENTS as u64) as usize
+        }
+    }
+
+    /// Inode `ino`'s lease is `lease`'s cell's (granted with its create):
+    /// that cell writes it from now on.
+    pub fn note_writer(&self, ino: u64, lease: &Lease<'_>) {
+        let Some(i) = self.cells.iter().position(|c| std::ptr::eq(c, lease.cell)) else {
+            return;
+        };
+        if ino >> 56 == 0 {
+            self.writers[(ino as usize) % WRITERS].store(ino << 8 | i as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Any client, waiting up to [`LAZY_WAIT`] for one to be idle: for
+    /// what the kernel would do at a higher price (an open without the
+    /// kernel, a namespace request: through the kernel each is a FUSE
+    /// round trip or more, and a kernel-opened file's calls take the
+    /// kernel path whenever no cell is idle).
+    pub fn checkout_lazy(&self) -> Option<Lease<'_>> {
+        self.checkout_within(LAZY_WAIT)
+    }
+
+    /// Any client, waiting up to [`WRITER_WAIT`] for one to be idle (a
+    /// close letting a hold go).
+    pub fn checkout_wait(&self) -> Option<Lease<'_>> {
+        self.checkout_within(WRITER_WAIT)
+    }
+
+    fn checkout_within(&self, wait: std::time::Duration) -> Option<Lease<'_>> {
+        let end = std::time::Instant::now() + wait;
+        loop {
+            let seen = self.any_freed.load(Ordering::SeqCst);
+            if let Some(l) = self.checkout() {
+                return Some(l);
+            }
+            if self.refused.load(Ordering::Relaxed) || std::time::Instant::now() >= end {
+                return None;
+            }
+            futex_wait(&self.any_freed, &self.any_waiters, seen, end);
         }
     }
 
     /// Attach the client of `cell` (number `i`), which this thread moved
     /// to ATTACHING.
-    fn attach_cell<'a>(&self, i: usize, cell: &'a Cell) -> Option<Lease<'a>> {
+    fn attach_cell<'a>(&'a self, i: usize, cell: &'a Cell) -> Option<Lease<'a>> {
         match self.attach() {
             Some(slot) => {
                 // SAFETY: this thread owns the cell (ATTACHING).
                 unsafe { *cell.slot.get() = Some(Box::new(slot)) };
                 cell.state.store(BUSY, Ordering::Release);
-                Some(lease(cell))
+                Some(lease(self, cell))
             }
             None => {
                 cell.state.store(DEAD, Ordering::Release);
@@ -322,11 +473,12 @@ impl Drop for BlockSignals {
     }
 }
 
-fn lease(cell: &Cell) -> Lease<'_> {
+fn lease<'a>(mount: &'a Mount, cell: &'a Cell) -> Lease<'a> {
     // SAFETY: the caller moved the cell to BUSY, so this thread owns the
     // slot until the lease is dropped; a BUSY cell always has a slot.
     let slot = unsafe { (*cell.slot.get()).as_deref_mut() };
     Lease {
+        mount,
         cell,
         slot: slot.expect("a busy cell has a client"),
     }
@@ -346,6 +498,11 @@ pub fn known() -> &'static [Mount] {
 
 pub fn by_index(i: usize) -> Option<&'static Mount> {
     all().get(i)
+}
+
+/// The index of mount `m` in the table.
+pub fn index_of(m: &Mount) -> Option<(usize, &'static Mount)> {
+    all().iter().enumerate().find(|(_, x)| std::ptr::eq(*x, m))
 }
 
 pub fn by_dev(dev: u64) -> Option<(usize, &'static Mount)> {
@@ -387,9 +544,14 @@ fn read_mounts() -> Vec<Mount> {
                 Cell {
                     state: AtomicU8::new(EMPTY),
                     slot: UnsafeCell::new(None),
+                    freed: AtomicU32::new(0),
+                    waiters: AtomicU32::new(0),
                 }
             }; CLIENTS],
+            any_freed: AtomicU32::new(0),
+            any_waiters: AtomicU32::new(0),
             root_statx: OnceLock::new(),
+            writers: [const { AtomicU64::new(0) }; WRITERS],
         });
     }
     out

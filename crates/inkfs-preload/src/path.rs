@@ -28,6 +28,32 @@ pub struct Target<'a> {
     parts: [&'a [u8]; 2],
 }
 
+impl Target<'_> {
+    /// The absolute path this target names, NUL-terminated, as written
+    /// (no `..` or symlink resolved): the mount's path and the parts; one
+    /// relative to a directory descriptor starts at `dir_path` (that
+    /// directory's path, if the library kept it).
+    pub fn absolute(&self, dir_path: impl FnOnce() -> Option<&'static [u8]>) -> Option<Box<[u8]>> {
+        let mut v: Vec<u8> = Vec::with_capacity(libc::PATH_MAX as usize);
+        if self.start == ROOT_INO {
+            v.extend_from_slice(&self.mount.path);
+        } else {
+            v.extend_from_slice(dir_path()?);
+        }
+        for part in self.parts {
+            if part.is_empty() {
+                continue;
+            }
+            if !v.ends_with(b"/") && !part.starts_with(b"/") {
+                v.push(b'/');
+            }
+            v.extend_from_slice(part);
+        }
+        v.push(0);
+        Some(v.into_boxed_slice())
+    }
+}
+
 /// A buffer for the current directory of a relative path.
 pub type CwdBuf = [u8; libc::PATH_MAX as usize];
 
@@ -50,7 +76,7 @@ pub fn locate<'a>(dirfd: c_int, path: &'a [u8], cwd: &'a mut CwdBuf) -> Option<T
 }
 
 fn locate_any<'a>(dirfd: c_int, path: &'a [u8], cwd: &'a mut CwdBuf) -> Option<Target<'a>> {
-    if path.is_empty() || mounts::all().is_empty() {
+    if path.is_empty() || path.len() >= libc::PATH_MAX as usize || mounts::all().is_empty() {
         return None;
     }
     if path[0] == b'/' {
@@ -90,15 +116,8 @@ fn locate_any<'a>(dirfd: c_int, path: &'a [u8], cwd: &'a mut CwdBuf) -> Option<T
     })
 }
 
-/// The inode `t` names, or `None` for "ask the kernel". `follow`: follow a
-/// symlink in the last component (here: hand it to the kernel).
-pub fn walk(
-    fs: &Filesystem<MappedPool>,
-    cred: &Credentials,
-    t: &Target<'_>,
-    follow: bool,
-) -> Option<Attr> {
-    let mut names: [&[u8]; MAX_PARTS] = [b""; MAX_PARTS];
+/// The components of `t`'s path, "." dropped: `None` past [`MAX_PARTS`].
+fn components<'a>(t: &Target<'a>, names: &mut [&'a [u8]; MAX_PARTS]) -> Option<usize> {
     let mut n = 0;
     for part in t.parts {
         for c in part.split(|&b| b == b'/') {
@@ -109,47 +128,115 @@ pub fn walk(
             n += 1;
         }
     }
-    // "a/" names a directory, and follows a symlink "a".
+    Some(n)
+}
+
+/// Whether `t`'s path ends with a slash (or "/."): it names a directory.
+fn dir_only(t: &Target<'_>) -> bool {
     let last_part = if t.parts[1].is_empty() {
         t.parts[0]
     } else {
         t.parts[1]
     };
-    let dir_only = last_part.ends_with(b"/") || last_part.ends_with(b"/.");
-    let follow = follow || dir_only;
+    last_part.ends_with(b"/") || last_part.ends_with(b"/.")
+}
 
+/// Walk `names` from `t.start`: the attributes of the last one (`None`
+/// for none: the start itself), or `Err` for "ask the kernel" (a symlink
+/// on the way, or the last one with `follow`, `..` above the start, any
+/// error).
+fn resolve(
+    fs: &Filesystem<MappedPool>,
+    cred: &Credentials,
+    start: u64,
+    names: &[&[u8]],
+    follow: bool,
+) -> Result<(u64, Option<Attr>), ()> {
     let mut stack = [0u64; MAX_PARTS + 1];
     let mut depth = 1;
-    stack[0] = t.start;
+    stack[0] = start;
     let mut last: Option<Attr> = None;
     let mut top_is_dir = true;
-    for (i, &name) in names[..n].iter().enumerate() {
+    let n = names.len();
+    for (i, &name) in names.iter().enumerate() {
         if name == b".." {
             if depth == 1 || !top_is_dir {
-                return None;
+                return Err(());
             }
             depth -= 1;
             last = None;
             top_is_dir = true;
             continue;
         }
-        let a = fs.lookup(cred, stack[depth - 1], name).ok()?;
+        let a = fs.lookup(cred, stack[depth - 1], name).map_err(|_| ())?;
         if a.kind == FileKind::Symlink && (i + 1 < n || follow) {
-            return None;
+            return Err(());
         }
         top_is_dir = a.kind == FileKind::Dir;
         stack[depth] = a.ino;
         depth += 1;
         last = Some(a);
     }
+    Ok((stack[depth - 1], last))
+}
+
+/// The inode `t` names, or `None` for "ask the kernel". `follow`: follow a
+/// symlink in the last component (here: hand it to the kernel).
+pub fn walk(
+    fs: &Filesystem<MappedPool>,
+    cred: &Credentials,
+    t: &Target<'_>,
+    follow: bool,
+) -> Option<Attr> {
+    let mut names: [&[u8]; MAX_PARTS] = [b""; MAX_PARTS];
+    let n = components(t, &mut names)?;
+    // "a/" names a directory, and follows a symlink "a".
+    let dir_only = dir_only(t);
+    let follow = follow || dir_only;
+    let (ino, last) = resolve(fs, cred, t.start, &names[..n], follow).ok()?;
     let a = match last {
         Some(a) => a,
-        None => fs.getattr(stack[depth - 1]).ok()?,
+        None => fs.getattr(ino).ok()?,
     };
     if dir_only && a.kind != FileKind::Dir {
         return None;
     }
     Some(a)
+}
+
+/// Where `t`'s last name is: the directory that holds it and the name,
+/// for a call that creates or removes that name. `None` for "ask the
+/// kernel": the path names the start or ends in `.` or `..`, a trailing
+/// slash (unless `slash_ok`: mkdir and rmdir take one), anything
+/// [`walk`] hands to the kernel on the way, a directory the caller may
+/// not search, or a parent that is not a directory.
+pub fn walk_parent<'a>(
+    fs: &Filesystem<MappedPool>,
+    cred: &Credentials,
+    t: &Target<'a>,
+    slash_ok: bool,
+) -> Option<(u64, &'a [u8])> {
+    let mut names: [&[u8]; MAX_PARTS] = [b""; MAX_PARTS];
+    let n = components(t, &mut names)?;
+    let (&name, parents) = names[..n].split_last()?;
+    let raw = if t.parts[1].is_empty() {
+        t.parts[0]
+    } else {
+        t.parts[1]
+    };
+    // "a/." names `a` itself, as "." does: the kernel's answer (EINVAL,
+    // EEXIST...).
+    if name == b".." || raw == b"." || raw.ends_with(b"/.") || (!slash_ok && dir_only(t)) {
+        return None;
+    }
+    let (dir, last) = resolve(fs, cred, t.start, parents, true).ok()?;
+    if last.is_some_and(|a| a.kind != FileKind::Dir) {
+        return None;
+    }
+    // Search permission on the parent itself (resolve checked the ones
+    // above it while looking names up in them).
+    fs.access(cred, dir, inkfs::api::MAY_EXEC).ok()?;
+    Some((dir, name))
 }
 
 /// The credentials the kernel checks a path walk with: the effective ids

@@ -20,18 +20,25 @@
 //! keeps. The new image's library does not adopt inherited descriptors:
 //! they stay kernel descriptors there.
 //!
-//! The exec interposers set no thread-local state and allocate nothing: a
-//! vfork child runs them on its parent's memory.
+//! Placeholder descriptors (lazy.rs) are materialized first: before fork
+//! every one (the child then shares kernel open files with its parent),
+//! before an exec those that survive it. The exec interposers allocate
+//! nothing (materializing is system calls only): a vfork child runs them
+//! on its parent's memory.
 
 use std::ffi::{c_char, c_int, c_void};
 
 use libc::{pid_t, FILE};
 
 use crate::table::{self, LOCAL};
-use crate::{mounts, real, stats};
+use crate::{guard, lazy, mounts, real, stats};
 
 #[no_mangle]
 pub unsafe extern "C" fn fork() -> pid_t {
+    // Placeholders get their kernel files first: parent and child then
+    // share kernel open files, and the server's handles keep an unlinked
+    // one alive whoever closes last (a hold is one process's).
+    let _ = guard::run(|| lazy::materialize_all(|_| true));
     table::fork_refs(1);
     // SAFETY: as called.
     let pid = unsafe { real::fork() };
@@ -39,6 +46,7 @@ pub unsafe extern "C" fn fork() -> pid_t {
         table::fork_refs(-1);
     } else if pid == 0 {
         mounts::after_fork();
+        lazy::after_fork();
         stats::reset();
     }
     pid
@@ -69,6 +77,13 @@ pub fn before_exec() {
 /// (`all`) every one, for a spawn whose file actions (dup2 onto another
 /// number) may pass on a close-on-exec descriptor.
 fn hand_over(all: bool) {
+    // Placeholders that survive the exec get their kernel files first.
+    let survives = |fd: c_int| {
+        // SAFETY: no memory involved.
+        let fdflags = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
+        fdflags >= 0 && (all || fdflags & libc::FD_CLOEXEC == 0)
+    };
+    let _ = guard::run(|| lazy::materialize_all(survives));
     table::each(|fd, _, o| {
         if o.state.load(std::sync::atomic::Ordering::Acquire) != LOCAL {
             return;
@@ -120,7 +135,7 @@ pub unsafe extern "C" fn execvpe(f: *const c_char, argv: Argv, envp: Argv) -> c_
 pub unsafe extern "C" fn fexecve(fd: c_int, argv: Argv, envp: Argv) -> c_int {
     before_exec();
     // SAFETY: as called.
-    unsafe { real::fexecve(fd, argv, envp) }
+    unsafe { real::fexecve(lazy::kernel(fd), argv, envp) }
 }
 
 #[no_mangle]

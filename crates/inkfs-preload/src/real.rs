@@ -106,6 +106,25 @@ mod fns {
         copy_file_range(inp: c_int, off_in: *mut off64_t, out: c_int, off_out: *mut off64_t, n: size_t, flags: c_uint) -> ssize_t, -1;
         splice(inp: c_int, off_in: *mut off64_t, out: c_int, off_out: *mut off64_t, n: size_t, flags: c_uint) -> ssize_t, -1;
         getcwd(buf: *mut c_char, n: size_t) -> *mut c_char, std::ptr::null_mut();
+        umask(mask: mode_t) -> mode_t, 0o022;
+        mkdirat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int, -1;
+        mknodat(dirfd: c_int, path: *const c_char, mode: mode_t, dev: libc::dev_t) -> c_int, -1;
+        symlinkat(target: *const c_char, dirfd: c_int, path: *const c_char) -> c_int, -1;
+        unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int, -1;
+        renameat2(d1: c_int, p1: *const c_char, d2: c_int, p2: *const c_char, flags: c_uint) -> c_int, -1;
+        linkat(d1: c_int, p1: *const c_char, d2: c_int, p2: *const c_char, flags: c_int) -> c_int, -1;
+        fchmodat(dirfd: c_int, path: *const c_char, mode: mode_t, flags: c_int) -> c_int, -1;
+        fchownat(dirfd: c_int, path: *const c_char, uid: libc::uid_t, gid: libc::gid_t, flags: c_int) -> c_int, -1;
+        utimensat(dirfd: c_int, path: *const c_char, times: *const libc::timespec, flags: c_int) -> c_int, -1;
+        utimes(path: *const c_char, tv: *const libc::timeval) -> c_int, -1;
+        lutimes(path: *const c_char, tv: *const libc::timeval) -> c_int, -1;
+        utime(path: *const c_char, buf: *const libc::utimbuf) -> c_int, -1;
+        futimes(fd: c_int, tv: *const libc::timeval) -> c_int, -1;
+        futimens(fd: c_int, times: *const libc::timespec) -> c_int, -1;
+        posix_fadvise64(fd: c_int, off: off64_t, len: off64_t, advice: c_int) -> c_int, libc::ENOSYS;
+        truncate64(path: *const c_char, len: off64_t) -> c_int, -1;
+        fchmod(fd: c_int, mode: mode_t) -> c_int, -1;
+        fchown(fd: c_int, uid: libc::uid_t, gid: libc::gid_t) -> c_int, -1;
     }
 }
 pub use fns::*;

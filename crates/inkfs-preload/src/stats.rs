@@ -5,7 +5,8 @@
 //! _exit, which runs no destructor):
 //! `pid=P read_local=N read_kernel=N stat_local=N stat_kernel=N
 //! dir_local=N dir_kernel=N write_kernel=N attach_refused=N write_local=N
-//! sync_local=N`. That is how the tests tell a
+//! sync_local=N ns_local=N ns_kernel=N attr_local=N open_local=N
+//! materialized=N`. That is how the tests tell a
 //! read served from the pool from one the kernel served.
 
 use std::io::Write;
@@ -26,8 +27,21 @@ pub static WRITE_LOCAL: AtomicU64 = AtomicU64::new(0);
 pub static SYNC_LOCAL: AtomicU64 = AtomicU64::new(0);
 /// Mounts whose server refused this process (or could not be reached).
 pub static ATTACH_REFUSED: AtomicU64 = AtomicU64::new(0);
+/// Namespace calls (and chmod, chown, utimens) the server made through the
+/// client's session, errors it answered included.
+pub static NS_LOCAL: AtomicU64 = AtomicU64::new(0);
+/// Namespace calls on a mount's paths that went to the kernel.
+pub static NS_KERNEL: AtomicU64 = AtomicU64::new(0);
+/// chmod, chown and utimens made by this process's client under the
+/// inode's write lease (no message).
+pub static ATTR_LOCAL: AtomicU64 = AtomicU64::new(0);
+/// Opens (creates included) served with a placeholder descriptor: no
+/// kernel open.
+pub static OPEN_LOCAL: AtomicU64 = AtomicU64::new(0);
+/// Placeholders materialized (a call needed the kernel's file).
+pub static MATERIALIZED: AtomicU64 = AtomicU64::new(0);
 
-const ALL: [&AtomicU64; 10] = [
+const ALL: [&AtomicU64; 15] = [
     &READ_LOCAL,
     &READ_KERNEL,
     &STAT_LOCAL,
@@ -38,6 +52,11 @@ const ALL: [&AtomicU64; 10] = [
     &ATTACH_REFUSED,
     &WRITE_LOCAL,
     &SYNC_LOCAL,
+    &NS_LOCAL,
+    &NS_KERNEL,
+    &ATTR_LOCAL,
+    &OPEN_LOCAL,
+    &MATERIALIZED,
 ];
 
 pub const ENV: &str = "INKFS_PRELOAD_STATS";
@@ -92,7 +111,7 @@ pub fn report() {
     let v = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let _ = writeln!(
         cur,
-        "pid={} read_local={} read_kernel={} stat_local={} stat_kernel={} dir_local={} dir_kernel={} write_kernel={} attach_refused={} write_local={} sync_local={}",
+        "pid={} read_local={} read_kernel={} stat_local={} stat_kernel={} dir_local={} dir_kernel={} write_kernel={} attach_refused={} write_local={} sync_local={} ns_local={} ns_kernel={} attr_local={} open_local={} materialized={}",
         std::process::id(),
         v(&READ_LOCAL),
         v(&READ_KERNEL),
@@ -104,6 +123,11 @@ pub fn report() {
         v(&ATTACH_REFUSED),
         v(&WRITE_LOCAL),
         v(&SYNC_LOCAL),
+        v(&NS_LOCAL),
+        v(&NS_KERNEL),
+        v(&ATTR_LOCAL),
+        v(&OPEN_LOCAL),
+        v(&MATERIALIZED),
     );
     let n = cur.position() as usize;
     // SAFETY: NUL-terminated path, our own buffer; real calls only.

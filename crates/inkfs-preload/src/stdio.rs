@@ -189,14 +189,19 @@ pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE {
     unsafe { real::fdopen(fd, mode) }
 }
 
-/// fclose closes the descriptor inside glibc (a cookie FILE through this
-/// library's close, any other FILE not): forget it first, so the table
-/// never keeps a number the kernel will hand out again.
+/// fclose closes the descriptor inside glibc: a cookie FILE's (a served
+/// descriptor) through this library's close, after its buffer is written
+/// through the library (a placeholder has no kernel file to take it); any
+/// other FILE's not: forget that one first, so the table never keeps a
+/// number the kernel will hand out again.
 #[no_mangle]
 pub unsafe extern "C" fn fclose(f: *mut FILE) -> c_int {
     if !f.is_null() {
         // SAFETY: the program's open FILE.
-        table::release(unsafe { libc::fileno(f) });
+        let fd = unsafe { libc::fileno(f) };
+        if table::local(fd).is_none() {
+            table::release(fd);
+        }
     }
     // SAFETY: as called.
     unsafe { real::fclose(f) }
@@ -212,7 +217,11 @@ pub unsafe extern "C" fn freopen64(
 ) -> *mut FILE {
     if !f.is_null() {
         // SAFETY: the program's open FILE.
-        table::release(unsafe { libc::fileno(f) });
+        let fd = unsafe { libc::fileno(f) };
+        // A cookie FILE is flushed and closed through this library.
+        if table::local(fd).is_none() {
+            table::release(fd);
+        }
     }
     // SAFETY: as called.
     let r = unsafe { real::freopen64(p, mode, f) };

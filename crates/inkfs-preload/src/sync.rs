@@ -76,7 +76,7 @@ fn fuse_inode(fd: c_int) -> Option<u64> {
     // mapped right after.
     // SAFETY: all-zero is a valid stat64; the kernel fills it.
     let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
-    if unsafe { real::fstat64(fd, &mut st) } != 0 {
+    if unsafe { real::fstat64(crate::lazy::kernel(fd), &mut st) } != 0 {
         return None;
     }
     if let Some((_, o)) = crate::table::get(fd) {
@@ -111,7 +111,7 @@ pub unsafe extern "C" fn mmap64(
         });
     }
     // SAFETY: as called.
-    unsafe { real::mmap64(addr, len, prot, flags, fd, off) }
+    unsafe { real::mmap64(addr, len, prot, flags, crate::lazy::kernel(fd), off) }
 }
 
 #[no_mangle]
@@ -136,7 +136,7 @@ fn pool_fsync(idx: usize, ofd: &Ofd, datasync: bool) -> Option<c_int> {
     }
     let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
     // The inode's writing client: the blocks it freed go back with this.
-    let mut lease = m.checkout_writer(ino)?;
+    let mut lease = m.checkout_writer_for(ofd)?;
     lease
         .with_file(idx, ofd, |c, f| c.fsync(f, datasync))?
         .ok()?;
@@ -160,7 +160,7 @@ pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
         return r;
     }
     // SAFETY: no memory involved.
-    unsafe { real::fsync(fd) }
+    unsafe { real::fsync(crate::lazy::kernel(fd)) }
 }
 
 #[no_mangle]
@@ -169,7 +169,7 @@ pub unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
         return r;
     }
     // SAFETY: no memory involved.
-    unsafe { real::fdatasync(fd) }
+    unsafe { real::fdatasync(crate::lazy::kernel(fd)) }
 }
 
 const SFR_FLAGS: c_uint = libc::SYNC_FILE_RANGE_WAIT_BEFORE
@@ -194,5 +194,5 @@ pub unsafe extern "C" fn sync_file_range(
         }
     }
     // SAFETY: no memory involved.
-    unsafe { real::sync_file_range(fd, off, n, flags) }
+    unsafe { real::sync_file_range(crate::lazy::kernel(fd), off, n, flags) }
 }

@@ -49,9 +49,12 @@ pub struct Ofd {
     pub ino: AtomicU64,
     /// The file position; for a directory, the readdir cookie.
     pub offset: AtomicU64,
+    /// 0: a kernel file is behind every descriptor of it; 1: placeholders
+    /// (lazy.rs); 2: being materialized.
+    pub lazy: AtomicU32,
 }
 
-const _: () = assert!(std::mem::size_of::<Ofd>() == 40);
+const _: () = assert!(std::mem::size_of::<Ofd>() == 48);
 
 impl Ofd {
     pub fn is_local(&self) -> bool {
@@ -68,6 +71,11 @@ impl Ofd {
     }
     pub fn append(&self) -> bool {
         self.flags.load(Ordering::Relaxed) as i32 & libc::O_APPEND != 0
+    }
+    /// An O_PATH descriptor: only fstat is served (and it may be the
+    /// directory of a path); everything else is the kernel's EBADF.
+    pub fn is_path(&self) -> bool {
+        self.flags.load(Ordering::Relaxed) as i32 & libc::O_PATH != 0
     }
 }
 
@@ -141,18 +149,22 @@ pub fn local(fd: i32) -> Option<(usize, &'static Ofd)> {
 }
 
 /// A new open file for `fd`: inode `ino` of mount `mount`, `kind` S_IFREG
-/// or S_IFDIR, status flags `flags`, offset 0. False if the table is full
-/// or `fd` out of range (the descriptor is then not served).
-pub fn register(fd: i32, mount: usize, ino: u64, kind: u32, flags: i32) -> bool {
+/// or S_IFDIR, status flags `flags`, offset 0, `lazy` if `fd` is a
+/// placeholder (lazy.rs). Its index, or `None` if the table is full or `fd`
+/// out of range (the descriptor is then not served).
+pub fn register(
+    fd: i32,
+    mount: usize,
+    ino: u64,
+    kind: u32,
+    flags: i32,
+    lazy: bool,
+) -> Option<usize> {
     if is_std(fd) {
-        return false;
+        return None;
     }
-    let Some(slot) = usize::try_from(fd).ok().and_then(|f| FDS.get(f)) else {
-        return false;
-    };
-    let Some(table) = ofds_or_map() else {
-        return false;
-    };
+    let slot = usize::try_from(fd).ok().and_then(|f| FDS.get(f))?;
+    let table = ofds_or_map()?;
     for (idx, o) in table.iter().enumerate() {
         if o.state
             .compare_exchange(FREE, CLAIMED, Ordering::Acquire, Ordering::Relaxed)
@@ -167,13 +179,14 @@ pub fn register(fd: i32, mount: usize, ino: u64, kind: u32, flags: i32) -> bool 
         o.kind.store(kind, Ordering::Relaxed);
         o.ino.store(ino, Ordering::Relaxed);
         o.offset.store(0, Ordering::Relaxed);
+        o.lazy.store(lazy as u32, Ordering::Relaxed);
         o.state.store(LOCAL, Ordering::Release);
         // A stale number of a descriptor closed behind our back would be
         // overwritten here: drop its reference first.
         release_index(slot.swap(idx as u32 + 1, Ordering::AcqRel));
-        return true;
+        return Some(idx);
     }
-    false
+    None
 }
 
 /// `fd` is closed (or about to be reused): forget it.
@@ -190,6 +203,8 @@ fn release_index(i: u32) {
     let Some(table) = ofds() else { return };
     let o = &table[i as usize - 1];
     if o.refs.fetch_sub(1, Ordering::AcqRel) == 1 {
+        // Its hold and path (placeholders, directories) go with it.
+        crate::lazy::forget(i as usize - 1);
         o.state.store(FREE, Ordering::Release);
     }
 }
@@ -233,7 +248,7 @@ pub fn hand_to_kernel(fd: i32) {
     let Some((_, o)) = local(fd) else { return };
     let off = o.offset.load(Ordering::Acquire);
     // SAFETY: no memory involved.
-    unsafe { crate::real::lseek64(fd, off as i64, libc::SEEK_SET) };
+    unsafe { crate::real::lseek64(crate::lazy::kernel(fd), off as i64, libc::SEEK_SET) };
     o.state.store(KERNEL, Ordering::Release);
 }
 

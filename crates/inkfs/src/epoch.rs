@@ -14,6 +14,13 @@
 //!
 //! The table holds atomics only, with a fixed layout, so that it can live
 //! in memory shared between processes.
+//!
+//! It also holds each reader's **holds**: the inodes a client process has
+//! open without the owner knowing (the preload library's placeholder
+//! descriptors, docs/KERNEL-FREE.md "Unlinked files a process holds
+//! open"). The owner does not free an unlinked inode any slot holds; the
+//! holds of a slot are cleared when the owner releases it (the reader is
+//! gone).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
@@ -26,13 +33,19 @@ pub type SharedTable = std::sync::Arc<dyn AsRef<EpochTable> + Send + Sync>;
 /// Readers one table serves at most.
 pub const READERS_MAX: usize = 64;
 
+/// Inodes one reader holds at most.
+pub const HOLDS_PER_SLOT: usize = 256;
+
 /// Bytes of an [`EpochTable`]: what a process mapping one another process
 /// made (shm.rs) checks before it looks inside.
 pub const TABLE_BYTES: usize = std::mem::size_of::<EpochTable>();
-const _: () = assert!(TABLE_BYTES == 8 + READERS_MAX * 4 + READERS_MAX * 8);
+const _: () = assert!(
+    TABLE_BYTES == 8 + READERS_MAX * 4 + READERS_MAX * 8 + READERS_MAX * 4 + READERS_MAX * HOLDS_PER_SLOT * 8
+);
 /// The table's layout, as the attach protocol names it: a client built
 /// with another layout is refused rather than pinning the wrong word.
-pub const TABLE_LAYOUT: u32 = 1;
+/// 2: the holds.
+pub const TABLE_LAYOUT: u32 = 2;
 
 /// The global epoch and one slot per reader.
 #[repr(C)]
@@ -42,6 +55,11 @@ pub struct EpochTable {
     claimed: [AtomicU32; READERS_MAX],
     /// 0: not in a call; else the epoch the reader pinned.
     pinned: [AtomicU64; READERS_MAX],
+    /// Per slot: one past the highest hold entry ever taken (scans stop
+    /// there).
+    holds_top: [AtomicU32; READERS_MAX],
+    /// Per slot: inode numbers held (0: a free entry).
+    holds: [[AtomicU64; HOLDS_PER_SLOT]; READERS_MAX],
 }
 
 impl Default for EpochTable {
@@ -51,11 +69,19 @@ impl Default for EpochTable {
             global: AtomicU64::new(1),
             claimed: std::array::from_fn(|_| AtomicU32::new(0)),
             pinned: std::array::from_fn(|_| AtomicU64::new(0)),
+            holds_top: std::array::from_fn(|_| AtomicU32::new(0)),
+            holds: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
         }
     }
 }
 
 impl EpochTable {
+    /// Make a table of all-zero bytes (a fresh shared mapping) a new table:
+    /// every field is valid at 0 but the global epoch, which starts at 1.
+    pub fn start_zeroed(&self) {
+        self.global.store(1, SeqCst);
+    }
+
     /// A slot for a new reader, or None when all are taken.
     pub fn claim(&self) -> Option<ReaderSlot<'_>> {
         (0..READERS_MAX).find_map(|i| {
@@ -114,12 +140,53 @@ impl EpochTable {
     }
 
     /// Release slot `i` of a reader that is gone without releasing it (a
-    /// client the server reaped).
+    /// client the server reaped): its pin and its holds go.
     pub fn release_slot(&self, i: usize) {
         if i < READERS_MAX {
             self.pinned[i].store(0, SeqCst);
+            for h in &self.holds[i] {
+                h.store(0, SeqCst);
+            }
+            self.holds_top[i].store(0, SeqCst);
             self.claimed[i].store(0, SeqCst);
         }
+    }
+
+    /// Slot `slot` holds inode `ino` (a reader about to use it without
+    /// the owner knowing): the entry's index, or None when the slot's
+    /// entries are all taken (or `ino` is 0). The reader must then check
+    /// that the inode is still what it looked up, after this store (the
+    /// SeqCst pairs with the owner's fence between its unlink and its
+    /// [`EpochTable::held`]).
+    pub fn hold(&self, slot: usize, ino: u64) -> Option<usize> {
+        let entries = self.holds.get(slot)?;
+        if ino == 0 {
+            return None;
+        }
+        let i = entries
+            .iter()
+            .position(|e| e.compare_exchange(0, ino, SeqCst, SeqCst).is_ok())?;
+        self.holds_top[slot].fetch_max(i as u32 + 1, SeqCst);
+        Some(i)
+    }
+
+    /// Entry `i` of slot `slot`, holding `ino`, is let go.
+    pub fn unhold(&self, slot: usize, i: usize, ino: u64) {
+        if let Some(e) = self.holds.get(slot).and_then(|s| s.get(i)) {
+            let _ = e.compare_exchange(ino, 0, SeqCst, SeqCst);
+        }
+    }
+
+    /// Whether any claimed slot holds inode `ino` (the owner, after a full
+    /// fence that follows the store that unlinked it).
+    pub fn held(&self, ino: u64) -> bool {
+        (0..READERS_MAX).any(|s| {
+            if self.claimed[s].load(SeqCst) == 0 {
+                return false;
+            }
+            let top = (self.holds_top[s].load(SeqCst) as usize).min(HOLDS_PER_SLOT);
+            self.holds[s][..top].iter().any(|e| e.load(SeqCst) == ino)
+        })
     }
 
     /// The oldest epoch a reader is pinned at, or None when none is.
@@ -225,6 +292,34 @@ impl Limbo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn holds_are_seen_while_claimed_and_go_with_the_slot() {
+        let t = Box::new(EpochTable::default());
+        let a = t.claim_index().unwrap();
+        let b = t.claim_index().unwrap();
+        assert!(!t.held(7));
+        let i = t.hold(a, 7).unwrap();
+        let j = t.hold(a, 9).unwrap();
+        assert_ne!(i, j);
+        assert!(t.held(7) && t.held(9));
+        t.unhold(a, i, 8); // not what it holds: nothing changes
+        assert!(t.held(7));
+        t.unhold(a, i, 7);
+        assert!(!t.held(7));
+        assert_eq!(t.hold(a, 0), None);
+        for n in 0..HOLDS_PER_SLOT as u64 - 1 {
+            assert!(t.hold(b, 1000 + n).is_some());
+        }
+        assert!(t.hold(b, 5000).is_some(), "the last entry");
+        assert_eq!(t.hold(b, 5001), None, "full");
+        t.release_slot(a);
+        assert!(!t.held(9), "a released slot's holds are gone");
+        assert!(t.held(5000));
+        t.release_slot(b);
+        assert!(!t.held(5000));
+        assert_eq!(t.hold(99, 1), None, "no such slot");
+    }
 
     #[test]
     fn a_pinned_reader_holds_what_was_freed_after_it_pinned() {

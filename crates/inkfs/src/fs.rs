@@ -111,6 +111,8 @@ pub struct Fs<P: Pmem> {
     /// A client engine of the kernel-free path (lease.rs): writes only
     /// under leases, frees to the server.
     pub(crate) client: Option<crate::lease::ClientSide>,
+    /// Orphans only a client's hold keeps (holds.rs).
+    pub(crate) held_orphans: Mutex<Vec<u64>>,
 }
 
 /// What a mount (or an attach) puts together before the engine exists.
@@ -331,6 +333,7 @@ impl<P: Pmem> Fs<P> {
             data,
             lease_hook: Default::default(),
             client: None,
+            held_orphans: Mutex::default(),
         }
     }
 
@@ -732,8 +735,16 @@ impl<P: Pmem> Fs<P> {
         Ok(FileHandle::new(inode))
     }
 
-    /// Close a handle; the last close of an unlinked inode frees it.
+    /// Close a handle; the last close of an unlinked inode frees it,
+    /// unless a client holds it (holds.rs).
     pub fn release(&self, fh: FileHandle) {
+        if read(&fh.inode.state).orphan {
+            // A held orphan may be leased (holds.rs): the lease comes back
+            // before the inode may go.
+            if let Some(hook) = self.lease_hook.get() {
+                hook.before_use(fh.inode.ino);
+            }
+        }
         let mut st = write(&fh.inode.state);
         debug_assert!(st.open_count > 0);
         st.open_count = st.open_count.saturating_sub(1);
@@ -743,7 +754,11 @@ impl<P: Pmem> Fs<P> {
             // read-only mount never has one: a crash's are freed by the
             // next read-write mount).
             if st.orphan && !st.gone && self.may_write() {
-                self.free_inode_now(&fh.inode, &mut st);
+                if self.client_holds(fh.inode.ino) {
+                    self.keep_held_orphan(fh.inode.ino);
+                } else {
+                    self.free_inode_now(&fh.inode, &mut st);
+                }
             }
         }
     }

@@ -788,7 +788,9 @@ impl<P: Pmem> Fs<P> {
     ) -> Result<DropOutcome> {
         let last = child.kind == FileKind::Dir || st.attr.nlink <= 1;
         if last {
-            let state = if st.open_count > 0 {
+            // Open here, or maybe held by a client (holds.rs): ORPHAN, and
+            // freed once nobody has it.
+            let state = if st.open_count > 0 || self.clients_may_hold() {
                 INODE_ORPHAN
             } else {
                 INODE_FREE
@@ -819,6 +821,17 @@ impl<P: Pmem> Fs<P> {
             DropOutcome::Orphaned => {
                 st.orphan = true;
                 st.attr.nlink = 0;
+                // ORPHAN only because a client might hold it: the journal
+                // committed that state; now (after the fence in
+                // `client_holds`) either a client's hold is seen, or the
+                // client sees ORPHAN and lets go.
+                if st.open_count == 0 && self.may_write() {
+                    if self.client_holds(child.ino) {
+                        self.keep_held_orphan(child.ino);
+                    } else {
+                        self.free_inode_now(child, st);
+                    }
+                }
             }
             DropOutcome::Freed => {
                 st.attr.nlink = 0;

@@ -59,9 +59,10 @@ impl SharedEpochs {
             }
         }
         let table = map(&fd, map_len)?;
-        // SAFETY: the mapping is fresh, writable, page aligned and at least
-        // TABLE_BYTES long; nobody else can see it yet.
-        unsafe { table.as_ptr().write(EpochTable::default()) };
+        // SAFETY: the mapping is fresh, writable, page aligned, zero-filled
+        // and at least TABLE_BYTES long; an EpochTable is atomics, valid
+        // at any bits; nobody else can see it yet.
+        unsafe { table.as_ref() }.start_zeroed();
         Ok(SharedEpochs { table, map_len, fd })
     }
 

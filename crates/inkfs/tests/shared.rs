@@ -449,3 +449,61 @@ fn a_reader_racing_compactions_never_fails() {
         &failures[..failures.len().min(5)]
     );
 }
+
+/// A file a reader holds (a client's placeholder descriptor: its number in
+/// the reader's slot) outlives its last name until the hold goes, though
+/// the owner has no handle on it; without a hold, the last unlink frees it
+/// at once (ORPHAN committed, then FREE). The reader's check after its
+/// hold sees an unlinked or reused inode.
+#[test]
+fn a_held_inode_outlives_its_last_name_until_the_hold_goes() {
+    let s = shared("holds", Mode::Strict);
+    let table = Arc::new(EpochTable::default());
+    s.owner.share_epochs(table.clone());
+    let slot = table.claim_index().unwrap();
+    let (a, fh) = s.owner.create(ROOT, b"f", 0o644, 0, 0).unwrap();
+    s.owner.write(&fh, 0, &vec![5u8; 64 << 10]).unwrap();
+    s.owner.release(fh);
+    let free0 = s.owner.statfs().blocks_free;
+    // The reader holds it, then checks it is still the file it looked up.
+    let entry = table.hold(slot, a.ino).unwrap();
+    assert!(s.reader.is_linked(a.ino, a.generation));
+    s.owner.unlink(ROOT, b"f").unwrap();
+    assert!(s.reader.lookup(ROOT, b"f").is_err());
+    assert!(!s.reader.is_linked(a.ino, a.generation), "unlinked now");
+    // Still readable through the reader, still taking its blocks.
+    assert_eq!(read_all(&s.reader, a.ino), vec![5u8; 64 << 10]);
+    assert_eq!(s.owner.free_unheld_orphans(), 0, "held: not freed");
+    assert_eq!(s.owner.held_orphans(), 1);
+    assert!(s.owner.statfs().blocks_free < free0 + 16);
+    table.unhold(slot, entry, a.ino);
+    assert_eq!(s.owner.free_unheld_orphans(), 1);
+    assert_eq!(s.owner.held_orphans(), 0);
+    s.owner.reclaim_limbo();
+    assert!(
+        s.owner.statfs().blocks_free >= free0 + 16,
+        "its blocks came back"
+    );
+    // No hold: the last unlink frees at once.
+    let (b, fh) = s.owner.create(ROOT, b"g", 0o644, 0, 0).unwrap();
+    s.owner.release(fh);
+    s.owner.unlink(ROOT, b"g").unwrap();
+    assert_eq!(s.owner.held_orphans(), 0);
+    assert!(s.owner.getattr(b.ino).is_err(), "freed");
+    // A hold on a number since reused by another file: the check fails.
+    let (c, fh) = s.owner.create(ROOT, b"h", 0o644, 0, 0).unwrap();
+    s.owner.release(fh);
+    if c.ino == a.ino {
+        assert!(!s.reader.is_linked(c.ino, a.generation));
+    }
+    assert!(s.reader.is_linked(c.ino, c.generation));
+    // Holds go with the reader's slot.
+    let _ = table.hold(slot, c.ino).unwrap();
+    s.owner.unlink(ROOT, b"h").unwrap();
+    assert_eq!(s.owner.held_orphans(), 1);
+    table.release_slot(slot);
+    assert_eq!(s.owner.free_unheld_orphans(), 1);
+    let pm = s.owner.unmount().unwrap();
+    let report = inkfs::fsck::check(&pm, &Default::default()).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+}

@@ -8,6 +8,8 @@
 
 #![allow(dead_code)]
 
+pub mod preload;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};

@@ -6,10 +6,11 @@
 //! ```text
 //! client: attach\n
 //! server: ok layout=L id=N slot=I mode=MODE[ data=T]\n
-//!         + 2 descriptors (SCM_RIGHTS): the pool (the server's own open
-//!         file description: the client shares its claim) and the memfd of
-//!         the epoch table; a hybrid pool (`data=T`, T the mount's
-//!         placement threshold in bytes) adds a third: the data device
+//!         + 3 descriptors (SCM_RIGHTS): the pool (the server's own open
+//!         file description: the client shares its claim), the memfd of
+//!         the epoch table, and the memfd of the client's request ring
+//!         (`super::ring`); a hybrid pool (`data=T`, T the mount's
+//!         placement threshold in bytes) adds a fourth: the data device
 //!         (the server's own description too: its lock and its O_DIRECT)
 //!     or: error MESSAGE\n                          and the server closes
 //! ```
@@ -98,7 +99,7 @@ impl Grant {
 
     /// Descriptors the grant comes with.
     fn fds(&self) -> usize {
-        2 + self.data_threshold.is_some() as usize
+        3 + self.data_threshold.is_some() as usize
     }
 
     /// Parse a grant line (without its newline); every field must be there
@@ -159,13 +160,15 @@ pub fn send_request(conn: &UnixStream) -> io::Result<()> {
     Ok(())
 }
 
-/// Send `grant` with the pool's descriptor, the epoch table's and, when
-/// the grant says the pool is hybrid, the data device's (the server).
+/// Send `grant` with the pool's descriptor, the epoch table's, the
+/// client's request ring's and, when the grant says the pool is hybrid,
+/// the data device's (the server).
 pub fn send_grant(
     conn: &UnixStream,
     grant: &Grant,
     pool: BorrowedFd<'_>,
     epochs: BorrowedFd<'_>,
+    ring: BorrowedFd<'_>,
     data: Option<BorrowedFd<'_>>,
 ) -> io::Result<()> {
     if data.is_some() != grant.data_threshold.is_some() {
@@ -175,7 +178,7 @@ pub fn send_grant(
         ));
     }
     let line = grant.line();
-    let mut fds = vec![pool.as_raw_fd(), epochs.as_raw_fd()];
+    let mut fds = vec![pool.as_raw_fd(), epochs.as_raw_fd(), ring.as_raw_fd()];
     fds.extend(data.map(|d| d.as_raw_fd()));
     let cmsg = [ControlMessage::ScmRights(&fds)];
     let iov = [IoSlice::new(line.as_bytes())];
@@ -192,7 +195,8 @@ pub fn send_grant(
     Ok(())
 }
 
-/// The descriptors a grant brings.
+/// What a grant carries: the pool's descriptor, the epoch table's, the
+/// request ring's and a hybrid pool's data device's.
 #[derive(Debug)]
 pub struct Granted {
     pub grant: Grant,
@@ -200,6 +204,8 @@ pub struct Granted {
     pub pool: OwnedFd,
     /// The epoch table's memfd.
     pub epochs: OwnedFd,
+    /// The client's request ring's memfd.
+    pub ring: OwnedFd,
     /// A hybrid pool's data device (the server's description).
     pub data: Option<OwnedFd>,
 }
@@ -235,14 +241,17 @@ pub fn recv_grant(conn: &mut UnixStream) -> Result<Granted, Answer> {
         )));
     }
     let mut fds = fds.into_iter();
-    match (fds.next(), fds.next()) {
-        (Some(pool), Some(epochs)) => Ok(Granted {
+    match (fds.next(), fds.next(), fds.next()) {
+        (Some(pool), Some(epochs), Some(ring)) => Ok(Granted {
             grant,
             pool,
             epochs,
+            ring,
             data: fds.next(),
         }),
-        _ => Err(Answer::Malformed("the grant carried no descriptors".into())),
+        _ => Err(Answer::Malformed(
+            "the grant carried too few descriptors".into(),
+        )),
     }
 }
 
@@ -349,10 +358,11 @@ mod tests {
             data_threshold: None,
         };
         use std::os::fd::AsFd;
-        send_grant(&a, &g, f.as_fd(), f.as_fd(), None).unwrap();
+        send_grant(&a, &g, f.as_fd(), f.as_fd(), f.as_fd(), None).unwrap();
         let got = recv_grant(&mut b).unwrap();
         assert_eq!(got.grant, g);
         assert_ne!(got.pool.as_raw_fd(), got.epochs.as_raw_fd());
+        assert_ne!(got.epochs.as_raw_fd(), got.ring.as_raw_fd());
         assert!(got.data.is_none());
         // A hybrid pool's grant: the data device's descriptor too, and
         // only with `data=`.
@@ -360,15 +370,15 @@ mod tests {
             data_threshold: Some(4096),
             ..g
         };
-        assert!(send_grant(&a, &h, f.as_fd(), f.as_fd(), None).is_err());
-        assert!(send_grant(&a, &g, f.as_fd(), f.as_fd(), Some(f.as_fd())).is_err());
-        send_grant(&a, &h, f.as_fd(), f.as_fd(), Some(f.as_fd())).unwrap();
+        assert!(send_grant(&a, &h, f.as_fd(), f.as_fd(), f.as_fd(), None).is_err());
+        assert!(send_grant(&a, &g, f.as_fd(), f.as_fd(), f.as_fd(), Some(f.as_fd())).is_err());
+        send_grant(&a, &h, f.as_fd(), f.as_fd(), f.as_fd(), Some(f.as_fd())).unwrap();
         let got = recv_grant(&mut b).unwrap();
         assert_eq!(got.grant, h);
         assert!(got.data.is_some());
         // A grant whose descriptors do not match its line is refused.
         let line = h.line();
-        let fds = [f.as_raw_fd(), f.as_raw_fd()];
+        let fds = [f.as_raw_fd(), f.as_raw_fd(), f.as_raw_fd()];
         socket::sendmsg::<()>(
             a.as_raw_fd(),
             &[IoSlice::new(line.as_bytes())],

@@ -20,9 +20,11 @@
 //! of the client reads the session: answers to its requests, and recalls,
 //! which another thread answers once the write in flight on the inode is
 //! over (`inkfs::api::lease` has the messages). Everything else that
-//! changes the file system (namespace, chmod, chown, xattrs, flags) is the
-//! server's: through [`Client::call`] it gets EROFS, as before; make those
-//! calls through the mount.
+//! changes the file system (namespace, chmod, chown, xattrs) is the
+//! server's: [`Client::ns`] asks it to make such a change with given
+//! credentials (`inkfs::api::ns`); through [`Client::call`] those calls get
+//! EROFS. Requests that wait for an answer travel on the client's ring
+//! (`inkfs::api::ring`), recalls and their answers on the session.
 //!
 //! A hybrid pool's grant hands the data device over too: the client reads
 //! large files' data there with `pread`, and writes it there itself under
@@ -42,6 +44,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
@@ -50,6 +53,8 @@ use std::time::Duration;
 
 use super::attach::{self as wire, Answer, Grant};
 use super::lease::{Msg, LINE_MAX};
+use super::ns;
+use super::ring::Ring;
 use super::{File, Filesystem, Follow, OpenFlags, Written, ROOT_INO};
 use crate::blockdev::{BlockDev, FileDev, Side};
 use crate::error::{errno, Error, Result};
@@ -58,6 +63,10 @@ use crate::perm::Credentials;
 use crate::pmem::{MappedPool, PoolFile, PoolOpenOptions};
 use crate::shm::SharedEpochs;
 use crate::types::{Attr, DirEntry, FileKind, Mode, SetAttr};
+
+/// `INKFS_CLIENT_CHANNEL=session`: requests on the session's socket
+/// instead of the ring (to measure one against the other).
+pub const CHANNEL_ENV: &str = "INKFS_CLIENT_CHANNEL";
 
 /// How long the server has to answer an attach.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -71,9 +80,22 @@ const RESERVE_TRIES: u32 = 3;
 /// fewer, and the refill asks for PM blocks too.
 const LOG_BLOCKS_MIN: u64 = 16;
 
+/// An inode a client holds (see [`Client::hold`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hold {
+    pub slot: usize,
+    pub entry: usize,
+    pub ino: u64,
+}
+
 /// A client of the inkfs mount a path is on.
 pub struct Client {
     shared: Arc<Shared>,
+    /// Requests that wait for an answer go here (`super::ring`)...
+    ring: Ring,
+    /// ...unless `INKFS_CLIENT_CHANNEL=session` asked for the session
+    /// (measurements of one against the other).
+    use_ring: bool,
     epochs: Arc<SharedEpochs>,
     grant: Grant,
     mountpoint: PathBuf,
@@ -81,10 +103,12 @@ pub struct Client {
     conn: UnixStream,
     /// A call is running (and pinned): nested calls reuse its pin.
     pinned: Cell<bool>,
+    /// The last namespace request's number.
+    seq: Cell<u64>,
     /// The lease cell of the inode this client wrote last: a write to the
     /// same inode (the common case) skips the table's lock and hash. The
     /// table never drops a cell, so a cached one stays the inode's.
-    last_cell: RefCell<Option<(u64, Arc<Mutex<bool>>)>>,
+    last_cell: RefCell<Option<(u64, Arc<Mutex<LeaseState>>)>>,
     /// The session's reader and the recall thread.
     threads: Vec<std::thread::JoinHandle<()>>,
     /// The process that attached (a child after fork has neither the
@@ -104,7 +128,7 @@ struct Shared {
     closed: AtomicBool,
     /// Per inode: whether this client holds its lease; locked for the
     /// whole of a write, so a recall waits for the write in flight.
-    leases: Mutex<HashMap<u64, Arc<Mutex<bool>>>>,
+    leases: Mutex<HashMap<u64, Arc<Mutex<LeaseState>>>>,
     /// Leases held now.
     held: AtomicUsize,
     /// Writes to the session so far (each a system call the server answers
@@ -135,7 +159,7 @@ impl Client {
                 "no control socket: not an inkfs mount, or its server is gone",
             )
         })?;
-        let mut conn = UnixStream::connect(&sock).map_err(|e| {
+        let conn = UnixStream::connect(&sock).map_err(|e| {
             refused(
                 mountpoint,
                 &format!("connecting to {}: {e}", sock.display()),
@@ -148,6 +172,7 @@ impl Client {
         // reported when there is none. MSG_NOSIGNAL: no SIGPIPE for the
         // program this library runs in.
         let sent = wire::send_request(&conn);
+        let mut conn = UnixStream::from(high(conn.into())?);
         let granted = match (wire::recv_grant(&mut conn), sent) {
             (Ok(granted), _) => granted,
             (Err(refusal @ Answer::Refused(_)), _) => {
@@ -160,16 +185,24 @@ impl Client {
         // The session is idle from here on: no timeouts on it.
         conn.set_read_timeout(None)?;
         conn.set_write_timeout(None)?;
-        let grant = granted.grant;
-        let epochs = Arc::new(SharedEpochs::from_fd(granted.epochs)?);
+        let wire::Granted {
+            grant,
+            pool: pool_fd,
+            epochs: epochs_fd,
+            ring,
+            data: data_fd,
+        } = granted;
+        let epochs = Arc::new(SharedEpochs::from_fd(high(epochs_fd)?)?);
+        let ring = Ring::from_fd(high(ring)?)?;
+        let pool_fd = high(pool_fd)?;
         let label = mountpoint.join("(pool of this mount)");
-        let file = PoolFile::from_fd(granted.pool, &label)?;
+        let file = PoolFile::from_fd(pool_fd, &label)?;
         // A hybrid pool: the server's data device, read and written by
         // this client as the server does (the engine checks its label).
-        let data = match (granted.data, grant.data_threshold) {
+        let data = match (data_fd, grant.data_threshold) {
             (Some(fd), Some(threshold)) => {
                 let label = mountpoint.join("(data device of this mount)");
-                let dev: Arc<dyn BlockDev> = Arc::new(FileDev::from_shared_fd(fd, &label)?);
+                let dev: Arc<dyn BlockDev> = Arc::new(FileDev::from_shared_fd(high(fd)?, &label)?);
                 Some((dev, threshold))
             }
             _ => None,
@@ -198,7 +231,7 @@ impl Client {
         fs.client_use_epochs(epochs.clone(), grant.slot);
         let shared = Arc::new(Shared {
             fs: Filesystem { fs },
-            out: Mutex::new(conn.try_clone()?),
+            out: Mutex::new(clone_high(&conn)?),
             answer: Mutex::new(None),
             answered: Condvar::new(),
             closed: AtomicBool::new(false),
@@ -206,14 +239,18 @@ impl Client {
             held: AtomicUsize::new(0),
             sent: AtomicUsize::new(0),
         });
-        let threads = start_threads(&shared, conn.try_clone()?)?;
+        let threads = start_threads(&shared, clone_high(&conn)?)?;
+        let use_ring = std::env::var_os(CHANNEL_ENV).is_none_or(|v| v != "session");
         Ok(Client {
             shared,
+            ring,
+            use_ring,
             epochs,
             grant,
             mountpoint: mountpoint.to_path_buf(),
             conn,
             pinned: Cell::new(false),
+            seq: Cell::new(0),
             last_cell: RefCell::new(None),
             threads,
             pid: std::process::id(),
@@ -264,6 +301,12 @@ impl Client {
             Ok(_) => true,
             Err(e) => e == nix::errno::Errno::EAGAIN,
         }
+    }
+
+    /// Whether this client's session has ended (its reader saw the end of
+    /// file): no system call, unlike [`Client::server_alive`].
+    pub fn session_closed(&self) -> bool {
+        self.shared.closed.load(SeqCst)
     }
 
     /// Write leases this client holds now.
@@ -413,7 +456,7 @@ impl Client {
 
     /// The lease cell of `ino` (this client's last one when it is the
     /// same inode).
-    fn lease_cell(&self, ino: u64) -> Arc<Mutex<bool>> {
+    fn lease_cell(&self, ino: u64) -> Arc<Mutex<LeaseState>> {
         let mut last = self.last_cell.borrow_mut();
         match &*last {
             Some((i, cell)) if *i == ino => cell.clone(),
@@ -444,14 +487,17 @@ impl Client {
             // first): nothing may be written any more.
             return errno(libc::EIO);
         }
-        if !*held {
-            match self.shared.request(Msg::Lease(ino))? {
-                Msg::Granted(i) if i == ino => {}
+        if !held.held {
+            match self.ask(&Msg::Lease(ino))? {
+                Msg::Granted(i, gen) if i == ino => {
+                    // A recall of this grant cannot have come first: it
+                    // waits for this lock.
+                    debug_assert!(gen > held.recalled);
+                    held.take(gen, &self.shared.held);
+                }
                 Msg::Denied(i, e) if i == ino => return errno(e),
                 other => return Err(protocol_error(&other)),
             }
-            *held = true;
-            self.shared.held.fetch_add(1, SeqCst);
         }
         let mut tries = 0;
         loop {
@@ -469,9 +515,13 @@ impl Client {
             if r.is_ok() && log_due() {
                 // Mostly dead entries: the server collects the log once it
                 // has the lease back (the next write asks for it again).
-                *held = false;
-                self.shared.held.fetch_sub(1, SeqCst);
-                self.shared.give_back(ino);
+                // Given back: a create's answer naming this grant, which
+                // the server may send until the `released` reaches it, is
+                // not held again.
+                let gen = held.gen;
+                held.recalled = held.recalled.max(gen);
+                held.drop_lease(&self.shared.held);
+                self.shared.give_back(ino, gen);
             }
             match r {
                 Err(e) if e.errno() == libc::ENOSPC && tries < RESERVE_TRIES => {
@@ -484,6 +534,117 @@ impl Client {
                 r => return r,
             }
         }
+    }
+
+    /// Ask the server to make namespace change `op` with credentials
+    /// `cred` (docs/KERNEL-FREE.md, "Stage 4: the channel"): its answer,
+    /// whose `errno` is the engine's (0: made). A create's write lease
+    /// comes with it (held from now on unless recalled meanwhile). `Err`:
+    /// the request could not be asked (too long for a line, the session
+    /// closed): make the call through the mount instead.
+    pub fn ns(&self, cred: &Credentials, op: ns::Op) -> Result<ns::Done> {
+        let seq = self.seq.get() + 1;
+        self.seq.set(seq);
+        let req = ns::Request {
+            seq,
+            cred: cred.clone(),
+            op,
+        };
+        if !req.fits() {
+            return errno(libc::E2BIG);
+        }
+        let create = matches!(req.op, ns::Op::Create { .. });
+        match self.ask(&Msg::Ns(req))? {
+            Msg::Done(d) if d.seq == seq => {
+                if create && d.errno == 0 && d.gen != 0 {
+                    self.shared.granted_with_answer(d.ino, d.gen);
+                }
+                Ok(d)
+            }
+            other => Err(protocol_error(&other)),
+        }
+    }
+
+    /// chmod, chown, utimens of inode `ino` by this client, in the inode's
+    /// log, if this client holds its write lease (docs/KERNEL-FREE.md,
+    /// "Attribute changes by the lease holder"): `None` if it does not (ask
+    /// the server: [`Client::ns`]). The engine's rules with `cred` (the
+    /// owner for chmod and explicit times, set-id bits dropped by a chown,
+    /// the inode's flags). `set` must not change the size.
+    pub fn setattr_leased(
+        &self,
+        cred: &Credentials,
+        ino: u64,
+        set: &SetAttr,
+    ) -> Option<Result<Attr>> {
+        debug_assert!(set.size.is_none(), "a truncate is not an attribute change");
+        if set.size.is_some() || !self.holds_lease(ino) {
+            return None;
+        }
+        // Recalled since: `leased` asks for it again (correct, only slower).
+        Some(self.leased(ino, None, 0, |fs| fs.setattr(cred, ino, set, None)))
+    }
+
+    /// Hold inode `ino` (docs/KERNEL-FREE.md, "Unlinked files a process
+    /// holds open"): its number published in this client's slot, then
+    /// checked still linked with generation `generation` (the one the
+    /// lookup found). `None`: it is not (let the kernel open it), or this
+    /// slot's holds are all taken. While held, the server frees it at no
+    /// unlink.
+    pub fn hold(&self, ino: u64, generation: u64) -> Option<Hold> {
+        let entry = self.epochs.hold(self.grant.slot, ino)?;
+        let hold = Hold {
+            slot: self.grant.slot,
+            entry,
+            ino,
+        };
+        // After the hold's SeqCst store: the record, as the server left it.
+        if self.call(|fs| fs.is_linked(ino, generation)) {
+            Some(hold)
+        } else {
+            self.epochs.unhold(hold.slot, hold.entry, ino);
+            None
+        }
+    }
+
+    /// Let `hold` go (through any client of the mount: the table is
+    /// shared). If its inode lost its last name meanwhile, the server is
+    /// told, so that it frees it now (it also looks every 50 ms).
+    pub fn unhold(&self, hold: Hold) {
+        self.epochs.unhold(hold.slot, hold.entry, hold.ino);
+        std::sync::atomic::fence(SeqCst);
+        let orphan = self.call(|fs| fs.is_orphan(hold.ino).unwrap_or(false));
+        if orphan {
+            let _ = self.shared.send(&Msg::Unheld(hold.ino));
+        }
+    }
+
+    /// Send a request on the ring and wait for its answer (EIO if the
+    /// server is gone).
+    fn ask(&self, msg: &Msg) -> Result<Msg> {
+        if self.shared.closed.load(SeqCst) {
+            return errno(libc::EIO);
+        }
+        if !self.use_ring {
+            return self.shared.request(msg.clone());
+        }
+        let line = msg.line();
+        let answer = self
+            .ring
+            .call(line.as_bytes(), || self.shared.closed.load(SeqCst))
+            .map_err(Error::Io)?;
+        let text = std::str::from_utf8(&answer).map_err(|_| Error::Errno(libc::EIO))?;
+        Msg::parse(text.trim_end()).ok_or_else(|| {
+            Error::Io(std::io::Error::other(format!(
+                "the server's answer {text:?} is not a message"
+            )))
+        })
+    }
+
+    /// Whether this client holds `ino`'s write lease now.
+    pub fn holds_lease(&self, ino: u64) -> bool {
+        let cell = lock(&self.shared.leases).get(&ino).cloned();
+        cell.is_some_and(|c| lock(&c).held)
     }
 
     /// Ask for the blocks a write of `bytes` found missing: its data's
@@ -525,7 +686,7 @@ impl Client {
             Side::Pm => Msg::Reserve(want),
             Side::Dev => Msg::ReserveDev(want),
         };
-        match self.shared.request(ask)? {
+        match self.ask(&ask)? {
             Msg::Blocks(ranges) => {
                 // Fewer than asked for: the server had no more on that side.
                 let got: u64 = ranges
@@ -568,9 +729,49 @@ impl Drop for Client {
     }
 }
 
+/// This client's view of one inode's write lease.
+#[derive(Default)]
+struct LeaseState {
+    held: bool,
+    /// The grant held (when `held`).
+    gen: u64,
+    /// The latest grant the server recalled: a grant learnt of later (from
+    /// a create's answer, which a recall may overtake) that is not newer
+    /// was given back already.
+    recalled: u64,
+}
+
+impl LeaseState {
+    /// Grant `gen` is held now.
+    fn take(&mut self, gen: u64, count: &AtomicUsize) {
+        if !self.held {
+            count.fetch_add(1, SeqCst);
+        }
+        self.held = true;
+        self.gen = gen;
+    }
+
+    fn drop_lease(&mut self, count: &AtomicUsize) {
+        if self.held {
+            self.held = false;
+            count.fetch_sub(1, SeqCst);
+        }
+    }
+}
+
 impl Shared {
-    fn lease_cell(&self, ino: u64) -> Arc<Mutex<bool>> {
+    fn lease_cell(&self, ino: u64) -> Arc<Mutex<LeaseState>> {
         lock(&self.leases).entry(ino).or_default().clone()
+    }
+
+    /// A namespace request's answer granted the lease of `ino` (grant
+    /// `gen`): held unless it was recalled meanwhile.
+    fn granted_with_answer(&self, ino: u64, gen: u64) {
+        let cell = self.lease_cell(ino);
+        let mut st = lock(&cell);
+        if gen > st.recalled && (!st.held || st.gen <= gen) {
+            st.take(gen, &self.held);
+        }
     }
 
     fn send(&self, msg: &Msg) -> Result<()> {
@@ -617,21 +818,22 @@ impl Shared {
         }
     }
 
-    /// The server recalls `ino`'s lease: once the write in flight on it is
-    /// over, give it back with the blocks this client freed (and, holding
-    /// no other lease, its unused reservation).
-    fn recall(&self, ino: u64) {
+    /// The server recalls grant `gen` of `ino`'s lease: once the write in
+    /// flight on it is over, give it back with the blocks this client freed
+    /// (and, holding no other lease, its unused reservation).
+    fn recall(&self, ino: u64, gen: u64) {
         let cell = self.lease_cell(ino);
-        let mut held = lock(&cell);
-        if *held {
-            *held = false;
-            self.held.fetch_sub(1, SeqCst);
+        let mut st = lock(&cell);
+        st.recalled = st.recalled.max(gen);
+        if st.held && st.gen <= gen {
+            st.drop_lease(&self.held);
         }
-        self.give_back(ino);
+        self.give_back(ino, gen);
     }
 
-    /// Give `ino`'s lease back (its lock held, marked not held).
-    fn give_back(&self, ino: u64) {
+    /// Give grant `gen` of `ino`'s lease back (its lock held, marked not
+    /// held).
+    fn give_back(&self, ino: u64, gen: u64) {
         let fs = &self.fs.fs;
         fs.client_release_inode(ino);
         let mut back = fs.take_client_freed();
@@ -639,8 +841,43 @@ impl Shared {
             back.extend(fs.drain_reservation());
         }
         let _ = self.send_ranges(&back);
-        let _ = self.send(&Msg::Released(ino));
+        let _ = self.send(&Msg::Released(ino, gen));
     }
+}
+
+/// Where a client's own descriptors go: this far below the soft limit of
+/// open files (at least 64), so that the program that made the client (an
+/// unmodified one, under the preload library) gets the descriptor numbers
+/// it would get without it.
+const HIGH_BELOW_LIMIT: u64 = 128;
+
+/// `fd` moved to the lowest free number at or above the client's floor
+/// (close-on-exec): a library's own descriptor out of the program's way.
+pub fn high(fd: OwnedFd) -> Result<OwnedFd> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we own.
+    let cur = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur
+    } else {
+        1024
+    };
+    let floor = cur.saturating_sub(HIGH_BELOW_LIMIT).clamp(64, 1 << 20) as libc::c_int;
+    // SAFETY: F_DUPFD_CLOEXEC on a descriptor we own; no memory involved.
+    let raw = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, floor) };
+    if raw < 0 {
+        // No number free up there: keep the one it has.
+        return Ok(fd);
+    }
+    // SAFETY: a descriptor the kernel just gave us, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// Another descriptor of the session, at a high number as [`high`].
+fn clone_high(conn: &UnixStream) -> Result<UnixStream> {
+    Ok(UnixStream::from(high(conn.try_clone()?.into())?))
 }
 
 /// Blocks a write of `len` bytes may need (data and a log page or two).
@@ -661,13 +898,13 @@ fn start_threads(
     shared: &Arc<Shared>,
     conn: UnixStream,
 ) -> Result<Vec<std::thread::JoinHandle<()>>> {
-    let (tx, rx) = std::sync::mpsc::channel::<u64>();
+    let (tx, rx) = std::sync::mpsc::channel::<(u64, u64)>();
     let s = shared.clone();
     let recaller = std::thread::Builder::new()
         .name("inkfs-recall".into())
         .spawn(move || {
-            for ino in rx {
-                s.recall(ino);
+            for (ino, gen) in rx {
+                s.recall(ino, gen);
             }
         })?;
     let s = shared.clone();
@@ -681,7 +918,7 @@ fn start_threads(
     Ok(vec![reader, recaller])
 }
 
-fn read_session(s: &Shared, conn: &UnixStream, recalls: &std::sync::mpsc::Sender<u64>) {
+fn read_session(s: &Shared, conn: &UnixStream, recalls: &std::sync::mpsc::Sender<(u64, u64)>) {
     let mut lines = BufReader::new(conn);
     let mut line = String::new();
     loop {
@@ -694,10 +931,16 @@ fn read_session(s: &Shared, conn: &UnixStream, recalls: &std::sync::mpsc::Sender
             Err(_) => return,
         }
         match Msg::parse(line.trim_end()) {
-            Some(Msg::Recall(ino)) => {
-                let _ = recalls.send(ino);
+            Some(Msg::Recall(ino, gen)) => {
+                let _ = recalls.send((ino, gen));
             }
-            Some(m @ (Msg::Granted(_) | Msg::Denied(..) | Msg::Blocks(_) | Msg::NoSpace)) => {
+            Some(
+                m @ (Msg::Granted(..)
+                | Msg::Denied(..)
+                | Msg::Blocks(_)
+                | Msg::NoSpace
+                | Msg::Done(_)),
+            ) => {
                 *lock(&s.answer) = Some(m);
                 s.answered.notify_all();
             }

@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! client: lease INO              the write lease of regular file INO
-//! server: granted INO            (after recalling it from its holder and
+//! server: granted INO GEN        (after recalling it from its holder and
 //!                                 invalidating the kernel's caches of it)
 //!     or: denied INO ERRNO
 //! client: reserve N              N more blocks for the reservation
@@ -15,10 +15,17 @@
 //!                                 pool; PM blocks if the device is full)
 //! server: blocks S+L S+L ...     (at least one block)
 //!     or: nospace
-//! server: recall INO             give lease INO back
+//! server: recall INO GEN         give lease INO (grant GEN) back
 //! client: return S+L S+L ...     blocks it freed or did not use (no answer)
-//! client: released INO           the answer to a recall, after the returns
+//! client: released INO GEN       the answer to a recall (or a lease given
+//!                                 back unasked), after the returns
 //! ```
+//!
+//! GEN numbers each grant (unique while the server runs). A lease may also
+//! come with a namespace request's answer (`super::ns`: a create), which
+//! a recall may overtake: the client holds a grant it learns of only if it
+//! was not asked to give back that grant (or a later one) meanwhile, and
+//! the server settles a `released` only for the grant it names.
 //!
 //! The client sends one request at a time (lease or reserve) and waits for
 //! its answer; recalls may come at any time and are answered from another
@@ -35,22 +42,39 @@ pub use crate::lease::{LeaseHook, RangeSet};
 /// Ranges at most in one `return` or `blocks` line.
 pub const RANGES_PER_LINE: usize = 64;
 
-/// Longest message line, in bytes (64 ranges of two 20-digit numbers).
-pub const LINE_MAX: usize = 64 + RANGES_PER_LINE * 42;
+/// Longest message line, in bytes: a namespace request (`super::ns`) or
+/// 64 ranges of two 20-digit numbers.
+pub const LINE_MAX: usize = {
+    let ranges = 64 + RANGES_PER_LINE * 42;
+    if ranges > super::ns::REQUEST_MAX {
+        ranges
+    } else {
+        super::ns::REQUEST_MAX
+    }
+};
 
 /// A message of the lease protocol.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Msg {
     Lease(u64),
-    Granted(u64),
+    /// Inode, grant number.
+    Granted(u64, u64),
     Denied(u64, i32),
     Reserve(u64),
     ReserveDev(u64),
     Blocks(Vec<(u64, u64)>),
     NoSpace,
-    Recall(u64),
+    /// Inode, grant number.
+    Recall(u64, u64),
     Return(Vec<(u64, u64)>),
-    Released(u64),
+    /// Inode, grant number.
+    Released(u64, u64),
+    /// A namespace request (`super::ns`).
+    Ns(super::ns::Request),
+    /// Its answer.
+    Done(super::ns::Done),
+    /// A hold of an orphan ended (`super::ns`).
+    Unheld(u64),
 }
 
 impl Msg {
@@ -76,7 +100,7 @@ impl Msg {
         // Writing to a String cannot fail.
         let _ = match self {
             Msg::Lease(i) => writeln!(out, "lease {i}"),
-            Msg::Granted(i) => writeln!(out, "granted {i}"),
+            Msg::Granted(i, g) => writeln!(out, "granted {i} {g}"),
             Msg::Denied(i, e) => writeln!(out, "denied {i} {e}"),
             Msg::Reserve(n) => writeln!(out, "reserve {n}"),
             Msg::ReserveDev(n) => writeln!(out, "reserve-dev {n}"),
@@ -85,12 +109,21 @@ impl Msg {
                 Ok(())
             }
             Msg::NoSpace => writeln!(out, "nospace"),
-            Msg::Recall(i) => writeln!(out, "recall {i}"),
+            Msg::Recall(i, g) => writeln!(out, "recall {i} {g}"),
             Msg::Return(r) => {
                 ranges(out, "return", r);
                 Ok(())
             }
-            Msg::Released(i) => writeln!(out, "released {i}"),
+            Msg::Released(i, g) => writeln!(out, "released {i} {g}"),
+            Msg::Ns(r) => {
+                out.push_str(&r.line());
+                Ok(())
+            }
+            Msg::Done(d) => {
+                out.push_str(&d.line());
+                Ok(())
+            }
+            Msg::Unheld(i) => writeln!(out, "unheld {i}"),
         };
     }
 
@@ -118,15 +151,18 @@ impl Msg {
         };
         let msg = match word {
             "lease" => Msg::Lease(num(w.next())?),
-            "granted" => Msg::Granted(num(w.next())?),
+            "granted" => Msg::Granted(num(w.next())?, num(w.next())?),
             "denied" => Msg::Denied(num(w.next())?, w.next()?.parse().ok()?),
             "reserve" => Msg::Reserve(num(w.next())?),
             "reserve-dev" => Msg::ReserveDev(num(w.next())?),
             "blocks" => Msg::Blocks(ranges(w)?),
             "nospace" => Msg::NoSpace,
-            "recall" => Msg::Recall(num(w.next())?),
+            "recall" => Msg::Recall(num(w.next())?, num(w.next())?),
             "return" => Msg::Return(ranges(w)?),
-            "released" => Msg::Released(num(w.next())?),
+            "released" => Msg::Released(num(w.next())?, num(w.next())?),
+            "ns" => Msg::Ns(super::ns::Request::parse(w)?),
+            "done" => Msg::Done(super::ns::Done::parse(w)?),
+            "unheld" => Msg::Unheld(num(w.next())?),
             _ => return None,
         };
         Some(msg)
@@ -150,6 +186,30 @@ impl<P: Pmem> Filesystem<P> {
     /// Whether `ino` is unlinked (kept by open handles): not leased.
     pub fn is_orphan(&self, ino: u64) -> Result<bool> {
         self.fs.is_orphan(ino)
+    }
+
+    /// A client's check after it held `ino`: still linked, generation
+    /// `generation` (holds.rs).
+    pub fn is_linked(&self, ino: u64, generation: u64) -> bool {
+        self.fs.is_linked(ino, generation)
+    }
+
+    /// Whether orphan `ino` is in use (a handle of the server's, or a
+    /// client's hold): then it may be leased (holds.rs).
+    pub fn orphan_in_use(&self, ino: u64) -> bool {
+        self.fs.orphan_in_use(ino)
+    }
+
+    /// Free the client-held orphans no client holds any more (after a
+    /// client's `unheld`, at the end of its session, now and then): the
+    /// count freed.
+    pub fn free_unheld_orphans(&self) -> usize {
+        self.fs.free_unheld_orphans()
+    }
+
+    /// Client-held orphans waiting.
+    pub fn held_orphans(&self) -> usize {
+        self.fs.held_orphans()
     }
 
     /// Up to `want` free blocks for a client's reservation (none: empty).
@@ -182,16 +242,17 @@ mod tests {
     fn messages_round_trip_and_junk_is_refused() {
         let all = [
             Msg::Lease(7),
-            Msg::Granted(7),
+            Msg::Granted(7, 3),
             Msg::Denied(7, libc::EINVAL),
             Msg::Reserve(256),
             Msg::ReserveDev(512),
             Msg::Blocks(vec![(100, 3), (200, 1)]),
             Msg::NoSpace,
-            Msg::Recall(9),
+            Msg::Recall(9, 4),
             Msg::Return(vec![]),
             Msg::Return(vec![(5, 5)]),
-            Msg::Released(9),
+            Msg::Released(9, 4),
+            Msg::Unheld(9),
         ];
         for m in all {
             let line = m.line();
@@ -205,6 +266,8 @@ mod tests {
             "blocks 1+0",
             "blocks 1-2",
             "grant 1",
+            "recall 5",
+            "released 5",
         ] {
             assert_eq!(Msg::parse(bad), None, "{bad}");
         }

@@ -45,8 +45,10 @@
 pub mod attach;
 pub mod client;
 pub mod lease;
+pub mod ns;
 mod path;
 pub mod pool;
+pub mod ring;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicI32, Ordering};

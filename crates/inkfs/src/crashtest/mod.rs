@@ -73,6 +73,10 @@ pub struct CrashTestOptions {
     /// data device that loses (or keeps, line by line) every write not yet
     /// flushed (`workload::base_image_for`).
     pub hybrid: bool,
+    /// Run the workloads with a client of the kernel-free path attached (a
+    /// claimed slot of a shared epoch table): an inode's last unlink then
+    /// commits it ORPHAN and frees it after (holds.rs).
+    pub clients: bool,
 }
 
 impl Default for CrashTestOptions {
@@ -87,6 +91,7 @@ impl Default for CrashTestOptions {
             torn_stores: false,
             deep: true,
             hybrid: false,
+            clients: false,
         }
     }
 }
@@ -109,6 +114,8 @@ pub struct Violation {
     pub torn_stores: bool,
     /// A hybrid pool was explored (`--hybrid`).
     pub hybrid: bool,
+    /// A client was attached (`--clients`).
+    pub clients: bool,
     /// How the operations ended and where the point lies.
     pub context: String,
     pub diff: String,
@@ -118,13 +125,14 @@ impl Violation {
     /// The command that rebuilds this image and checks it again.
     pub fn repro_command(&self) -> String {
         format!(
-            "inkfs crashtest --workload {} --mode {} --seed {:#x} --images {}{}{}",
+            "inkfs crashtest --workload {} --mode {} --seed {:#x} --images {}{}{}{}",
             self.workload,
             self.mode.name(),
             self.seed,
             self.images,
             if self.torn_stores { " --torn" } else { "" },
-            if self.hybrid { " --hybrid" } else { "" }
+            if self.hybrid { " --hybrid" } else { "" },
+            if self.clients { " --clients" } else { "" }
         )
     }
 }
@@ -291,10 +299,23 @@ struct Recorded {
     trace: SimTrace,
 }
 
-fn record(base: &[u8], w: &Workload, mode: Mode, torn: bool) -> Result<Recorded, String> {
+fn record(
+    base: &[u8],
+    w: &Workload,
+    mode: Mode,
+    torn: bool,
+    clients: bool,
+) -> Result<Recorded, String> {
     let pm = workload::pool_of(base.to_vec());
     let mopts = workload::mount_options(&pm, mode);
     let fs = Fs::mount(pm, mopts).map_err(|e| format!("mount the base image: {e:?}"))?;
+    if clients {
+        // A client attached (its slot claimed, holding nothing): every
+        // last unlink goes ORPHAN, then FREE once no hold is seen.
+        let table = std::sync::Arc::new(crate::epoch::EpochTable::default());
+        let _ = table.claim_index();
+        fs.share_epochs(table);
+    }
     fs.pmem().sync_all().map_err(|e| e.to_string())?;
     let mut states = vec![snapshot(&fs).map_err(|e| format!("base state: {e}"))?];
     let mut free = vec![fs.statfs().blocks_free];
@@ -381,11 +402,12 @@ fn run_one(
                 images,
                 torn_stores: opts.torn_stores,
                 hybrid: opts.hybrid,
+                clients: opts.clients,
                 context,
                 diff,
             }
         };
-    let rec = match record(base, w, mode, opts.torn_stores) {
+    let rec = match record(base, w, mode, opts.torn_stores, opts.clients) {
         Ok(r) => r,
         Err(e) => {
             report.violations.push(violation(

@@ -1,0 +1,81 @@
+//! Helpers of the preload library's tests (preload.rs, preload_ns.rs):
+//! running a command with and without the library, and its counters.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::{Pool, BIN};
+
+pub const PYTHON: &str = "/usr/bin/python3";
+
+/// The library cargo built for this test run (a dev-dependency of this
+/// crate): in the deps directory, else next to the binaries.
+pub fn lib() -> PathBuf {
+    let dir = Path::new(BIN).parent().expect("target directory");
+    let found = [dir.join("deps"), dir.to_path_buf()]
+        .into_iter()
+        .map(|d| d.join("libinkfs_preload.so"))
+        .find(|p| p.is_file());
+    found.expect("libinkfs_preload.so is built with the tests (dev-dependency)")
+}
+
+/// A run of `sh -c script`, preloaded (counting into `stats`) or not.
+pub fn sh_run(script: &str, preload: Option<&Path>) -> (bool, String, String) {
+    let mut c = Command::new("sh");
+    c.arg("-c").arg(script);
+    c.env_remove("LD_PRELOAD");
+    c.env_remove("INKFS_PRELOAD_STATS");
+    if let Some(stats) = preload {
+        c.env("LD_PRELOAD", lib()).env("INKFS_PRELOAD_STATS", stats);
+    }
+    let o = c.output().expect("run sh");
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// The counters of every process that reported into `stats`, summed.
+pub fn counts(stats: &Path) -> BTreeMap<String, u64> {
+    let text = std::fs::read_to_string(stats).unwrap_or_default();
+    let mut sum = BTreeMap::new();
+    for word in text.split_whitespace() {
+        if let Some((k, v)) = word.split_once('=') {
+            if k != "pid" {
+                *sum.entry(k.to_string()).or_insert(0) += v.parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    sum
+}
+
+pub fn c(counts: &BTreeMap<String, u64>, key: &str) -> u64 {
+    counts.get(key).copied().unwrap_or(0)
+}
+
+/// `script` prints the same (and succeeds) preloaded and not.
+pub fn same(script: &str, stats: &Path) -> String {
+    let plain = sh_run(script, None);
+    let pre = sh_run(script, Some(stats));
+    assert!(plain.0, "{script} failed without the library: {}", plain.2);
+    assert!(pre.0, "{script} failed under the library: {}", pre.2);
+    assert_eq!(plain.1, pre.1, "{script}: output differs under the library");
+    assert_eq!(plain.2, pre.2, "{script}: stderr differs under the library");
+    pre.1
+}
+
+pub fn stats_file(name: &str) -> tempfile::NamedTempFile {
+    tempfile::Builder::new()
+        .prefix(&format!("inkfs-preload-{name}-"))
+        .tempfile()
+        .expect("stats file")
+}
+
+/// fsck of the pool (not mounted) finds nothing.
+pub fn fsck_clean(pool: &Pool) {
+    let pm = inkfs::pmem::MappedPool::open(&pool.path, &Default::default()).expect("open pool");
+    let report = inkfs::fsck::check(&pm, &Default::default()).expect("fsck");
+    assert!(report.is_clean(), "{report:?}");
+}

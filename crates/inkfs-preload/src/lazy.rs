@@ -1,0 +1,553 @@
+//! Opens without the kernel: placeholder descriptors (docs/KERNEL-FREE.md,
+//! "Opens without the kernel: placeholder descriptors").
+//!
+//! A regular file opened on a served mount (created through the server's
+//! ring, or found in the pool and checked with the caller's credentials by
+//! the engine's open rules) gets a placeholder: a duplicate of an O_PATH
+//! descriptor of /dev/null (the number open(2) would give, no FUSE
+//! request), registered as a served open file with no kernel file behind
+//! it. Every call the library serves works on it as on any served
+//! descriptor; a call the library does not intercept fails with EBADF (the
+//! kernel refuses an O_PATH descriptor) instead of touching another file;
+//! a call that needs the real file **materializes** it first
+//! ([`kernel`]): the library opens the file on the mount by the path it
+//! was opened with (checked to be the same inode), and dup3s it onto every
+//! number of the open file in this process.
+//!
+//! The inode is **held** (its number in this client's slot of the shared
+//! table) from before the placeholder is handed out until the open file's
+//! last close, so the server never frees it while it is open, even once
+//! its last name is gone (holds.rs of the engine). fork and exec
+//! materialize first (process.rs): lazy descriptors and holds are one
+//! process's.
+//!
+//! What this process keeps of each such open file (its path, its hold) is
+//! private memory indexed by the open-file entry ([`INFO`]): a forked
+//! child drops its copy of the holds (they are its parent's).
+
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
+
+use inkfs::api::client::Hold;
+use inkfs::api::ns::Op;
+use inkfs::api::{FileKind, OpenFlags};
+
+use crate::mounts::{self, Mount};
+use crate::path::{self, CwdBuf};
+use crate::table::{self, Ofd, MAX_OFD};
+use crate::{guard, names, real, stats};
+
+/// The O_PATH descriptor of /dev/null placeholders are duplicates of.
+static NULL_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// `INKFS_PRELOAD_LAZY=0`: every open goes to the kernel first, as in
+/// stage 3 (to measure one against the other).
+pub const ENV: &str = "INKFS_PRELOAD_LAZY";
+static ENABLED: AtomicI32 = AtomicI32::new(1);
+
+/// Open flags a placeholder is made for; others go to the kernel.
+const KERNEL_ONLY: c_int = libc::O_PATH | libc::O_DIRECTORY | libc::O_TMPFILE | libc::O_ASYNC;
+/// Status flags F_GETFL shows of a served open file.
+const STATUS: c_int = libc::O_ACCMODE
+    | libc::O_APPEND
+    | libc::O_NONBLOCK
+    | libc::O_DSYNC
+    | libc::O_SYNC
+    | libc::O_DIRECT
+    | libc::O_NOATIME
+    | libc::O_LARGEFILE;
+
+/// Errors of the engine's open that are the kernel's answer too.
+const OPEN_ERRORS: [c_int; 7] = [
+    libc::EACCES,
+    libc::EPERM,
+    libc::EROFS,
+    libc::ETXTBSY,
+    libc::EFBIG,
+    libc::ENOSPC,
+    libc::EISDIR,
+];
+
+/// What this process keeps of an open file: the path it was opened by
+/// (NUL-terminated, absolute) and its hold.
+pub struct Info {
+    path: Box<[u8]>,
+    hold: Option<(usize, Hold)>,
+}
+
+/// Per open-file entry (this process's copy).
+static INFO: [AtomicPtr<Info>; MAX_OFD] = [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_OFD];
+
+/// At load.
+pub fn init() {
+    if std::env::var_os(ENV).is_some_and(|v| v == "0") {
+        ENABLED.store(0, Ordering::Relaxed);
+    }
+    // SAFETY: a NUL-terminated literal path.
+    let fd = unsafe {
+        real::openat(
+            libc::AT_FDCWD,
+            c"/dev/null".as_ptr(),
+            libc::O_PATH | libc::O_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return;
+    }
+    // Out of the program's way (the numbers it gets are the kernel's).
+    use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
+    // SAFETY: a descriptor we just opened, owned by nothing else.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    if let Ok(h) = inkfs::api::client::high(owned) {
+        NULL_FD.store(h.into_raw_fd(), Ordering::Relaxed);
+    }
+}
+
+/// Keep `info` for open-file entry `idx` (replacing what was there).
+pub fn set_info(idx: usize, info: Info) {
+    if let Some(slot) = INFO.get(idx) {
+        let old = slot.swap(Box::into_raw(Box::new(info)), Ordering::AcqRel);
+        if !old.is_null() {
+            // SAFETY: a Box this module leaked, swapped out: ours alone.
+            drop(unsafe { Box::from_raw(old) });
+        }
+    }
+}
+
+/// Keep the path entry `idx` (a directory) was opened by.
+pub fn keep_path(idx: usize, path: Box<[u8]>) {
+    set_info(idx, Info { path, hold: None });
+}
+
+/// The path entry `idx` was opened by (without its NUL), if kept. Valid
+/// while the entry is open (a program closing a descriptor while another
+/// thread uses it is the program's bug, as with the kernel).
+pub fn path_of(idx: usize) -> Option<&'static [u8]> {
+    path_nul(idx)?.split_last().map(|(_, p)| p)
+}
+
+/// The same, NUL-terminated.
+fn path_nul(idx: usize) -> Option<&'static [u8]> {
+    let p = INFO.get(idx)?.load(Ordering::Acquire);
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: a leaked Box, freed only by `forget` at the entry's last
+    // close.
+    Some(unsafe { &(*p).path })
+}
+
+/// Entry `idx`'s last descriptor is closed: let its hold go (telling the
+/// server if the inode was unlinked meanwhile) and drop what was kept.
+pub fn forget(idx: usize) {
+    let Some(slot) = INFO.get(idx) else { return };
+    let p = slot.swap(std::ptr::null_mut(), Ordering::AcqRel);
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: a Box this module leaked, swapped out: ours alone.
+    let info = unsafe { Box::from_raw(p) };
+    if let Some((mi, hold)) = info.hold {
+        let done = guard::run(|| {
+            let m = mounts::by_index(mi)?;
+            let lease = m.checkout_wait()?;
+            lease.client().unhold(hold);
+            Some(())
+        });
+        // No client now (`None`): the hold stays until this process's
+        // sessions end (the server then frees the inode if unlinked).
+        let _ = done;
+    }
+}
+
+/// In a forked child: its parent's holds are not its own (its lazy
+/// descriptors were materialized before the fork; the kernel's open files
+/// keep the inodes).
+pub fn after_fork() {
+    for slot in &INFO {
+        let p = slot.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if !p.is_null() {
+            // SAFETY: this process's copy of a leaked Box.
+            drop(unsafe { Box::from_raw(p) });
+        }
+    }
+}
+
+fn fail(e: c_int) -> c_int {
+    names::set_errno(e);
+    -1
+}
+
+/// `base` + "/" + `rel`, NUL-terminated (`base` absolute, or empty when
+/// `rel` is).
+fn join(base: &[u8], rel: &[u8]) -> Box<[u8]> {
+    let mut v = Vec::with_capacity(base.len() + rel.len() + 2);
+    if rel.first() == Some(&b'/') {
+        v.extend_from_slice(rel);
+    } else {
+        v.extend_from_slice(base);
+        if !base.ends_with(b"/") {
+            v.push(b'/');
+        }
+        v.extend_from_slice(rel);
+    }
+    v.push(0);
+    v.into_boxed_slice()
+}
+
+/// The absolute path `p` (relative to `dirfd`) names, as it was written
+/// (`cwd`: what `path::locate` read of the current directory). `None`:
+/// a directory descriptor whose path the library did not keep.
+pub fn absolute(dirfd: c_int, p: &[u8], cwd: &CwdBuf) -> Option<Box<[u8]>> {
+    if p.first() == Some(&b'/') {
+        return Some(join(b"", p));
+    }
+    if dirfd == libc::AT_FDCWD {
+        let len = cwd.iter().position(|&b| b == 0)?;
+        return Some(join(&cwd[..len], p));
+    }
+    let (idx, _) = table::local(dirfd)?;
+    Some(join(path_of(idx)?, p))
+}
+
+/// A placeholder descriptor (close-on-exec if asked): the lowest free
+/// number from 3 on, as open(2) would give... unless 0-2 are free, which
+/// open(2) would give and the library never serves: then `None`.
+fn placeholder(cloexec: bool) -> Option<c_int> {
+    let null = NULL_FD.load(Ordering::Relaxed);
+    if null < 0 {
+        return None;
+    }
+    let cmd = if cloexec {
+        libc::F_DUPFD_CLOEXEC
+    } else {
+        libc::F_DUPFD
+    };
+    // SAFETY: no memory involved.
+    let fd = unsafe { real::fcntl(null, cmd, 0) };
+    if fd < 0 {
+        return None;
+    }
+    if fd <= 2 || fd as usize >= table::MAX_FD {
+        // SAFETY: our own fresh descriptor.
+        unsafe { real::close(fd) };
+        return None;
+    }
+    Some(fd)
+}
+
+/// open(2) of `p` (relative to `dirfd`) without the kernel, if the library
+/// can: the descriptor (or -1 with errno, an answer the kernel would
+/// give), or `None` for the kernel.
+pub fn open(dirfd: c_int, bytes: &[u8], flags: c_int, mode: libc::mode_t) -> Option<c_int> {
+    if ENABLED.load(Ordering::Relaxed) == 0 || flags & KERNEL_ONLY != 0 {
+        return None;
+    }
+    let mut cwd: CwdBuf = [0; libc::PATH_MAX as usize];
+    let t = path::locate(dirfd, bytes, &mut cwd)?;
+    if t.mount.is_refused() {
+        return None;
+    }
+    let (mi, _) = mounts::index_of(t.mount)?;
+    let creating = flags & libc::O_CREAT != 0;
+    let cred = if creating {
+        names::creator()?
+    } else {
+        path::credentials(false)
+    };
+    let lease = t.mount.checkout_lazy()?;
+    if lease.client().session_closed() {
+        // The server is gone: no placeholder for a pool nobody serves.
+        t.mount.alive(&lease);
+        return None;
+    }
+    let (dir, name, found) = lease.client().call(|fs| {
+        let (dir, name) = path::walk_parent(fs, &cred, &t, false)?;
+        Some((dir, name, fs.lookup(&cred, dir, name)))
+    })?;
+    drop(lease);
+    let path = t.absolute(|| path_of(table::local(dirfd)?.0))?;
+    match found {
+        Ok(a) => {
+            if creating && flags & libc::O_EXCL != 0 {
+                return Some(fail(libc::EEXIST));
+            }
+            if a.kind != FileKind::File {
+                return None;
+            }
+            existing(t.mount, mi, a.ino, a.generation, flags, &cred, path)
+        }
+        Err(e) if e.errno() == libc::ENOENT && creating => {
+            create(t.mount, mi, dir, name, flags, mode, &cred, path)
+        }
+        // The pool is the truth: no such name (the kernel would say so,
+        // one request later).
+        Err(e) if e.errno() == libc::ENOENT => Some(fail(libc::ENOENT)),
+        Err(_) => None,
+    }
+}
+
+/// An existing regular file: the engine's open rules with the caller's
+/// credentials (O_TRUNC under the write lease, in the inode's writer
+/// cell), the hold, the placeholder.
+fn existing(
+    m: &'static Mount,
+    mi: usize,
+    ino: u64,
+    generation: u64,
+    flags: c_int,
+    cred: &inkfs::api::Credentials,
+    path: Box<[u8]>,
+) -> Option<c_int> {
+    let oflags = OpenFlags::new(flags & !(libc::O_CREAT | libc::O_EXCL));
+    let lease = if flags & libc::O_TRUNC != 0 && oflags.writable() {
+        m.checkout_writer(ino)?
+    } else {
+        m.checkout_lazy()?
+    };
+    let c = lease.client();
+    match c.open(cred, ino, oflags) {
+        Ok(file) => c.release(file),
+        // The permission rules, the immutable and append-only flags, a
+        // truncate with no space: the engine's answer is the kernel's.
+        Err(e) if OPEN_ERRORS.contains(&e.errno()) => return Some(fail(e.errno())),
+        // Anything else (a lease refused, the server gone, a race with an
+        // unlink): the kernel's answer.
+        Err(_) => return None,
+    }
+    let hold = c.hold(ino, generation)?;
+    let Some(fd) = placeholder(flags & libc::O_CLOEXEC != 0) else {
+        c.unhold(hold);
+        return None;
+    };
+    drop(lease);
+    Some(register(fd, m, mi, ino, flags, path, hold))
+}
+
+/// A new file (or, raced, one that appeared): made by the server, with
+/// its write lease when opened for writing.
+#[allow(clippy::too_many_arguments)]
+fn create(
+    m: &'static Mount,
+    mi: usize,
+    dir: u64,
+    name: &[u8],
+    flags: c_int,
+    mode: libc::mode_t,
+    cred: &inkfs::api::Credentials,
+    path: Box<[u8]>,
+) -> Option<c_int> {
+    let lease = m.checkout_lazy()?;
+    let c = lease.client();
+    let op = Op::Create {
+        dir,
+        name: name.to_vec(),
+        mode: mode & 0o7777,
+        flags,
+    };
+    let done = c.ns(cred, op).ok()?;
+    stats::bump(&stats::NS_LOCAL);
+    if done.errno != 0 {
+        return Some(fail(done.errno));
+    }
+    if done.gen != 0 {
+        // Its writes and attribute changes go through this cell, which
+        // holds the lease now.
+        m.note_writer(done.ino, &lease);
+    }
+    // Removed by someone else between the create and this hold: the open
+    // made the file and cannot hand it out (a difference from the
+    // kernel's open, which would).
+    let Some(hold) = c.hold(done.ino, done.igen) else {
+        return Some(fail(libc::ENOENT));
+    };
+    let Some(fd) = placeholder(flags & libc::O_CLOEXEC != 0) else {
+        c.unhold(hold);
+        // The kernel opens what the server made (no O_EXCL: it exists).
+        return None;
+    };
+    drop(lease);
+    Some(register(fd, m, mi, done.ino, flags, path, hold))
+}
+
+fn register(
+    fd: c_int,
+    _m: &Mount,
+    mi: usize,
+    ino: u64,
+    flags: c_int,
+    path: Box<[u8]>,
+    hold: Hold,
+) -> c_int {
+    let status = (flags & STATUS) | libc::O_LARGEFILE;
+    match table::register(fd, mi, ino, libc::S_IFREG, status, true) {
+        Some(idx) => {
+            set_info(
+                idx,
+                Info {
+                    path,
+                    hold: Some((mi, hold)),
+                },
+            );
+            stats::bump(&stats::OPEN_LOCAL);
+        }
+        None => {
+            // Not served after all (table full): the kernel file then.
+            // Materializing needs the entry; open it in the kernel here.
+            let kfd = kernel_open(&path, flags);
+            if kfd >= 0 {
+                // SAFETY: both ours; dup3 replaces the placeholder.
+                unsafe {
+                    real::dup3(kfd, fd, flags & libc::O_CLOEXEC);
+                    real::close(kfd);
+                }
+            }
+            if let Some(m) = mounts::by_index(mi) {
+                if let Some(lease) = m.checkout_wait() {
+                    lease.client().unhold(hold);
+                }
+            }
+        }
+    }
+    fd
+}
+
+/// Open `path` (NUL-terminated) in the kernel with the flags of the
+/// original open, less those that create or truncate.
+fn kernel_open(path: &[u8], flags: c_int) -> c_int {
+    let f = (flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC)) | libc::O_CLOEXEC;
+    // SAFETY: a NUL-terminated path we own.
+    unsafe { real::openat(libc::AT_FDCWD, path.as_ptr().cast(), f, 0) }
+}
+
+/// The descriptor to make a kernel call with: `fd` itself, after
+/// materializing it if it is a placeholder; -1 (the kernel's EBADF) if it
+/// is one that cannot be materialized (its file renamed or removed since
+/// it was opened).
+pub fn kernel(fd: c_int) -> c_int {
+    let Some((idx, ofd)) = table::get(fd) else {
+        return fd;
+    };
+    if ofd.lazy.load(Ordering::Acquire) == 0 {
+        return fd;
+    }
+    if materialize(idx, ofd) {
+        fd
+    } else {
+        -1
+    }
+}
+
+/// Give open-file entry `idx` a kernel file: open it by its path and dup3
+/// it onto each of this process's descriptors of the entry.
+fn materialize(idx: usize, ofd: &Ofd) -> bool {
+    // One thread at a time: 1 (lazy) -> 2 (being materialized) -> 0.
+    let t = std::time::Instant::now();
+    loop {
+        match ofd
+            .lazy
+            .compare_exchange(1, 2, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => break,
+            Err(0) => return true,
+            Err(_) if t.elapsed() > std::time::Duration::from_secs(1) => return false,
+            Err(_) => std::thread::yield_now(),
+        }
+    }
+    // System calls only, no allocation: an exec in a vfork child runs this.
+    let ok = (|| {
+        let p = path_nul(idx)?;
+        let flags = ofd.flags.load(Ordering::Relaxed) as c_int;
+        let kfd = kernel_open(p, flags & !libc::O_LARGEFILE);
+        if kfd < 0 {
+            return None;
+        }
+        // The same inode, on the mount: not a file that took the name.
+        // SAFETY: all-zero is a valid stat64; the kernel fills it.
+        let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
+        let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize);
+        let same = unsafe { real::fstat64(kfd, &mut st) } == 0
+            && st.st_ino == ofd.ino.load(Ordering::Relaxed)
+            && m.is_some_and(|m| m.dev == st.st_dev);
+        if same {
+            table::each(|fd, i, _| {
+                if i == idx {
+                    // SAFETY: no memory involved.
+                    let fdflags = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
+                    let cloexec = if fdflags > 0 && fdflags & libc::FD_CLOEXEC != 0 {
+                        libc::O_CLOEXEC
+                    } else {
+                        0
+                    };
+                    // SAFETY: no memory involved; replaces the placeholder.
+                    unsafe { real::dup3(kfd, fd, cloexec) };
+                }
+            });
+        }
+        // SAFETY: our own descriptor.
+        unsafe { real::close(kfd) };
+        same.then_some(())
+    })()
+    .is_some();
+    ofd.lazy.store(if ok { 0 } else { 1 }, Ordering::Release);
+    if ok {
+        stats::bump(&stats::MATERIALIZED);
+    }
+    ok
+}
+
+/// Materialize every lazy descriptor of this process that `want` picks
+/// (fork: all; exec: those that survive it). No allocation.
+pub fn materialize_all(mut want: impl FnMut(c_int) -> bool) {
+    table::each(|fd, idx, o| {
+        if o.lazy.load(Ordering::Acquire) != 0 && want(fd) {
+            let _ = materialize(idx, o);
+        }
+    });
+}
+
+/// Whether `fd` is a placeholder (no kernel file yet).
+pub fn is_lazy(fd: c_int) -> bool {
+    table::get(fd).is_some_and(|(_, o)| o.lazy.load(Ordering::Acquire) != 0)
+}
+
+/// F_GETFL of a placeholder: the library's status flags.
+pub fn status_flags(fd: c_int) -> Option<c_int> {
+    let (_, o) = table::get(fd)?;
+    (o.lazy.load(Ordering::Acquire) != 0).then(|| o.flags.load(Ordering::Relaxed) as c_int)
+}
+
+/// F_SETFL of a placeholder: the flags F_SETFL may change, kept by the
+/// library (O_APPEND, O_NONBLOCK, O_DIRECT, O_NOATIME; O_ASYNC needs the
+/// real file: materialized first).
+pub fn set_status_flags(fd: c_int, arg: c_int) -> Option<c_int> {
+    let (_, o) = table::get(fd)?;
+    if o.lazy.load(Ordering::Acquire) == 0 || arg & libc::O_ASYNC != 0 {
+        return None;
+    }
+    let settable = libc::O_APPEND | libc::O_NONBLOCK | libc::O_DIRECT | libc::O_NOATIME;
+    let old = o.flags.load(Ordering::Relaxed) as c_int;
+    o.flags.store(
+        ((old & !settable) | (arg & settable)) as u32,
+        Ordering::Release,
+    );
+    Some(0)
+}
+
+/// `/proc/self/fd/N` or `/dev/fd/N` (also `/proc/PID/fd/N` of this
+/// process): N, so that its file is materialized before the kernel
+/// resolves the link.
+pub fn fd_link(p: &[u8]) -> Option<c_int> {
+    let rest = p
+        .strip_prefix(b"/proc/self/fd/")
+        .or_else(|| p.strip_prefix(b"/dev/fd/"))
+        .or_else(|| {
+            let r = p.strip_prefix(b"/proc/")?;
+            let slash = r.iter().position(|&b| b == b'/')?;
+            let pid: u32 = std::str::from_utf8(&r[..slash]).ok()?.parse().ok()?;
+            (pid == std::process::id()).then_some(())?;
+            r[slash..].strip_prefix(b"/fd/")
+        })?;
+    std::str::from_utf8(rest).ok()?.parse().ok()
+}

@@ -1,0 +1,471 @@
+//! The request ring of an attached client (docs/KERNEL-FREE.md, "Stage 4:
+//! the channel", version 2): one request at a time in a region of shared
+//! memory, with no system call while both sides are running.
+//!
+//! The server makes a sealed memfd per client at attach and passes it with
+//! the grant; both map it. The client writes a request (the same text
+//! line as on the session: `super::lease::Msg`) into the request area,
+//! stores its length, and bumps `req`; it wakes the server's thread with
+//! a futex only if that thread said it sleeps. The server copies the
+//! request out (the client could change it under the server's feet),
+//! runs it, writes the answer line, and sets `ans` to the request's
+//! number, waking the client only if it sleeps. Each side may spin a
+//! little first ([`CLIENT_SPIN`], [`SERVER_SPIN`]), while spinning pays
+//! in this process (adaptive): on a machine with a core for each, a round
+//! trip is then two cache-line transfers. At most half the machine's
+//! cores' worth of threads of one process spin at once (one on 2 cores):
+//! a spinner takes a core from the program, or from the other side it
+//! waits for; the others sleep at once.
+//!
+//! Sleeping is Dekker's: a side announces it sleeps (`*_sleeps`, SeqCst),
+//! then looks at the word it waits on once more, then waits on it with a
+//! futex that sleeps only if the word still holds the value it saw; the
+//! other side stores the word (SeqCst), then looks at the announcement.
+//! One of the two sees the other.
+//!
+//! The region holds atomics and bytes only: whatever a confused client
+//! stores there, the server reads a bounded, copied request and a length
+//! it clamps. Leases' recalls and the client's `released` answers stay on
+//! the session (a recall must reach a client whose one thread is waiting
+//! here), as do block returns and `unheld`, which need no answer.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{
+    AtomicU32, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+    Ordering::SeqCst,
+};
+use std::time::{Duration, Instant};
+
+use super::lease::LINE_MAX;
+
+/// How long the client spins for an answer before it sleeps, and the
+/// server's thread for the next request after an answer. Adaptive
+/// ([`Spin::take`]): a side keeps spinning while its spins end with what
+/// it waited for, and stops (trying again now and then) when they do not
+/// (the other side is off its core). Measured on the shared 2-vCPU machine
+/// (bench/results-notes/namespace.md): fixed spins were 2-3x faster than
+/// sleeping at once in some runs and 2-3x slower in others, at the same
+/// load average. `INKFS_RING_SPIN=US` sets both (0: never spin).
+pub const CLIENT_SPIN: Duration = Duration::from_micros(30);
+pub const SERVER_SPIN: Duration = Duration::from_micros(30);
+
+/// The spin of this process: `INKFS_RING_SPIN=US` microseconds, else `default`.
+fn spin_for(default: Duration) -> Duration {
+    static US: AtomicUsize = AtomicUsize::new(usize::MAX);
+    let mut us = US.load(Relaxed);
+    if us == usize::MAX {
+        us = std::env::var("INKFS_RING_SPIN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(usize::MAX - 1);
+        US.store(us, Relaxed);
+    }
+    if us == usize::MAX - 1 {
+        default
+    } else {
+        Duration::from_micros(us as u64)
+    }
+}
+
+/// Threads of this process spinning on a ring now.
+static SPINNING: AtomicUsize = AtomicUsize::new(0);
+/// At most this many of them (0: not computed yet).
+static SPINNERS_MAX: AtomicUsize = AtomicUsize::new(0);
+/// How well spinning has paid lately in this process: +1 for a spin that
+/// ended with what it waited for, -4 for one that ran out (0 to 16).
+static SPIN_SCORE: AtomicUsize = AtomicUsize::new(8);
+/// Waits so far (every 32nd spins whatever the score: a probe).
+static WAITS: AtomicUsize = AtomicUsize::new(0);
+
+/// A turn at spinning, if spinning pays and fewer than the cap spin now
+/// (see the module comment); its end when dropped.
+struct Spin;
+
+impl Spin {
+    fn take(budget: Duration) -> Option<Spin> {
+        if budget.is_zero() {
+            return None;
+        }
+        let probe = WAITS.fetch_add(1, Relaxed).is_multiple_of(32);
+        if SPIN_SCORE.load(Relaxed) == 0 && !probe {
+            return None;
+        }
+        let mut max = SPINNERS_MAX.load(Relaxed);
+        if max == 0 {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            max = (cores / 2).max(1);
+            SPINNERS_MAX.store(max, Relaxed);
+        }
+        if SPINNING.fetch_add(1, SeqCst) < max {
+            Some(Spin)
+        } else {
+            SPINNING.fetch_sub(1, SeqCst);
+            None
+        }
+    }
+
+    /// The spin ended: with what it waited for (`paid`) or not.
+    fn end(self, paid: bool) {
+        let s = SPIN_SCORE.load(Relaxed);
+        SPIN_SCORE.store(
+            if paid {
+                (s + 1).min(16)
+            } else {
+                s.saturating_sub(4)
+            },
+            Relaxed,
+        );
+    }
+}
+
+impl Drop for Spin {
+    fn drop(&mut self) {
+        SPINNING.fetch_sub(1, SeqCst);
+    }
+}
+
+/// A sleeper wakes this often to see whether the other side is gone.
+const SLEEP_SLICE: Duration = Duration::from_millis(50);
+
+/// Bytes of the request area and of the answer area.
+const AREA_BYTES: usize = LINE_MAX.div_ceil(4096) * 4096;
+/// The region: a header page, the request area, the answer area.
+pub const RING_BYTES: usize = 4096 + 2 * AREA_BYTES;
+
+const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
+/// The header page.
+#[repr(C)]
+struct Header {
+    /// The last request's number (the client's futex word).
+    req: AtomicU32,
+    /// The number of the request last answered (the server's futex word).
+    ans: AtomicU32,
+    req_len: AtomicU32,
+    ans_len: AtomicU32,
+    /// The server's thread sleeps (or is about to) on `req`.
+    server_sleeps: AtomicU32,
+    /// The client sleeps (or is about to) on `ans`.
+    client_sleeps: AtomicU32,
+    /// The server stopped serving this ring.
+    closed: AtomicU32,
+}
+
+const _: () = assert!(std::mem::size_of::<Header>() <= 4096);
+
+/// One client's ring, mapped.
+pub struct Ring {
+    base: NonNull<u8>,
+    fd: OwnedFd,
+}
+
+// SAFETY: the mapping is owned by the value; the header is atomics, and
+// the areas are only touched by the side whose turn it is (see the module
+// comment), through copies.
+unsafe impl Send for Ring {}
+// SAFETY: see Send.
+unsafe impl Sync for Ring {}
+
+fn futex(word: &AtomicU32, op: libc::c_int, val: u32, timeout: Option<Duration>) {
+    let ts = timeout.map(|d| libc::timespec {
+        tv_sec: d.as_secs() as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    });
+    let tp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: a futex call on a word of a live shared mapping (not
+    // private: two processes wait and wake on it), with a timeout we own.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            op,
+            val,
+            tp,
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+fn wake(word: &AtomicU32) {
+    futex(word, libc::FUTEX_WAKE, 1, None);
+}
+
+/// Wait until `word` is no longer `seen` (or `slice` passed).
+fn sleep_on(word: &AtomicU32, seen: u32, slice: Duration) {
+    futex(word, libc::FUTEX_WAIT, seen, Some(slice));
+}
+
+impl Ring {
+    /// A new ring in a sealed memfd (the server, at attach).
+    pub fn create() -> io::Result<Ring> {
+        // SAFETY: the name is a NUL-terminated literal.
+        let raw = unsafe {
+            libc::memfd_create(
+                c"inkfs-ring".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: memfd_create returned a new descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: ftruncate and fcntl on a descriptor we own.
+        unsafe {
+            if libc::ftruncate(fd.as_raw_fd(), RING_BYTES as libc::off_t) != 0
+                || libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ring::map(fd)
+    }
+
+    /// Map a ring the server passed (the client): refused unless its size
+    /// is sealed and is this build's.
+    pub fn from_fd(fd: OwnedFd) -> io::Result<Ring> {
+        // SAFETY: fcntl on a descriptor we own; no memory is involved.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW) == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the request ring's size is not sealed",
+            ));
+        }
+        let size = std::fs::File::from(fd.try_clone()?).metadata()?.len();
+        if size != RING_BYTES as u64 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("the request ring is {size} bytes, this build's is {RING_BYTES}"),
+            ));
+        }
+        Ring::map(fd)
+    }
+
+    fn map(fd: OwnedFd) -> io::Result<Ring> {
+        // SAFETY: a new shared mapping of a descriptor we own, of the
+        // size it was sealed at; the kernel picks the address.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                RING_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base =
+            NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        Ok(Ring { base, fd })
+    }
+
+    /// The memfd, to pass to the client.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: the first page of the mapping, which lives as long as
+        // self; a Header is atomics (any bits are a value).
+        unsafe { &*self.base.as_ptr().cast::<Header>() }
+    }
+
+    fn area(&self, answer: bool) -> *mut u8 {
+        let off = 4096 + if answer { AREA_BYTES } else { 0 };
+        // SAFETY: within the mapping (RING_BYTES long).
+        unsafe { self.base.as_ptr().add(off) }
+    }
+
+    /// Copy `bytes` (at most an area) into an area, and return its length.
+    fn put(&self, answer: bool, bytes: &[u8]) -> u32 {
+        let n = bytes.len().min(AREA_BYTES);
+        // SAFETY: the area holds AREA_BYTES; the other side does not use
+        // it until the sequence word below says so (its turn).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.area(answer), n) };
+        n as u32
+    }
+
+    /// Copy `len` bytes (clamped to the area) out of an area.
+    fn take(&self, answer: bool, len: u32) -> Vec<u8> {
+        let n = (len as usize).min(AREA_BYTES);
+        let mut v = vec![0u8; n];
+        // SAFETY: as in `put`; a copy, so the other side changing the
+        // area afterwards changes nothing we hold.
+        unsafe { std::ptr::copy_nonoverlapping(self.area(answer), v.as_mut_ptr(), n) };
+        v
+    }
+
+    // ---- the client's side ---------------------------------------------
+
+    /// Send one request line and wait for its answer line. `gone()` is
+    /// asked while it sleeps: true ends the wait with EIO (the server's
+    /// session ended). One request at a time (the client is one thread's).
+    pub fn call(&self, line: &[u8], gone: impl Fn() -> bool) -> io::Result<Vec<u8>> {
+        let h = self.header();
+        if line.len() > AREA_BYTES {
+            return Err(io::Error::from_raw_os_error(libc::E2BIG));
+        }
+        let n = self.put(false, line);
+        h.req_len.store(n, Release);
+        let seq = h.req.load(Acquire).wrapping_add(1);
+        h.req.store(seq, SeqCst);
+        if h.server_sleeps.load(SeqCst) != 0 {
+            wake(&h.req);
+        }
+        let budget = spin_for(CLIENT_SPIN);
+        let mut spin = Spin::take(budget);
+        let spin_until = Instant::now() + budget;
+        loop {
+            let a = h.ans.load(Acquire);
+            if a == seq {
+                if let Some(s) = spin.take() {
+                    s.end(true);
+                }
+                break;
+            }
+            if h.closed.load(Acquire) != 0 {
+                return Err(io::Error::from_raw_os_error(libc::EIO));
+            }
+            if spin.is_some() && Instant::now() < spin_until {
+                std::hint::spin_loop();
+                continue;
+            }
+            if let Some(s) = spin.take() {
+                s.end(false);
+            }
+            h.client_sleeps.store(1, SeqCst);
+            if h.ans.load(SeqCst) != seq {
+                sleep_on(&h.ans, a, SLEEP_SLICE);
+            }
+            h.client_sleeps.store(0, SeqCst);
+            if h.ans.load(Acquire) != seq && gone() {
+                return Err(io::Error::from_raw_os_error(libc::EIO));
+            }
+        }
+        Ok(self.take(true, h.ans_len.load(Acquire)))
+    }
+
+    // ---- the server's side ---------------------------------------------
+
+    /// Wait for the next request after number `last`: its number and its
+    /// bytes, or `None` once [`Ring::close`] was called.
+    pub fn next_request(&self, last: u32) -> Option<(u32, Vec<u8>)> {
+        let h = self.header();
+        let budget = spin_for(SERVER_SPIN);
+        let mut spin = Spin::take(budget);
+        let spin_until = Instant::now() + budget;
+        loop {
+            if h.closed.load(Acquire) != 0 {
+                return None;
+            }
+            let r = h.req.load(Acquire);
+            if r != last {
+                if let Some(s) = spin.take() {
+                    s.end(true);
+                }
+                return Some((r, self.take(false, h.req_len.load(Acquire))));
+            }
+            if spin.is_some() && Instant::now() < spin_until {
+                std::hint::spin_loop();
+                continue;
+            }
+            if let Some(s) = spin.take() {
+                s.end(false);
+            }
+            h.server_sleeps.store(1, SeqCst);
+            if h.req.load(SeqCst) == last && h.closed.load(SeqCst) == 0 {
+                sleep_on(&h.req, last, SLEEP_SLICE);
+            }
+            h.server_sleeps.store(0, SeqCst);
+        }
+    }
+
+    /// Answer request number `seq` with `line`.
+    pub fn answer(&self, seq: u32, line: &[u8]) {
+        let h = self.header();
+        let n = self.put(true, line);
+        h.ans_len.store(n, Release);
+        h.ans.store(seq, SeqCst);
+        if h.client_sleeps.load(SeqCst) != 0 {
+            wake(&h.ans);
+        }
+    }
+
+    /// Stop serving: [`Ring::next_request`] returns `None`, and a client
+    /// waiting for an answer gets EIO.
+    pub fn close(&self) {
+        let h = self.header();
+        h.closed.store(1, SeqCst);
+        wake(&h.req);
+        wake(&h.ans);
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, of this length; no reference
+        // into it outlives self.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), RING_BYTES) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_and_answers_cross_between_two_mappings() {
+        let server = std::sync::Arc::new(Ring::create().unwrap());
+        let client = Ring::from_fd(server.fd().try_clone_to_owned().unwrap()).unwrap();
+        let s = server.clone();
+        let t = std::thread::spawn(move || {
+            let mut last = 0;
+            let mut served = 0;
+            while let Some((seq, req)) = s.next_request(last) {
+                last = seq;
+                let mut a = b"re: ".to_vec();
+                a.extend_from_slice(&req);
+                s.answer(seq, &a);
+                served += 1;
+            }
+            served
+        });
+        for i in 0..2000 {
+            // Some requests after a pause: the server sleeps in between.
+            if i % 500 == 0 {
+                std::thread::sleep(Duration::from_millis(3));
+            }
+            let q = format!("request {i}\n");
+            let a = client.call(q.as_bytes(), || false).unwrap();
+            assert_eq!(a, format!("re: request {i}\n").into_bytes());
+        }
+        server.close();
+        assert_eq!(t.join().unwrap(), 2000);
+        // Closed: a call fails at once.
+        let e = client.call(b"x\n", || false).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    }
+
+    #[test]
+    fn an_unsealed_or_wrong_sized_region_is_refused() {
+        // SAFETY: the name is a NUL-terminated literal.
+        let raw = unsafe { libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC) };
+        // SAFETY: a new descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: ftruncate on a descriptor we own.
+        assert_eq!(
+            unsafe { libc::ftruncate(raw, RING_BYTES as libc::off_t) },
+            0
+        );
+        assert!(Ring::from_fd(fd).is_err());
+    }
+}
