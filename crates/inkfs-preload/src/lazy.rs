@@ -301,7 +301,9 @@ fn existing(
     path: Box<[u8]>,
 ) -> Option<c_int> {
     let oflags = OpenFlags::new(flags & !(libc::O_CREAT | libc::O_EXCL));
-    let lease = if flags & libc::O_TRUNC != 0 && oflags.writable() {
+    // O_TRUNC truncates whatever the access mode (O_RDONLY|O_TRUNC too),
+    // under the lease its writer cell holds.
+    let lease = if flags & libc::O_TRUNC != 0 {
         m.checkout_writer(ino)?
     } else {
         m.checkout_lazy()?

@@ -191,7 +191,10 @@ impl Lease<'_> {
     /// The engine's handle for open file `idx` (opened at first use), with
     /// the descriptor's access mode. The kernel checked the permissions
     /// when the program opened its descriptor, so the handle is opened
-    /// without checks.
+    /// without checks (root's credentials); its writes drop set-id bits
+    /// unless the process's effective uid is root when the handle is
+    /// opened (Linux asks the writer's CAP_FSETID at each write: one
+    /// system call per handle here, not per write).
     fn file(&mut self, idx: usize, ofd: &Ofd) -> Option<&File> {
         let gen = ofd.gen.load(Ordering::Acquire);
         let entry = self.slot.files.get_mut(idx)?;
@@ -210,7 +213,14 @@ impl Lease<'_> {
                 // the kernel's open did those). O_APPEND is decided per
                 // call from the entry's flags, which F_SETFL may change.
                 let acc = ofd.flags.load(Ordering::Relaxed) as i32 & libc::O_ACCMODE;
-                self.slot.client.open(&root, ino, OpenFlags::new(acc))
+                self.slot
+                    .client
+                    .open(&root, ino, OpenFlags::new(acc))
+                    .map(|mut f| {
+                        // SAFETY: geteuid cannot fail.
+                        f.set_drops_setid(unsafe { libc::geteuid() } != 0);
+                        f
+                    })
             };
             *entry = Some((gen, f.ok()?));
         }
