@@ -244,6 +244,66 @@ mod tests {
         assert_eq!(a.alloc_chunk(0), Some(log_chunk_id(13, 2)));
     }
 
+    /// Random chunk and block traffic from several lanes against a model:
+    /// no page id is handed out twice, a chunk block never overlaps a
+    /// block handed out whole, the saved form of the maps restores them,
+    /// and freeing everything gives every block back.
+    #[test]
+    fn random_chunks_and_blocks_against_a_model() {
+        use std::collections::{BTreeMap, HashSet};
+        let mut rng = crate::testkit::Rng::new(0x5ca1_ab1e);
+        let a = BlockAllocator::new_all_free(3, 40, 400);
+        let free0 = a.free_blocks();
+        let mut chunks: HashSet<u64> = HashSet::new();
+        let mut blocks: HashSet<u64> = HashSet::new();
+        for _ in 0..4000 {
+            let lane = rng.below(5) as u32;
+            match rng.below(4) {
+                0 | 1 => {
+                    if let Some(id) = a.alloc_chunk(lane) {
+                        assert!(chunks.insert(id), "chunk {id:#x} handed out twice");
+                    }
+                }
+                2 => {
+                    if let Some(b) = a.alloc_meta(lane) {
+                        assert!(blocks.insert(b), "block {b} handed out twice");
+                    }
+                }
+                _ => {
+                    if rng.chance(70) && !chunks.is_empty() {
+                        let id = *chunks.iter().nth(rng.below(chunks.len() as u64) as usize).unwrap();
+                        chunks.remove(&id);
+                        a.free_log_page(id).unwrap();
+                    } else if let Some(&b) = blocks.iter().next() {
+                        blocks.remove(&b);
+                        a.free_log_page(b).unwrap();
+                    }
+                }
+            }
+            // The model's chunk blocks: never a whole block's, never free.
+            let mut model: BTreeMap<u64, u64> = BTreeMap::new();
+            for &id in &chunks {
+                let (b, c) = log_page_id(id).unwrap();
+                *model.entry(b).or_default() |= 1 << c.unwrap();
+            }
+            for (&b, &mask) in &model {
+                assert!(!blocks.contains(&b) && !a.is_free(b), "block {b}");
+                if mask != LOG_CHUNKS_FULL {
+                    let lane = a.lane_of(b) as u32;
+                    assert!(a.chunk_blocks(lane).contains(&(b, mask)), "block {b} {mask:#b}");
+                }
+            }
+            let partial: usize = (0..3).map(|l| a.chunk_blocks(l).len()).sum();
+            assert_eq!(partial, model.values().filter(|&&m| m != LOG_CHUNKS_FULL).count());
+        }
+        for id in chunks.drain().chain(blocks.drain()) {
+            a.free_log_page(id).unwrap();
+        }
+        assert_eq!(a.free_blocks(), free0);
+        assert_eq!(a.free_chunks(), 0);
+        a.check();
+    }
+
     impl BlockAllocator {
         fn try_free_chunk_again(&self, id: u64) -> Result<(), AllocError> {
             let (b, c) = log_page_id(id).unwrap();
