@@ -178,6 +178,9 @@ fn scan_lane<P: Pmem + ?Sized>(
             ))
         })
     };
+    // This lane's chunk heads, handed to the shared list once at the end
+    // (one lock per lane, not per inode).
+    let mut chunks = Vec::new();
     for (index, table_block) in tables.blocks(pm, lane)?.into_iter().enumerate() {
         if table_block >= geo.first_data_block {
             used(table_block, 1, &format!("lane {lane} inode table"))?;
@@ -213,7 +216,7 @@ fn scan_lane<P: Pmem + ?Sized>(
             let (st, pages) = inode::load_with_pages(pm, geo, ino, &rec)?;
             for p in pages {
                 if p >= LOG_CHUNK_ID_MIN {
-                    inode::lock(&blocks.chunks).push(p);
+                    chunks.push(p);
                 } else {
                     used(p, 1, &format!("inode {ino} log"))?;
                 }
@@ -235,5 +238,6 @@ fn scan_lane<P: Pmem + ?Sized>(
             scanned.fetch_add(1, Ordering::Relaxed);
         }
     }
+    inode::lock(&blocks.chunks).extend(chunks);
     Ok(())
 }
