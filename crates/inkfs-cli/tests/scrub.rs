@@ -130,7 +130,7 @@ impl Setup {
         let table = lane_first_block(lane) + LANE_INODE_TABLE_BLOCK;
         let rec: InodeRecord = read_pod(&pm, table * BLOCK_SIZE + slot * INODE_RECORD_SIZE);
         drop(pm);
-        let off = rec.log_head * BLOCK_SIZE + 20;
+        let off = inkfs::format::LogPageSpan::of(rec.log_head).base + 20;
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)

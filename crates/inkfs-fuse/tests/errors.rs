@@ -63,7 +63,7 @@ fn entry_byte(pool: &Pool, ino: u64) -> u64 {
     assert!(slot < INODES_PER_TABLE_BLOCK);
     let table = lane_first_block(lane) + LANE_INODE_TABLE_BLOCK;
     let rec: InodeRecord = read_pod(&pm, table * BLOCK_SIZE + slot * INODE_RECORD_SIZE);
-    rec.log_head * BLOCK_SIZE + 20
+    inkfs::format::LogPageSpan::of(rec.log_head).base + 20
 }
 
 /// Flip a byte of the pool file (through the file: a mounted pool's server

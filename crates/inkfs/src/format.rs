@@ -28,9 +28,13 @@ pub const MAGIC: [u8; 8] = *b"INKFSpm1";
 /// hence zero: no data device in older pools), a FILE_WRITE may map pages
 /// to device blocks (numbers from `DEV_BLOCK_BASE`), and blocks 0 and 1
 /// hold the device's recorded path (`DataRecord`) past the superblock.
+/// 6: small log heads: a log's first page may be a 1 KiB chunk of a block
+/// shared with other logs' heads (`log_head` tagged with the chunk,
+/// `log_page_id`), and a lane's save area lists its chunk blocks' free
+/// chunks (`SaveHeader::chunk_blocks`, formerly reserved, hence zero).
 /// Older pools are read as they are and marked with this version by the
 /// first read-write mount.
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
 
 /// Block numbers of the two superblock copies.
 pub const SUPER_PRIMARY_BLOCK: u64 = 0;
@@ -307,7 +311,11 @@ pub struct SaveHeader {
     pub inode_ranges: u32,
     /// Next never-used inode slot of this lane (slots at or above are free).
     pub inode_slots_used: u64,
-    pub reserved: [u8; 28],
+    /// Blocks carved into log chunks that have a free chunk (version 6;
+    /// reserved, hence zero, before): `SavedRange`s after the inode
+    /// ranges, `start` the block, `len` its bitmap of chunks in use.
+    pub chunk_blocks: u32,
+    pub reserved: [u8; 24],
     /// crc32c over the header (this field zero) and all ranges.
     pub checksum: u32,
 }
@@ -513,6 +521,80 @@ pub const ENTRY_UNIT: u64 = 64;
 pub const LOG_PAGE_PAYLOAD: u64 = BLOCK_SIZE - 64;
 pub const LOG_FOOTER_OFFSET: u64 = LOG_PAGE_PAYLOAD;
 pub const LOG_MAGIC: u64 = u64::from_le_bytes(*b"INKLOGP1");
+
+/// A log's first page may be a chunk: a quarter of a block, shared with
+/// other logs' first pages (version 6). Its entries take the first 960
+/// bytes, its footer (the same `LogPageFooter`) the last 64. Only a head
+/// is small: the pages it links to are whole blocks.
+pub const LOG_CHUNK_BYTES: u64 = 1024;
+pub const LOG_CHUNKS_PER_BLOCK: u64 = BLOCK_SIZE / LOG_CHUNK_BYTES;
+pub const LOG_CHUNK_PAYLOAD: u64 = LOG_CHUNK_BYTES - 64;
+/// Bitmap of a chunk block whose every chunk is in use.
+pub const LOG_CHUNKS_FULL: u64 = (1 << LOG_CHUNKS_PER_BLOCK) - 1;
+/// A log page id (`log_head`, the pages a walk reports) names a chunk by
+/// its block with `chunk + 1` in the bits from here up; a whole page is
+/// its block number alone.
+const LOG_CHUNK_TAG_SHIFT: u32 = 60;
+
+/// Every chunk's page id is at least this (above every block number, the
+/// data device's included).
+pub const LOG_CHUNK_ID_MIN: u64 = 1 << LOG_CHUNK_TAG_SHIFT;
+const _: () = assert!(LOG_CHUNK_ID_MIN > DEV_BLOCK_BASE << 8);
+
+/// The page id of chunk `chunk` (0 … 3) of `block`.
+pub const fn log_chunk_id(block: u64, chunk: u64) -> u64 {
+    block | ((chunk + 1) << LOG_CHUNK_TAG_SHIFT)
+}
+
+/// A log page id taken apart: its block and, for a chunk, which chunk.
+/// None if the tag names no chunk (damage).
+pub const fn log_page_id(id: u64) -> Option<(u64, Option<u64>)> {
+    let tag = id >> LOG_CHUNK_TAG_SHIFT;
+    let block = id & ((1 << LOG_CHUNK_TAG_SHIFT) - 1);
+    match tag {
+        0 => Some((block, None)),
+        t if t <= LOG_CHUNKS_PER_BLOCK => Some((block, Some(t - 1))),
+        _ => None,
+    }
+}
+
+/// Where a log page's bytes are: its first byte, and how many bytes of
+/// entries it holds before its footer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogPageSpan {
+    pub base: u64,
+    pub payload: u64,
+}
+
+impl LogPageSpan {
+    /// The span of a valid page id (`log_page_id` is Some).
+    pub const fn of(id: u64) -> LogPageSpan {
+        match log_page_id(id) {
+            Some((block, Some(chunk))) => LogPageSpan {
+                base: block * BLOCK_SIZE + chunk * LOG_CHUNK_BYTES,
+                payload: LOG_CHUNK_PAYLOAD,
+            },
+            Some((block, None)) => LogPageSpan {
+                base: block * BLOCK_SIZE,
+                payload: LOG_PAGE_PAYLOAD,
+            },
+            // Callers check ids first; an invalid one maps nowhere useful
+            // but stays in bounds of arithmetic.
+            None => LogPageSpan {
+                base: 0,
+                payload: 0,
+            },
+        }
+    }
+    pub const fn footer(&self) -> u64 {
+        self.base + self.payload
+    }
+    /// True if log position `pos` lies in this page (its end included:
+    /// a full page's tail sits there).
+    pub const fn holds(&self, pos: u64) -> bool {
+        pos >= self.base && pos <= self.base + self.payload
+    }
+}
 
 /// Footer of every log page.
 #[repr(C)]
@@ -988,6 +1070,9 @@ const _: () =
     assert!(size_of::<JournalHeader>() as u64 + (JOURNAL_MAX_RECORDS * 16) as u64 <= BLOCK_SIZE);
 const _: () = assert!(TABLE_TRAILER_OFFSET + size_of::<TableTrailer>() as u64 == BLOCK_SIZE);
 const _: () = assert!(LOG_FOOTER_OFFSET + size_of::<LogPageFooter>() as u64 == BLOCK_SIZE);
+const _: () = assert!(LOG_CHUNK_PAYLOAD + size_of::<LogPageFooter>() as u64 == LOG_CHUNK_BYTES);
+const _: () = assert!(BLOCK_SIZE.is_multiple_of(LOG_CHUNK_BYTES) && LOG_CHUNKS_PER_BLOCK <= 8);
+const _: () = assert!(LOG_CHUNK_PAYLOAD.is_multiple_of(ENTRY_UNIT));
 const _: () = assert!(entry_bytes(size_of::<DirEntryHead>(), NAME_MAX) <= LOG_PAGE_PAYLOAD);
 const _: () = assert!(XATTR_VALUE_MAX >= 3072);
 

@@ -833,7 +833,16 @@ impl<P: Pmem> Fs<P> {
         let _ = self.slots.free(lane, slot);
     }
 
+    /// Free `len` blocks from `start`, or (`len` 1) one log page by its
+    /// page id, a chunk's included (`format::log_page_id`).
     pub(crate) fn free_blocks(&self, start: u64, len: u64) {
+        if start >= LOG_CHUNK_ID_MIN && self.is_client() {
+            // A client frees no log chunk: it creates no inode and
+            // collects no log (the server does both). Leak rather than
+            // send the server an id as a block range.
+            debug_assert!(false, "a client freeing log chunk {start:#x}");
+            return;
+        }
         if self.client_free(start, len) {
             // A client's: the server holds them (lease.rs).
             return;
@@ -849,8 +858,15 @@ impl<P: Pmem> Fs<P> {
     }
 
     pub(crate) fn free_now(&self, start: u64, len: u64) {
-        // To the allocator of the block's side (PM or the data device).
-        if let Err(e) = self.free_on_side(start, len) {
+        // To the allocator of the block's side (PM or the data device);
+        // a log chunk's id (above every block number) to the chunk maps.
+        let r = if start >= LOG_CHUNK_ID_MIN {
+            debug_assert_eq!(len, 1);
+            self.blocks.free_log_page(start)
+        } else {
+            self.free_on_side(start, len)
+        };
+        if let Err(e) = r {
             // A double free means DRAM state disagrees with itself; keep
             // going (the allocator refused the free), but say so loudly.
             eprintln!("inkfs: internal error freeing blocks {start}+{len}: {e:?}");

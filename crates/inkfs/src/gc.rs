@@ -317,7 +317,9 @@ struct Present<'a> {
 pub fn fast_collect<P: Pmem>(fs: &Fs<P>, inode: &Inode, st: &mut InodeState) -> crate::Result<u64> {
     fs.gc.fast_scans.fetch_add(1, Relaxed);
     let pages = log::chain_pages(&fs.pm, &fs.geo, st.log.head, st.log.pages)?;
-    debug_assert_eq!(pages.last(), Some(&(st.log.tail / BLOCK_SIZE)));
+    debug_assert!(pages
+        .last()
+        .is_some_and(|&p| LogPageSpan::of(p).holds(st.log.tail)));
     let (keys, first_entry) = read_keys(fs, inode, st, &pages)?;
     let keep = pages_to_keep(&keys, &superseded(&keys), &first_entry);
     if keep.iter().all(|&k| k) {
@@ -634,7 +636,8 @@ fn unlink_dropped<P: Pmem>(
         let link = if i == 0 {
             inode.rec_off + INODE_HEAD_FIELD
         } else {
-            pages[i - 1] * BLOCK_SIZE + LOG_FOOTER_OFFSET
+            // The head may be a chunk: its footer ends its 1 KiB.
+            LogPageSpan::of(pages[i - 1]).footer()
         };
         fs.pm.write_u64(link, pages[next]);
         fs.pm.persist(link, 8);

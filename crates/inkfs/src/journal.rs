@@ -126,7 +126,7 @@ pub fn pending<P: Pmem + ?Sized>(pm: &P, lane: u32) -> Pending {
 /// Why committed record `r` may not be applied, if it may not: it must
 /// store into the state, head, tail or flags field of an inode record
 /// (`is_record_field` vets the target) a value that field can hold: a
-/// known state, a head in the data area, a tail `Geometry::is_log_tail`
+/// known state, a head naming a log page or chunk of the data area, a tail `Geometry::is_log_tail`
 /// accepts, known flag bits.
 pub fn check_record(
     r: &JournalRecord,
@@ -141,7 +141,7 @@ pub fn check_record(
     }
     let (field, ok) = match r.offset % INODE_RECORD_SIZE {
         INODE_STATE_FIELD => ("state", inode_state_valid(r.value)),
-        INODE_HEAD_FIELD => ("log head", geo.is_data_range(r.value, 1)),
+        INODE_HEAD_FIELD => ("log head", geo.is_log_page(r.value)),
         INODE_TAIL_FIELD => ("log tail", geo.is_log_tail(r.value)),
         INODE_FLAGS_FIELD => ("flags", r.value & !(inode_flags::KNOWN as u64) == 0),
         _ => {

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{errno, Error, Result};
-use crate::format::{BLOCK_SIZE, DEV_BLOCK_BASE};
+use crate::format::{BLOCK_SIZE, DEV_BLOCK_BASE, LOG_CHUNK_ID_MIN};
 pub use crate::blockset::RangeSet;
 use crate::epoch::SharedTable;
 use crate::fs::{FileHandle, Fs};
@@ -464,7 +464,13 @@ impl<P: Pmem> Fs<P> {
         // tens of thousands of entries).
         let pages = log::chain_pages(&self.pm, &self.geo, st.log.head, st.log.pages)?;
         debug_assert_eq!(pages.len() as u64, st.log.pages);
-        let mut out: Vec<(u64, u64)> = pages.iter().map(|&p| (p, 1)).collect();
+        // A head chunk is not a block (its id is tagged) and the holder
+        // never frees it (log GC is the server's): it is no block to settle.
+        let mut out: Vec<(u64, u64)> = pages
+            .iter()
+            .filter(|&&p| p < LOG_CHUNK_ID_MIN)
+            .map(|&p| (p, 1))
+            .collect();
         if let Body::File(map) = &st.body {
             out.extend(map.iter().map(|e| (e.block, e.pages)));
         }

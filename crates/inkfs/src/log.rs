@@ -19,7 +19,8 @@ use crate::superblock::Geometry;
 /// DRAM position of one log.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LogCursor {
-    /// First page (block number); 0 = the log has no page yet.
+    /// First page (a page id: a block number, or a chunk's tagged id,
+    /// `format::log_page_id`); 0 = the log has no page yet.
     pub head: u64,
     /// Byte offset where the next entry goes (== the committed tail when
     /// this cursor describes media).
@@ -29,9 +30,22 @@ pub struct LogCursor {
 }
 
 impl LogCursor {
-    fn tail_in_page(&self) -> u64 {
-        self.tail % BLOCK_SIZE
+    /// The page the tail is in: the head chunk while the log has not
+    /// outgrown it, else the whole page holding the tail.
+    pub fn tail_span(&self) -> LogPageSpan {
+        let head = LogPageSpan::of(self.head);
+        if head.holds(self.tail) {
+            head
+        } else {
+            LogPageSpan::of(self.tail / BLOCK_SIZE)
+        }
     }
+}
+
+/// The span of page id `page`, if the id names a page or chunk of the
+/// data area.
+fn page_span(geo: &Geometry, page: u64) -> Option<LogPageSpan> {
+    geo.is_log_page(page).then(|| LogPageSpan::of(page))
 }
 
 /// Pages allocated by an append that is not committed yet; released if the
@@ -45,7 +59,7 @@ impl NewPages {
     pub fn release(self, alloc: &BlockAllocator) {
         for b in self.blocks {
             // The pages were never reachable below a committed tail.
-            let _ = alloc.free(b, 1);
+            let _ = alloc.free_log_page(b);
         }
     }
 }
@@ -70,14 +84,17 @@ pub fn append<P: Pmem + ?Sized>(
         "units field must match length"
     );
     if cur.head == 0 {
-        let page = new_page(pm, alloc, lane, owner_ino, new_pages)?;
+        // A new log starts in a chunk when its first entry fits one: most
+        // logs (a small file's, an empty directory's) never outgrow it.
+        let small = len <= LOG_CHUNK_PAYLOAD;
+        let page = new_page(pm, alloc, lane, owner_ino, small, new_pages)?;
         *cur = LogCursor {
             head: page,
-            tail: page * BLOCK_SIZE,
+            tail: LogPageSpan::of(page).base,
             pages: 1,
         };
-    } else if cur.tail_in_page() + len > LOG_PAGE_PAYLOAD {
-        let page = new_page(pm, alloc, lane, owner_ino, new_pages)?;
+    } else if cur.tail - cur.tail_span().base + len > cur.tail_span().payload {
+        let page = new_page(pm, alloc, lane, owner_ino, false, new_pages)?;
         link_page(pm, cur, page);
     }
     let at = cur.tail;
@@ -90,36 +107,46 @@ pub fn append<P: Pmem + ?Sized>(
     Ok(at)
 }
 
+/// A new page (a chunk if `small`), its footer written and flushed; its
+/// page id. A chunk's entries start empty: its block's other chunks are
+/// other logs', so nothing but this footer is written.
 fn new_page<P: Pmem + ?Sized>(
     pm: &P,
     alloc: &BlockAllocator,
     lane: u32,
     owner_ino: u64,
+    small: bool,
     new_pages: &mut NewPages,
 ) -> Result<u64> {
-    let block = alloc.alloc_meta(lane).ok_or(Error::Errno(libc::ENOSPC))?;
-    new_pages.blocks.push(block);
+    let id = if small {
+        alloc.alloc_chunk(lane)
+    } else {
+        alloc.alloc_meta(lane)
+    }
+    .ok_or(Error::Errno(libc::ENOSPC))?;
+    new_pages.blocks.push(id);
     let footer = LogPageFooter {
         next_block: 0,
         magic: LOG_MAGIC,
         owner_ino,
         reserved: [0; 40],
     };
-    let off = block * BLOCK_SIZE + LOG_FOOTER_OFFSET;
+    let off = LogPageSpan::of(id).footer();
     write_pod(pm, off, &footer);
     pm.flush(off, 64);
-    Ok(block)
+    Ok(id)
 }
 
 /// Close the tail page (PAD marker if space remains) and point its footer at
 /// `page`. Both are below nothing committed until the tail moves.
 fn link_page<P: Pmem + ?Sized>(pm: &P, cur: &mut LogCursor, page: u64) {
-    let old_page = cur.tail / BLOCK_SIZE;
-    let in_page = cur.tail_in_page();
+    let old = cur.tail_span();
+    let in_page = cur.tail - old.base;
     // Only a fresh, still empty head page has its tail at offset 0, and
-    // every entry fits in an empty page.
+    // every entry fits in an empty page (a new log's first entry goes to a
+    // chunk only if it fits one).
     debug_assert!(in_page > 0);
-    if in_page < LOG_PAGE_PAYLOAD {
+    if in_page < old.payload {
         let pad = EntryHeader {
             kind: entry_type::PAD,
             units: 0,
@@ -129,7 +156,7 @@ fn link_page<P: Pmem + ?Sized>(pm: &P, cur: &mut LogCursor, page: u64) {
         write_pod(pm, cur.tail, &pad);
         pm.flush(cur.tail, 8);
     }
-    let next_off = old_page * BLOCK_SIZE + LOG_FOOTER_OFFSET;
+    let next_off = old.footer();
     pm.write_u64(next_off, page);
     pm.flush(next_off, 8);
     cur.tail = page * BLOCK_SIZE;
@@ -280,8 +307,8 @@ pub fn walk<P: Pmem + ?Sized>(
     mut f: impl FnMut(u64, Entry<'_>) -> Result<()>,
 ) -> Result<WalkSummary> {
     let corrupt = |what: String| Error::Corrupt(format!("inode {owner_ino} log: {what}"));
-    if !geo.is_data_range(head, 1) {
-        return Err(corrupt(format!("head block {head} out of range")));
+    if !geo.is_log_page(head) {
+        return Err(corrupt(format!("head {head:#x} is not a log page of the data area")));
     }
     if !geo.is_log_tail(tail) {
         return Err(corrupt(format!("tail offset {tail} invalid")));
@@ -305,15 +332,15 @@ pub fn walk<P: Pmem + ?Sized>(
             return Err(corrupt(format!("cycle in log chain at block {page}")));
         }
         summary.pages.push(page);
-        let footer: LogPageFooter = read_pod(pm, page * BLOCK_SIZE + LOG_FOOTER_OFFSET);
+        let span = LogPageSpan::of(page);
+        let footer: LogPageFooter = read_pod(pm, span.footer());
         if footer.magic != LOG_MAGIC || footer.owner_ino != owner_ino {
             return Err(corrupt(format!(
-                "block {page} is not a log page of this inode"
+                "page {page:#x} is not a log page of this inode"
             )));
         }
         summary.entries += page_entries(pm, owner_ino, page, tail, &mut buf, &mut f)?;
-        let tail_here = tail / BLOCK_SIZE == page;
-        if tail_here {
+        if span.holds(tail) {
             return Ok(summary);
         }
         let next = footer.next_block;
@@ -332,32 +359,46 @@ pub fn walk<P: Pmem + ?Sized>(
 /// with `walk`'s checks. The caller knows the pages after `from` are still
 /// this log's (the log's head and GC generation did not change). The
 /// summary's pages are the ones entered after `from`'s page.
+#[allow(clippy::too_many_arguments)]
 pub fn walk_from<P: Pmem + ?Sized>(
     pm: &P,
     geo: &Geometry,
     owner_ino: u64,
+    head: u64,
     from: u64,
     tail: u64,
     mut f: impl FnMut(u64, Entry<'_>) -> Result<()>,
 ) -> Result<WalkSummary> {
     let corrupt = |what: String| Error::Corrupt(format!("inode {owner_ino} log: {what}"));
-    if !geo.is_log_tail(from) || !geo.is_log_tail(tail) {
+    if !geo.is_log_page(head) || !geo.is_log_tail(from) || !geo.is_log_tail(tail) {
         return Err(corrupt(format!("positions {from}..{tail} invalid")));
     }
     let mut summary = WalkSummary::default();
-    let first = from / BLOCK_SIZE;
+    // `from` is in the head chunk, or in a whole page.
+    let first = LogCursor {
+        head,
+        tail: from,
+        pages: 0,
+    }
+    .tail_span();
+    let first = if first.payload == LOG_CHUNK_PAYLOAD {
+        head
+    } else {
+        from / BLOCK_SIZE
+    };
     let mut page = first;
-    let mut start = from % BLOCK_SIZE;
+    let mut start = from - LogPageSpan::of(first).base;
     let mut buf = [0u8; BLOCK_SIZE as usize];
     loop {
-        let footer: LogPageFooter = read_pod(pm, page * BLOCK_SIZE + LOG_FOOTER_OFFSET);
+        let span = LogPageSpan::of(page);
+        let footer: LogPageFooter = read_pod(pm, span.footer());
         if footer.magic != LOG_MAGIC || footer.owner_ino != owner_ino {
             return Err(corrupt(format!(
-                "block {page} is not a log page of this inode"
+                "page {page:#x} is not a log page of this inode"
             )));
         }
         summary.entries += page_entries_from(pm, owner_ino, page, start, tail, &mut buf, &mut f)?;
-        if tail / BLOCK_SIZE == page {
+        if span.holds(tail) {
             return Ok(summary);
         }
         let next = footer.next_block;
@@ -375,9 +416,10 @@ pub fn walk_from<P: Pmem + ?Sized>(
     }
 }
 
-/// Decode the entries of one log page, calling `f` with each entry's
-/// offset: up to the tail on the tail page (`tail` is the log's tail), else
-/// up to a PAD or the end of the payload. Returns how many it saw.
+/// Decode the entries of one log page (a page id: a whole page or a
+/// chunk), calling `f` with each entry's offset: up to the tail on the
+/// tail page (`tail` is the log's tail), else up to a PAD or the end of
+/// the payload. Returns how many it saw.
 pub fn page_entries<P: Pmem + ?Sized>(
     pm: &P,
     owner_ino: u64,
@@ -401,25 +443,24 @@ fn page_entries_from<P: Pmem + ?Sized>(
     f: &mut impl FnMut(u64, Entry<'_>) -> Result<()>,
 ) -> Result<u64> {
     let corrupt = |what: String| Error::Corrupt(format!("inode {owner_ino} log: {what}"));
-    let tail_here = tail / BLOCK_SIZE == page;
+    let span = LogPageSpan::of(page);
+    let base = span.base;
+    let tail_here = span.holds(tail);
     let end = if tail_here {
-        tail % BLOCK_SIZE
+        tail - base
     } else {
-        LOG_PAGE_PAYLOAD
+        span.payload
     };
-    debug_assert!(end <= LOG_PAGE_PAYLOAD);
+    debug_assert!(end <= span.payload);
     if start > end || !start.is_multiple_of(ENTRY_UNIT) {
         return Err(corrupt(format!(
             "position {} is past the tail or not an entry boundary",
-            page * BLOCK_SIZE + start
+            base + start
         )));
     }
     // Only the committed part of the page is read: a short log costs a
     // cache line, not a page (recovery reads every live inode's log).
-    pm.read(
-        page * BLOCK_SIZE + start,
-        &mut buf[start as usize..end as usize],
-    );
+    pm.read(base + start, &mut buf[start as usize..end as usize]);
     let mut pos = start;
     let mut count = 0;
     while pos < end {
@@ -428,7 +469,7 @@ fn page_entries_from<P: Pmem + ?Sized>(
             if tail_here {
                 return Err(corrupt(format!(
                     "pad below the tail at offset {}",
-                    page * BLOCK_SIZE + pos
+                    base + pos
                 )));
             }
             break;
@@ -437,13 +478,13 @@ fn page_entries_from<P: Pmem + ?Sized>(
         if len == 0 || pos + len > end {
             return Err(corrupt(format!(
                 "entry at offset {} has bad length {len}",
-                page * BLOCK_SIZE + pos
+                base + pos
             )));
         }
         let bytes = &buf[pos as usize..(pos + len) as usize];
         let entry = parse(bytes)
-            .map_err(|e| corrupt(format!("offset {}: {e}", page * BLOCK_SIZE + pos)))?;
-        f(page * BLOCK_SIZE + pos, entry)?;
+            .map_err(|e| corrupt(format!("offset {}: {e}", base + pos)))?;
+        f(base + pos, entry)?;
         count += 1;
         pos += len;
     }
@@ -462,9 +503,14 @@ pub fn chain_pages<P: Pmem + ?Sized>(
     let mut out = Vec::with_capacity(pages as usize);
     let mut page = head;
     for i in 0..pages {
-        if !geo.is_data_range(page, 1) || out.contains(&page) && out.len() < 64 {
+        // Only the head may be a chunk.
+        let chunk_past_head = i > 0 && log_page_id(page).is_some_and(|(_, c)| c.is_some());
+        if page_span(geo, page).is_none()
+            || chunk_past_head
+            || out.contains(&page) && out.len() < 64
+        {
             return Err(Error::Corrupt(format!(
-                "log chain from block {head}: bad link to block {page}"
+                "log chain from page {head:#x}: bad link to page {page:#x}"
             )));
         }
         out.push(page);
@@ -475,9 +521,9 @@ pub fn chain_pages<P: Pmem + ?Sized>(
     Ok(out)
 }
 
-/// Read the footer of a log page.
+/// Read the footer of a log page (a page id).
 pub fn footer<P: Pmem + ?Sized>(pm: &P, page: u64) -> LogPageFooter {
-    read_pod(pm, page * BLOCK_SIZE + LOG_FOOTER_OFFSET)
+    read_pod(pm, LogPageSpan::of(page).footer())
 }
 
 /// Entries up to this size (every kind but large xattrs) are encoded on the

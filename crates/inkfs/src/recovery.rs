@@ -38,6 +38,7 @@ pub fn rebuild<P: Pmem + ?Sized>(
         dev: geo
             .has_device()
             .then(|| UsedBlocks::new(geo.dev_first, geo.dev_end)),
+        chunks: Mutex::new(Vec::new()),
     };
     let slots = InodeSlots::new(geo.lane_count);
     let orphans = AtomicU64::new(0);
@@ -76,12 +77,18 @@ pub fn rebuild<P: Pmem + ?Sized>(
     if let Some(e) = first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
         return Err(e);
     }
+    let chunk_blocks = chunk_blocks(&used)?;
     let blocks = BlockAllocator::from_used(
         geo.lane_count,
         geo.first_data_block,
         geo.total_blocks,
         &used.pm,
     );
+    for &(block, mask) in &chunk_blocks {
+        blocks
+            .add_chunk_block(block, mask)
+            .map_err(|e| Error::Corrupt(format!("log chunk block {block}: {e:?}")))?;
+    }
     let dev_blocks = used
         .dev
         .as_ref()
@@ -100,6 +107,46 @@ pub fn rebuild<P: Pmem + ?Sized>(
 struct Used {
     pm: UsedBlocks,
     dev: Option<UsedBlocks>,
+    /// Log heads that are chunks (page ids), from every lane's scan: a
+    /// chunk block is marked in `pm` once, after the scan, when two logs
+    /// naming chunks of one block are no double use.
+    chunks: Mutex<Vec<u64>>,
+}
+
+/// The blocks holding live log chunks, with their bitmaps of chunks in
+/// use, each marked used once; a chunk two logs name is corruption, and so
+/// is a chunk block something else uses (the mark fails).
+fn chunk_blocks(used: &Used) -> Result<Vec<(u64, u64)>> {
+    let ids = std::mem::take(&mut *inode::lock(&used.chunks));
+    // (block, chunk), sorted: a block's chunks are neighbours.
+    let mut chunks: Vec<(u64, u64)> = ids
+        .iter()
+        .filter_map(|&id| match log_page_id(id) {
+            Some((block, Some(chunk))) => Some((block, chunk)),
+            _ => None,
+        })
+        .collect();
+    chunks.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (i, &(block, chunk)) in chunks.iter().enumerate() {
+        if i > 0 && chunks[i - 1] == (block, chunk) {
+            return Err(Error::Corrupt(format!(
+                "log chunk {chunk} of block {block} is the head of two logs"
+            )));
+        }
+        match out.last_mut() {
+            Some((b, mask)) if *b == block => *mask |= 1 << chunk,
+            _ => out.push((block, 1 << chunk)),
+        }
+    }
+    for &(block, _) in &out {
+        used.pm.mark(block, 1).map_err(|e| {
+            Error::Corrupt(format!(
+                "log chunk block {block} also used otherwise ({e:?})"
+            ))
+        })?;
+    }
+    Ok(out)
 }
 
 impl Used {
@@ -131,6 +178,9 @@ fn scan_lane<P: Pmem + ?Sized>(
             ))
         })
     };
+    // This lane's chunk heads, handed to the shared list once at the end
+    // (one lock per lane, not per inode).
+    let mut chunks = Vec::new();
     for (index, table_block) in tables.blocks(pm, lane)?.into_iter().enumerate() {
         if table_block >= geo.first_data_block {
             used(table_block, 1, &format!("lane {lane} inode table"))?;
@@ -165,7 +215,11 @@ fn scan_lane<P: Pmem + ?Sized>(
             }
             let (st, pages) = inode::load_with_pages(pm, geo, ino, &rec)?;
             for p in pages {
-                used(p, 1, &format!("inode {ino} log"))?;
+                if p >= LOG_CHUNK_ID_MIN {
+                    chunks.push(p);
+                } else {
+                    used(p, 1, &format!("inode {ino} log"))?;
+                }
             }
             match &st.body {
                 Body::File(map) => {
@@ -184,5 +238,6 @@ fn scan_lane<P: Pmem + ?Sized>(
             scanned.fetch_add(1, Ordering::Relaxed);
         }
     }
+    inode::lock(&blocks.chunks).extend(chunks);
     Ok(())
 }

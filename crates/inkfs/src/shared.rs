@@ -273,7 +273,7 @@ impl<P: Pmem> Fs<P> {
     /// Replay the entries committed after the cached tail, up to `now`'s.
     fn replay_tail(&self, inode: &Inode, st: &mut InodeState, now: RecordView) -> Result<()> {
         let geo = self.geo;
-        let summary = log::walk_from(&self.pm, &geo, inode.ino, st.log.tail, now.tail, |off, e| {
+        let summary = log::walk_from(&self.pm, &geo, inode.ino, st.log.head, st.log.tail, now.tail, |off, e| {
             inode::apply_entry(&self.pm, &geo, st, e, &mut |_, _| {}).map_err(|m| {
                 crate::Error::Corrupt(format!("inode {} log offset {off}: {m}", inode.ino))
             })

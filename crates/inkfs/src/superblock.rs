@@ -87,6 +87,11 @@ impl Geometry {
     pub fn is_ino(&self, ino: u64) -> bool {
         (1..=self.ino_max()).contains(&ino)
     }
+    /// True if `id` can name a log page: a block of the data area, or a
+    /// chunk of one (`format::log_page_id`).
+    pub fn is_log_page(&self, id: u64) -> bool {
+        log_page_id(id).is_some_and(|(block, _)| self.is_data_range(block, 1))
+    }
     /// True if `tail` can be a log's tail: in a page of the data area, at
     /// an entry boundary, not inside the page's footer.
     pub fn is_log_tail(&self, tail: u64) -> bool {

@@ -1015,7 +1015,8 @@ fn log_growth_and_handles() {
     }
     let mut dir_page = op("dir_log_next_page", steps);
     dir_page.prep = Some(s(|fs, e| {
-        for i in 0..56 {
+        // 15 more than a 4 KiB head held: the head is a 1 KiB chunk.
+        for i in 0..71 {
             let (_, fh) = fs
                 .create(e.b, format!("p{i}").as_bytes(), 0o644, 0, 0)
                 .unwrap();
@@ -1032,12 +1033,51 @@ fn log_growth_and_handles() {
     }
     let mut file_page = op("file_log_next_page", steps);
     file_page.prep = Some(s(|fs, e| {
-        for i in 0..58u8 {
+        // 15 more than a 4 KiB head held: the head is a 1 KiB chunk.
+        for i in 0..73u8 {
             fs.append(&e.fh_f2, &pattern(4096, i)).unwrap();
         }
         fs.fsync(&e.fh_f2, false).unwrap();
     }));
     ops.push(file_page);
+    // A new inode's log starts in a 1 KiB chunk (15 entries): chmods of
+    // /a/f1, one a step, until one links the first whole page to it.
+    let mut steps: Vec<Step> = Vec::new();
+    for i in 0..6u32 {
+        steps.push(s(move |fs, e| {
+            let mode = SetAttr {
+                mode: Some(0o600 + i),
+                ..Default::default()
+            };
+            fs.setattr(e.f1, &mode).unwrap();
+            if i == 5 {
+                assert_eq!(fs.log_pages(e.f1).unwrap(), 2, "grew past its chunk");
+            }
+        }));
+    }
+    let mut chunk_page = op("file_chunk_next_page", steps);
+    chunk_page.prep = Some(s(|fs, e| {
+        for i in 0..9u32 {
+            let mode = SetAttr {
+                mode: Some(0o640 + i),
+                ..Default::default()
+            };
+            fs.setattr(e.f1, &mode).unwrap();
+        }
+        assert_eq!(fs.log_pages(e.f1).unwrap(), 1, "still in its chunk");
+    }));
+    ops.push(chunk_page);
+    // An entry larger than what is left of a directory's chunk: a PAD in
+    // the chunk and the entry on a new whole page.
+    ops.push(op(
+        "dir_chunk_big_xattr",
+        vec![s(|fs, e| {
+            assert_eq!(fs.log_pages(e.a).unwrap(), 1, "in its chunk");
+            fs.setxattr(e.a, b"user.big", &pattern(900, 7), XattrFlags::Create)
+                .unwrap();
+            assert_eq!(fs.log_pages(e.a).unwrap(), 2);
+        })],
+    ));
     // Two handles (one per step opens a second) on /big: every call is
     // its own step, since each is a state a crash may show.
     ops.push(data_op(
@@ -1480,7 +1520,7 @@ fn first_entry_byte(pm: &SimPool, ino: u64) -> u64 {
     assert!(slot < INODES_PER_TABLE_BLOCK);
     let table = lane_first_block(lane) + LANE_INODE_TABLE_BLOCK;
     let rec: InodeRecord = read_pod(pm, table * BLOCK + slot * INODE_RECORD_SIZE);
-    rec.log_head * BLOCK + 20
+    LogPageSpan::of(rec.log_head).base + 20
 }
 
 fn flip_byte(image: &mut [u8], off: u64) {

@@ -747,15 +747,21 @@ fn enospc_many_empty_files() {
 // Corrupt media
 // ---------------------------------------------------------------------------
 
-/// Every log page of `ino`: blocks whose footer says so.
-fn log_pages_of(img: &[u8], ino: u64) -> Vec<usize> {
-    let mut out = Vec::new();
-    for b in 0..img.len() / BLOCK_SIZE as usize {
-        let f = b * BLOCK_SIZE as usize + LOG_FOOTER_OFFSET as usize;
+/// The pages of `ino`'s log, head first (a chunk, or a whole page), up to
+/// the tail: followed from its record's head through the footers.
+fn log_pages_of(img: &[u8], ino: u64) -> Vec<LogPageSpan> {
+    let sb = Superblock::from_bytes(&img[..256]);
+    let (lane, slot) = ino_to_lane_slot(ino, sb.lane_count);
+    assert!(slot < INODES_PER_TABLE_BLOCK);
+    let table = lane_first_block(lane) + LANE_INODE_TABLE_BLOCK;
+    let at = (table * BLOCK_SIZE + slot * INODE_RECORD_SIZE) as usize;
+    let rec = InodeRecord::from_bytes(&img[at..at + INODE_RECORD_SIZE as usize]);
+    let mut out = vec![LogPageSpan::of(rec.log_head)];
+    while !out.last().unwrap().holds(rec.log_tail) {
+        let f = out.last().unwrap().footer() as usize;
         let footer = LogPageFooter::from_bytes(&img[f..f + 64]);
-        if footer.magic == LOG_MAGIC && footer.owner_ino == ino {
-            out.push(b);
-        }
+        assert_eq!((footer.magic, footer.owner_ino), (LOG_MAGIC, ino));
+        out.push(LogPageSpan::of(footer.next_block));
     }
     out
 }
@@ -865,7 +871,7 @@ fn corrupt_log_entry_checksum() {
     let pages = log_pages_of(&img, victim);
     assert!(!pages.is_empty());
     // Flip bytes inside the first entry (the creation SET_ATTR) of the head.
-    let at = pages[0] * BLOCK_SIZE as usize;
+    let at = pages[0].base as usize;
     img[at + 20] ^= 0xff;
     img[at + 21] ^= 0x0f;
     check_lazy_detection(img, victim, "flipped bytes");
@@ -877,10 +883,10 @@ fn corrupt_every_entry_of_the_log() {
     // tail count; damage past it must be ignored).
     let (img0, victim) = victim_pool();
     let pages = log_pages_of(&img0, victim);
-    let page = pages[0] * BLOCK_SIZE as usize;
+    let page = pages[0].base as usize;
     let mut pos = 0usize;
     let mut tried = 0;
-    while pos < LOG_PAGE_PAYLOAD as usize {
+    while pos < pages[0].payload as usize {
         let hdr = EntryHeader::from_bytes(&img0[page + pos..page + pos + 8]);
         if hdr.kind == entry_type::INVALID || hdr.units == 0 {
             break;
@@ -900,11 +906,11 @@ fn corrupt_every_entry_of_the_log() {
 fn corrupt_log_entry_valid_checksum_bad_block() {
     let (mut img, victim) = victim_pool();
     let pages = log_pages_of(&img, victim);
-    let page = pages[0] * BLOCK_SIZE as usize;
+    let page = pages[0].base as usize;
     let total_blocks = (img.len() as u64) / BLOCK_SIZE;
     let mut pos = 0usize;
     let mut done = false;
-    while pos < LOG_PAGE_PAYLOAD as usize {
+    while pos < pages[0].payload as usize {
         let hdr = EntryHeader::from_bytes(&img[page + pos..page + pos + 8]);
         if hdr.kind == entry_type::INVALID || hdr.units == 0 {
             break;
@@ -932,7 +938,7 @@ fn corrupt_log_entry_valid_checksum_bad_block() {
 fn corrupt_root_log() {
     let (mut img, _) = victim_pool();
     let pages = log_pages_of(&img, ROOT_INO);
-    let at = pages[0] * BLOCK_SIZE as usize + 64 + 12;
+    let at = pages[0].base as usize + 64 + 12;
     img[at] ^= 0xa5;
     no_panic("root log", || {
         match Fs::mount(SimPool::from_image(img), MountOptions::default()) {
@@ -948,9 +954,10 @@ fn corrupt_root_log() {
 fn corrupt_log_chain_cycle() {
     let fs = fresh();
     let (a, fh) = fs.create(R, b"victim", 0o644, 0, 0).unwrap();
-    // Enough entries to need a second log page.
+    // Enough entries to need whole pages past the head chunk, every one
+    // live (pages apart, so no two extents merge and nothing compacts).
     for i in 0..200u64 {
-        fs.write(&fh, i * BLOCK_SIZE, b"x").unwrap();
+        fs.write(&fh, 2 * i * BLOCK_SIZE, b"x").unwrap();
     }
     fs.release(fh);
     let (_, fh) = fs.create(R, b"bystander", 0o644, 0, 0).unwrap();
@@ -959,15 +966,17 @@ fn corrupt_log_chain_cycle() {
     fs.mkdir(R, b"dir", 0o755, 0, 0).unwrap();
     let mut img = fs.unmount().unwrap().current_image();
     let pages = log_pages_of(&img, a.ino);
-    assert!(pages.len() >= 2, "log has {} pages", pages.len());
-    // Point every linked page's footer at itself. (Not at some chosen
-    // page: blocks with this owner's footer include pages GC freed, which
-    // are not in the chain, and a link to one of them is no cycle.)
-    for &p in &pages {
-        let f = p * BLOCK_SIZE as usize + LOG_FOOTER_OFFSET as usize;
+    assert!(pages.len() >= 3, "log has {} pages", pages.len());
+    // Point every linked whole page's footer at itself (the head, a
+    // chunk, keeps its link to the first whole page).
+    for p in &pages {
+        if p.payload != LOG_PAGE_PAYLOAD {
+            continue;
+        }
+        let f = p.footer() as usize;
         let mut footer = LogPageFooter::from_bytes(&img[f..f + 64]);
         if footer.next_block != 0 {
-            footer.next_block = p as u64;
+            footer.next_block = p.base / BLOCK_SIZE;
             img[f..f + 64].copy_from_slice(footer.as_bytes_ref());
         }
     }

@@ -212,16 +212,17 @@ fn backup_superblock_is_used_when_the_primary_is_damaged() {
     assert_eq!(source, SuperSource::Primary);
 }
 
-/// Version 1 to 4 pools (every v1 log is a valid v2 log; a v2 inode
+/// Version 1 to 5 pools (every v1 log is a valid v2 log; a v2 inode
 /// record's flags bytes were reserved, hence zero: no flags; a v3 record's
 /// log_gen bytes too; a v4 superblock's data-device bytes too: no data
-/// device) mount; a read-only mount leaves their version alone, the first
+/// device; a v5 pool's logs all start in whole pages, as the root
+/// directory's does here) mount; a read-only mount leaves their version alone, the first
 /// read-write mount marks them with the current version (fast GC may then
 /// write logs a v1 reader would refuse, chattr flags a v2 reader would
 /// ignore instead of enforcing).
 #[test]
 fn older_pools_mount_and_are_upgraded_by_a_read_write_mount() {
-    for old_version in [1, 2, 3, 4] {
+    for old_version in [1, 2, 3, 4, 5] {
         let pm = SimPool::new(4 << 20);
         Fs::format(&pm, &FormatOptions::default()).unwrap();
         let fs = Fs::mount(pm, MountOptions::default()).unwrap();
@@ -251,5 +252,5 @@ fn older_pools_mount_and_are_upgraded_by_a_read_write_mount() {
         let pm = fs.unmount().unwrap();
         assert_eq!(read_superblock(&pm).unwrap().0.version, FORMAT_VERSION);
     }
-    assert_eq!(FORMAT_VERSION, 5);
+    assert_eq!(FORMAT_VERSION, 6);
 }

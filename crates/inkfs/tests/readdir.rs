@@ -341,28 +341,31 @@ fn log_entries(pm: &SimPool, ino: u64) -> Vec<(u64, Vec<u8>)> {
     let mut out = Vec::new();
     let mut page = r.log_head;
     loop {
-        let end = if r.log_tail / BLOCK_SIZE == page {
-            r.log_tail % BLOCK_SIZE
+        // The head may be a chunk (version 6): its span says where.
+        let span = LogPageSpan::of(page);
+        let base = span.base;
+        let end = if span.holds(r.log_tail) {
+            r.log_tail - base
         } else {
-            LOG_PAGE_PAYLOAD
+            span.payload
         };
         let mut pos = 0;
         while pos < end {
             let mut h = [0u8; 2];
-            pm.read(page * BLOCK_SIZE + pos, &mut h);
+            pm.read(base + pos, &mut h);
             if h[0] == entry_type::PAD {
                 break;
             }
             let len = h[1] as u64 * ENTRY_UNIT;
             let mut b = vec![0u8; len as usize];
-            pm.read(page * BLOCK_SIZE + pos, &mut b);
-            out.push((page * BLOCK_SIZE + pos, b));
+            pm.read(base + pos, &mut b);
+            out.push((base + pos, b));
             pos += len;
         }
-        if r.log_tail / BLOCK_SIZE == page {
+        if span.holds(r.log_tail) {
             return out;
         }
-        let f: LogPageFooter = read_pod(pm, page * BLOCK_SIZE + LOG_FOOTER_OFFSET);
+        let f: LogPageFooter = read_pod(pm, span.footer());
         page = f.next_block;
     }
 }

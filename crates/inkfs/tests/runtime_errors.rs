@@ -67,7 +67,7 @@ fn rec_off(pm: &SimPool, ino: u64) -> u64 {
 /// nothing else (the superblock stays valid).
 fn entry_byte(pm: &SimPool, ino: u64) -> u64 {
     let rec: InodeRecord = read_pod(pm, rec_off(pm, ino));
-    rec.log_head * BLOCK_SIZE + 20
+    LogPageSpan::of(rec.log_head).base + 20
 }
 
 fn flip(pm: &SimPool, off: u64) {
@@ -360,7 +360,7 @@ fn damage_met_by_log_gc_is_counted() {
     assert_eq!(fs.error_stats().count, 0);
     // Break the head page's link to the next page.
     let rec: InodeRecord = read_pod(fs.pmem(), rec_off(fs.pmem(), victim));
-    let link = rec.log_head * BLOCK_SIZE + LOG_FOOTER_OFFSET;
+    let link = LogPageSpan::of(rec.log_head).footer();
     fs.pmem().write_u64(link, 1);
     fs.pmem().persist(link, 8);
     // Enough appends for compaction (and fast GC) to come due.

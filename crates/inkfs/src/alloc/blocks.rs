@@ -7,6 +7,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use super::chunks::ChunkLane;
 use super::lane::{BlockLane, LaneFree};
 use super::used::UsedBlocks;
 use super::{lock, AllocError};
@@ -18,6 +19,8 @@ pub struct BlockAllocator {
     pub(super) first_block: u64,
     pub(super) total_blocks: u64,
     pub(super) lanes: Box<[BlockLane]>,
+    /// Per lane, the partly used blocks carved into log chunks (chunks.rs).
+    pub(super) chunks: Box<[ChunkLane]>,
 }
 
 #[derive(Clone, Copy)]
@@ -61,6 +64,7 @@ impl BlockAllocator {
         BlockAllocator {
             first_block,
             total_blocks,
+            chunks: (0..lane_count).map(|_| ChunkLane::default()).collect(),
             lanes,
         }
     }

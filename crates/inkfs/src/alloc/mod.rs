@@ -35,6 +35,8 @@
 //!   other lanes;
 //! - `save.rs`: the on-media side: the free lists written into the lanes'
 //!   save areas at a clean unmount and read back at mount (docs/FORMAT.md);
+//! - `chunks.rs`: log chunks, the small first pages of logs carved four
+//!   to a block, and which lane keeps a partly used chunk block;
 //! - `slots.rs`: the inode-slot allocator;
 //! - `used.rs`: the bitmap of used blocks the recovery scan fills in parallel.
 //!
@@ -44,6 +46,7 @@
 //! `AllocError` and the lock helper are shared by all of them, and live here.
 
 mod blocks;
+mod chunks;
 mod lane;
 mod policy;
 mod range_set;

@@ -14,7 +14,8 @@ use super::slots::InodeSlots;
 use super::{lock, AllocError};
 use crate::format::{
     lane_first_block, lane_slots_max, lanes_end_block, Pod, SaveHeader, SavedRange, BLOCK_SIZE,
-    LANES_MAX, LANE_SAVE_BLOCKS, LANE_SAVE_FIRST_BLOCK, SAVE_MAGIC, SAVE_MAX_RANGES,
+    LANES_MAX, LANE_SAVE_BLOCKS, LANE_SAVE_FIRST_BLOCK, LOG_CHUNKS_FULL, SAVE_MAGIC,
+    SAVE_MAX_RANGES,
 };
 use crate::pmem::{read_pod, write_pod, Pmem};
 
@@ -137,13 +138,22 @@ impl BlockAllocator {
             }
             (slots.high_water, slots.freed.count())
         };
+        // Partly used chunk blocks: {block, bitmap of chunks in use}.
+        let chunk_blocks = self.chunk_blocks(lane);
+        if block_ranges + inode_ranges + chunk_blocks.len() > SAVE_MAX_RANGES {
+            return None;
+        }
+        for &(block, mask) in &chunk_blocks {
+            push(&mut bytes, block, mask);
+        }
         let mut header = SaveHeader {
             magic: SAVE_MAGIC,
             epoch,
             block_ranges: block_ranges as u32,
             inode_ranges: inode_ranges as u32,
             inode_slots_used: slots_high_water,
-            reserved: [0; 28],
+            chunk_blocks: chunk_blocks.len() as u32,
+            reserved: [0; 24],
             checksum: 0,
         };
         header.checksum = save_checksum(&header, &bytes);
@@ -194,7 +204,8 @@ impl BlockAllocator {
                 return Err(Refusal::Epoch { lane });
             }
             let block_ranges = header.block_ranges as usize;
-            let range_count = block_ranges + header.inode_ranges as usize;
+            let inode_ranges = header.inode_ranges as usize;
+            let range_count = block_ranges + inode_ranges + header.chunk_blocks as usize;
             // Bound the read before trusting the counts.
             if range_count > SAVE_MAX_RANGES {
                 return Err(Refusal::TooManyRanges { lane });
@@ -233,7 +244,7 @@ impl BlockAllocator {
             }
             let mut slots = lock(&inodes.lanes[lane as usize]);
             slots.high_water = header.inode_slots_used;
-            for r in ranges {
+            for r in ranges.by_ref().take(inode_ranges) {
                 let inside = r.len > 0
                     && r.start
                         .checked_add(r.len)
@@ -249,6 +260,25 @@ impl BlockAllocator {
             inodes
                 .used
                 .fetch_add(slots.high_water - slots.freed.total(), Ordering::Relaxed);
+            drop(slots);
+
+            // Chunk blocks: in the lane's region, ascending, in use for the
+            // block lists, a bitmap with a chunk used and one free.
+            let mut last = None;
+            for r in ranges {
+                let inside = r.start >= block_lane.region_start
+                    && r.start < block_lane.region_end
+                    && last.is_none_or(|l| l < r.start)
+                    && r.len != 0
+                    && r.len < LOG_CHUNKS_FULL;
+                if !inside {
+                    return Err(Refusal::ChunkBlock { lane });
+                }
+                blocks
+                    .add_chunk_block(r.start, r.len)
+                    .map_err(|_| Refusal::ChunkBlock { lane })?;
+                last = Some(r.start);
+            }
         }
         Ok((blocks, inodes))
     }
@@ -264,6 +294,7 @@ pub(crate) enum Refusal {
     Checksum { lane: u32 },
     BlockRange { lane: u32 },
     SlotRange { lane: u32 },
+    ChunkBlock { lane: u32 },
 }
 
 /// Byte offset of lane `lane`'s save area.
@@ -309,7 +340,8 @@ mod tests {
             block_ranges: blocks.len() as u32,
             inode_ranges: slots.len() as u32,
             inode_slots_used: high_water,
-            reserved: [0; 28],
+            chunk_blocks: 0,
+            reserved: [0; 24],
             checksum: 0,
         };
         h.checksum = save_checksum(&h, &bytes);
@@ -336,8 +368,16 @@ mod tests {
                 s.free(i % lanes, slot).unwrap();
             }
         }
+        // Partly used chunk blocks in two lanes (and a full one, in none).
+        let chunks: Vec<u64> = (0..6).map(|i| a.alloc_chunk(i % 2).unwrap()).collect();
+        a.free_log_page(chunks[1]).unwrap();
         assert_eq!(a.save(&pm, 42, &s), Ok(true));
         let (b, t) = BlockAllocator::restore(&pm, lanes, first, first + 300, 42).unwrap();
+        for lane in 0..lanes {
+            assert_eq!(a.chunk_blocks(lane), b.chunk_blocks(lane));
+        }
+        assert!(b.free_chunks() > 0);
+        assert_eq!(a.free_chunks(), b.free_chunks());
         assert_eq!(all_ranges(&a), all_ranges(&b));
         assert_eq!(all_slots(&s), all_slots(&t));
         assert_eq!(a.free_blocks(), b.free_blocks());

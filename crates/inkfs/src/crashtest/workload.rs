@@ -376,12 +376,14 @@ pub const OPS: &[Op] = &[
             salt: 21,
         },
     ),
+    // 900 bytes: an entry larger than what is left of /bar's log head (a
+    // 1 KiB chunk), so the log grows into its first whole page.
     op(
         "setxattr_bar_new",
         OpKind::SetXattr {
             path: "/bar",
             name: "user.n",
-            len: 300,
+            len: 900,
             salt: 22,
         },
     ),

@@ -4,6 +4,8 @@
 //! twice, one on neither is leaked. Checked by restoring the allocators
 //! the way the mount does and comparing with what the inode scan found.
 
+use std::collections::BTreeMap;
+
 use crate::alloc::{BlockAllocator, Refusal};
 use crate::format::*;
 use crate::pmem::{read_pod, Pmem};
@@ -47,6 +49,7 @@ impl<P: Pmem + ?Sized> Checker<'_, P> {
                     Refusal::Checksum { lane } => format!("lane {lane}: checksum mismatch"),
                     Refusal::BlockRange { lane } => format!("lane {lane}: bad block range"),
                     Refusal::SlotRange { lane } => format!("lane {lane}: bad inode-slot range"),
+                    Refusal::ChunkBlock { lane } => format!("lane {lane}: bad log chunk block"),
                 };
                 self.error(
                     ProblemKind::SaveArea,
@@ -94,6 +97,7 @@ impl<P: Pmem + ?Sized> Checker<'_, P> {
                 Some(Fix::RebuildAllocator),
             );
         }
+        self.check_saved_chunks(&blocks);
         let bad_slots: Vec<u64> = self
             .inodes
             .iter()
@@ -107,6 +111,75 @@ impl<P: Pmem + ?Sized> Checker<'_, P> {
                 format!(
                     "{} inode(s) in use have their slots on the saved free lists",
                     bad_slots.len()
+                ),
+                Some(Fix::RebuildAllocator),
+            );
+        }
+    }
+
+    /// The saved partly used chunk blocks must be exactly those the logs'
+    /// heads leave partly used, with the same chunks in use: a chunk in use
+    /// listed free would be handed out again, one free and not listed is
+    /// leaked.
+    fn check_saved_chunks(&mut self, blocks: &BlockAllocator) {
+        let saved: BTreeMap<u64, u64> = (0..self.geo.lane_count)
+            .flat_map(|l| blocks.chunk_blocks(l))
+            .collect();
+        let used: BTreeMap<u64, u64> = self
+            .blocks
+            .chunks
+            .iter()
+            .map(|(&b, owners)| {
+                let mask = (0..owners.len())
+                    .filter(|&c| owners[c] != 0)
+                    .fold(0u64, |m, c| m | 1 << c);
+                (b, mask)
+            })
+            .filter(|&(_, m)| m != LOG_CHUNKS_FULL)
+            .collect();
+        for (&b, &m) in &saved {
+            if !self.blocks.chunks.contains_key(&b) {
+                self.error(
+                    ProblemKind::SaveArea,
+                    None,
+                    format!(
+                        "block {b} is on the saved free lists as a log chunk block, but no \
+                         log's head is in it; its chunks would be handed out"
+                    ),
+                    Some(Fix::RebuildAllocator),
+                );
+                return;
+            }
+            let in_use = used.get(&b).copied().unwrap_or(LOG_CHUNKS_FULL);
+            if in_use & !m != 0 {
+                self.error(
+                    ProblemKind::SaveArea,
+                    None,
+                    format!(
+                        "log chunks of block {b} in use ({in_use:#b}) are on the saved \
+                         free lists ({m:#b} saved in use); they would be handed out again"
+                    ),
+                    Some(Fix::RebuildAllocator),
+                );
+                return;
+            }
+            if m & !in_use != 0 {
+                self.error(
+                    ProblemKind::BlockLeak,
+                    None,
+                    format!("saved log chunks of block {b} ({m:#b}) are in no log ({in_use:#b})"),
+                    Some(Fix::RebuildAllocator),
+                );
+                return;
+            }
+        }
+        if let Some((&b, &m)) = used.iter().find(|(b, _)| !saved.contains_key(b)) {
+            self.error(
+                ProblemKind::BlockLeak,
+                None,
+                format!(
+                    "block {b} has free log chunks ({m:#b} in use) that are not on the saved \
+                     free lists"
                 ),
                 Some(Fix::RebuildAllocator),
             );

@@ -30,6 +30,8 @@ fn corrupt_message(e: Error) -> String {
 pub(super) enum Use {
     Table(u32),
     Log(u64),
+    /// A block carved into log chunks (the heads of several logs).
+    LogChunks,
     Data(u64),
     Symlink(u64),
 }
@@ -37,7 +39,7 @@ pub(super) enum Use {
 impl Use {
     fn ino(self) -> Option<u64> {
         match self {
-            Use::Table(_) => None,
+            Use::Table(_) | Use::LogChunks => None,
             Use::Log(i) | Use::Data(i) | Use::Symlink(i) => Some(i),
         }
     }
@@ -48,6 +50,7 @@ impl fmt::Display for Use {
         match self {
             Use::Table(l) => write!(f, "the inode table of lane {l}"),
             Use::Log(i) => write!(f, "the log of inode {i}"),
+            Use::LogChunks => write!(f, "log chunks"),
             Use::Data(i) => write!(f, "the data of inode {i}"),
             Use::Symlink(i) => write!(f, "the symlink target of inode {i}"),
         }
@@ -59,6 +62,9 @@ impl fmt::Display for Use {
 pub(super) struct BlockMap {
     pub(super) map: BTreeMap<u64, (u64, Use)>,
     pub(super) used: u64,
+    /// Blocks carved into log chunks: the inode whose log head each chunk
+    /// is (0: none).
+    pub(super) chunks: BTreeMap<u64, [u64; LOG_CHUNKS_PER_BLOCK as usize]>,
 }
 
 impl BlockMap {
@@ -132,6 +138,44 @@ impl<P: Pmem + ?Sized> Checker<'_, P> {
                 None,
             );
         }
+    }
+
+    /// Record log page `id` of inode `ino`: a whole page as a block, a
+    /// chunk as its block (once, for every chunk of it) and the chunk's
+    /// owner (a chunk two logs name is an error, as a block used twice).
+    fn use_log_page(&mut self, id: u64, ino: u64) {
+        let Some((block, Some(chunk))) = log_page_id(id) else {
+            return self.use_blocks(id, 1, Use::Log(ino));
+        };
+        if !self.blocks.chunks.contains_key(&block) {
+            // Not in the map yet: claim the block (a data or log block
+            // already there is an error, reported here).
+            self.use_blocks(block, 1, Use::LogChunks);
+            let claimed = self
+                .blocks
+                .map
+                .range(..=block)
+                .next_back()
+                .is_some_and(|(_, &(end, u))| end > block && u == Use::LogChunks);
+            if !claimed {
+                return;
+            }
+        }
+        let owners = self.blocks.chunks.entry(block).or_default();
+        let other = owners[chunk as usize];
+        if other != 0 {
+            self.error(
+                ProblemKind::BlockTwice,
+                Some(ino),
+                format!(
+                    "log chunk {chunk} of block {block} is the head of the logs of \
+                     inode {ino} and inode {other}"
+                ),
+                None,
+            );
+            return;
+        }
+        owners[chunk as usize] = ino;
     }
 
     /// Bytes a file maps past its end of file must be zero: growing the
@@ -288,7 +332,7 @@ impl<P: Pmem + ?Sized> Checker<'_, P> {
             }
             Ok((st, pages)) => {
                 for p in pages {
-                    self.use_blocks(p, 1, Use::Log(ino));
+                    self.use_log_page(p, ino);
                 }
                 let mut children = Vec::new();
                 match &st.body {
