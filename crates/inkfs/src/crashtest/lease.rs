@@ -115,7 +115,7 @@ fn explore_mode(
     owner.write(&gfh, 0, &[8u8; 8192]).map_err(e("write g"))?;
     owner.release(gfh);
     let client = Fs::attach_client(client_view, mode).map_err(e("attach"))?;
-    let epochs = std::sync::Arc::new(crate::epoch::EpochTable::default());
+    let epochs = crate::epoch::EpochTable::new_shared();
     let slot = epochs.claim_index().ok_or("no epoch slot")?;
     client.client_use_epochs(epochs, slot);
     client.client_recycle_batch(1);
