@@ -49,7 +49,7 @@ use super::lease::LINE_MAX;
 
 /// How long the client spins for an answer before it sleeps, and the
 /// server's thread for the next request after an answer. Adaptive
-/// ([`Spin::take`]): a side keeps spinning while its spins end with what
+/// (`Spin::take`): a side keeps spinning while its spins end with what
 /// it waited for, and stops (trying again now and then) when they do not
 /// (the other side is off its core). Measured on the shared 2-vCPU machine
 /// (bench/results-notes/namespace.md): fixed spins were 2-3x faster than
