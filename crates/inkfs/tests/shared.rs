@@ -4,7 +4,6 @@
 //! commits, at its next access, without a message; blocks the owner frees
 //! while the reader is pinned are not reused under it (docs/KERNEL-FREE.md).
 
-
 use inkfs::epoch::EpochTable;
 use inkfs::pmem::{MappedPool, PoolOpenOptions};
 use inkfs::testkit::Rng;

@@ -49,7 +49,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::attach::{self as wire, Answer, Grant};
-use super::lanes::{PinWords, RingLanes};
+use super::lanes::{Class, PinWords, RingLanes};
 use super::lease::{Msg, LINE_MAX};
 use super::ns;
 use super::ring::RingSet;
@@ -607,10 +607,15 @@ impl Client {
         }
         let line = msg.line();
         // A ring of this thread's for the round trip (a new one is asked
-        // for on the session when all those served are busy).
+        // for on the session when all those served are busy); a namespace
+        // request never takes the lease requests' ring (`lanes::LEASE_RING`).
+        let class = match msg {
+            Msg::Ns(_) => Class::Ns,
+            _ => Class::Lease,
+        };
         let lane = self
             .lanes
-            .take(|k| self.shared.send(&Msg::Lane(k as u32)).is_ok())
+            .take(class, |k| self.shared.send(&Msg::Lane(k as u32)).is_ok())
             .ok_or(Error::Errno(libc::EIO))?;
         let ring = self.rings.ring(lane.k).ok_or(Error::Errno(libc::EIO))?;
         let answer = ring

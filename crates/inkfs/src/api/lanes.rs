@@ -18,7 +18,12 @@
 //!   preferring the one this thread used last (its server thread's caches
 //!   are warm). Ring 0 is served from the attach on; ring `k` once a
 //!   thread found rings `0..k` busy and asked the server for it (`lane k`
-//!   on the session).
+//!   on the session). The last ring ([`LEASE_RING`]) is never a namespace
+//!   request's: a lease or reservation request is made under the lease
+//!   cell's lock that this client's answer to a recall waits for, and a
+//!   namespace request may wait on the server for such a recall; were all
+//!   rings namespace requests', the lease request would wait for them and
+//!   they for it.
 //!
 //! Before, a process had up to eight whole clients, each one thread's
 //! (its own attach, engine, replays of every inode, leases, and a slot):
@@ -305,7 +310,25 @@ pub struct RingLanes {
     busy: [AtomicBool; RINGS],
     /// Rings `0..started` are served (or asked for).
     started: AtomicUsize,
-    wait: Wait,
+    /// Threads waiting for a ring, of each class (namespace requests, and
+    /// the others): the last ring is the others' only.
+    wait_ns: Wait,
+    wait_any: Wait,
+}
+
+/// The ring only requests made under a lease cell's lock (a lease, a
+/// reservation) take: a namespace request may wait on the server for a
+/// recall of this client's lease, whose answer waits for that lock, held
+/// by a thread that must not wait for the namespace request's ring.
+pub const LEASE_RING: usize = RINGS - 1;
+
+/// What a request may wait for on the server (see [`LEASE_RING`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Class {
+    /// A namespace change: may wait for this client's recalls.
+    Ns,
+    /// A lease or a reservation: never waits for this client.
+    Lease,
 }
 
 /// A ring taken for one round trip; given back when dropped.
@@ -317,7 +340,11 @@ pub struct Lane<'a> {
 impl Drop for Lane<'_> {
     fn drop(&mut self) {
         self.lanes.busy[self.k].store(false, SeqCst);
-        self.lanes.wait.wake();
+        // One waiter of each class that may take it.
+        if self.k != LEASE_RING {
+            self.lanes.wait_ns.wake();
+        }
+        self.lanes.wait_any.wake();
     }
 }
 
@@ -329,16 +356,24 @@ impl RingLanes {
         l
     }
 
-    /// A free ring: this thread's last one if free, else any served one,
-    /// else a new one (`ask(k)` asks the server to serve ring `k`: false
-    /// if it could not be asked, and the ring is not used), else the first
-    /// to be given back.
-    pub fn take(&self, ask: impl Fn(usize) -> bool) -> Option<Lane<'_>> {
+    /// A free ring for a request of class `class` (a namespace request
+    /// never gets [`LEASE_RING`]): this thread's last one if free, else
+    /// any served one, else a new one (`ask(k)` asks the server to serve
+    /// ring `k`: false if it could not be asked, and the ring is not
+    /// used), else the first to be given back.
+    pub fn take(&self, class: Class, ask: impl Fn(usize) -> bool) -> Option<Lane<'_>> {
         let hint = LAST_RING.try_with(|c| c.get()).unwrap_or(0);
+        let (limit, wait) = match class {
+            Class::Ns => (LEASE_RING, &self.wait_ns),
+            Class::Lease => (RINGS, &self.wait_any),
+        };
         loop {
-            let seen = self.wait.word.load(SeqCst);
+            let seen = wait.word.load(SeqCst);
             let n = self.started.load(SeqCst).min(RINGS);
-            let order = std::iter::once(hint).chain(0..n).filter(|&k| k < n);
+            let usable = n.min(limit);
+            let order = std::iter::once(hint)
+                .chain(0..usable)
+                .filter(|&k| k < usable);
             for k in order {
                 if self.busy[k]
                     .compare_exchange(false, true, SeqCst, SeqCst)
@@ -348,7 +383,7 @@ impl RingLanes {
                     return Some(Lane { lanes: self, k });
                 }
             }
-            if n < RINGS
+            if n < limit
                 && self
                     .started
                     .compare_exchange(n, n + 1, SeqCst, SeqCst)
@@ -363,10 +398,10 @@ impl RingLanes {
                 let _ = LAST_RING.try_with(|c| c.set(n));
                 return Some(lane);
             }
-            if n < RINGS {
+            if n < limit {
                 continue;
             }
-            self.wait.sleep(seen);
+            wait.sleep(seen);
         }
     }
 
@@ -469,16 +504,19 @@ mod tests {
         let asked = Mutex::new(Vec::new());
         let inside: [AtomicBool; RINGS] = std::array::from_fn(|_| AtomicBool::new(false));
         std::thread::scope(|s| {
-            for _ in 0..(2 * RINGS) {
-                s.spawn(|| {
+            for t in 0..(2 * RINGS) {
+                let (lanes, asked, inside) = (&lanes, &asked, &inside);
+                s.spawn(move || {
+                    let class = if t % 2 == 0 { Class::Ns } else { Class::Lease };
                     for _ in 0..200 {
                         let lane = lanes
-                            .take(|k| {
+                            .take(class, |k| {
                                 asked.lock().expect("lock").push(k);
                                 true
                             })
                             .expect("a ring");
                         assert!(!inside[lane.k].swap(true, SeqCst), "ring {} twice", lane.k);
+                        assert!(class == Class::Lease || lane.k != LEASE_RING);
                         std::thread::yield_now();
                         inside[lane.k].store(false, SeqCst);
                     }
@@ -489,10 +527,19 @@ mod tests {
         // Ring 0 is served from the start; each other one asked for once.
         assert_eq!(asked, (1..lanes.started()).collect::<Vec<_>>());
         assert!(lanes.started() <= RINGS);
+        // Namespace requests holding every ring they may take leave the
+        // last one to a lease request.
+        let lanes = RingLanes::new();
+        let ns: Vec<_> = (0..LEASE_RING)
+            .map(|_| lanes.take(Class::Ns, |_| true).expect("a ring"))
+            .collect();
+        let lease = lanes.take(Class::Lease, |_| true).expect("a ring");
+        assert_eq!(lease.k, LEASE_RING);
+        drop((ns, lease));
         // A ring that could not be asked for is not used.
         let lanes = RingLanes::new();
-        let first = lanes.take(|_| false).expect("ring 0");
+        let first = lanes.take(Class::Ns, |_| false).expect("ring 0");
         assert_eq!(first.k, 0);
-        assert!(lanes.take(|_| false).is_none());
+        assert!(lanes.take(Class::Ns, |_| false).is_none());
     }
 }
