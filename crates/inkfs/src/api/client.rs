@@ -530,6 +530,15 @@ impl Client {
             return errno(libc::E2BIG);
         }
         let create = matches!(req.op, ns::Op::Create { .. });
+        match &req.op {
+            ns::Op::Unlink { dir, name } => self.give_back_before_free(*dir, name),
+            // A rename over a name (the engine looks at the file there
+            // even when the rename is refused; an exchange keeps both).
+            ns::Op::Rename {
+                to_dir, to, flags, ..
+            } if *flags & libc::RENAME_EXCHANGE == 0 => self.give_back_before_free(*to_dir, to),
+            _ => {}
+        }
         match self.ask(&Msg::Ns(req))? {
             Msg::Done(d) if d.seq == seq => {
                 if create && d.errno == 0 && d.gen != 0 {
@@ -539,6 +548,39 @@ impl Client {
             }
             other => Err(protocol_error(&other)),
         }
+    }
+
+    /// Before a request that removes name `name` of directory `dir`: if
+    /// it names a regular file whose lease this client holds, give the
+    /// lease back now (its returns and `released` on the session, ahead of
+    /// the request), as a recall's answer would. The server's engine uses
+    /// the inode to remove the name (its link count, or its free), and
+    /// recalls its lease first (`LeaseHook::before_use`); answered here,
+    /// the recall finds the `released` already sent (or settled) instead
+    /// of waiting for this client's session reader and recall threads to
+    /// wake (an unlink of a file the process wrote, as varmail's,
+    /// webproxy's and fileserver's deletes, took 0.5 ms at the median with
+    /// 100 threads on 2 cores). A request that fails gave it back for
+    /// nothing: the next write asks for it again.
+    fn give_back_before_free(&self, dir: u64, name: &[u8]) {
+        let Ok(a) = self.call(|fs| fs.lookup(&Credentials::root(), dir, name)) else {
+            return;
+        };
+        if a.kind != FileKind::File {
+            return;
+        }
+        let Some(cell) = lock(self.shared.lease_shard(a.ino)).get(&a.ino).cloned() else {
+            return;
+        };
+        // After the writes in flight, as a recall.
+        let mut held = lock(&cell);
+        if !held.held {
+            return;
+        }
+        let gen = held.gen;
+        held.recalled = held.recalled.max(gen);
+        held.drop_lease(&self.shared.held);
+        self.shared.give_back(a.ino, gen);
     }
 
     /// chmod, chown, utimens of inode `ino` by this client, in the inode's
