@@ -343,9 +343,9 @@ impl<P: Pmem> Fs<P> {
         }
         let got = r.take(want)?;
         debug_assert!(got.1 > 0 && got.1 <= want && got.0 >= self.geo.first_data_block);
-        // Not a locked add: it would wait for this write's stores so far,
-        // and a client engine's writer is one thread at a time (the
-        // inode's lock); a lost count would only be a statistic.
+        // Not a locked add: it would wait for this write's stores so far.
+        // Threads of one client writing different inodes may race here: a
+        // lost count would only be a statistic.
         let n = side.recycled_reused.load(Ordering::Relaxed);
         side.recycled_reused.store(n + got.1, Ordering::Relaxed);
         Some(got)

@@ -62,7 +62,10 @@ use crate::shm::SharedEpochs;
 use crate::types::{Attr, DirEntry, FileKind, Mode, SetAttr};
 
 /// `INKFS_CLIENT_CHANNEL=session`: requests on the session's socket
-/// instead of the ring (to measure one against the other).
+/// instead of the rings (to measure one against the other), one at a time
+/// per process: with one thread only (a namespace request waiting there
+/// for a recall of this client's lease may wait for a lease request
+/// queued behind it, which holds the lease cell the recall needs).
 pub const CHANNEL_ENV: &str = "INKFS_CLIENT_CHANNEL";
 
 /// How long the server has to answer an attach.
