@@ -255,7 +255,9 @@ class InkfsFuse(FuseServer):
             base = base[:-len("-nocache")]
             opts.append("nowriteback_cache")
         if extra:
-            opts.append(extra)
+            # Several options joined by '+' (--contenders splits on ','):
+            # inkfs-hybrid@data_cache=16M+data_readahead=uring.
+            opts.append(extra.replace("+", ","))
         self.mode = base
         self.opts = ",".join([f"mode={base}"] + opts)
         self.name = "inkfs-" + spec
@@ -383,8 +385,12 @@ class InkfsPreload(InkfsFuse):
             script = ("import os, sys\n"
                       "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)\n"
                       "for _ in range(4): os.write(fd, bytes(4096))\n"
+                      # Above a hybrid pool's 64 KiB threshold: the data
+                      # device's path is served too.
+                      "os.write(fd, b'x' * 131072)\n"
                       "os.fsync(fd)\n"
-                      "assert os.pread(fd, 8192, 0) == bytes(8192)\n")
+                      "assert os.pread(fd, 8192, 0) == bytes(8192)\n"
+                      "assert os.pread(fd, 131072, 16384) == b'x' * 131072\n")
             run([sys.executable, "-c", script, probe], env=env, timeout=60)
             counts: dict = {}
             with open(stats) as f:
@@ -397,8 +403,37 @@ class InkfsPreload(InkfsFuse):
                 if os.path.exists(p):
                     os.unlink(p)
         self.info["preload_probe"] = counts
-        if counts.get("write_local", 0) < 4 or counts.get("read_local", 0) < 1 or counts.get("attach_refused", 0):
+        if counts.get("write_local", 0) < 5 or counts.get("read_local", 0) < 2 or counts.get("attach_refused", 0):
             raise CmdError(f"{self.name}: the mount does not serve the preload library: {counts}")
+
+
+class InkfsHybridPreload(InkfsHybrid):
+    """`inkfs-hybrid-preload` (strict), `inkfs-hybrid-preload-sync` (and
+    `@OPTS`): the hybrid pool of `inkfs-hybrid`, with the workload's
+    programs under the preload library as in `inkfs-preload`: their reads
+    and writes of large files' data go to the data device from the
+    process (docs/KERNEL-FREE.md, "Built: hybrid pools")."""
+
+    def __init__(self, spec: str, *a, **kw) -> None:
+        base, at, extra = spec.partition("@")
+        mode = base[len("hybrid-preload-"):] if base.startswith("hybrid-preload-") else "strict"
+        if base not in ("hybrid-preload", "hybrid-preload-" + mode) or mode not in ("strict", "sync"):
+            raise ValueError(f"unknown contender inkfs-{spec}")
+        super().__init__(("hybrid" if mode == "strict" else "hybrid-" + mode) + at + extra, *a, **kw)
+        self.name = "inkfs-" + spec
+        self.mnt = os.path.join(self.work, "mnt", self.name)
+        more = f", -o {extra}" if extra else ""
+        self.describe = (f"inkfs over FUSE, mode={mode}{more}, hybrid pool as inkfs-hybrid, the workload's "
+                         "programs run under the preload library (LD_PRELOAD=libinkfs_preload.so)")
+
+    library = InkfsPreload.library
+    extra_env = InkfsPreload.extra_env
+    check_served = InkfsPreload.check_served
+
+    def setup(self, cleanup: Cleanup) -> None:
+        self.library()
+        super().setup(cleanup)
+        self.check_served()
 
 
 class InkfsLib(Contender):
@@ -432,7 +467,7 @@ ALL_NAMES = ["tmpfs", "ext4", "null-fs", "inkfs-strict", "inkfs-sync", "inkfs-po
 HYBRID_NAMES = ["inkfs-hybrid", "inkfs-hybrid-sync", "inkfs-hybrid-posix", "ext4-disk", "ext4-pmjournal"]
 # Issue 16's: the workloads' programs under the preload library (not run by
 # default: name them with --contenders).
-PRELOAD_NAMES = ["inkfs-preload", "inkfs-preload-sync"]
+PRELOAD_NAMES = ["inkfs-preload", "inkfs-preload-sync", "inkfs-hybrid-preload", "inkfs-hybrid-preload-sync"]
 
 
 def make(name: str, work: str, size: int, bins: dict) -> Contender:
@@ -449,6 +484,8 @@ def make(name: str, work: str, size: int, bins: dict) -> Contender:
     if name.startswith("inkfs-lib"):
         mode = name[len("inkfs-lib-"):] if name != "inkfs-lib" else "strict"
         return InkfsLib(mode, work, size, bins)
+    if name.startswith("inkfs-hybrid-preload"):
+        return InkfsHybridPreload(name[len("inkfs-"):], work, size, bins)
     if name.startswith("inkfs-hybrid"):
         return InkfsHybrid(name[len("inkfs-"):], work, size, bins)
     if name.startswith("inkfs-preload"):

@@ -24,14 +24,14 @@ from .util import CmdError, log, run, which, wait_for
 # minutes on 2 cores, --full in < 1 hour, --smoke in < 3 minutes.
 PROFILES = {
     "smoke": dict(reps=2, fs_size=768 << 20, micro_ops=200,
-                  fio_size="8m", fio_runtime="500ms",
+                  fio_size="8m", fio_runtime="500ms", fio_big_size="64m",
                   fio_cases=["randwrite-fsync-1j", "randread-1j"],
                   fb_files_div=100, fb_threads_div=10, fb_seconds=0.5,
                   sqlite_inserts=100, sqlite_seconds=5,
                   rocks_num={"sync1": 200, "sync0": 2000},
                   redis_requests=500, tree_files=300, copy_bytes=8 << 20),
     "quick": dict(reps=3, fs_size=2 << 30, micro_ops=1000,
-                  fio_size="32m", fio_runtime="1s", fio_cases=None,
+                  fio_size="32m", fio_runtime="1s", fio_cases=None, fio_big_size="512m",
                   fb_files_div=5, fb_threads_div=1, fb_seconds=1.0,
                   sqlite_inserts=600, sqlite_seconds=5,
                   rocks_num={"sync1": 2000, "sync0": 50000},
@@ -43,7 +43,7 @@ PROFILES = {
     # keep 4 GiB: a workload sets up every contender at once, and three fully
     # allocated 8 GiB FUSE pools exceed /dev/shm on 24 GiB.
     "full": dict(reps=5, fs_size=4 << 30, lib_fs_size=6 << 30, micro_ops=5000,
-                 fio_size="256m", fio_runtime="3s", fio_cases=None,
+                 fio_size="256m", fio_runtime="3s", fio_cases=None, fio_big_size="2g",
                  fb_files_div=1, fb_threads_div=1, fb_seconds=6,
                  sqlite_inserts=5000, sqlite_seconds=20,
                  rocks_num={"sync1": 20000, "sync0": 200000},
@@ -183,7 +183,12 @@ class Fio(Workload):
           ["seqwrite128k-1j", "seqwrite128k-fsync-1j", "seqread128k-1j", "randread-1j", "randread-2j"]
     # Issue 16's durable rows (fdatasync after every write), asked for by
     # name with --only fio:seqwrite-fdatasync-1j+...: not in the default set.
-    EXTRA = ["seqwrite-fdatasync-1j", "randwrite-fdatasync-1j", "randwrite-fdatasync-2j"]
+    # Issue 18's cold read: one pass of 128 KiB reads over a file of
+    # fio_big_size (its own file, laid out once), larger than a hybrid
+    # mount's DRAM cache when it runs with data_cache= below that (the
+    # time-based cases loop over a 32 MiB file that any cache holds).
+    EXTRA = ["seqwrite-fdatasync-1j", "randwrite-fdatasync-1j", "randwrite-fdatasync-2j",
+             "seqread128k-big-1j"]
 
     def __init__(self, ctx: Ctx) -> None:
         super().__init__(ctx)
@@ -208,11 +213,11 @@ class Fio(Workload):
 
     @staticmethod
     def job_args(case: str) -> List[str]:
-        m = re.fullmatch(r"(randwrite|seqwrite|seqread|randread)(128k)?(-fsync|-fdatasync)?-(\d)j", case)
+        m = re.fullmatch(r"(randwrite|seqwrite|seqread|randread)(128k)?(-fsync|-fdatasync)?(-big)?-(\d)j", case)
         if not m:
             raise ValueError(case)
         rw = {"randwrite": "randwrite", "seqwrite": "write", "seqread": "read", "randread": "randread"}[m.group(1)]
-        a = [f"--rw={rw}", f"--numjobs={m.group(4)}", f"--bs={m.group(2) or '4k'}"]
+        a = [f"--rw={rw}", f"--numjobs={m.group(5)}", f"--bs={m.group(2) or '4k'}"]
         if m.group(3):
             a.append(f"-{m.group(3)}=1")
         if rw == "randwrite":
@@ -221,6 +226,7 @@ class Fio(Workload):
 
     def params(self) -> dict:
         return {"ioengine": "psync", "bs": "4k (128k where the case says so)", "size_per_job": self.ctx.p["fio_size"],
+                "big_size": self.ctx.p["fio_big_size"] + " (the -big cases: one pass, not time based)",
                 "runtime": self.ctx.p["fio_runtime"], "time_based": True, "fallocate": "none",
                 "randwrite": "--overwrite=1 (file laid out first)", "invalidate": "fio default (1)",
                 "files": "f.0, f.1 per contender, laid out once, reused by every job",
@@ -232,10 +238,15 @@ class Fio(Workload):
         d = self.dirs.get(c.name)
         if d is None:
             d = self.dirs[c.name] = self.ctx.scratch(c, "fio")
-        cmd = ["fio", "--name=job", f"--directory={d}", "--ioengine=psync",
-               f"--size={self.ctx.p['fio_size']}", f"--runtime={self.ctx.p['fio_runtime']}", "--time_based",
+        if "-big-" in step:
+            # One pass over a file of its own (see EXTRA).
+            sizing = [f"--size={self.ctx.p['fio_big_size']}", "--filename_format=big.$jobnum"]
+        else:
+            sizing = [f"--size={self.ctx.p['fio_size']}", f"--runtime={self.ctx.p['fio_runtime']}", "--time_based",
+                      "--filename_format=f.$jobnum"]
+        cmd = ["fio", "--name=job", f"--directory={d}", "--ioengine=psync", *sizing,
                "--group_reporting", "--output-format=json", "--fallocate=none", "--randrepeat=1",
-               "--filename_format=f.$jobnum", *self.job_args(step)]
+               *self.job_args(step)]
         p = run(cmd, timeout=300, env=c.env())
         r = parsers.fio_json(p.stdout)
         if r["errors"]:

@@ -163,6 +163,26 @@ class ContenderTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             C.make("inkfs-hybrid-lazy", self.work, 1 << 20, HAVE)
 
+    def test_inkfs_hybrid_preload(self):
+        if not os.path.isfile(HAVE["preload"]):
+            self.skipTest("libinkfs_preload.so not built (cargo build --release -p inkfs-preload)")
+        for name in ("inkfs-hybrid-preload", "inkfs-hybrid-preload-sync"):
+            c = self.roundtrip(name)
+            self.assertFalse(os.path.exists(c.pool), "pool left behind")
+            self.assertFalse(os.path.exists(c.data), "data file left behind")
+            # The probe's writes (one above the threshold) were served.
+            probe = c.info["preload_probe"]
+            self.assertGreaterEqual(probe.get("write_local", 0), 5, probe)
+            self.assertEqual(probe.get("write_kernel", 0), 0, probe)
+            self.assertEqual(probe.get("attach_refused", 0), 0, probe)
+            self.assertEqual(c.env()["LD_PRELOAD"], HAVE["preload"])
+        self.assertEqual(C.make("inkfs-hybrid-preload-sync@data_cache=16M", self.work, 1 << 20, HAVE).opts,
+                         "mode=sync,data_cache=16M")
+        self.assertEqual(C.make("inkfs-hybrid@data_cache=16M+data_readahead=uring", self.work, 1 << 20, HAVE).opts,
+                         "mode=strict,data_cache=16M,data_readahead=uring")
+        with self.assertRaises(ValueError):
+            C.make("inkfs-hybrid-preload-posix", self.work, 1 << 20, HAVE)
+
     def test_inkfs_hybrid_roundtrip(self):
         self.roundtrip("inkfs-hybrid")
 

@@ -6,8 +6,9 @@
 //! read-write) gets the pool's descriptor, the epoch table and a slot in
 //! it; others are refused with the reason. Posix mode is refused: its
 //! writes may wait in the kernel's page cache, where a client would not
-//! see them. So are hybrid pools: their large files' data is on a block
-//! device, not in the mapping a client gets.
+//! see them. A hybrid pool's client gets the data device's descriptor too
+//! (the server's own description, as for the pool), and reads and writes
+//! large files' data there itself.
 //!
 //! Each attached client has a thread here reading its connection: its lease
 //! requests, reservations and returns (`crate::lease`), and the end of
@@ -37,7 +38,7 @@ use std::time::Duration;
 use inkfs::api::attach::{send_grant, Grant};
 use inkfs::api::lease::{Msg, LINE_MAX, RANGES_PER_LINE};
 use inkfs::api::ring::{RingSet, RINGS};
-use inkfs::api::{Mode, SharedEpochs};
+use inkfs::api::{Mode, SharedEpochs, Side};
 
 use crate::lease::{Holder, Leases};
 use crate::stats::Stats;
@@ -65,9 +66,6 @@ struct Inner {
     stats: Arc<Stats>,
     epochs: Arc<SharedEpochs>,
     mode: Mode,
-    /// The pool keeps file data on a block device too (not in the mapping
-    /// a client gets).
-    hybrid: bool,
     state: Mutex<State>,
     /// Signalled when a client goes and at shutdown.
     changed: Condvar,
@@ -99,7 +97,6 @@ impl AttachService {
             stats,
             epochs: Arc::new(SharedEpochs::create()?),
             mode,
-            hybrid: engine.summary().data.is_some(),
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
             next_id: AtomicU64::new(1),
@@ -196,13 +193,21 @@ fn session(inner: &Arc<Inner>, conn: UnixStream) {
         Ok(r) => Arc::new(r),
         Err(e) => return refuse(format!("cannot make the request rings: {e}")),
     };
-    let (grant, pool, pid) = match admit(inner, &conn) {
+    let (grant, fds, pid) = match admit(inner, &conn) {
         Ok(g) => g,
         Err(why) => return refuse(why),
     };
-    let sent = send_grant(&conn, &grant, pool.as_fd(), inner.epochs.fd(), rings.fd());
-    // Our duplicate of the pool's descriptor: the client has its own now.
-    drop(pool);
+    let data = fds.data.as_ref().map(|d| d.as_fd());
+    let sent = send_grant(
+        &conn,
+        &grant,
+        fds.pool.as_fd(),
+        inner.epochs.fd(),
+        rings.fd(),
+        data,
+    );
+    // Our duplicates of the descriptors: the client has its own now.
+    drop(fds);
     if sent.is_ok() {
         match conn.try_clone() {
             Ok(out) => {
@@ -297,7 +302,8 @@ fn serve_ring(inner: &Inner, holder: &Arc<Holder>, ring: inkfs::api::ring::Ring<
                 Ok(gen) => Msg::Granted(ino, gen),
                 Err(e) => Msg::Denied(ino, e),
             },
-            Some(Msg::Reserve(n)) => reserve(inner, holder, n),
+            Some(Msg::Reserve(n)) => reserve(inner, holder, n, Side::Pm),
+            Some(Msg::ReserveDev(n)) => reserve(inner, holder, n, Side::Dev),
             Some(Msg::Ns(req)) => {
                 let Some(engine) = inner.engine.upgrade() else {
                     return;
@@ -319,9 +325,10 @@ fn serve_ring(inner: &Inner, holder: &Arc<Holder>, ring: inkfs::api::ring::Ring<
     }
 }
 
-/// The answer to a reservation request of `n` blocks.
-fn reserve(inner: &Inner, holder: &Holder, n: u64) -> Msg {
-    let got = inner.leases.reserve(holder, n);
+/// The answer to a reservation request of `n` blocks on `side` (a hybrid
+/// pool's data device: PM blocks when it is full).
+fn reserve(inner: &Inner, holder: &Holder, n: u64, side: Side) -> Msg {
+    let got = inner.leases.reserve(holder, n, side);
     if got.is_empty() {
         Msg::NoSpace
     } else {
@@ -435,7 +442,10 @@ fn serve_leases(
                 let _ = crate::lease::send(holder, &Msg::Done(done));
             }
             Some(Msg::Reserve(n)) => {
-                let _ = crate::lease::send(holder, &reserve(inner, holder, n));
+                let _ = crate::lease::send(holder, &reserve(inner, holder, n, Side::Pm));
+            }
+            Some(Msg::ReserveDev(n)) => {
+                let _ = crate::lease::send(holder, &reserve(inner, holder, n, Side::Dev));
             }
             Some(Msg::Return(ranges)) => inner.leases.take_back(holder, &ranges),
             // On the worker: freeing recalls leases, whose `released`
@@ -467,16 +477,16 @@ fn end_session(inner: &Inner, grant: &Grant) {
     inner.changed.notify_all();
 }
 
+/// Duplicates of the descriptors a grant hands over.
+struct GrantFds {
+    pool: OwnedFd,
+    /// A hybrid pool's data device.
+    data: Option<OwnedFd>,
+}
+
 /// Check the peer and the mount, claim a slot and register the session:
-/// the grant and a duplicate of the pool's descriptor, or why not.
-fn admit(inner: &Inner, conn: &UnixStream) -> Result<(Grant, OwnedFd, i32), String> {
-    if inner.hybrid {
-        return Err(
-            "refused: this pool keeps file data on a block device (a hybrid pool), \
-                    which an attached client cannot read from the pool's mapping"
-                .into(),
-        );
-    }
+/// the grant and duplicates of its descriptors, or why not.
+fn admit(inner: &Inner, conn: &UnixStream) -> Result<(Grant, GrantFds, i32), String> {
     if inner.mode == Mode::Posix {
         return Err(
             "refused: this mount is in posix mode, where writes may wait in the \
@@ -504,6 +514,18 @@ fn admit(inner: &Inner, conn: &UnixStream) -> Result<(Grant, OwnedFd, i32), Stri
         .as_fd()
         .try_clone_to_owned()
         .map_err(|e| format!("cannot duplicate the pool's descriptor: {e}"))?;
+    // A hybrid pool: the client reads and writes the data device too.
+    let data_threshold = engine.data_threshold_bytes();
+    let data = match data_threshold {
+        None => None,
+        Some(_) => Some(
+            engine
+                .data_device_fd()
+                .ok_or("refused: this pool's data device has no descriptor to hand over")?
+                .try_clone_to_owned()
+                .map_err(|e| format!("cannot duplicate the data device's descriptor: {e}"))?,
+        ),
+    };
     let session = conn
         .try_clone()
         .map_err(|e| format!("cannot keep the session: {e}"))?;
@@ -522,8 +544,9 @@ fn admit(inner: &Inner, conn: &UnixStream) -> Result<(Grant, OwnedFd, i32), Stri
             id,
             slot,
             mode: inner.mode,
+            data_threshold,
         },
-        pool,
+        GrantFds { pool, data },
         peer.pid,
     ))
 }

@@ -38,6 +38,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use inkfs::api::lease::{LeaseHook, Msg, RangeSet};
+use inkfs::api::Side;
 
 use crate::inval::{Change, Invalidator};
 use crate::Engine;
@@ -412,20 +413,25 @@ impl Leases {
     }
 
     /// A reservation request: up to `want` blocks (limited to
-    /// [`RESERVE_MAX`]), or none.
-    pub fn reserve(&self, holder: &Holder, want: u64) -> Vec<(u64, u64)> {
+    /// [`RESERVE_MAX`]) on `side` (a hybrid pool's data device: PM blocks
+    /// when it is full), or none.
+    pub fn reserve(&self, holder: &Holder, want: u64, side: Side) -> Vec<(u64, u64)> {
         let Some(engine) = self.engine.upgrade() else {
             return Vec::new();
         };
         let want = want.clamp(1, RESERVE_MAX);
-        let mut got = engine.reserve_blocks(want);
+        let take = |want| match side {
+            Side::Pm => engine.reserve_blocks(want),
+            Side::Dev => engine.reserve_dev_blocks(want),
+        };
+        let mut got = take(want);
         if got.is_empty() && engine.limbo_blocks() > 0 {
             // Freed blocks waiting for readers: the session's own reader
             // (this client) is not in a call while it waits for this.
             let end = Instant::now() + inkfs::api::LIMBO_WAIT;
             while got.is_empty() && Instant::now() < end {
                 engine.reclaim_limbo();
-                got = engine.reserve_blocks(want);
+                got = take(want);
                 if got.is_empty() {
                     std::thread::sleep(Duration::from_millis(1));
                 }

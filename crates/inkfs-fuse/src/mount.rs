@@ -52,6 +52,9 @@ Mount options (-o, comma separated, mount(8) style; -o may be repeated):
                            (default 256M; 0 disables it)
   data_threshold=SIZE      hybrid pools: writes of at least SIZE bytes put
                            their pages on the data device (default: mkfs's)
+  data_readahead=threads|uring|off  hybrid pools: how sequential readers
+                           are read ahead into the DRAM cache (default
+                           threads)
   dev, nodev, suid, nosuid, exec, noexec, atime, noatime, sync, async, dirsync
   ignored: defaults, auto, noauto, nofail, _netdev, user, nouser, users,
            relatime, strictatime, nodiratime, x-*, comment=*
@@ -129,10 +132,12 @@ pub struct MountConfig {
     pub stats_access: Access,
     /// Kernel flags passed through (dev, suid, exec, noatime, ...).
     pub flags: Vec<MountOption>,
-    /// Hybrid pools: `data=`, `data_cache=`, `data_threshold=`.
+    /// Hybrid pools: `data=`, `data_cache=`, `data_threshold=`,
+    /// `data_readahead=`.
     pub data: Option<PathBuf>,
     pub data_cache_bytes: Option<u64>,
     pub data_threshold_bytes: Option<u64>,
+    pub data_readahead: inkfs::api::ReadaheadMode,
 }
 
 /// Parse "4G", "512M", "64k", "1T" or plain bytes (binary units).
@@ -183,6 +188,7 @@ impl MountConfig {
             data: None,
             data_cache_bytes: None,
             data_threshold_bytes: None,
+            data_readahead: Default::default(),
         }
     }
 
@@ -232,6 +238,11 @@ impl MountConfig {
                 ("data_threshold", Some(v)) => {
                     self.data_threshold_bytes =
                         Some(parse_size(v).map_err(|e| format!("data_threshold: {e}"))?)
+                }
+                ("data_readahead", Some(v)) => {
+                    self.data_readahead = inkfs::api::ReadaheadMode::parse(v).ok_or_else(|| {
+                        format!("data_readahead={v}: expected threads, uring or off")
+                    })?
                 }
                 ("dev", None) => self.flags.push(MountOption::Dev),
                 ("nodev", None) => self.flags.push(MountOption::NoDev),

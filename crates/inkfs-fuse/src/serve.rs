@@ -101,6 +101,12 @@ pub fn report_fields(fs: &Engine) -> Vec<Field> {
                 "data device: cache misses",
                 d.cache_misses,
             ),
+            Field::bytes(
+                "data_readahead_bytes",
+                "data device: read ahead",
+                d.readahead_bytes,
+            )
+            .explained("of the bytes read: ahead of sequential readers, by its threads"),
         ]);
     }
     if let Some(last) = e.recorded.last {
@@ -135,6 +141,7 @@ pub fn serve_pool(cfg: &MountConfig, mnt: &Path, notify: &mut Notify, pm: Mapped
             data: cfg.data.clone().map(inkfs::api::DataDevice::Path),
             data_cache_bytes: cfg.data_cache_bytes,
             data_threshold_bytes: cfg.data_threshold_bytes,
+            data_readahead: cfg.data_readahead,
         },
     ) {
         Ok(f) => f,

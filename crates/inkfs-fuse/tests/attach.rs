@@ -48,6 +48,10 @@ fn attach_child() {
         let words: Vec<&str> = line.split_whitespace().collect();
         let answer = match words.as_slice() {
             ["cat", name] => cat(&client, name),
+            ["sum", name] => match read_file(&client, name) {
+                Ok(b) => format!("sum {}", b.iter().map(|&x| x as u64).sum::<u64>()),
+                Err(e) => format!("sum errno {}", e.errno()),
+            },
             ["ls"] => ls(&client),
             ["hammer", name, ms] => hammer(&client, name, ms.parse().unwrap_or(500)),
             ["hammerdir", ms] => hammer_dir(&client, ms.parse().unwrap_or(500)),
@@ -544,37 +548,25 @@ fn posix_mode_refuses_attach() {
     assert!(first.contains("posix mode"), "{first}");
 }
 
-/// A hybrid pool (file data on a block device) is refused, saying why.
+/// A hybrid pool (large files' data on a data device) attaches: the grant
+/// hands the data device over too, and the client reads a file whose data
+/// is there as the mount does.
 #[test]
-fn a_hybrid_pool_refuses_attach() {
-    let pool = Pool::new("attach-hybrid", 32);
-    let data = std::path::PathBuf::from(format!(
-        "/var/tmp/inkfs-fuse-test-attach-hybrid-{}.data",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_file(&data);
-    {
-        let pm = inkfs::pmem::MappedPool::open(&pool.path, &Default::default()).unwrap();
-        let dev = inkfs::blockdev::FileDev::create(&data, 32 << 20).unwrap();
-        inkfs::api::Filesystem::format_hybrid(
-            &pm,
-            &Default::default(),
-            &inkfs::api::HybridFormat {
-                device: &dev,
-                path: &data,
-                blocks: None,
-                threshold_bytes: 64 << 10,
-                unit_blocks: 256,
-            },
-        )
-        .unwrap();
-    }
-    let m = Mounted::new(&pool, "mode=strict");
-    let (_c, first) = ClientProc::start(m.path(), None);
-    drop(m);
-    let _ = std::fs::remove_file(&data);
-    assert!(first.starts_with("refused "), "{first}");
-    assert!(first.contains("hybrid pool"), "{first}");
+fn a_hybrid_pool_attaches_with_its_data_device() {
+    let h = HybridPool::new("attach-hybrid", 32, 32, 64 << 10);
+    let m = Mounted::new(&h.pool, "mode=strict");
+    let data: Vec<u8> = (0..(1u32 << 20) + 333)
+        .map(|i| (i % 251) as u8 + 1)
+        .collect();
+    std::fs::write(m.p("big"), &data).unwrap();
+    let (mut c, first) = ClientProc::start(m.path(), None);
+    assert!(first.starts_with("attached "), "{first}");
+    assert_eq!(c.ask("cat big"), format!("cat {} 1", data.len()));
+    assert_eq!(
+        c.ask("sum big"),
+        format!("sum {}", data.iter().map(|&b| b as u64).sum::<u64>())
+    );
+    c.quit();
 }
 
 /// The client's descriptor shares the server's claim: with the server

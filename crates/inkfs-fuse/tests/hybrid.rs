@@ -360,3 +360,122 @@ fn hybrid_kill9_rounds_in_every_mode() {
         drop(m);
     }
 }
+
+/// A file larger than the mount's DRAM cache of device blocks, read
+/// sequentially after a remount (nothing cached): the readahead threads
+/// read most of it (`data_readahead_bytes`) and every byte is right; read
+/// again at random 4 KiB offsets, nothing is read ahead. Then in sync
+/// mode, an overwrite in the middle while a reader streams the file: the
+/// reader's bytes after it are the new ones (a block read ahead before the
+/// write is not served after it).
+#[test]
+fn a_sequential_reader_is_read_ahead_through_the_mount() {
+    require_root();
+    let h = Hybrid::new("hyra");
+    let len = 40 << 20;
+    let want = pattern(5, len);
+    {
+        let m = Mounted::new(&h.pool, "mode=sync");
+        fs::write(m.p("f"), &want).unwrap();
+    }
+    // Both ways of reading ahead (threads, io_uring); a bad one refused.
+    let out = mount_with(
+        &h.pool.path,
+        Path::new("/nonexistent"),
+        "data_readahead=lots",
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("data_readahead=lots"));
+    for how in ["uring", "threads"] {
+        let opts = format!("mode=sync,data_cache=8M,data_readahead={how}");
+        let m = Mounted::new(&h.pool, &opts);
+        read_ahead_checks(&m, &want, how);
+    }
+}
+
+fn read_ahead_checks(m: &Mounted, want: &[u8], how: &str) {
+    let len = want.len();
+    let s0 = stats_json(m.path()).expect("statistics");
+    let got = {
+        use std::io::Read;
+        let mut f = fs::File::open(m.p("f")).unwrap();
+        let mut got = Vec::with_capacity(len);
+        let mut buf = vec![0u8; 128 << 10];
+        loop {
+            let n = f.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        got
+    };
+    assert!(got == want, "{how}: the file read back differs");
+    let s1 = stats_json(m.path()).expect("statistics");
+    let ahead = stat_u64(&s1, "data_readahead_bytes") - stat_u64(&s0, "data_readahead_bytes");
+    assert!(
+        ahead >= (len / 2) as u64,
+        "{how}: read ahead {ahead} of {len} bytes"
+    );
+    if how != "threads" {
+        return;
+    }
+    // Random 4 KiB reads (no page cache: O_DIRECT through FUSE is a read
+    // request each): nothing read ahead.
+    {
+        use std::os::unix::fs::{FileExt, OpenOptionsExt};
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(m.p("f"))
+            .unwrap();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut buf = vec![0u8; 4096];
+        for _ in 0..200 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let off = (x % (len as u64 / 4096)) * 4096;
+            f.read_exact_at(&mut buf, off).unwrap();
+            assert!(
+                buf[..] == want[off as usize..off as usize + 4096],
+                "offset {off}"
+            );
+        }
+    }
+    let s2 = stats_json(m.path()).expect("statistics");
+    assert_eq!(
+        stat_u64(&s2, "data_readahead_bytes"),
+        stat_u64(&s1, "data_readahead_bytes"),
+        "random reads were read ahead"
+    );
+    // Streaming again, with an overwrite half way (in place: sync mode).
+    {
+        use std::io::Read;
+        use std::os::unix::fs::{FileExt, OpenOptionsExt};
+        let mut f = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(m.p("f"))
+            .unwrap();
+        let w = fs::OpenOptions::new().write(true).open(m.p("f")).unwrap();
+        let mut buf = vec![0u8; 128 << 10];
+        let mut at = 0usize;
+        let mut want = want.to_vec();
+        while at < len {
+            if at == len / 2 {
+                // The readahead has the next window in the cache by now.
+                w.write_all_at(&[0xee; 1 << 20], (at + (256 << 10)) as u64)
+                    .unwrap();
+                want[at + (256 << 10)..at + (256 << 10) + (1 << 20)].fill(0xee);
+            }
+            let n = f.read(&mut buf).unwrap();
+            assert!(n > 0);
+            assert!(
+                buf[..n] == want[at..at + n],
+                "offset {at} after the overwrite"
+            );
+            at += n;
+        }
+    }
+}

@@ -18,8 +18,8 @@
 //! the server (or make them under the lease); [`kfd`] materializes for the
 //! calls that need the kernel's file.
 //!
-//! Not on an inkfs mount, attach refused (trust rule, posix mode, hybrid
-//! pool, server gone), a call the library does not know, a panic in the
+//! Not on an inkfs mount, attach refused (trust rule, posix mode, server
+//! gone), a call the library does not know, a panic in the
 //! library, a reentrant call: libc does it, as without the library.
 
 // Each exported function is the libc function of the same name, with its

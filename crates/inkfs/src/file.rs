@@ -668,12 +668,17 @@ impl<P: Pmem> Fs<P> {
         let mut released = |b: u64, n: u64| match displaced {
             Displaced::Free => self.free_blocks(b, n),
             Displaced::Later(list) => list.push((b, n)),
-            Displaced::Recycle(kept, tag) => {
+            // Only PM blocks are recycled: the overwrites that take them
+            // are the ones placed on PM (`alloc_data`); a hybrid pool's
+            // device block taken there put a small write on the device
+            // (with a device flush per write).
+            Displaced::Recycle(kept, tag) if Side::of(b) == Side::Pm => {
                 let tag = *tag.get_or_insert_with(|| self.client_free_epoch());
                 if !kept.keep(b, n, tag) {
                     self.free_blocks(b, n);
                 }
             }
+            Displaced::Recycle(..) => self.free_blocks(b, n),
         };
         let r = inode::apply_entry(&self.pm, &geo, st, e, &mut released);
         debug_assert!(r.is_ok(), "a committed entry must apply: {r:?}");

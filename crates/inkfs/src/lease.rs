@@ -70,6 +70,10 @@ pub(crate) struct ClientSide {
     recycle_batch: AtomicU64,
     /// Recycled blocks reused (statistics, tests).
     recycled_reused: AtomicU64,
+    /// Per side (PM, data device): the server had fewer blocks of that
+    /// side than this client asked for (`set_client_side_full`), so writes
+    /// placed there spill to the other side.
+    full: [AtomicBool; 2],
     /// One bit per [`MAP_CHUNK_BLOCKS`] blocks of the pool: this process
     /// mapped them already ([`Pmem::map_ahead`]; mapping them again costs a
     /// page-table walk per page).
@@ -156,7 +160,19 @@ impl<P: Pmem> Fs<P> {
     /// of inodes leased to it (see the module comment); as
     /// [`Fs::attach`] otherwise. The mapping must be writable.
     pub fn attach_client(pm: P, mode: Mode) -> Result<Fs<P>> {
-        let mut fs = Fs::attach(pm, mode)?;
+        Self::attach_client_with(pm, mode, None)
+    }
+
+    /// [`Fs::attach_client`] to a pool that may be hybrid: `data` as for
+    /// [`Fs::attach_with`]. The client then writes device blocks too, from
+    /// its reservation, as the engine does: written, flushed, then
+    /// committed.
+    pub fn attach_client_with(
+        pm: P,
+        mode: Mode,
+        data: Option<(Arc<dyn crate::blockdev::BlockDev>, u64)>,
+    ) -> Result<Fs<P>> {
+        let mut fs = Fs::attach_with(pm, mode, data)?;
         fs.client = Some(ClientSide::new(fs.geo.total_blocks));
         Ok(fs)
     }
@@ -224,14 +240,33 @@ impl<P: Pmem> Fs<P> {
             .is_some_and(|c| c.freed_due.load(Ordering::Relaxed))
     }
 
+    /// A client engine: the server said `side` is full (or has room again:
+    /// `full` false); see `alloc_file_blocks`.
+    pub fn set_client_side_full(&self, side: crate::blockdev::Side, full: bool) {
+        if let Some(c) = &self.client {
+            c.full[side as usize].store(full, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the server said `side` is full (a client engine).
+    pub(crate) fn client_side_full(&self, side: crate::blockdev::Side) -> bool {
+        self.client
+            .as_ref()
+            .is_some_and(|c| c.full[side as usize].load(Ordering::Relaxed))
+    }
+
+    /// Whether this engine's pool keeps file data on a data device too.
+    pub fn is_hybrid(&self) -> bool {
+        self.data.is_some()
+    }
+
     /// Blocks the server reserved for this client join its allocator.
     pub fn add_reservation(&self, ranges: &[(u64, u64)]) -> Result<()> {
         if !self.is_client() {
             return errno(libc::EINVAL);
         }
         for &(start, len) in ranges {
-            self.blocks
-                .free(start, len)
+            self.add_free_on_side(start, len)
                 .map_err(|e| Error::Corrupt(format!("reserved blocks {start}+{len}: {e:?}")))?;
         }
         // This process's writes go there next: map the pages now, a chunk
@@ -256,6 +291,15 @@ impl<P: Pmem> Fs<P> {
         Ok(())
     }
 
+    /// Free blocks of this client's reservation on each side (PM, data
+    /// device).
+    pub fn reservation_free(&self) -> (u64, u64) {
+        (
+            self.blocks.free_blocks(),
+            self.data.as_ref().map_or(0, |d| d.blocks.free_blocks()),
+        )
+    }
+
     /// Take every block of this client's reservation it has not used (to
     /// return them to the server).
     pub fn drain_reservation(&self) -> Vec<(u64, u64)> {
@@ -263,12 +307,15 @@ impl<P: Pmem> Fs<P> {
         if !self.is_client() {
             return out;
         }
-        for lane in 0..self.geo.lane_count {
-            for (start, len) in self.blocks.free_ranges(lane) {
-                // Another thread of this client may take them meanwhile:
-                // only what is still free is returned.
-                if self.blocks.mark_used(start, len).is_ok() {
-                    out.push((start, len));
+        let sides = std::iter::once(&self.blocks).chain(self.data.as_ref().map(|d| &d.blocks));
+        for blocks in sides {
+            for lane in 0..self.geo.lane_count {
+                for (start, len) in blocks.free_ranges(lane) {
+                    // Another thread of this client may take them
+                    // meanwhile: only what is still free is returned.
+                    if blocks.mark_used(start, len).is_ok() {
+                        out.push((start, len));
+                    }
                 }
             }
         }
@@ -422,6 +469,12 @@ impl<P: Pmem> Fs<P> {
         if let Body::File(map) = &st.body {
             out.extend(map.iter().map(|e| (e.block, e.pages)));
         }
+        // A hybrid pool: a client holding the lease writes the file's
+        // device blocks without this engine's DRAM cache (in place, in
+        // sync mode), and a read of another file reading ahead may have
+        // cached them meanwhile. Dropped here, at the grant and when the
+        // lease comes back, before any request reads the file again.
+        self.forget_cached(&out);
         Ok(out)
     }
 
@@ -448,6 +501,18 @@ impl<P: Pmem> Fs<P> {
             }
         }
         out
+    }
+
+    /// Take up to `want` free data-device blocks (a hybrid pool), in at
+    /// most `ranges_max` ranges, for a client's reservation; PM blocks when
+    /// the device is full (a full side spills to the other, as the
+    /// engine's own writes do); empty when both are.
+    pub fn reserve_dev_blocks(&self, want: u64, ranges_max: usize) -> Vec<(u64, u64)> {
+        let got = self.reserve_dev(want, ranges_max);
+        if got.is_empty() {
+            return self.reserve_blocks(want, ranges_max);
+        }
+        got
     }
 
     /// Blocks a client gave back (unused, or freed by its writes): into

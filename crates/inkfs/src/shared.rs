@@ -83,19 +83,45 @@ impl<P: Pmem> Fs<P> {
     /// come with leases and reservations the owner grants). Refused unless
     /// the pool is mounted (its superblock says so).
     pub fn attach(pm: P, mode: Mode) -> Result<Fs<P>> {
+        Self::attach_with(pm, mode, None)
+    }
+
+    /// [`Fs::attach`] to a pool that may keep file data on a data device
+    /// (a hybrid pool): `data` is the device (the owner's, handed over) and
+    /// the owner's placement threshold. Its label is checked against the
+    /// pool; without it a hybrid pool is refused.
+    pub fn attach_with(
+        pm: P,
+        mode: Mode,
+        data: Option<(std::sync::Arc<dyn crate::blockdev::BlockDev>, u64)>,
+    ) -> Result<Fs<P>> {
         let (sb, _) = superblock::read_superblock(&pm)?;
         if sb.state != STATE_MOUNTED {
             return Err(Error::BadPool(
                 "the pool is not mounted: nothing to attach to".into(),
             ));
         }
-        if sb.has_data_device() {
-            // A reader would need the data device too, opened shared while
-            // the owner holds it exclusively: not designed yet.
-            return Err(Error::BadPool(
-                "attaching to a hybrid pool (one with a data device) is not supported yet".into(),
-            ));
-        }
+        let data = match (sb.has_data_device(), data) {
+            (false, None) => None,
+            (false, Some(_)) => {
+                return Err(Error::BadPool(
+                    "a data device was given, but this pool has none".into(),
+                ))
+            }
+            (true, None) => {
+                return Err(Error::BadPool(
+                    "this pool keeps file data on a data device (a hybrid pool): \
+                     attaching needs that device too"
+                        .into(),
+                ))
+            }
+            (true, Some((dev, threshold))) => Some(crate::blockdev::attach::client_store(
+                dev,
+                &sb,
+                sb.lane_count,
+                threshold,
+            )?),
+        };
         let geo = Geometry::of(&sb);
         let parts = Parts {
             sb,
@@ -105,7 +131,7 @@ impl<P: Pmem> Fs<P> {
             blocks: BlockAllocator::new_all_used(geo.lane_count, geo.first_data_block, geo.total_blocks),
             slots: InodeSlots::new(geo.lane_count),
             report: MountReport::default(),
-            data: None,
+            data,
         };
         let opts = MountOptions {
             mode,

@@ -51,6 +51,34 @@ pub struct MountOptions {
     /// (`data_threshold=SIZE`): writes of at least this many bytes go to
     /// the data device. None: the one recorded at mkfs.
     pub data_threshold_bytes: Option<u64>,
+    /// Hybrid pools: how sequential readers are read ahead
+    /// (`data_readahead=`).
+    pub data_readahead: ReadaheadMode,
+}
+
+/// How a hybrid mount reads ahead of sequential readers into its DRAM
+/// cache of device blocks (docs/DESIGN.md, "Readahead").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReadaheadMode {
+    /// Threads of the store, each with one device read in flight.
+    #[default]
+    Threads,
+    /// One thread keeping several device reads in flight through io_uring
+    /// (threads where io_uring is not available).
+    Uring,
+    /// None: a reader's miss reads the request's blocks only.
+    Off,
+}
+
+impl ReadaheadMode {
+    pub fn parse(s: &str) -> Option<ReadaheadMode> {
+        match s {
+            "threads" => Some(ReadaheadMode::Threads),
+            "uring" => Some(ReadaheadMode::Uring),
+            "off" => Some(ReadaheadMode::Off),
+            _ => None,
+        }
+    }
 }
 
 /// DRAM cache of data-device blocks when the mount does not say.

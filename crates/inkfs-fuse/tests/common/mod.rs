@@ -83,6 +83,48 @@ impl Drop for Pool {
     }
 }
 
+/// A hybrid pool: the pool in /dev/shm, its data file in /var/tmp (a disk
+/// file system, so O_DIRECT and fdatasync are real); both removed on drop.
+pub struct HybridPool {
+    pub pool: Pool,
+    pub data: PathBuf,
+}
+
+impl HybridPool {
+    /// `pool_mib` of PM, `data_mib` of data device; writes of at least
+    /// `threshold_bytes` go to the device.
+    pub fn new(name: &str, pool_mib: u64, data_mib: u64, threshold_bytes: u32) -> HybridPool {
+        let pool = Pool::new(name, pool_mib);
+        let data = PathBuf::from(format!(
+            "/var/tmp/inkfs-fuse-test-{name}-{}.data",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&data);
+        let pm = inkfs::pmem::MappedPool::open(&pool.path, &Default::default()).expect("open pool");
+        let dev =
+            inkfs::blockdev::FileDev::create(&data, data_mib << 20).expect("create data file");
+        inkfs::api::Filesystem::format_hybrid(
+            &pm,
+            &Default::default(),
+            &inkfs::api::HybridFormat {
+                device: &dev,
+                path: &data,
+                blocks: None,
+                threshold_bytes,
+                unit_blocks: 256,
+            },
+        )
+        .expect("format hybrid pool");
+        HybridPool { pool, data }
+    }
+}
+
+impl Drop for HybridPool {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.data);
+    }
+}
+
 /// Options every mount of a test run starts from (`INKFS_TEST_MOUNT_OPTS`,
 /// e.g. `mode=posix` to run the whole suite in posix mode with the
 /// writeback cache); a test's own options come after them and win.

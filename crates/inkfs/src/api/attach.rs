@@ -5,10 +5,13 @@
 //!
 //! ```text
 //! client: attach\n
-//! server: ok layout=L id=N slot=I mode=MODE\n    + 3 descriptors (SCM_RIGHTS):
-//!         the pool (the server's own open file description: the client
-//!         shares its claim), the memfd of the epoch table, and the memfd
-//!         of the client's request ring (`super::ring`)
+//! server: ok layout=L id=N slot=I mode=MODE[ data=T]\n
+//!         + 3 descriptors (SCM_RIGHTS): the pool (the server's own open
+//!         file description: the client shares its claim), the memfd of
+//!         the epoch table, and the memfd of the client's request ring
+//!         (`super::ring`); a hybrid pool (`data=T`, T the mount's
+//!         placement threshold in bytes) adds a fourth: the data device
+//!         (the server's own description too: its lock and its O_DIRECT)
 //!     or: error MESSAGE\n                          and the server closes
 //! ```
 //!
@@ -75,16 +78,28 @@ pub struct Grant {
     pub slot: usize,
     /// The mount's consistency mode (the client's engine runs in it).
     pub mode: Mode,
+    /// A hybrid pool: the mount's placement threshold in bytes (the grant
+    /// carries the data device's descriptor too). None: no data device.
+    pub data_threshold: Option<u64>,
 }
 
 impl Grant {
     fn line(&self) -> String {
+        let data = self
+            .data_threshold
+            .map(|t| format!(" data={t}"))
+            .unwrap_or_default();
         format!(
-            "ok layout={TABLE_LAYOUT} id={} slot={} mode={}\n",
+            "ok layout={TABLE_LAYOUT} id={} slot={} mode={}{data}\n",
             self.id,
             self.slot,
             self.mode.name()
         )
+    }
+
+    /// Descriptors the grant comes with.
+    fn fds(&self) -> usize {
+        3 + self.data_threshold.is_some() as usize
     }
 
     /// Parse a grant line (without its newline); every field must be there
@@ -95,12 +110,19 @@ impl Grant {
             return Err(format!("not a grant: {line:?}"));
         }
         let (mut layout, mut id, mut slot, mut mode) = (None, None, None, None);
+        let mut data_threshold = None;
         for w in words {
             match w.split_once('=') {
                 Some(("layout", v)) => layout = v.parse::<u32>().ok(),
                 Some(("id", v)) => id = v.parse::<u64>().ok(),
                 Some(("slot", v)) => slot = v.parse::<usize>().ok(),
                 Some(("mode", v)) => mode = Mode::parse(v),
+                Some(("data", v)) => {
+                    data_threshold = Some(
+                        v.parse::<u64>()
+                            .map_err(|_| format!("malformed grant: {line:?}"))?,
+                    )
+                }
                 _ => {} // a later server's extra field
             }
         }
@@ -108,7 +130,12 @@ impl Grant {
             (Some(TABLE_LAYOUT), Some(id), Some(slot), Some(mode))
                 if slot < crate::epoch::READERS_MAX =>
             {
-                Ok(Grant { id, slot, mode })
+                Ok(Grant {
+                    id,
+                    slot,
+                    mode,
+                    data_threshold,
+                })
             }
             (Some(l), ..) if l != TABLE_LAYOUT => Err(format!(
                 "the server's epoch table has layout {l}, this build's {TABLE_LAYOUT}"
@@ -133,17 +160,26 @@ pub fn send_request(conn: &UnixStream) -> io::Result<()> {
     Ok(())
 }
 
-/// Send `grant` with the pool's descriptor, the epoch table's and the
-/// client's request ring's (the server).
+/// Send `grant` with the pool's descriptor, the epoch table's, the
+/// client's request ring's and, when the grant says the pool is hybrid,
+/// the data device's (the server).
 pub fn send_grant(
     conn: &UnixStream,
     grant: &Grant,
     pool: BorrowedFd<'_>,
     epochs: BorrowedFd<'_>,
     ring: BorrowedFd<'_>,
+    data: Option<BorrowedFd<'_>>,
 ) -> io::Result<()> {
+    if data.is_some() != grant.data_threshold.is_some() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a data device's descriptor goes with a grant that says data=",
+        ));
+    }
     let line = grant.line();
-    let fds = [pool.as_raw_fd(), epochs.as_raw_fd(), ring.as_raw_fd()];
+    let mut fds = vec![pool.as_raw_fd(), epochs.as_raw_fd(), ring.as_raw_fd()];
+    fds.extend(data.map(|d| d.as_raw_fd()));
     let cmsg = [ControlMessage::ScmRights(&fds)];
     let iov = [IoSlice::new(line.as_bytes())];
     let sent = socket::sendmsg::<()>(conn.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None)
@@ -159,14 +195,19 @@ pub fn send_grant(
     Ok(())
 }
 
-/// What a grant carries: the pool's descriptor, the epoch table's and the
-/// request ring's.
+/// What a grant carries: the pool's descriptor, the epoch table's, the
+/// request ring's and a hybrid pool's data device's.
 #[derive(Debug)]
 pub struct Granted {
     pub grant: Grant,
+    /// The pool (the server's open file description).
     pub pool: OwnedFd,
+    /// The epoch table's memfd.
     pub epochs: OwnedFd,
+    /// The client's request ring's memfd.
     pub ring: OwnedFd,
+    /// A hybrid pool's data device (the server's description).
+    pub data: Option<OwnedFd>,
 }
 
 /// The server's answer: the grant and its descriptors, or the server's
@@ -192,16 +233,24 @@ pub fn recv_grant(conn: &mut UnixStream) -> Result<Granted, Answer> {
         return Err(Answer::Refused(msg.to_string()));
     }
     let grant = Grant::parse(line).map_err(Answer::Malformed)?;
+    if fds.len() != grant.fds() {
+        return Err(Answer::Malformed(format!(
+            "the grant carried {} descriptors, not {}",
+            fds.len(),
+            grant.fds()
+        )));
+    }
     let mut fds = fds.into_iter();
-    match (fds.next(), fds.next(), fds.next(), fds.next()) {
-        (Some(pool), Some(epochs), Some(ring), None) => Ok(Granted {
+    match (fds.next(), fds.next(), fds.next()) {
+        (Some(pool), Some(epochs), Some(ring)) => Ok(Granted {
             grant,
             pool,
             epochs,
             ring,
+            data: fds.next(),
         }),
         _ => Err(Answer::Malformed(
-            "the grant did not carry exactly three descriptors".into(),
+            "the grant carried too few descriptors".into(),
         )),
     }
 }
@@ -274,13 +323,21 @@ mod tests {
             id: 7,
             slot: 3,
             mode: Mode::Sync,
+            data_threshold: None,
         };
         assert_eq!(Grant::parse(g.line().trim_end()), Ok(g));
+        let h = Grant {
+            data_threshold: Some(65536),
+            ..g
+        };
+        assert!(h.line().contains(" data=65536"));
+        assert_eq!(Grant::parse(h.line().trim_end()), Ok(h));
         for bad in [
             "ok id=1 slot=2 mode=strict",
             "ok layout=1 id=1 slot=64 mode=strict",
             "ok layout=1 id=x slot=2 mode=strict",
             "ok layout=1 id=1 slot=2 mode=fast",
+            "ok layout=1 id=1 slot=2 mode=strict data=x",
             "ko layout=1 id=1 slot=2 mode=strict",
         ] {
             assert!(Grant::parse(bad).is_err(), "{bad}");
@@ -298,13 +355,39 @@ mod tests {
             id: 1,
             slot: 0,
             mode: Mode::Strict,
+            data_threshold: None,
         };
         use std::os::fd::AsFd;
-        send_grant(&a, &g, f.as_fd(), f.as_fd(), f.as_fd()).unwrap();
+        send_grant(&a, &g, f.as_fd(), f.as_fd(), f.as_fd(), None).unwrap();
         let got = recv_grant(&mut b).unwrap();
         assert_eq!(got.grant, g);
         assert_ne!(got.pool.as_raw_fd(), got.epochs.as_raw_fd());
         assert_ne!(got.epochs.as_raw_fd(), got.ring.as_raw_fd());
+        assert!(got.data.is_none());
+        // A hybrid pool's grant: the data device's descriptor too, and
+        // only with `data=`.
+        let h = Grant {
+            data_threshold: Some(4096),
+            ..g
+        };
+        assert!(send_grant(&a, &h, f.as_fd(), f.as_fd(), f.as_fd(), None).is_err());
+        assert!(send_grant(&a, &g, f.as_fd(), f.as_fd(), f.as_fd(), Some(f.as_fd())).is_err());
+        send_grant(&a, &h, f.as_fd(), f.as_fd(), f.as_fd(), Some(f.as_fd())).unwrap();
+        let got = recv_grant(&mut b).unwrap();
+        assert_eq!(got.grant, h);
+        assert!(got.data.is_some());
+        // A grant whose descriptors do not match its line is refused.
+        let line = h.line();
+        let fds = [f.as_raw_fd(), f.as_raw_fd(), f.as_raw_fd()];
+        socket::sendmsg::<()>(
+            a.as_raw_fd(),
+            &[IoSlice::new(line.as_bytes())],
+            &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::empty(),
+            None,
+        )
+        .unwrap();
+        assert!(matches!(recv_grant(&mut b), Err(Answer::Malformed(_))));
         drop(a);
         let (a, mut b) = UnixStream::pair().unwrap();
         use std::io::Write;

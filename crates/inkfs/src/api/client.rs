@@ -26,6 +26,11 @@
 //! EROFS. Requests that wait for an answer travel on the client's ring
 //! (`inkfs::api::ring`), recalls and their answers on the session.
 //!
+//! A hybrid pool's grant hands the data device over too: the client reads
+//! large files' data there with `pread`, and writes it there itself under
+//! the lease (device blocks reserved with `reserve-dev`, written, flushed,
+//! then committed).
+//!
 //! Coherence: in strict and sync modes the pool is current when a write
 //! through the mount returns, so a client sees it from its next call on.
 //! In sync mode an overwrite is made in place, so a read that runs while
@@ -54,6 +59,7 @@ use super::lease::{Msg, LINE_MAX};
 use super::ns;
 use super::ring::RingSet;
 use super::{File, Filesystem, Follow, OpenFlags, Written, ROOT_INO};
+use crate::blockdev::{BlockDev, FileDev, Side};
 use crate::error::{errno, Error, Result};
 use crate::fs::Fs;
 use crate::perm::Credentials;
@@ -76,6 +82,9 @@ const RESERVE_BLOCKS: u64 = 1024;
 /// A write that found no space asks for more this many times before it
 /// reports ENOSPC.
 const RESERVE_TRIES: u32 = 3;
+/// PM blocks a write to the data device wants at hand for its log pages;
+/// fewer, and the refill asks for PM blocks too.
+const LOG_BLOCKS_MIN: u64 = 16;
 
 /// An inode a client holds (see [`Client::hold`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -192,12 +201,23 @@ impl Client {
             pool: pool_fd,
             epochs: epochs_fd,
             ring,
+            data: data_fd,
         } = granted;
         let epochs = Arc::new(SharedEpochs::from_fd(high(epochs_fd)?)?);
         let rings = RingSet::from_fd(high(ring)?)?;
         let pool_fd = high(pool_fd)?;
         let label = mountpoint.join("(pool of this mount)");
         let file = PoolFile::from_fd(pool_fd, &label)?;
+        // A hybrid pool: the server's data device, read and written by
+        // this client as the server does (the engine checks its label).
+        let data = match (data_fd, grant.data_threshold) {
+            (Some(fd), Some(threshold)) => {
+                let label = mountpoint.join("(data device of this mount)");
+                let dev: Arc<dyn BlockDev> = Arc::new(FileDev::from_shared_fd(high(fd)?, &label)?);
+                Some((dev, threshold))
+            }
+            _ => None,
+        };
         // Writable when the server's own descriptor is (a read-only mount
         // leases nothing).
         let writable = !file.is_read_only();
@@ -212,9 +232,9 @@ impl Client {
                 .pin_at(grant.slot)
                 .ok_or_else(|| refused(mountpoint, "epoch slot out of range"))?;
             if writable {
-                Fs::attach_client(pm, grant.mode)?
+                Fs::attach_client_with(pm, grant.mode, data)?
             } else {
-                Fs::attach(pm, grant.mode)?
+                Fs::attach_with(pm, grant.mode, data)?
             }
         };
         // Blocks this client's overwrites displace are kept for the same
@@ -392,22 +412,19 @@ impl Client {
     /// file is `O_APPEND`, else at `off`), under the inode's write lease:
     /// the bytes written.
     pub fn write(&self, file: &File, off: u64, data: &[u8]) -> Result<usize> {
-        let blocks = blocks_for(data.len());
-        self.file_op(file, blocks, |fs| fs.write(file, off, data))
+        self.file_op(file, data.len() as u64, |fs| fs.write(file, off, data))
             .map(|w| w.len)
     }
 
     /// pwrite(2): at `off` whatever `O_APPEND` says.
     pub fn pwrite(&self, file: &File, off: u64, data: &[u8]) -> Result<Written> {
-        let blocks = blocks_for(data.len());
-        self.file_op(file, blocks, |fs| fs.write_at(file, off, data))
+        self.file_op(file, data.len() as u64, |fs| fs.write_at(file, off, data))
     }
 
     /// An `O_APPEND` write: at the end of file as it stands under the
     /// lease (so appends of several clients interleave whole).
     pub fn append(&self, file: &File, data: &[u8]) -> Result<Written> {
-        let blocks = blocks_for(data.len());
-        self.file_op(file, blocks, |fs| fs.append(file, data))
+        self.file_op(file, data.len() as u64, |fs| fs.append(file, data))
     }
 
     /// ftruncate(2) through `file` (open for writing).
@@ -416,22 +433,23 @@ impl Client {
             size: Some(size),
             ..SetAttr::default()
         };
-        self.file_op(file, 1, |fs| fs.setattr(cred, file.ino(), &set, Some(file)))
+        self.file_op(file, 0, |fs| fs.setattr(cred, file.ino(), &set, Some(file)))
     }
 
-    /// A change of the regular file open as `file`: under its lease when
-    /// the file is open for writing; otherwise the engine refuses it as
-    /// Linux does (EBADF, EISDIR, EINVAL...) without asking the server.
+    /// A change of the regular file open as `file` (writing `bytes` of
+    /// data): under its lease when the file is open for writing; otherwise
+    /// the engine refuses it as Linux does (EBADF, EISDIR, EINVAL...)
+    /// without asking the server.
     fn file_op<R>(
         &self,
         file: &File,
-        blocks: u64,
+        bytes: u64,
         op: impl Fn(&Filesystem<MappedPool>) -> Result<R>,
     ) -> Result<R> {
         if file.kind() != FileKind::File || !file.flags().writable() {
             return self.call(&op);
         }
-        self.leased(file.ino(), Some(file), blocks, op)
+        self.leased(file.ino(), Some(file), bytes, op)
     }
 
     /// fsync(2)/fdatasync(2): every write is durable on return already
@@ -449,14 +467,14 @@ impl Client {
     }
 
     /// Run `op`, which writes inode `ino` (open as `file`, if it is;
-    /// needing about `blocks` blocks), under its write lease: asked for
-    /// first if this client does not hold it; more reservation asked for
-    /// when it finds no space.
+    /// `bytes` of data), under its write lease: asked for first if this
+    /// client does not hold it; more reservation asked for when it finds
+    /// no space.
     fn leased<R>(
         &self,
         ino: u64,
         file: Option<&File>,
-        blocks: u64,
+        bytes: u64,
         op: impl Fn(&Filesystem<MappedPool>) -> Result<R>,
     ) -> Result<R> {
         debug_assert!(file.is_none_or(|f| f.ino() == ino));
@@ -509,7 +527,7 @@ impl Client {
                     // What this client freed goes back first: the server
                     // may have nothing else.
                     self.send_freed()?;
-                    self.reserve(blocks.max(RESERVE_BLOCKS) << tries)?;
+                    self.refill(bytes, tries)?;
                 }
                 r => return r,
             }
@@ -603,7 +621,7 @@ impl Client {
             return None;
         }
         // Recalled since: `leased` asks for it again (correct, only slower).
-        Some(self.leased(ino, None, 1, |fs| fs.setattr(cred, ino, set, None)))
+        Some(self.leased(ino, None, 0, |fs| fs.setattr(cred, ino, set, None)))
     }
 
     /// Hold inode `ino` (docs/KERNEL-FREE.md, "Unlinked files a process
@@ -687,10 +705,56 @@ impl Client {
         self.lanes.started()
     }
 
-    /// Ask for `want` more blocks: ENOSPC if the server has none.
-    fn reserve(&self, want: u64) -> Result<()> {
-        match self.ask(&Msg::Reserve(want))? {
-            Msg::Blocks(ranges) => self.shared.fs.fs.add_reservation(&ranges),
+    /// Ask for the blocks a write of `bytes` found missing: its data's
+    /// side (a hybrid pool's data device for a write the placement puts
+    /// there), and PM for its log pages. A side the server has too few
+    /// blocks of is marked full in the engine, whose writes then spill to
+    /// the other (as the server's own do).
+    fn refill(&self, bytes: u64, tries: u32) -> Result<()> {
+        let fs = &self.shared.fs.fs;
+        let blocks = blocks_for(bytes);
+        let want = blocks.max(RESERVE_BLOCKS) << tries;
+        if fs.place(bytes) == Side::Dev {
+            let (pm_free, dev_free) = fs.reservation_free();
+            let dev_short = dev_free < blocks;
+            if dev_short {
+                self.reserve(Side::Dev, want)?;
+            }
+            if pm_free < LOG_BLOCKS_MIN || !dev_short {
+                self.reserve(Side::Pm, RESERVE_BLOCKS)?;
+            }
+            return Ok(());
+        }
+        match self.reserve(Side::Pm, want) {
+            Err(e) if e.errno() == libc::ENOSPC && fs.is_hybrid() => {
+                fs.set_client_side_full(Side::Pm, true);
+                self.reserve(Side::Dev, want)
+            }
+            r => r,
+        }
+    }
+
+    /// Ask for `want` more blocks on `side`: ENOSPC if the server has none
+    /// (for the data device: on neither side; it gives PM blocks when the
+    /// device is full). A side that gave fewer than asked for is full for
+    /// this client until a later request gets all it asks for.
+    fn reserve(&self, side: Side, want: u64) -> Result<()> {
+        let fs = &self.shared.fs.fs;
+        let ask = match side {
+            Side::Pm => Msg::Reserve(want),
+            Side::Dev => Msg::ReserveDev(want),
+        };
+        match self.ask(&ask)? {
+            Msg::Blocks(ranges) => {
+                // Fewer than asked for: the server had no more on that side.
+                let got: u64 = ranges
+                    .iter()
+                    .filter(|&&(start, _)| Side::of(start) == side)
+                    .map(|r| r.1)
+                    .sum();
+                fs.set_client_side_full(side, got < want);
+                fs.add_reservation(&ranges)
+            }
             Msg::NoSpace => errno(libc::ENOSPC),
             other => Err(protocol_error(&other)),
         }
@@ -879,8 +943,8 @@ fn clone_high(conn: &UnixStream) -> Result<UnixStream> {
 }
 
 /// Blocks a write of `len` bytes may need (data and a log page or two).
-fn blocks_for(len: usize) -> u64 {
-    (len as u64).div_ceil(crate::format::BLOCK_SIZE) + 2
+fn blocks_for(len: u64) -> u64 {
+    len.div_ceil(crate::format::BLOCK_SIZE) + 2
 }
 
 fn protocol_error(got: &Msg) -> Error {

@@ -11,6 +11,8 @@
 //!                                 invalidating the kernel's caches of it)
 //!     or: denied INO ERRNO
 //! client: reserve N              N more blocks for the reservation
+//!     or: reserve-dev N          N more data-device blocks (a hybrid
+//!                                 pool; PM blocks if the device is full)
 //! server: blocks S+L S+L ...     (at least one block)
 //!     or: nospace
 //! server: recall INO GEN         give lease INO (grant GEN) back
@@ -61,6 +63,7 @@ pub enum Msg {
     Granted(u64, u64),
     Denied(u64, i32),
     Reserve(u64),
+    ReserveDev(u64),
     Blocks(Vec<(u64, u64)>),
     NoSpace,
     /// Inode, grant number.
@@ -104,6 +107,7 @@ impl Msg {
             Msg::Granted(i, g) => writeln!(out, "granted {i} {g}"),
             Msg::Denied(i, e) => writeln!(out, "denied {i} {e}"),
             Msg::Reserve(n) => writeln!(out, "reserve {n}"),
+            Msg::ReserveDev(n) => writeln!(out, "reserve-dev {n}"),
             Msg::Blocks(r) => {
                 ranges(out, "blocks", r);
                 Ok(())
@@ -155,6 +159,7 @@ impl Msg {
             "granted" => Msg::Granted(num(w.next())?, num(w.next())?),
             "denied" => Msg::Denied(num(w.next())?, w.next()?.parse().ok()?),
             "reserve" => Msg::Reserve(num(w.next())?),
+            "reserve-dev" => Msg::ReserveDev(num(w.next())?),
             "blocks" => Msg::Blocks(ranges(w)?),
             "nospace" => Msg::NoSpace,
             "recall" => Msg::Recall(num(w.next())?, num(w.next())?),
@@ -218,6 +223,12 @@ impl<P: Pmem> Filesystem<P> {
         self.fs.reserve_blocks(want, RANGES_PER_LINE)
     }
 
+    /// Up to `want` free data-device blocks for a client's reservation (a
+    /// hybrid pool; PM blocks when the device is full; none: empty).
+    pub fn reserve_dev_blocks(&self, want: u64) -> Vec<(u64, u64)> {
+        self.fs.reserve_dev_blocks(want, RANGES_PER_LINE)
+    }
+
     /// Log GC of `ino` once its lease came back.
     pub fn collect_log(&self, ino: u64) -> Result<()> {
         self.fs.collect_log(ino)
@@ -240,6 +251,7 @@ mod tests {
             Msg::Granted(7, 3),
             Msg::Denied(7, libc::EINVAL),
             Msg::Reserve(256),
+            Msg::ReserveDev(512),
             Msg::Blocks(vec![(100, 3), (200, 1)]),
             Msg::NoSpace,
             Msg::Recall(9, 4),

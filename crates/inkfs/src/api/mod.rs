@@ -59,7 +59,8 @@ use crate::perm::{self, Actor};
 use crate::pmem::{MappedPool, PoolFile, PoolOpenOptions};
 
 pub use crate::blockdev::{
-    BlockDev, DataStats, FileDev, HybridFormat, DATA_THRESHOLD_DEFAULT, DATA_UNIT_DEFAULT_BLOCKS,
+    BlockDev, DataStats, FileDev, HybridFormat, Side, DATA_THRESHOLD_DEFAULT,
+    DATA_UNIT_DEFAULT_BLOCKS,
 };
 pub use crate::error::{Error, Result};
 pub use crate::fs::MountReport;
@@ -72,7 +73,7 @@ pub use crate::types::{
     FallocFlags, FiemapExtent, FileKind, FormatOptions, GcStats, Mode, MountOptions, RenameFlags,
     SetAttr, StatFs, TimeSet, Whence, XattrFlags,
 };
-pub use crate::types::{DataDevice, DATA_CACHE_DEFAULT_BYTES};
+pub use crate::types::{DataDevice, ReadaheadMode, DATA_CACHE_DEFAULT_BYTES};
 pub use path::{Follow, Resolved, PATH_MAX, SYMLINKS_MAX};
 pub use pool::{looks_like_inkfs, read_data_path, read_summary, DataSummary, PoolSummary};
 
@@ -362,6 +363,19 @@ impl<P: Pmem> Filesystem<P> {
     pub fn data_device(&self) -> Option<String> {
         self.fs.data_device_description()
     }
+
+    /// A hybrid pool's data device as a descriptor to hand an attached
+    /// client (None: no data device, or one without a descriptor).
+    pub fn data_device_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.fs.data.as_ref().and_then(|d| d.device().shared_fd())
+    }
+
+    /// A hybrid pool's placement threshold as mounted: writes of at least
+    /// this many bytes go to the data device (None: no data device).
+    pub fn data_threshold_bytes(&self) -> Option<u64> {
+        self.fs.data.as_ref().map(|d| d.policy.threshold_bytes)
+    }
+
     /// Inodes loaded in DRAM and the log pages they hold.
     pub fn loaded_log_pages(&self) -> (u64, u64) {
         self.fs.loaded_log_pages()

@@ -82,7 +82,34 @@ pub fn store(
         unit_blocks: sb.data_unit_blocks.max(1) as u64,
     };
     let cache = opts.data_cache_bytes.unwrap_or(DATA_CACHE_DEFAULT_BYTES);
-    DataStore::new(dev, blocks, sb.data_blocks, policy, cache)
+    DataStore::with_readahead(dev, blocks, sb.data_blocks, policy, cache, opts.data_readahead)
+}
+
+/// The block side of an engine attached to a pool another process has
+/// mounted (a client of the kernel-free path, docs/KERNEL-FREE.md): `dev`
+/// is the device that process handed over, checked against the pool's
+/// superblock here. Its allocator holds nothing until the owner reserves
+/// blocks for it; no DRAM cache (the owner and other clients write the
+/// device behind its back: every read goes to the device); the placement
+/// threshold is the owner's mount's (`threshold_bytes`).
+pub fn client_store(
+    dev: Arc<dyn BlockDev>,
+    sb: &Superblock,
+    lanes: u32,
+    threshold_bytes: u64,
+) -> Result<DataStore> {
+    layout::verify(&*dev, sb)
+        .map_err(|why| Error::BadPool(format!("data device {}: {why}", dev.describe())))?;
+    let blocks = BlockAllocator::new_all_used(
+        lanes,
+        DEV_BLOCK_BASE + sb.data_first_block,
+        DEV_BLOCK_BASE + sb.data_blocks,
+    );
+    let policy = Placement {
+        threshold_bytes,
+        unit_blocks: sb.data_unit_blocks.max(1) as u64,
+    };
+    Ok(DataStore::new(dev, blocks, sb.data_blocks, policy, 0))
 }
 
 /// How mkfs lays out a hybrid pool's data device.

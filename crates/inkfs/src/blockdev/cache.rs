@@ -4,15 +4,30 @@
 //!
 //! Coherence: every write to the device goes through the engine, which
 //! writes the device first and then puts the new contents here (`put`).
-//! A reader that missed reads the device and offers what it read (`fill`),
-//! which is kept only if nothing wrote to that block's shard since the
-//! reader looked (`stamp`): a read racing with a write of the same block
+//! A reader that missed reads the device and offers what it read
+//! (`end_load`), which is kept only if nothing wrote to that block's shard
+//! since the reader claimed it (`begin_load` notes the shard's stamp): a
+//! read racing with a write of the same block
 //! (possible only for readahead past the reader's own file, whose blocks
 //! another file may be writing) can never leave old contents behind.
+//!
+//! Device reads into the cache claim their blocks first (`begin_load`):
+//! a block being read (by a reader's miss, or the readahead of
+//! `readahead.rs`) is read once, and a reader that wants it waits for that
+//! read (`wait_load`) instead of issuing its own.
+//!
+//! Writes this engine did not make (an attached client's, under a write
+//! lease: docs/KERNEL-FREE.md) reach the device without passing here: the
+//! server drops the blocks such a client could have written (`forget`)
+//! when it reserves them for the client and when the lease comes back,
+//! before anyone reads the file through the server again. `forget` moves
+//! the stamp too, so a fill that read the device before the client's
+//! write and arrives after the forget is dropped.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use super::dev::Page;
 use crate::format::BLOCK_SIZE;
@@ -20,6 +35,37 @@ use crate::format::BLOCK_SIZE;
 const SHARDS: usize = 16;
 /// Consecutive blocks share a shard, so a sequential read takes few locks.
 const RUN_SHIFT: u32 = 4;
+/// A slot whose block was forgotten (no block number is this large).
+const NO_BLOCK: u64 = u64::MAX;
+
+/// Hashes a block number for the shards' maps: splitmix64's finalizer
+/// (every input bit reaches the low bits the table indexes by: a shard
+/// holds runs of 16 blocks 256 apart, which a plain multiply would crowd
+/// into a sixteenth of the buckets). std's SipHash guards against keys an
+/// attacker chooses; block numbers are the engine's own, and hashing them
+/// was a few percent of a cached read's time.
+#[derive(Default, Clone, Copy)]
+struct BlockHasher(u64);
+
+impl std::hash::Hasher for BlockHasher {
+    fn finish(&self) -> u64 {
+        let mut z = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ b as u64;
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 ^= n;
+    }
+}
+
+type BlockMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<BlockHasher>>;
+type BlockSet = HashSet<u64, std::hash::BuildHasherDefault<BlockHasher>>;
 
 struct Slot {
     block: u64,
@@ -27,13 +73,15 @@ struct Slot {
 }
 
 struct Shard {
-    map: HashMap<u64, u32>,
+    map: BlockMap<u32>,
     slots: Vec<Slot>,
     pages: Vec<Page>,
     capacity: usize,
     hand: usize,
     /// Bumped by every `put` (a write).
     stamp: u64,
+    /// Blocks a device read is filling now (`begin_load`).
+    loading: BlockSet,
 }
 
 impl Shard {
@@ -72,11 +120,22 @@ impl Shard {
         self.pages[i].0.copy_from_slice(data);
         self.slots[i].referenced = true;
     }
+
+    /// Drop `block` if cached; its slot is the next victim's to reuse.
+    fn forget(&mut self, block: u64) {
+        if let Some(i) = self.map.remove(&block) {
+            let slot = &mut self.slots[i as usize];
+            slot.block = NO_BLOCK;
+            slot.referenced = false;
+        }
+    }
 }
 
 /// The cache. A capacity of 0 disables it (every read goes to the device).
 pub struct DataCache {
     shards: Box<[Mutex<Shard>]>,
+    /// Per shard: a load ended (`end_load`).
+    loaded: Box<[Condvar]>,
     pub(crate) hits: AtomicU64,
     pub(crate) misses: AtomicU64,
     capacity_pages: u64,
@@ -89,16 +148,24 @@ impl DataCache {
         DataCache {
             shards: (0..SHARDS)
                 .map(|_| {
+                    // Room reserved for every page (address space only,
+                    // untouched until a slot fills): a shard that grew by
+                    // doubling copied all its pages at each growth, which
+                    // cost a first pass over a 256 MiB cache a third of
+                    // its speed. The map and the slots are small: they
+                    // grow (a mount that reads little initializes little).
                     Mutex::new(Shard {
-                        map: HashMap::new(),
+                        map: BlockMap::default(),
                         slots: Vec::new(),
-                        pages: Vec::new(),
+                        pages: Vec::with_capacity(per_shard),
                         capacity: per_shard,
                         hand: 0,
                         stamp: 0,
+                        loading: BlockSet::default(),
                     })
                 })
                 .collect(),
+            loaded: (0..SHARDS).map(|_| Condvar::new()).collect(),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             capacity_pages: per_shard as u64 * SHARDS as u64,
@@ -109,9 +176,87 @@ impl DataCache {
         self.capacity_pages * BLOCK_SIZE
     }
 
+    fn shard_index(block: u64) -> usize {
+        (block >> RUN_SHIFT) as usize % SHARDS
+    }
+
     fn shard(&self, block: u64) -> MutexGuard<'_, Shard> {
-        let i = (block >> RUN_SHIFT) as usize % SHARDS;
-        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+        self.shards[Self::shard_index(block)]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Claim up to `stamps.len()` consecutive blocks from `start` for a
+    /// device read: each neither cached nor being loaded, its stamp noted
+    /// in `stamps`. The count claimed (0: `start` itself is cached or
+    /// being loaded). Every claimed block must be ended with `end_load`.
+    pub fn begin_load(&self, start: u64, stamps: &mut [u64]) -> usize {
+        if self.capacity_pages == 0 {
+            return 0;
+        }
+        let mut n = 0;
+        while n < stamps.len() {
+            let b = start + n as u64;
+            let mut s = self.shard(b);
+            // The rest of this shard's run under one lock.
+            let run_end = (((b >> RUN_SHIFT) + 1) << RUN_SHIFT).min(start + stamps.len() as u64);
+            for x in b..run_end {
+                if s.map.contains_key(&x) || !s.loading.insert(x) {
+                    return n;
+                }
+                stamps[n] = s.stamp;
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// The device read of the blocks `begin_load` claimed from `start`
+    /// (one stamp each) ended: `pages` holds what it read (None: it
+    /// failed). Each block is kept unless written since its stamp; waiters
+    /// are woken.
+    pub fn end_load(&self, start: u64, pages: Option<&[Page]>, stamps: &[u64]) {
+        let mut i = 0;
+        while i < stamps.len() {
+            let b = start + i as u64;
+            let shard = Self::shard_index(b);
+            let mut s = self.shard(b);
+            let run_end = (((b >> RUN_SHIFT) + 1) << RUN_SHIFT).min(start + stamps.len() as u64);
+            for x in b..run_end {
+                let k = (x - start) as usize;
+                s.loading.remove(&x);
+                if let Some(p) = pages {
+                    if s.stamp == stamps[k] && !s.map.contains_key(&x) {
+                        s.store(x, &p[k].0);
+                    }
+                }
+            }
+            drop(s);
+            self.loaded[shard].notify_all();
+            i = (run_end - start) as usize;
+        }
+    }
+
+    /// Wait (at most `limit`) until no device read is loading `block`;
+    /// true if one was.
+    pub fn wait_load(&self, block: u64, limit: Duration) -> bool {
+        let shard = Self::shard_index(block);
+        let mut s = self.shard(block);
+        if !s.loading.contains(&block) {
+            return false;
+        }
+        let end = Instant::now() + limit;
+        while s.loading.contains(&block) {
+            let now = Instant::now();
+            if now >= end {
+                break;
+            }
+            s = self.loaded[shard]
+                .wait_timeout(s, end - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
     }
 
     /// Bytes `[at, at + out.len())` of `block` (within the block) into
@@ -140,10 +285,6 @@ impl DataCache {
         self.capacity_pages != 0 && self.shard(block).map.contains_key(&block)
     }
 
-    /// The write stamp of `block`'s shard, taken before reading the device.
-    pub fn stamp(&self, block: u64) -> u64 {
-        self.shard(block).stamp
-    }
 
     /// `block` now holds `data` on the device (written): cache it.
     pub fn put(&self, block: u64, data: &Page) {
@@ -155,17 +296,47 @@ impl DataCache {
         s.store(block, &data.0);
     }
 
-    /// A reader read `data` from the device for `block` after taking
-    /// `stamp`: keep it unless cached already or written since.
-    pub fn fill(&self, block: u64, data: &Page, stamp: u64) {
-        if self.capacity_pages == 0 {
+    /// Drop every block of `ranges` (start, len) from the cache, and move
+    /// the stamps of their shards (see the module comment). Block by block
+    /// when the ranges are no larger than the cache, else by a walk of
+    /// every cached block.
+    pub fn forget(&self, ranges: &[(u64, u64)]) {
+        if self.capacity_pages == 0 || ranges.is_empty() {
             return;
         }
-        let mut s = self.shard(block);
-        if s.stamp == stamp && !s.map.contains_key(&block) {
-            s.store(block, &data.0);
+        let total: u64 = ranges.iter().map(|r| r.1).sum();
+        if total <= self.capacity_pages {
+            for &(start, len) in ranges {
+                let mut b = start;
+                while b < start + len {
+                    // Blocks of one run share a shard: one lock for each.
+                    let run_end = (((b >> RUN_SHIFT) + 1) << RUN_SHIFT).min(start + len);
+                    let mut s = self.shard(b);
+                    s.stamp += 1;
+                    for x in b..run_end {
+                        s.forget(x);
+                    }
+                    b = run_end;
+                }
+            }
+            return;
+        }
+        let mut sorted = ranges.to_vec();
+        sorted.sort_unstable();
+        let inside = |b: u64| {
+            let i = sorted.partition_point(|r| r.0 <= b);
+            i > 0 && b < sorted[i - 1].0 + sorted[i - 1].1
+        };
+        for shard in self.shards.iter() {
+            let mut s = shard.lock().unwrap_or_else(|p| p.into_inner());
+            s.stamp += 1;
+            let doomed: Vec<u64> = s.map.keys().copied().filter(|&b| inside(b)).collect();
+            for b in doomed {
+                s.forget(b);
+            }
         }
     }
+
 }
 
 #[cfg(test)]
@@ -191,23 +362,103 @@ mod tests {
     }
 
     #[test]
-    fn a_fill_racing_a_write_is_dropped() {
+    fn a_load_racing_a_write_is_dropped() {
         let c = DataCache::new(1 << 20);
-        let stamp = c.stamp(7);
+        let mut st = [0u64; 1];
+        assert_eq!(c.begin_load(7, &mut st), 1);
         c.put(7, &page(2)); // a write lands after the reader looked
-        c.fill(7, &page(1), stamp); // the reader's older copy
+        c.end_load(7, Some(&[page(1)]), &st); // the reader's older copy
         let mut out = [0u8; 1];
         assert!(c.get(7, 0, &mut out));
         assert_eq!(out[0], 2);
         // Evicted meanwhile: still dropped, the stamp moved.
         let c = DataCache::new(1 << 20);
-        let stamp = c.stamp(9);
+        assert_eq!(c.begin_load(9, &mut st), 1);
         c.put((SHARDS as u64) << RUN_SHIFT, &page(3)); // block 9's shard
-        c.fill(9, &page(1), stamp);
+        c.end_load(9, Some(&[page(1)]), &st);
         assert!(!c.contains(9));
-        let stamp = c.stamp(9);
-        c.fill(9, &page(1), stamp);
+        assert_eq!(c.begin_load(9, &mut st), 1);
+        c.end_load(9, Some(&[page(1)]), &st);
         assert!(c.contains(9));
+    }
+
+    #[test]
+    fn forgotten_blocks_are_gone_and_their_slots_reused() {
+        for cap_pages in [4 * SHARDS as u64, 4096] {
+            let c = DataCache::new(cap_pages * BLOCK_SIZE);
+            for b in 0..64u64 {
+                c.put(b, &page(b as u8));
+            }
+            let cached: Vec<u64> = (0..64).filter(|&b| c.contains(b)).collect();
+            // Small ranges block by block, a range larger than the cache
+            // by the walk.
+            c.forget(&[(3, 2), (1000, 1)]);
+            assert!(!c.contains(3) && !c.contains(4));
+            c.forget(&[(40, 1 << 20)]);
+            for b in cached {
+                let gone = (3..5).contains(&b) || b >= 40;
+                assert_eq!(c.contains(b), !gone, "block {b}");
+            }
+            // A load that looked before the forget is dropped.
+            let mut st = [0u64; 1];
+            assert_eq!(c.begin_load(50, &mut st), 1);
+            c.forget(&[(50, 1)]);
+            c.end_load(50, Some(&[page(1)]), &st);
+            assert!(!c.contains(50));
+            // Forgotten slots take new blocks, and evicting them later
+            // unmaps nothing else.
+            for b in 100..200u64 {
+                c.put(b, &page(b as u8));
+            }
+            let mut out = [0u8; 1];
+            for b in 100..200u64 {
+                if c.get(b, 0, &mut out) {
+                    assert_eq!(out[0], b as u8);
+                }
+            }
+            assert!(c.contains(199));
+        }
+    }
+
+    #[test]
+    fn a_load_is_claimed_once_and_waited_for() {
+        let c = std::sync::Arc::new(DataCache::new(1 << 20));
+        c.put(5, &page(5));
+        let mut stamps = [0u64; 8];
+        // Claimed up to the cached block.
+        assert_eq!(c.begin_load(1, &mut stamps), 4);
+        // Claimed already: nobody else reads them.
+        assert_eq!(c.begin_load(2, &mut stamps[..2]), 0);
+        let claimed = stamps;
+        let waiter = {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                let waited = c.wait_load(3, Duration::from_secs(10));
+                let mut out = [0u8; 1];
+                (waited, c.get(3, 0, &mut out), out[0])
+            })
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        let pages: Vec<Page> = (1..5).map(|v| page(v as u8 * 10)).collect();
+        c.end_load(1, Some(&pages), &claimed[..4]);
+        assert_eq!(waiter.join().unwrap(), (true, true, 30));
+        // A write while a block loads: the load's older contents are
+        // dropped (the stamp is per shard: its neighbours' too).
+        let mut st = [0u64; 2];
+        assert_eq!(c.begin_load(6, &mut st), 2);
+        c.put(7, &page(99));
+        c.end_load(6, Some(&pages[..2]), &st);
+        let mut out = [0u8; 1];
+        assert!(c.get(7, 0, &mut out) && out[0] == 99);
+        assert!(!c.contains(6));
+        // A failed load leaves nothing, and frees the claim.
+        let mut st = [0u64; 2];
+        assert_eq!(c.begin_load(20, &mut st), 2);
+        c.end_load(20, None, &st);
+        assert!(!c.contains(20));
+        assert!(!c.wait_load(20, Duration::from_secs(1)));
+        assert_eq!(c.begin_load(20, &mut st), 2);
+        c.end_load(20, None, &st);
     }
 
     #[test]

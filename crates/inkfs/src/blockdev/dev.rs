@@ -13,8 +13,9 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
+use std::os::unix::io::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 
 use crate::format::BLOCK_SIZE;
@@ -46,6 +47,25 @@ pub fn as_bytes(pages: &[Page]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(pages.as_ptr().cast::<u8>(), std::mem::size_of_val(pages)) }
 }
 
+/// `buf` seen as whole pages, when it is one: page-aligned in memory and a
+/// whole number of pages long (a device read can then land in it directly,
+/// with no bounce buffer).
+pub fn as_pages_mut(buf: &mut [u8]) -> Option<&mut [Page]> {
+    let page = BLOCK_SIZE as usize;
+    if buf.is_empty()
+        || !buf.len().is_multiple_of(page)
+        || !(buf.as_ptr() as usize).is_multiple_of(page)
+    {
+        return None;
+    }
+    // SAFETY: the bytes are aligned for `Page` (checked above), `Page` is
+    // repr(C) around a byte array of exactly `page` bytes, and the slice
+    // covers `len / page` of them; the borrow is `buf`'s.
+    Some(unsafe {
+        std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<Page>(), buf.len() / page)
+    })
+}
+
 /// The bytes of a run of pages, contiguous and writable.
 pub fn as_bytes_mut(pages: &mut [Page]) -> &mut [u8] {
     // SAFETY: as `as_bytes`; every bit pattern is a valid byte.
@@ -71,6 +91,12 @@ pub trait BlockDev: Send + Sync + std::fmt::Debug + 'static {
     fn flush(&self) -> io::Result<()>;
     /// What it is, for `inkfs stat`: e.g. "file /var/tmp/d (O_DIRECT)".
     fn describe(&self) -> String;
+    /// The descriptor to hand to another process that reads and writes
+    /// the device as this one does (an attached client of the kernel-free
+    /// path); None for a device with no descriptor (memory, simulator).
+    fn shared_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
 }
 
 /// A block device or a regular file, opened with O_DIRECT where the file
@@ -123,6 +149,44 @@ impl FileDev {
             }
         }
         Ok(FileDev { size_bytes, ..dev })
+    }
+
+    /// The data device another process opened and handed over (a mount
+    /// server's, to its attached client; `label` names it in messages).
+    /// The descriptor shares that process's open file description: its
+    /// lock (taken by the opener: none is taken here), its access mode and
+    /// its O_DIRECT flag.
+    pub fn from_shared_fd(fd: OwnedFd, label: &Path) -> io::Result<FileDev> {
+        let file = File::from(fd);
+        let meta = file.metadata()?;
+        let block_device = meta.file_type().is_block_device();
+        if !block_device && !meta.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: not a block device or a regular file", label.display()),
+            ));
+        }
+        let size_bytes = if block_device {
+            // SAFETY: lseek on an owned descriptor. The offset is shared
+            // with the opener, which never uses it (reads and writes take
+            // explicit offsets).
+            let end = unsafe { libc::lseek(file.as_raw_fd(), 0, libc::SEEK_END) };
+            if end < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            end as u64
+        } else {
+            meta.len()
+        };
+        // SAFETY: fcntl F_GETFL on an owned descriptor.
+        let fl = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+        Ok(FileDev {
+            file,
+            path: label.to_path_buf(),
+            direct: fl >= 0 && fl & libc::O_DIRECT != 0,
+            block_device,
+            size_bytes,
+        })
     }
 
     fn from_file(file: File, path: &Path, read_only: bool) -> io::Result<FileDev> {
@@ -242,6 +306,10 @@ impl BlockDev for FileDev {
             }
         )
     }
+
+    fn shared_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.file.as_fd())
+    }
 }
 
 #[cfg(test)]
@@ -282,5 +350,34 @@ mod tests {
         assert_eq!(again.size_bytes(), 1 << 20);
         let two = FileDev::open(&path, true).unwrap();
         drop((again, two));
+    }
+
+    /// A device handed over by descriptor (an attached client's) reads and
+    /// writes what the opener does, with the opener's flags and no lock
+    /// of its own.
+    #[test]
+    fn a_shared_descriptor_is_the_same_device() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data");
+        let dev = FileDev::create(&path, 1 << 20).unwrap();
+        let fd = dev.shared_fd().unwrap().try_clone_to_owned().unwrap();
+        let other = FileDev::from_shared_fd(fd, Path::new("(handed over)")).unwrap();
+        assert_eq!(other.size_bytes(), 1 << 20);
+        assert_eq!(other.is_direct(), dev.is_direct());
+        let mut w = pages(1);
+        w[0].0[7] = 3;
+        other.write_at(4096, &w).unwrap();
+        other.flush().unwrap();
+        let mut r = pages(1);
+        dev.read_at(4096, &mut r).unwrap();
+        assert_eq!(r[0].0[7], 3);
+        // Straight into an aligned buffer of the caller's.
+        let mut raw = pages(2);
+        let bytes = as_bytes_mut(&mut raw);
+        assert!(as_pages_mut(&mut bytes[1..4097]).is_none());
+        assert!(as_pages_mut(&mut bytes[..4095]).is_none());
+        let p = as_pages_mut(&mut bytes[..4096]).unwrap();
+        other.read_at(4096, p).unwrap();
+        assert_eq!(raw[0].0[7], 3);
     }
 }

@@ -51,6 +51,9 @@ impl<P: Pmem> Fs<P> {
     pub(crate) fn place(&self, bytes: u64) -> Side {
         match &self.data {
             None => Side::Pm,
+            // A client's allocator holds only its reservation, which says
+            // nothing of PM's free space: by size alone.
+            Some(d) if self.is_client() => d.policy.by_size(bytes),
             Some(d) => d.policy.choose(
                 bytes,
                 self.blocks.free_blocks(),
@@ -70,6 +73,10 @@ impl<P: Pmem> Fs<P> {
     /// Up to `want` blocks for file data on `side`, starting at `goal`
     /// when it is free and on that side; on the other side when `side` is
     /// full. None: both are full.
+    ///
+    /// A client engine's allocator holds only its reservation, so an empty
+    /// side means "ask the server", not "full": it spills only to get
+    /// round a side the server said is full (`client_side_full`).
     pub(crate) fn alloc_file_blocks(&self, side: Side, goal: u64, want: u64) -> Option<(u64, u64)> {
         let goal_on = |s: Side| if Side::of(goal) == s { goal } else { 0 };
         let pm = || self.blocks.alloc_near(self.lane(), goal_on(Side::Pm), want);
@@ -77,9 +84,10 @@ impl<P: Pmem> Fs<P> {
             None => pm(),
             Some(d) => {
                 let dev = || d.blocks.alloc_near(self.lane(), goal_on(Side::Dev), want);
+                let spill = |full: Side| !self.is_client() || self.client_side_full(full);
                 match side {
-                    Side::Dev => dev().or_else(pm),
-                    Side::Pm => pm().or_else(dev),
+                    Side::Dev => dev().or_else(|| spill(Side::Dev).then(pm).flatten()),
+                    Side::Pm => pm().or_else(|| spill(Side::Pm).then(dev).flatten()),
                 }
             }
         }
@@ -115,6 +123,47 @@ impl<P: Pmem> Fs<P> {
         match &self.data {
             Some(d) => d.sync().map_err(io_errno),
             None => Ok(()),
+        }
+    }
+
+    /// Add blocks of either side to the allocator of their side (a
+    /// client's reservation).
+    pub(crate) fn add_free_on_side(&self, start: u64, len: u64) -> std::result::Result<(), crate::alloc::AllocError> {
+        match (Side::of(start), &self.data) {
+            (Side::Dev, Some(d)) => d.blocks.free(start, len),
+            (Side::Dev, None) => Err(crate::alloc::AllocError::OutOfRange { start, len }),
+            (Side::Pm, _) => self.blocks.free(start, len),
+        }
+    }
+
+    /// Up to `want` free device blocks in at most `ranges_max` ranges (for
+    /// a client's reservation), dropped from the DRAM cache (the client
+    /// writes them behind its back); empty without a data device or when
+    /// it is full.
+    pub(crate) fn reserve_dev(&self, want: u64, ranges_max: usize) -> Vec<(u64, u64)> {
+        let Some(d) = &self.data else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let mut left = want;
+        while left > 0 && out.len() < ranges_max {
+            match d.blocks.alloc(self.lane(), left) {
+                Some((start, len)) => {
+                    out.push((start, len));
+                    left -= len;
+                }
+                None => break,
+            }
+        }
+        d.forget(&out);
+        out
+    }
+
+    /// The server's DRAM cache forgets `ranges` (their device blocks): a
+    /// client may have written them.
+    pub(crate) fn forget_cached(&self, ranges: &[(u64, u64)]) {
+        if let (Some(d), false) = (&self.data, self.is_client()) {
+            d.forget(ranges);
         }
     }
 

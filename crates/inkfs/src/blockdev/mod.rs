@@ -18,6 +18,8 @@
 //! - `layout.rs`: the device's label and free-list save area;
 //! - `flush.rs`: group commit of the device flush;
 //! - `cache.rs`: the DRAM cache of device blocks;
+//! - `bounce.rs`: aligned buffers for reads that bypass the cache;
+//! - `readahead.rs`: reads ahead of sequential readers, on threads;
 //! - `store.rs`: the block side of a mounted pool (device, allocator,
 //!   cache, flush, placement, counters);
 //! - `attach.rs`: finding, checking and attaching the device at mount;
@@ -39,7 +41,7 @@ macro_rules! internal {
     )*};
 }
 
-internal!(attach, cache, engine, flush, layout, store);
+internal!(attach, bounce, cache, engine, flush, layout, readahead, store);
 
 pub use attach::{HybridFormat, DATA_THRESHOLD_DEFAULT, DATA_UNIT_DEFAULT_BLOCKS};
 pub use dev::{BlockDev, FileDev, Page};

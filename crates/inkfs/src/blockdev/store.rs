@@ -11,18 +11,21 @@ use std::io;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::bounce::BouncePool;
 use super::cache::DataCache;
+use super::readahead::Readahead;
 use super::dev::{self, BlockDev, Page};
 use super::flush::GroupFlush;
 use super::layout;
 use crate::alloc::BlockAllocator;
 use crate::format::*;
+use crate::types::ReadaheadMode;
 
 /// Where a write's new pages go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Side {
-    Pm,
-    Dev,
+    Pm = 0,
+    Dev = 1,
 }
 
 impl Side {
@@ -36,10 +39,14 @@ impl Side {
     }
 }
 
-/// Readahead past a sequential reader's request, in blocks.
-const READAHEAD_BLOCKS: u64 = 64;
-/// Largest single device read.
+/// Largest single device read of a reader's miss.
 const READ_RUN_MAX: u64 = 256;
+/// How long a reader waits for a block another read is loading (the
+/// readahead's, another reader's) before it reads the block itself.
+const LOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// Bounce buffers of an engine whose reads bypass the cache (each made on
+/// first use: a client engine, one thread's, makes one).
+const BOUNCE_BUFFERS: usize = 4;
 
 /// The placement policy (docs/DESIGN.md, "Hybrid pools"): small writes on
 /// PM, large ones on the device, PM kept for metadata when it runs low.
@@ -57,7 +64,17 @@ impl Placement {
     /// free space falls below an eighth (logs, directories and inode tables
     /// need it, and only PM can hold them).
     pub fn choose(&self, bytes: u64, pm_free: u64, pm_total: u64) -> Side {
-        if bytes >= self.threshold_bytes || pm_free < pm_total / 8 {
+        if pm_free < pm_total / 8 {
+            Side::Dev
+        } else {
+            self.by_size(bytes)
+        }
+    }
+
+    /// The side by size alone: what an attached client decides, which does
+    /// not know PM's free space (the server's allocator has it).
+    pub fn by_size(&self, bytes: u64) -> Side {
+        if bytes >= self.threshold_bytes {
             Side::Dev
         } else {
             Side::Pm
@@ -75,21 +92,27 @@ pub struct DataStats {
     pub cache_hits: u64,
     pub cache_misses: u64,
     pub cache_bytes: u64,
+    /// Bytes the readahead threads read (in `bytes_read` too).
+    pub readahead_bytes: u64,
 }
 
 /// See the module documentation.
 pub struct DataStore {
     pub(crate) dev: Arc<dyn BlockDev>,
     pub(crate) blocks: BlockAllocator,
-    pub(crate) cache: DataCache,
+    pub(crate) cache: Arc<DataCache>,
+    /// Reads ahead of sequential readers (None: no cache to read into).
+    readahead: Option<Readahead>,
     pub(crate) flusher: GroupFlush,
     pub(crate) policy: Placement,
+    /// Aligned buffers for reads that bypass the cache.
+    bounce: BouncePool,
     /// Device blocks the pool uses (label and save area included).
     pub(crate) dev_blocks: u64,
     /// Device blocks held in inodes' DRAM reservations (free for statfs).
     reserved: AtomicI64,
     bytes_written: AtomicU64,
-    bytes_read: AtomicU64,
+    bytes_read: Arc<AtomicU64>,
 }
 
 impl DataStore {
@@ -100,16 +123,36 @@ impl DataStore {
         policy: Placement,
         cache_bytes: u64,
     ) -> DataStore {
+        Self::with_readahead(dev, blocks, dev_blocks, policy, cache_bytes, ReadaheadMode::default())
+    }
+
+    /// `new`, reading ahead as `readahead` says.
+    pub fn with_readahead(
+        dev: Arc<dyn BlockDev>,
+        blocks: BlockAllocator,
+        dev_blocks: u64,
+        policy: Placement,
+        cache_bytes: u64,
+        readahead: ReadaheadMode,
+    ) -> DataStore {
+        let cache = Arc::new(DataCache::new(cache_bytes));
+        let bytes_read = Arc::new(AtomicU64::new(0));
+        let readahead = match readahead {
+            ReadaheadMode::Off => None,
+            mode => Readahead::new(dev.clone(), cache.clone(), dev_blocks, bytes_read.clone(), mode),
+        };
         DataStore {
             dev,
             blocks,
-            cache: DataCache::new(cache_bytes),
+            cache,
+            readahead,
             flusher: GroupFlush::default(),
             policy,
+            bounce: BouncePool::new(BOUNCE_BUFFERS, READ_RUN_MAX as usize),
             dev_blocks,
             reserved: AtomicI64::new(0),
             bytes_written: AtomicU64::new(0),
-            bytes_read: AtomicU64::new(0),
+            bytes_read,
         }
     }
 
@@ -140,6 +183,7 @@ impl DataStore {
             cache_hits: self.cache.hits.load(Ordering::Relaxed),
             cache_misses: self.cache.misses.load(Ordering::Relaxed),
             cache_bytes: self.cache.capacity_bytes(),
+            readahead_bytes: self.readahead.as_ref().map_or(0, |r| r.ahead_bytes()),
         }
     }
 
@@ -173,48 +217,111 @@ impl DataStore {
         self.flusher.flush(|| self.dev.flush())
     }
 
+    /// Drop `ranges` (start, len; PM blocks among them are ignored) from
+    /// the DRAM cache: another process may have written them (see
+    /// `cache.rs`).
+    pub fn forget(&self, ranges: &[(u64, u64)]) {
+        let dev: Vec<(u64, u64)> = ranges
+            .iter()
+            .copied()
+            .filter(|&(start, _)| Side::of(start) == Side::Dev)
+            .collect();
+        self.cache.forget(&dev);
+    }
+
     /// Read the bytes at byte address `at` (a device block number times
-    /// `BLOCK_SIZE`, plus an offset) into `buf`: from the cache, or from
-    /// the device in runs, reading ahead when the reader is sequential.
+    /// `BLOCK_SIZE`, plus an offset) into `buf`: from the cache, waiting
+    /// for a device read already loading a block, or from the device in
+    /// runs; a sequential reader's next blocks are read ahead meanwhile
+    /// (`readahead.rs`).
     pub fn read(&self, at: u64, buf: &mut [u8]) -> io::Result<()> {
-        let end_block = DEV_BLOCK_BASE + self.dev_blocks;
+        if self.cache.capacity_bytes() == 0 {
+            return self.read_uncached(at, buf);
+        }
+        let want_end = (at + buf.len() as u64).div_ceil(BLOCK_SIZE);
+        if let Some(ra) = &self.readahead {
+            ra.note(at / BLOCK_SIZE, want_end);
+        }
         let mut done = 0usize;
         while done < buf.len() {
             let pos = at + done as u64;
             let block = pos / BLOCK_SIZE;
             let off = (pos % BLOCK_SIZE) as usize;
             let n = (BLOCK_SIZE as usize - off).min(buf.len() - done);
-            if self.cache.get(block, off, &mut buf[done..done + n]) {
+            let part = &mut buf[done..done + n];
+            if self.cache.get(block, off, part)
+                || (self.cache.wait_load(block, LOAD_WAIT) && self.cache.get(block, off, part))
+            {
                 done += n;
                 continue;
             }
-            // Miss: read from here to the end of the request in one run,
-            // and further when the block before was read (sequential).
-            let want_end = (at + buf.len() as u64).div_ceil(BLOCK_SIZE);
-            let ahead = if self.cache.contains(block - 1) {
-                READAHEAD_BLOCKS
-            } else {
-                0
-            };
-            let run = (want_end - block + ahead)
-                .min(READ_RUN_MAX)
-                .min(end_block.saturating_sub(block))
-                .max(1);
-            let stamps: Vec<u64> = (0..run).map(|i| self.cache.stamp(block + i)).collect();
-            let mut pages = dev::pages(run as usize);
-            self.dev.read_at(Self::dev_offset(block), &mut pages)?;
-            self.bytes_read
-                .fetch_add(run * BLOCK_SIZE, Ordering::Relaxed);
-            for (i, p) in pages.iter().enumerate() {
-                self.cache.fill(block + i as u64, p, stamps[i]);
-            }
-            // The request's part of the run.
-            let bytes = dev::as_bytes(&pages);
-            let take = (bytes.len() - off).min(buf.len() - done);
-            buf[done..done + take].copy_from_slice(&bytes[off..off + take]);
-            done += take;
+            done += self.read_run(block, off, want_end, &mut buf[done..])?;
         }
         Ok(())
+    }
+
+    /// A miss at `block`: one device read from it towards `want_end` (the
+    /// blocks no other read is loading), kept in the cache; the request's
+    /// part (from byte `off` of `block`) is copied to `out`. Returns the
+    /// bytes copied.
+    fn read_run(&self, block: u64, off: usize, want_end: u64, out: &mut [u8]) -> io::Result<usize> {
+        let end_block = DEV_BLOCK_BASE + self.dev_blocks;
+        let max = (want_end - block)
+            .min(READ_RUN_MAX)
+            .min(end_block.saturating_sub(block))
+            .max(1) as usize;
+        let mut stamps = [0u64; READ_RUN_MAX as usize];
+        self.bounce.with(|bounce| {
+            let claimed = self.cache.begin_load(block, &mut stamps[..max]);
+            // 0: cached or claimed since we looked; read it alone, uncached.
+            let run = claimed.max(1);
+            let pages = &mut bounce[..run];
+            let read = self.dev.read_at(Self::dev_offset(block), pages);
+            if claimed > 0 {
+                self.cache
+                    .end_load(block, read.as_ref().ok().map(|_| &*pages), &stamps[..claimed]);
+            }
+            read?;
+            self.bytes_read
+                .fetch_add(run as u64 * BLOCK_SIZE, Ordering::Relaxed);
+            let bytes = dev::as_bytes(pages);
+            let take = (bytes.len() - off).min(out.len());
+            out[..take].copy_from_slice(&bytes[off..off + take]);
+            Ok(take)
+        })
+    }
+
+    /// `read` with no cache: straight into `buf` when it is whole aligned
+    /// pages, else through a bounce buffer, in runs of at most its size.
+    fn read_uncached(&self, at: u64, buf: &mut [u8]) -> io::Result<()> {
+        if at.is_multiple_of(BLOCK_SIZE) {
+            if let Some(pages) = dev::as_pages_mut(buf) {
+                self.dev.read_at(Self::dev_offset(at / BLOCK_SIZE), pages)?;
+                self.bytes_read
+                    .fetch_add(buf.len() as u64, Ordering::Relaxed);
+                return Ok(());
+            }
+        }
+        self.bounce.with(|bounce| {
+            let mut done = 0usize;
+            while done < buf.len() {
+                let pos = at + done as u64;
+                let block = pos / BLOCK_SIZE;
+                let off = (pos % BLOCK_SIZE) as usize;
+                let run = (off + buf.len() - done)
+                    .div_ceil(BLOCK_SIZE as usize)
+                    .min(bounce.len());
+                let pages = &mut bounce[..run];
+                self.dev.read_at(Self::dev_offset(block), pages)?;
+                self.bytes_read
+                    .fetch_add(run as u64 * BLOCK_SIZE, Ordering::Relaxed);
+                let bytes = dev::as_bytes(pages);
+                let take = (bytes.len() - off).min(buf.len() - done);
+                buf[done..done + take].copy_from_slice(&bytes[off..off + take]);
+                done += take;
+            }
+            Ok(())
+        })
     }
 
     /// One whole block's current contents.
@@ -277,31 +384,46 @@ mod tests {
     }
 
     #[test]
-    fn a_sequential_reader_reads_ahead_a_first_read_does_not() {
-        let s = store(1 << 20);
-        let first = DEV_BLOCK_BASE + dev_first_data_block(128);
-        let pages = dev::pages(100);
-        s.write(first, &pages).unwrap();
-        // Written blocks are cached: start from a cold cache.
-        let s = DataStore::new(
-            s.dev.clone(),
-            BlockAllocator::new_all_used(2, first, DEV_BLOCK_BASE + 128),
-            128,
-            s.policy,
-            1 << 20,
-        );
-        let mut buf = vec![0u8; BLOCK_SIZE as usize];
-        s.read(first * BLOCK_SIZE, &mut buf).unwrap();
-        assert_eq!(s.stats().bytes_read, BLOCK_SIZE, "a first read: no readahead");
-        s.read((first + 1) * BLOCK_SIZE, &mut buf).unwrap();
-        let ahead = s.stats().bytes_read;
-        assert_eq!(ahead, (1 + 1 + READAHEAD_BLOCKS) * BLOCK_SIZE, "sequential: read ahead");
-        // The next blocks come from the cache.
-        for b in 2..=READAHEAD_BLOCKS {
-            s.read((first + b) * BLOCK_SIZE, &mut buf).unwrap();
+    fn a_sequential_reader_is_read_ahead_a_random_one_is_not() {
+        let blocks = 4096;
+        let dev = Arc::new(MemDev::new(blocks * BLOCK_SIZE));
+        let first = DEV_BLOCK_BASE + dev_first_data_block(blocks);
+        let policy = Placement {
+            threshold_bytes: 8192,
+            unit_blocks: 4,
+        };
+        let all_used = || BlockAllocator::new_all_used(2, first, DEV_BLOCK_BASE + blocks);
+        // Written through one store; read through another with a cold
+        // cache (16 MiB: a 4 MiB window).
+        let w = DataStore::new(dev.clone(), all_used(), blocks, policy, 0);
+        let mut pages = dev::pages(2048);
+        for (i, p) in pages.iter_mut().enumerate() {
+            p.0.fill(i as u8);
         }
-        assert_eq!(s.stats().bytes_read, ahead);
-        assert!(s.stats().cache_hits >= READAHEAD_BLOCKS - 1);
+        w.write(first, &pages).unwrap();
+        let s = DataStore::new(dev.clone(), all_used(), blocks, policy, 16 << 20);
+        let mut buf = vec![0u8; 32 * BLOCK_SIZE as usize];
+        for i in 0..40u64 {
+            s.read((first + i * 32) * BLOCK_SIZE, &mut buf).unwrap();
+            assert!(buf.chunks(4096).enumerate().all(|(k, p)| p.iter().all(|&b| b == (i * 32 + k as u64) as u8)));
+        }
+        let st = s.stats();
+        assert!(st.readahead_bytes > 0, "{st:?}");
+        assert!(st.cache_hits > 0, "{st:?}");
+        // Random reads on a fresh store: no readahead.
+        let r = DataStore::new(dev, all_used(), blocks, policy, 16 << 20);
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..40u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let page = x % 2000;
+            r.read((first + page) * BLOCK_SIZE, &mut buf[..4096]).unwrap();
+            assert!(buf[..4096].iter().all(|&b| b == page as u8));
+        }
+        assert_eq!(r.stats().readahead_bytes, 0);
+        // Each miss read its own block only (a page drawn twice hits).
+        assert!(r.stats().bytes_read <= 40 * BLOCK_SIZE, "{:?}", r.stats());
     }
 
     #[test]

@@ -22,10 +22,23 @@
 //! operation in flight (strict: exactly; sync: an overwrite in flight may
 //! mix old and new bytes, the size is one or the other); the other file is
 //! untouched; after a clean unmount fsck reports nothing at all.
+//!
+//! On a hybrid pool ([`explore_leases_hybrid`]) the simulated data device
+//! is shared the same way (its writes are lost or kept line by line until
+//! a device flush), the client gets device blocks in its reservation too,
+//! and the placement threshold (4 KiB) sends most of the operations' data
+//! to the device: the client writes device blocks, flushes the device,
+//! then commits, as the engine does. The owner's DRAM cache of device
+//! blocks is on: after each recall the owner reads what the client wrote
+//! (in place, in sync mode), not what it had cached.
 
+use std::sync::Arc;
+
+use crate::blockdev::BlockDev;
+use crate::crashtest::workload::{DEV_BYTES, HYBRID_THRESHOLD, HYBRID_UNIT_BLOCKS};
 use crate::fs::Fs;
 use crate::pmem::{Pmem, SimPool};
-use crate::types::{FormatOptions, Mode, MountOptions, SetAttr};
+use crate::types::{DataDevice, FormatOptions, Mode, MountOptions, SetAttr};
 
 /// What one exploration found.
 #[derive(Debug, Default)]
@@ -67,6 +80,11 @@ const OPS: &[Op] = &[
     Op::Write(0, 12_000, 7),
     Op::Write(4096, 8192, 10),
     Op::Write(0, 16_384, 11),
+    // Small overwrites after large ones: on a hybrid pool they are placed
+    // on PM and take blocks the earlier overwrites displaced (recycled:
+    // only PM ones may be).
+    Op::Write(50, 1000, 12),
+    Op::Write(3000, 1000, 13),
 ];
 
 /// One traced operation: the fences it issued and the file before and
@@ -81,28 +99,72 @@ struct Traced {
 /// Explore the client sequence in strict and sync modes, checking at most
 /// `max_images` images per crash point (sampled from `seed` beyond that).
 pub fn explore_leases(max_images: usize, seed: u64) -> LeaseReport {
+    explore(false, max_images, seed)
+}
+
+/// [`explore_leases`] on a hybrid pool (see the module comment).
+pub fn explore_leases_hybrid(max_images: usize, seed: u64) -> LeaseReport {
+    explore(true, max_images, seed)
+}
+
+fn explore(hybrid: bool, max_images: usize, seed: u64) -> LeaseReport {
     let mut report = LeaseReport::default();
     for mode in [Mode::Strict, Mode::Sync] {
-        if let Err(e) = explore_mode(mode, max_images, seed, &mut report) {
+        if let Err(e) = explore_mode(mode, hybrid, max_images, seed, &mut report) {
             report.violations.push(format!("{mode:?}: {e}"));
         }
     }
     report
 }
 
+/// A fresh simulated pool, hybrid (with a data device behind it) or not.
+fn new_pool(hybrid: bool) -> Result<SimPool, String> {
+    let e = |err: crate::Error| format!("format: {err}");
+    if !hybrid {
+        let pool = SimPool::new(POOL_BYTES);
+        Fs::format(&pool, &FormatOptions::default()).map_err(e)?;
+        return Ok(pool);
+    }
+    let pool = SimPool::with_device(vec![0; POOL_BYTES as usize], &vec![0; DEV_BYTES as usize]);
+    let dev = pool.device().ok_or("no simulated device")?;
+    Fs::format_hybrid(
+        &pool,
+        &FormatOptions::default(),
+        &crate::blockdev::HybridFormat {
+            device: &*dev,
+            path: std::path::Path::new("/nonexistent/inkfs-crashtest-device"),
+            blocks: None,
+            threshold_bytes: HYBRID_THRESHOLD,
+            unit_blocks: HYBRID_UNIT_BLOCKS,
+        },
+    )
+    .map_err(e)?;
+    Ok(pool)
+}
+
+/// Mount options in `mode`, naming the pool's simulated device if any.
+fn mount_options(pool: &SimPool, mode: Mode) -> MountOptions {
+    MountOptions {
+        mode,
+        data: device_of(pool).map(DataDevice::Open),
+        ..Default::default()
+    }
+}
+
+fn device_of(pool: &SimPool) -> Option<Arc<dyn BlockDev>> {
+    pool.device().map(|d| d as Arc<dyn BlockDev>)
+}
+
 fn explore_mode(
     mode: Mode,
+    hybrid: bool,
     max_images: usize,
     seed: u64,
     report: &mut LeaseReport,
 ) -> Result<(), String> {
     let e = |what: &'static str| move |err: crate::Error| format!("{what}: {err}");
-    let pool = SimPool::new(POOL_BYTES);
-    Fs::format(&pool, &FormatOptions::default()).map_err(e("format"))?;
-    let opts = MountOptions {
-        mode,
-        ..Default::default()
-    };
+    let pool = new_pool(hybrid)?;
+    let opts = mount_options(&pool, mode);
     let client_view = pool.share();
     let owner = Fs::mount(pool, opts).map_err(e("mount"))?;
     let (fa, ofh) = owner
@@ -114,7 +176,10 @@ fn explore_mode(
         .map_err(e("create g"))?;
     owner.write(&gfh, 0, &[8u8; 8192]).map_err(e("write g"))?;
     owner.release(gfh);
-    let client = Fs::attach_client(client_view, mode).map_err(e("attach"))?;
+    // The client's own handle on the device, as the server hands its
+    // descriptor over.
+    let client_dev = device_of(&client_view).map(|d| (d, HYBRID_THRESHOLD as u64));
+    let client = Fs::attach_client_with(client_view, mode, client_dev).map_err(e("attach"))?;
     let epochs = crate::epoch::EpochTable::new_shared();
     let slot = epochs.claim_index().ok_or("no epoch slot")?;
     client.client_use_epochs(epochs, slot);
@@ -176,6 +241,9 @@ fn explore_mode(
         });
     }
     let trace = owner.pmem().stop_trace();
+    if hybrid && client.data_stats().is_none_or(|d| d.bytes_written == 0) {
+        return Err("the client wrote nothing to the data device".into());
+    }
     if mode == Mode::Strict && client.client_recycled_reused() == 0 {
         return Err("no overwrite reused a recycled block".into());
     }
@@ -203,7 +271,7 @@ fn explore_mode(
             report.points += 1;
             for img in trace.crash_images(point, max_images, seed) {
                 report.states += 1;
-                if let Err(why) = check_image(img.image, mode, fa.ino, ga.ino, t) {
+                if let Err(why) = check_image(img.image, hybrid, mode, fa.ino, ga.ino, t) {
                     report
                         .violations
                         .push(format!("{mode:?} {:?} {}: {why}", t.op, img.description));
@@ -223,10 +291,14 @@ fn write_model(model: &mut Vec<u8>, off: u64, len: usize, b: u8) {
 }
 
 /// The grant's DRAM side: the blocks the inode refers to (the mount keeps
-/// them to settle the lease) and a reservation for the client.
+/// them to settle the lease) and a reservation for the client (device
+/// blocks too, on a hybrid pool).
 fn grant(owner: &Fs<SimPool>, client: &Fs<SimPool>, ino: u64) -> Result<Vec<(u64, u64)>, String> {
     let before = owner.lease_refs(ino).map_err(|e| format!("grant: {e}"))?;
-    let blocks = owner.reserve_blocks(RESERVE, 64);
+    let mut blocks = owner.reserve_blocks(RESERVE, 64);
+    if owner.data_stats().is_some() {
+        blocks.extend(owner.reserve_dev_blocks(RESERVE / 2, 64));
+    }
     client
         .add_reservation(&blocks)
         .map_err(|e| format!("reservation: {e}"))?;
@@ -267,13 +339,21 @@ fn read_all<P: Pmem>(fs: &Fs<P>, ino: u64) -> Result<Vec<u8>, String> {
 
 /// One crash image: fsck, recovery, the file one of the allowed states, a
 /// clean unmount that fsck finds perfect.
-fn check_image(image: Vec<u8>, mode: Mode, f: u64, g: u64, t: &Traced) -> Result<(), String> {
-    let pm = SimPool::from_image(image);
-    fsck(&pm, false)?;
-    let opts = MountOptions {
-        mode,
-        ..Default::default()
+fn check_image(
+    image: Vec<u8>,
+    hybrid: bool,
+    mode: Mode,
+    f: u64,
+    g: u64,
+    t: &Traced,
+) -> Result<(), String> {
+    let pm = if hybrid {
+        SimPool::from_combined(image, POOL_BYTES)
+    } else {
+        SimPool::from_image(image)
     };
+    fsck(&pm, false)?;
+    let opts = mount_options(&pm, mode);
     let fs = Fs::mount(pm, opts).map_err(|e| format!("recovery: {e}"))?;
     let got = read_all(&fs, f)?;
     let ok = got == t.before
@@ -311,7 +391,11 @@ fn mixed(got: &[u8], t: &Traced) -> bool {
 }
 
 fn fsck(pm: &SimPool, no_notes: bool) -> Result<(), String> {
-    let r = crate::fsck::check(pm, &Default::default()).map_err(|e| format!("fsck: {e}"))?;
+    let opts = crate::fsck::FsckOptions {
+        data: device_of(pm).map(DataDevice::Open),
+        ..Default::default()
+    };
+    let r = crate::fsck::check(pm, &opts).map_err(|e| format!("fsck: {e}"))?;
     let bad: Vec<String> = r
         .problems
         .iter()
@@ -330,5 +414,57 @@ fn fsck(pm: &SimPool, no_notes: bool) -> Result<(), String> {
             },
             bad.join("; ")
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hybrid client's overwrites displace device blocks; a later small
+    /// overwrite (placed on PM) takes a recycled block: never a device one
+    /// (kept with the PM ones before and taken first, being the oldest, a
+    /// 300-byte overwrite was written to the device with a device flush).
+    #[test]
+    fn a_small_overwrite_never_takes_a_recycled_device_block() {
+        let pool = new_pool(true).unwrap();
+        let client_view = pool.share();
+        let owner = Fs::mount(pool, mount_options(&client_view, Mode::Strict)).unwrap();
+        let (a, ofh) = owner.create(ROOT, b"f", 0o644, 0, 0).unwrap();
+        owner.release(ofh);
+        let client_dev = device_of(&client_view).map(|d| (d, HYBRID_THRESHOLD as u64));
+        let client = Fs::attach_client_with(client_view, Mode::Strict, client_dev).unwrap();
+        let epochs = crate::epoch::EpochTable::new_shared();
+        let slot = epochs.claim_index().unwrap();
+        client.client_use_epochs(epochs, slot);
+        client.client_recycle_batch(1);
+        let fh = client.open(a.ino).unwrap();
+        let lease = grant(&owner, &client, a.ino).unwrap();
+        let mut model = vec![0u8; 16384];
+        let mut write = |off: usize, len: usize, b: u8| {
+            let _w = client.client_writes();
+            client.write(&fh, off as u64, &vec![b; len]).unwrap();
+            model[off..off + len].fill(b);
+        };
+        // Device pages, overwritten whole twice: device blocks displaced
+        // first, so they head the recycled list.
+        write(0, 16384, 1);
+        write(0, 16384, 2);
+        write(0, 16384, 3);
+        // Small overwrites: PM blocks, recycled or new.
+        for (i, off) in [100usize, 5000, 9000, 13000, 200, 5100]
+            .into_iter()
+            .enumerate()
+        {
+            write(off, 300, 10 + i as u8);
+        }
+        assert_eq!(read_all(&client, a.ino).unwrap(), model);
+        // Every page was last written by a small overwrite: on PM.
+        let extents = client.fiemap(a.ino, 0, 1 << 20).unwrap();
+        assert!(extents.iter().all(|e| !e.flags.device), "{extents:?}");
+        assert!(client.client_recycled_reused() > 0);
+        client.release(fh);
+        recall(&owner, &client, a.ino, lease).unwrap();
+        assert_eq!(read_all(&owner, a.ino).unwrap(), model);
     }
 }

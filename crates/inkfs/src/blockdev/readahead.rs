@@ -1,0 +1,545 @@
+//! Readahead for sequential readers of the data device: reads that run
+//! ahead of the reader, on threads of their own, into the DRAM cache.
+//!
+//! A reader's miss is one synchronous device read (the disk's latency, a
+//! few hundred microseconds); issued one at a time by the reading thread,
+//! misses keep the device at a queue depth of one and the reader waits for
+//! every one. Here a sequential reader is recognised by where its requests
+//! fall on the device (a small table of streams: a request that starts
+//! where a stream's last one ended, give or take a few requests that the
+//! kernel sent out of order, continues it), and once a stream has read
+//! past half of what was read ahead for it, the next window is queued in
+//! chunks read into the cache with several reads in flight: by
+//! [`WORKERS`] threads, one read each (`data_readahead=threads`, the
+//! default), or by one thread keeping up to [`URING_DEPTH`] reads in
+//! flight through io_uring (`data_readahead=uring`; threads where io_uring
+//! or the device's descriptor is not available). The reader finds its blocks there, or
+//! waits for the read already in flight (`DataCache::wait_load`) instead of
+//! issuing its own.
+//!
+//! Bounded by the cache: the window is at most a quarter of it (blocks
+//! read ahead must survive until the reader gets to them), and no readahead
+//! runs without a cache. The queue is bounded too: readahead is advice, a
+//! full queue drops it. The threads start at the first readahead and stop
+//! when the engine goes.
+//!
+//! Device order is file order for a file written sequentially (its device
+//! blocks come in extents of the pool's unit); for a fragmented file the
+//! stream is broken at each jump and reading ahead past an extent may read
+//! blocks of other files: wasted bandwidth, never wrong data (the cache's
+//! stamps keep a fill that raced a write out).
+
+use std::collections::VecDeque;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+
+use super::cache::DataCache;
+use super::dev::{self, BlockDev, Page};
+use crate::format::{BLOCK_SIZE, DEV_BLOCK_BASE};
+use crate::types::ReadaheadMode;
+
+/// Threads reading ahead (the device's queue depth from readahead): in an
+/// interactive comparison on this project's VM, four read a cold file at
+/// about 1.0-1.2 GB/s where two read 0.5-0.7 (bench/results-notes/
+/// hybrid.md, "Choosing the thread count"; noisy, not a bench run).
+pub const WORKERS: usize = 4;
+/// Reads the io_uring thread keeps in flight.
+pub const URING_DEPTH: usize = 4;
+/// Blocks one readahead read covers (512 KiB).
+pub const CHUNK_BLOCKS: u64 = 128;
+/// Largest window read ahead of a stream, in blocks (8 MiB), before the
+/// cache's bound.
+pub const WINDOW_MAX_BLOCKS: u64 = 2048;
+/// Streams followed at once.
+const STREAMS: usize = 8;
+/// Blocks a request may start before or past where its stream is, and
+/// still continue it (the kernel's readahead sends requests from several
+/// threads, a little out of order: a FUSE read of 128 KiB).
+const SLACK_BLOCKS: u64 = 32;
+/// Requests that continue a stream before it is read ahead (random reads
+/// that happen to fall near each other rarely make four in a row).
+const HITS_BEFORE_READAHEAD: u32 = 3;
+/// Chunks waiting at most; more readahead is dropped.
+const QUEUE_MAX: usize = 64;
+
+#[derive(Clone, Copy, Default)]
+struct Stream {
+    /// Where the stream's requests have got to (the block after the
+    /// furthest one).
+    next: u64,
+    /// Where readahead for it has been queued up to.
+    ahead: u64,
+    /// Last use, for replacement.
+    used: u64,
+    /// Requests that continued it.
+    hits: u32,
+    /// Blocks it reads ahead: four requests' worth at first, doubled at
+    /// each readahead up to the window (a stream taken for sequential by
+    /// mistake costs little).
+    window: u64,
+}
+
+/// What the worker threads share.
+struct Shared {
+    dev: Arc<dyn BlockDev>,
+    cache: Arc<DataCache>,
+    /// The device's first block past the pool's.
+    end_block: u64,
+    queue: Mutex<VecDeque<(u64, u64)>>,
+    queued: Condvar,
+    stop: AtomicBool,
+    /// Bytes read by readahead, and by every device read of the store.
+    ahead_bytes: AtomicU64,
+    bytes_read: Arc<AtomicU64>,
+    /// The io_uring thread runs (`data_readahead=uring` got its ring).
+    uring: AtomicBool,
+}
+
+/// See the module documentation.
+pub struct Readahead {
+    shared: Arc<Shared>,
+    streams: Mutex<([Stream; STREAMS], u64)>,
+    window_blocks: u64,
+    mode: ReadaheadMode,
+    workers: OnceLock<Vec<std::thread::JoinHandle<()>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Readahead {
+    /// Readahead into `cache` from `dev` (whose pool uses `dev_blocks`
+    /// blocks); `bytes_read` counts every device read. None without a
+    /// cache to read into.
+    pub fn new(
+        dev: Arc<dyn BlockDev>,
+        cache: Arc<DataCache>,
+        dev_blocks: u64,
+        bytes_read: Arc<AtomicU64>,
+        mode: ReadaheadMode,
+    ) -> Option<Readahead> {
+        let window_blocks = (cache.capacity_bytes() / BLOCK_SIZE / 4).min(WINDOW_MAX_BLOCKS);
+        if window_blocks < CHUNK_BLOCKS {
+            return None;
+        }
+        Some(Readahead {
+            shared: Arc::new(Shared {
+                dev,
+                cache,
+                end_block: DEV_BLOCK_BASE + dev_blocks,
+                queue: Mutex::new(VecDeque::new()),
+                queued: Condvar::new(),
+                stop: AtomicBool::new(false),
+                ahead_bytes: AtomicU64::new(0),
+                bytes_read,
+                uring: AtomicBool::new(false),
+            }),
+            streams: Mutex::new(([Stream::default(); STREAMS], 0)),
+            window_blocks,
+            mode,
+            workers: OnceLock::new(),
+        })
+    }
+
+    /// Bytes read ahead so far.
+    pub fn ahead_bytes(&self) -> u64 {
+        self.shared.ahead_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Whether reads ahead go through io_uring (once started).
+    pub fn uses_uring(&self) -> bool {
+        self.shared.uring.load(Ordering::Relaxed)
+    }
+
+    /// A reader asks for blocks `[start, end)`: follow its stream, and
+    /// queue the next window once it has read past half of the last one.
+    pub fn note(&self, start: u64, end: u64) {
+        let Some((from, to)) = self.advance(start, end) else {
+            return;
+        };
+        let to = to.min(self.shared.end_block);
+        if from >= to {
+            return;
+        }
+        self.start_workers();
+        let mut q = lock(&self.shared.queue);
+        let mut at = from;
+        while at < to && q.len() < QUEUE_MAX {
+            let n = (to - at).min(CHUNK_BLOCKS);
+            q.push_back((at, n));
+            at += n;
+        }
+        drop(q);
+        self.shared.queued.notify_all();
+    }
+
+    /// The stream table's part of `note`: the range to read ahead, if any.
+    fn advance(&self, start: u64, end: u64) -> Option<(u64, u64)> {
+        // Advice only: a reader never waits for the table (a reader
+        // running at the same moment holds it for a few loads). Its
+        // stream still moves on at its next request.
+        let mut guard = match self.streams.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        let (streams, clock) = &mut *guard;
+        *clock += 1;
+        let found = streams
+            .iter_mut()
+            .find(|s| s.next != 0 && start + SLACK_BLOCKS >= s.next && start <= s.next + SLACK_BLOCKS);
+        let Some(s) = found else {
+            // A new stream (or a random read): nothing ahead yet; its next
+            // request, if it continues this one, starts the readahead.
+            let victim = streams
+                .iter_mut()
+                .min_by_key(|s| s.used)
+                .expect("a table of streams");
+            *victim = Stream {
+                next: end,
+                ahead: end,
+                used: *clock,
+                hits: 0,
+                window: 0,
+            };
+            return None;
+        };
+        s.used = *clock;
+        s.hits = s.hits.saturating_add(1);
+        s.next = s.next.max(end);
+        s.ahead = s.ahead.max(s.next);
+        if s.hits < HITS_BEFORE_READAHEAD || (s.window > 0 && s.ahead - s.next >= s.window / 2) {
+            return None;
+        }
+        s.window = if s.window == 0 {
+            (4 * (end - start)).clamp(CHUNK_BLOCKS, self.window_blocks)
+        } else {
+            (s.window * 2).min(self.window_blocks)
+        };
+        let from = s.ahead;
+        s.ahead = s.next + s.window;
+        Some((from, s.ahead))
+    }
+
+    fn start_workers(&self) {
+        self.workers.get_or_init(|| {
+            let threads = match self.mode {
+                ReadaheadMode::Uring => 1,
+                _ => WORKERS,
+            };
+            let uring = self.mode == ReadaheadMode::Uring;
+            (0..threads)
+                .filter_map(|i| {
+                    let shared = self.shared.clone();
+                    std::thread::Builder::new()
+                        .name(format!("inkfs-ra{i}"))
+                        .spawn(move || {
+                            if !uring || !work_uring(&shared) {
+                                work(&shared)
+                            }
+                        })
+                        .ok()
+                })
+                .collect()
+        });
+    }
+}
+
+impl Drop for Readahead {
+    fn drop(&mut self) {
+        {
+            // Under the queue's lock: a worker between its look at `stop`
+            // and its wait would otherwise miss the wake-up and never
+            // return (a crash-exploration run hung in this join).
+            let _queue = lock(&self.shared.queue);
+            self.shared.stop.store(true, Ordering::SeqCst);
+        }
+        self.shared.queued.notify_all();
+        if let Some(workers) = self.workers.take() {
+            for w in workers {
+                let _ = w.join();
+            }
+        }
+    }
+}
+
+/// The next job, waiting for one (None: stop). With `busy`, does not
+/// wait: None when the queue is empty.
+fn next_job(shared: &Shared, busy: bool) -> Option<(u64, u64)> {
+    let mut q = lock(&shared.queue);
+    loop {
+        if shared.stop.load(Ordering::SeqCst) {
+            return None;
+        }
+        if let Some(job) = q.pop_front() {
+            return Some(job);
+        }
+        if busy {
+            return None;
+        }
+        q = shared
+            .queued
+            .wait(q)
+            .unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+/// The next run of blocks of job `[*at, end)` to read: claimed in the
+/// cache (`stamps` filled), as (start, count); None when the job is done.
+/// Blocks cached or being read by another read are skipped.
+fn claim_run(shared: &Shared, at: &mut u64, end: u64, stamps: &mut [u64]) -> Option<(u64, usize)> {
+    while *at < end {
+        let b = *at;
+        let claimed = shared
+            .cache
+            .begin_load(b, &mut stamps[..(end - b) as usize]);
+        if claimed == 0 {
+            *at += 1;
+            continue;
+        }
+        *at += claimed as u64;
+        return Some((b, claimed));
+    }
+    None
+}
+
+/// A run read (or not): into the cache, counted.
+fn finish(shared: &Shared, start: u64, pages: Option<&[Page]>, stamps: &[u64]) {
+    shared.cache.end_load(start, pages, stamps);
+    if pages.is_some() {
+        let bytes = stamps.len() as u64 * BLOCK_SIZE;
+        shared.ahead_bytes.fetch_add(bytes, Ordering::Relaxed);
+        shared.bytes_read.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+/// A worker thread: read each queued chunk's blocks that are neither
+/// cached nor being read, into the cache, one read at a time.
+fn work(shared: &Shared) {
+    // One buffer per worker, for its life.
+    let mut buf = dev::pages(CHUNK_BLOCKS as usize);
+    let mut stamps = [0u64; CHUNK_BLOCKS as usize];
+    while let Some((start, n)) = next_job(shared, false) {
+        let mut at = start;
+        while let Some((b, claimed)) = claim_run(shared, &mut at, start + n, &mut stamps) {
+            let pages = &mut buf[..claimed];
+            let read = shared
+                .dev
+                .read_at((b - DEV_BLOCK_BASE) * BLOCK_SIZE, pages);
+            finish(shared, b, read.is_ok().then_some(&*pages), &stamps[..claimed]);
+        }
+    }
+}
+
+/// One read in flight through io_uring: its run and its buffer.
+struct InFlight {
+    start: u64,
+    stamps: [u64; CHUNK_BLOCKS as usize],
+    claimed: usize,
+}
+
+/// The io_uring worker: one thread keeping up to [`URING_DEPTH`] reads in
+/// flight. False (nothing done) if io_uring or the device's descriptor is
+/// not available; the caller then runs `work`.
+fn work_uring(shared: &Shared) -> bool {
+    use io_uring::{opcode, types, IoUring};
+    let Some(fd) = shared.dev.shared_fd().map(|f| f.as_raw_fd()) else {
+        return false;
+    };
+    let Ok(mut ring) = IoUring::new(URING_DEPTH as u32) else {
+        return false;
+    };
+    shared.uring.store(true, Ordering::Relaxed);
+    // One buffer per slot, for the thread's life; a slot's buffer is not
+    // touched while its read is in flight, and the thread does not return
+    // before every read has completed.
+    let mut bufs: Vec<Vec<Page>> = (0..URING_DEPTH)
+        .map(|_| dev::pages(CHUNK_BLOCKS as usize))
+        .collect();
+    let mut slots: Vec<Option<InFlight>> = (0..URING_DEPTH).map(|_| None).collect();
+    let mut job: Option<(u64, u64)> = None;
+    let mut in_flight = 0usize;
+    let mut stopping = false;
+    loop {
+        // Fill the free slots.
+        while !stopping && in_flight < URING_DEPTH {
+            let (at, end) = match job.as_mut() {
+                Some(j) => (&mut j.0, j.1),
+                None => match next_job(shared, in_flight > 0) {
+                    Some((start, n)) => {
+                        job = Some((start, start + n));
+                        continue;
+                    }
+                    None => {
+                        stopping = shared.stop.load(Ordering::SeqCst);
+                        break;
+                    }
+                },
+            };
+            let mut stamps = [0u64; CHUNK_BLOCKS as usize];
+            let Some((start, claimed)) = claim_run(shared, at, end, &mut stamps) else {
+                job = None;
+                continue;
+            };
+            let Some(i) = slots.iter().position(|s| s.is_none()) else {
+                // Cannot happen (in_flight < depth): give the claim back.
+                finish(shared, start, None, &stamps[..claimed]);
+                break;
+            };
+            let len = claimed as u64 * BLOCK_SIZE;
+            let read = opcode::Read::new(types::Fd(fd), bufs[i].as_mut_ptr().cast::<u8>(), len as u32)
+                .offset((start - DEV_BLOCK_BASE) * BLOCK_SIZE)
+                .build()
+                .user_data(i as u64);
+            // SAFETY: the buffer (slot i's, `len` bytes of it) stays alive
+            // and untouched until this read's completion is reaped below
+            // (the loop never ends with reads in flight), and the device's
+            // descriptor stays open while `shared.dev` lives.
+            if unsafe { ring.submission().push(&read) }.is_err() {
+                finish(shared, start, None, &stamps[..claimed]);
+                break;
+            }
+            slots[i] = Some(InFlight {
+                start,
+                stamps,
+                claimed,
+            });
+            in_flight += 1;
+        }
+        if in_flight == 0 {
+            if stopping || shared.stop.load(Ordering::SeqCst) {
+                return true;
+            }
+            continue;
+        }
+        if let Err(e) = ring.submit_and_wait(1) {
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            // The ring broke: wait for nothing more from it; the claims of
+            // reads that may still complete stay until they are reaped
+            // (never, then: the blocks are read by the readers instead).
+            eprintln!("inkfs: readahead: io_uring: {e}");
+            return true;
+        }
+        for c in ring.completion() {
+            let (i, result) = (c.user_data() as usize, c.result());
+            let Some(f) = slots.get_mut(i).and_then(Option::take) else {
+                continue;
+            };
+            in_flight -= 1;
+            let whole = result >= 0 && result as u64 == f.claimed as u64 * BLOCK_SIZE;
+            let pages = &bufs[i][..f.claimed];
+            finish(shared, f.start, whole.then_some(pages), &f.stamps[..f.claimed]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blockdev::MemDev;
+
+    fn readahead(cache_pages: u64) -> (Readahead, Arc<DataCache>) {
+        let dev = Arc::new(MemDev::new(8192 * BLOCK_SIZE));
+        let cache = Arc::new(DataCache::new(cache_pages * BLOCK_SIZE));
+        let ra = Readahead::new(dev, cache.clone(), 8192, Default::default(), ReadaheadMode::Threads)
+            .unwrap();
+        (ra, cache)
+    }
+
+    #[test]
+    fn a_sequential_stream_is_read_ahead_a_random_one_is_not() {
+        let (ra, cache) = readahead(4096);
+        let w = ra.window_blocks;
+        assert_eq!(w, 1024, "a quarter of the cache");
+        let b0 = DEV_BLOCK_BASE + 100;
+        let req = |i: u64| (b0 + 32 * i, b0 + 32 * i + 32);
+        for i in 0..3 {
+            assert_eq!(ra.advance(req(i).0, req(i).1), None, "request {i}");
+        }
+        // The fourth in a row: four requests ahead.
+        assert_eq!(ra.advance(req(3).0, req(3).1), Some((req(4).0, req(4).0 + 128)));
+        // Within the first half of that: nothing more.
+        assert_eq!(ra.advance(req(4).0, req(4).1), None);
+        // Out of order by a request: still the stream.
+        assert_eq!(ra.advance(req(6).0, req(6).1), Some((req(4).0 + 128, req(7).0 + 256)));
+        assert_eq!(ra.advance(req(5).0, req(5).1), None);
+        // The window doubles up to a quarter of the cache.
+        let mut last = 256;
+        for i in 7..200u64 {
+            if let Some((from, to)) = ra.advance(req(i).0, req(i).1) {
+                assert!(to - req(i).1 > last || to - req(i).1 == w, "request {i}: {from}..{to}");
+                last = to - req(i).1;
+            }
+        }
+        assert_eq!(last, w);
+        // Random requests never start one (a fixed sequence over 1 GiB).
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for i in 0..2000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let b = DEV_BLOCK_BASE + x % (1 << 18);
+            assert_eq!(ra.advance(b, b + 32), None, "random {i}");
+        }
+        // The workers fill the cache.
+        let b1 = DEV_BLOCK_BASE + 5000;
+        for i in 0..4 {
+            ra.note(b1 + i * 32, b1 + i * 32 + 32);
+        }
+        let t = std::time::Instant::now();
+        while !cache.contains(b1 + 128 + 127) && t.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(cache.contains(b1 + 128 + 127));
+        assert_eq!(ra.ahead_bytes(), 128 * BLOCK_SIZE);
+    }
+
+    /// Both ways of reading ahead, on a real file (io_uring needs a
+    /// descriptor): the blocks land in the cache with the file's bytes.
+    #[test]
+    fn threads_and_io_uring_read_ahead_the_same_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let blocks = 2048u64;
+        let file = crate::blockdev::FileDev::create(&dir.path().join("d"), blocks * BLOCK_SIZE).unwrap();
+        let mut pages = dev::pages(blocks as usize);
+        for (i, p) in pages.iter_mut().enumerate() {
+            p.0.fill((i % 251) as u8);
+            p.0[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        }
+        file.write_at(0, &pages).unwrap();
+        let dev: Arc<dyn BlockDev> = Arc::new(file);
+        for mode in [ReadaheadMode::Threads, ReadaheadMode::Uring] {
+            let cache = Arc::new(DataCache::new(8 << 20));
+            let ra = Readahead::new(dev.clone(), cache.clone(), blocks, Default::default(), mode).unwrap();
+            let b0 = DEV_BLOCK_BASE;
+            for i in 0..4 {
+                ra.note(b0 + i * 32, b0 + i * 32 + 32);
+            }
+            // Four requests' worth ahead: blocks 128..256.
+            let t = std::time::Instant::now();
+            while ra.ahead_bytes() < 128 * BLOCK_SIZE && t.elapsed() < std::time::Duration::from_secs(10) {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            assert_eq!(ra.ahead_bytes(), 128 * BLOCK_SIZE, "{mode:?}");
+            assert_eq!(ra.uses_uring(), mode == ReadaheadMode::Uring);
+            let mut out = [0u8; BLOCK_SIZE as usize];
+            for b in 128..256u64 {
+                assert!(cache.get(b0 + b, 0, &mut out), "{mode:?}: block {b}");
+                assert_eq!(out[..8], b.to_le_bytes(), "{mode:?}: block {b}");
+                assert!(out[8..].iter().all(|&x| x == (b % 251) as u8));
+            }
+            drop(ra); // the threads stop, with nothing in flight
+        }
+    }
+
+    #[test]
+    fn no_readahead_without_room_in_the_cache() {
+        let dev = Arc::new(MemDev::new(64 * BLOCK_SIZE));
+        let cache = Arc::new(DataCache::new(64 * BLOCK_SIZE));
+        assert!(Readahead::new(dev, cache, 64, Default::default(), ReadaheadMode::Threads).is_none());
+    }
+}
