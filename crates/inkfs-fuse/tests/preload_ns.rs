@@ -441,7 +441,7 @@ fn threads_share_one_client_and_its_rings() {
 const PY_MANY_THREADS: &str = r#"
 import os, sys, threading
 m = sys.argv[1]
-# More threads than the library ever had client cells: each creates,
+# More threads than the eight client cells the library had: each creates,
 # writes, reads back, renames and removes files of its own.
 def work(t):
     d = "%s/d%d" % (m, t)

@@ -169,14 +169,21 @@ impl EpochTable {
         self.global.load(SeqCst)
     }
 
-    /// The oldest epoch any reader is pinned at but the pin of the calling
-    /// thread, or `u64::MAX` when none is: a block tagged below it is out
-    /// of every other reader's reach (a writer excludes its own pin: between
-    /// its calls it holds no pointer, and within one it knows what it
-    /// freed). Other threads of the writer's process count: they may be
-    /// reading the blocks it displaced.
-    pub fn oldest_pinned_but_mine(&self) -> u64 {
-        let mine = CURRENT_PIN.with(|c| c.get());
+    /// The oldest epoch any reader is pinned at but the calling thread's
+    /// pin in slot `own` (the writer's slot), or `u64::MAX` when none is: a
+    /// block tagged below it is out of every other reader's reach (a
+    /// writer excludes its own pin: between its calls it holds no pointer,
+    /// and within one it knows what it freed). Other threads of the
+    /// writer's process count: they may be reading the blocks it
+    /// displaced. So does a pin of this thread in another slot (a reader
+    /// it also is), and, when its pins nest, its own (conservative).
+    pub fn oldest_pinned_but_mine(&self, own: usize) -> u64 {
+        let current = CURRENT_PIN.with(|c| c.get());
+        let in_own = self
+            .pinned
+            .get(own)
+            .is_some_and(|words| words.as_ptr_range().contains(&current));
+        let mine = if in_own { current } else { std::ptr::null() };
         self.pin_words()
             .filter(|p| !std::ptr::eq(*p, mine))
             .map(|p| p.load(SeqCst))

@@ -380,13 +380,13 @@ impl<P: Pmem> Fs<P> {
     pub(crate) fn client_take_recycled(&self, r: &mut Recycled, want: u64) -> Option<(u64, u64)> {
         let side = self.client.as_ref()?;
         if r.wants_scan(side.recycle_batch.load(Ordering::Relaxed)) {
-            let (table, _) = side.epochs.get()?;
+            let (table, own) = side.epochs.get()?;
             // After the frees being checked (their tags were read after a
             // fence too): a reader not seen pinned here pinned later, and
             // sees the commits that displaced them. Other threads of this
             // process count as readers (their pins are other words).
             std::sync::atomic::fence(Ordering::SeqCst);
-            r.promote((**table).as_ref().oldest_pinned_but_mine());
+            r.promote((**table).as_ref().oldest_pinned_but_mine(*own));
         }
         let got = r.take(want)?;
         debug_assert!(got.1 > 0 && got.1 <= want && got.0 >= self.geo.first_data_block);

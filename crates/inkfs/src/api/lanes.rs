@@ -430,7 +430,7 @@ mod tests {
     #[test]
     fn a_threads_pin_is_seen_by_others_and_nests() {
         let (epochs, words) = words();
-        assert_eq!(epochs.oldest_pinned_but_mine(), u64::MAX);
+        assert_eq!(epochs.oldest_pinned_but_mine(words.slot), u64::MAX);
         let outer = words.pin();
         let e = epochs.now();
         {
@@ -439,11 +439,17 @@ mod tests {
         }
         // Not its own pin for the pinning thread; another thread's for
         // every other.
-        assert_eq!(epochs.oldest_pinned_but_mine(), u64::MAX);
-        let seen = std::thread::scope(|s| s.spawn(|| epochs.oldest_pinned_but_mine()).join());
+        assert_eq!(epochs.oldest_pinned_but_mine(words.slot), u64::MAX);
+        // ...but a writer of another slot on this thread sees it (the
+        // pin is a reader's to it).
+        let other = epochs.claim_index().expect("a slot");
+        assert_eq!(epochs.oldest_pinned_but_mine(other), e);
+        let seen =
+            std::thread::scope(|s| s.spawn(|| epochs.oldest_pinned_but_mine(words.slot)).join());
         assert_eq!(seen.expect("thread"), e);
         drop(outer);
-        let seen = std::thread::scope(|s| s.spawn(|| epochs.oldest_pinned_but_mine()).join());
+        let seen =
+            std::thread::scope(|s| s.spawn(|| epochs.oldest_pinned_but_mine(words.slot)).join());
         assert_eq!(seen.expect("thread"), u64::MAX);
         // The thread keeps its word between calls.
         assert_eq!(taken(&words), 1);
@@ -472,7 +478,7 @@ mod tests {
             all.wait();
             assert_eq!(taken(&words), n as u32);
             assert_eq!(words.permanent.load(SeqCst), PERMANENT_MAX);
-            let seen = s.spawn(|| epochs.oldest_pinned_but_mine()).join();
+            let seen = s.spawn(|| epochs.oldest_pinned_but_mine(words.slot)).join();
             assert_ne!(seen.expect("thread"), u64::MAX);
             done.wait();
             hs.into_iter().for_each(|h| h.join().expect("thread"));
