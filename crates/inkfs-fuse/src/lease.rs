@@ -222,11 +222,13 @@ impl Leases {
             }
             if !e.recalling {
                 e.recalling = true;
-                if send(&holder, &Msg::Recall(ino, e.gen)).is_err() {
-                    // Its session is broken: it is dying; its end settles.
-                    kill(&holder);
-                    killed = true;
-                }
+                // A send that fails finds the session closed, not the
+                // client dead: a process may drop one client and live on
+                // (killing its pid here killed such a process). The
+                // server's side of the session sees the end and settles
+                // the lease (`Leases::end`, which wakes this wait); the
+                // timeout below stays for a session that never ends.
+                let _ = send(&holder, &Msg::Recall(ino, e.gen));
             }
             let until = *deadline.get_or_insert_with(|| Instant::now() + RECALL_TIMEOUT);
             let now = Instant::now();

@@ -99,16 +99,17 @@ fn is_whiteout(md: &fs::Metadata) -> bool {
 }
 
 /// Whiteouts through renameat2, as root and as an unprivileged caller.
-fn whiteout_walk(m: &Mounted) {
-    fs::write(m.p("f"), b"data").unwrap();
-    fs::create_dir(m.p("d")).unwrap();
-    assert_eq!(renameat2(&m.p("f"), &m.p("d/g"), libc::RENAME_WHITEOUT), 0);
-    let w = fs::symlink_metadata(m.p("f")).unwrap();
+fn whiteout_walk(base: &Path) {
+    let p = |rel: &str| base.join(rel);
+    fs::write(p("f"), b"data").unwrap();
+    fs::create_dir(p("d")).unwrap();
+    assert_eq!(renameat2(&p("f"), &p("d/g"), libc::RENAME_WHITEOUT), 0);
+    let w = fs::symlink_metadata(p("f")).unwrap();
     assert!(is_whiteout(&w), "{w:?}");
     assert_eq!((w.uid(), w.gid(), w.nlink()), (0, 0, 1));
-    assert_eq!(fs::read(m.p("d/g")).unwrap(), b"data");
+    assert_eq!(fs::read(p("d/g")).unwrap(), b"data");
     // Listed as a character device (overlayfs reads d_type).
-    let kinds: Vec<(String, bool)> = fs::read_dir(m.path())
+    let kinds: Vec<(String, bool)> = fs::read_dir(base)
         .unwrap()
         .map(|e| {
             let e = e.unwrap();
@@ -121,52 +122,63 @@ fn whiteout_walk(m: &Mounted) {
     assert!(kinds.contains(&("f".into(), true)), "{kinds:?}");
     // The kernel checks the flags before the server sees them; the server
     // checks NOREPLACE against the target.
-    fs::write(m.p("h"), b"h").unwrap();
+    fs::write(p("h"), b"h").unwrap();
     let wx = libc::RENAME_WHITEOUT | libc::RENAME_EXCHANGE;
-    assert_eq!(renameat2(&m.p("h"), &m.p("d/g"), wx), libc::EINVAL);
+    assert_eq!(renameat2(&p("h"), &p("d/g"), wx), libc::EINVAL);
     let wn = libc::RENAME_WHITEOUT | libc::RENAME_NOREPLACE;
-    assert_eq!(renameat2(&m.p("h"), &m.p("d/g"), wn), libc::EEXIST);
-    assert_eq!(renameat2(&m.p("h"), &m.p("d/h"), wn), 0);
-    assert!(is_whiteout(&fs::symlink_metadata(m.p("h")).unwrap()));
+    assert_eq!(renameat2(&p("h"), &p("d/g"), wn), libc::EEXIST);
+    assert_eq!(renameat2(&p("h"), &p("d/h"), wn), 0);
+    assert!(is_whiteout(&fs::symlink_metadata(p("h")).unwrap()));
     // A whiteout over an existing file; and a directory moved with one.
-    fs::write(m.p("x"), b"x").unwrap();
-    assert_eq!(renameat2(&m.p("x"), &m.p("d/g"), libc::RENAME_WHITEOUT), 0);
-    assert_eq!(fs::read(m.p("d/g")).unwrap(), b"x");
-    fs::create_dir(m.p("sub")).unwrap();
-    assert_eq!(
-        renameat2(&m.p("sub"), &m.p("d/sub"), libc::RENAME_WHITEOUT),
-        0
-    );
-    assert!(is_whiteout(&fs::symlink_metadata(m.p("sub")).unwrap()));
-    assert!(fs::metadata(m.p("d/sub")).unwrap().is_dir());
+    fs::write(p("x"), b"x").unwrap();
+    assert_eq!(renameat2(&p("x"), &p("d/g"), libc::RENAME_WHITEOUT), 0);
+    assert_eq!(fs::read(p("d/g")).unwrap(), b"x");
+    fs::create_dir(p("sub")).unwrap();
+    assert_eq!(renameat2(&p("sub"), &p("d/sub"), libc::RENAME_WHITEOUT), 0);
+    assert!(is_whiteout(&fs::symlink_metadata(p("sub")).unwrap()));
+    assert!(fs::metadata(p("d/sub")).unwrap().is_dir());
 
     // Unprivileged (Linux needs no capability for a whiteout since 5.8):
     // owned by the caller, with a set-group-ID directory's group.
-    fs::create_dir(m.p("tmp")).unwrap();
-    fs::set_permissions(m.p("tmp"), fs::Permissions::from_mode(0o1777)).unwrap();
-    fs::create_dir(m.p("tmp/sg")).unwrap();
-    std::os::unix::fs::chown(m.p("tmp/sg"), Some(65534), Some(4242)).unwrap();
-    fs::set_permissions(m.p("tmp/sg"), fs::Permissions::from_mode(0o2777)).unwrap();
-    fs::write(m.p("tmp/sg/mine"), b"m").unwrap();
-    std::os::unix::fs::chown(m.p("tmp/sg/mine"), Some(65534), Some(65534)).unwrap();
+    fs::create_dir(p("tmp")).unwrap();
+    fs::set_permissions(p("tmp"), fs::Permissions::from_mode(0o1777)).unwrap();
+    fs::create_dir(p("tmp/sg")).unwrap();
+    std::os::unix::fs::chown(p("tmp/sg"), Some(65534), Some(4242)).unwrap();
+    fs::set_permissions(p("tmp/sg"), fs::Permissions::from_mode(0o2777)).unwrap();
+    fs::write(p("tmp/sg/mine"), b"m").unwrap();
+    std::os::unix::fs::chown(p("tmp/sg/mine"), Some(65534), Some(65534)).unwrap();
     let r = renameat2_as(
         65534,
         65534,
-        &m.p("tmp/sg/mine"),
-        &m.p("tmp/sg/moved"),
+        &p("tmp/sg/mine"),
+        &p("tmp/sg/moved"),
         libc::RENAME_WHITEOUT,
     );
     assert_eq!(r, 0, "{}", std::io::Error::from_raw_os_error(r));
-    let w = fs::symlink_metadata(m.p("tmp/sg/mine")).unwrap();
+    let w = fs::symlink_metadata(p("tmp/sg/mine")).unwrap();
     assert!(is_whiteout(&w));
     assert_eq!((w.uid(), w.gid()), (65534, 4242));
+}
+
+/// The walk above in a child with the library in (returns at once unless
+/// started as that child).
+#[test]
+fn whiteout_child() {
+    if let Some(base) = child_arg() {
+        whiteout_walk(Path::new(&base));
+    }
 }
 
 #[test]
 fn rename_whiteout_through_the_mount() {
     let pool = Pool::new("whiteout", 64);
     let m = Mounted::new(&pool, "");
-    whiteout_walk(&m);
+    if preloading() {
+        // renameat2 and the checks through the library.
+        in_preloaded_child("whiteout_child", &m.path().display().to_string());
+    } else {
+        whiteout_walk(m.path());
+    }
     // Everything is on the pool after a remount.
     let dir = m.unmount();
     let m = Mounted::at(&pool, dir, "");
@@ -252,8 +264,25 @@ fn collapse_and_insert_through_the_mount() {
 fn fiemap_and_o_tmpfile_are_not_offered_by_the_mount() {
     let pool = Pool::new("fiemap", 64);
     let m = Mounted::new(&pool, "");
-    fs::write(m.p("f"), vec![7u8; 3 * 4096]).unwrap();
-    let f = fs::File::open(m.p("f")).unwrap();
+    if preloading() {
+        // The same answers to a program under the library.
+        in_preloaded_child("fiemap_child", &m.path().display().to_string());
+    } else {
+        fiemap_and_tmpfile(m.path());
+    }
+}
+
+/// The test above in a child with the library in.
+#[test]
+fn fiemap_child() {
+    if let Some(base) = child_arg() {
+        fiemap_and_tmpfile(Path::new(&base));
+    }
+}
+
+fn fiemap_and_tmpfile(base: &Path) {
+    fs::write(base.join("f"), vec![7u8; 3 * 4096]).unwrap();
+    let f = fs::File::open(base.join("f")).unwrap();
     // struct fiemap with room for no extent: the kernel's FIEMAP answers
     // before any FUSE request (fs/ioctl.c, FUSE has no ->fiemap).
     let mut buf = [0u64; 4];
@@ -262,7 +291,7 @@ fn fiemap_and_o_tmpfile_are_not_offered_by_the_mount() {
     // SAFETY: `buf` is a 32-byte struct fiemap with fm_extent_count 0.
     let r = unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_FIEMAP, buf.as_mut_ptr()) };
     assert_eq!((r, last_errno()), (-1, libc::EOPNOTSUPP));
-    let dir = cpath(m.path());
+    let dir = cpath(base);
     // SAFETY: a valid path; the descriptor is closed if one is returned.
     let fd = unsafe { libc::open(dir.as_ptr(), libc::O_TMPFILE | libc::O_RDWR, 0o600) };
     let e = last_errno();

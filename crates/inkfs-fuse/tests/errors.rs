@@ -11,7 +11,6 @@ mod common;
 use std::fs;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::process::Command;
 
 use common::*;
 use inkfs::format::*;
@@ -105,7 +104,7 @@ fn remount_ro_surfaces_the_damage_counts_it_and_refuses_writes() {
     assert_eq!(stat_value(&m, "fs_errors"), 0);
 
     // ls -l: the name is listed and the error said (it was left out).
-    let out = Command::new("ls").arg("-l").arg(m.path()).output().unwrap();
+    let out = tool("ls").arg("-l").arg(m.path()).output().unwrap();
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),

@@ -11,7 +11,7 @@ use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use common::*;
 
@@ -32,9 +32,9 @@ fn errno<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
 /// `sh -c script`, as root or as another user; not asserted.
 fn shell(script: &str, uid: Option<u32>) -> Output {
     let mut c = match uid {
-        None => Command::new("sh"),
+        None => tool("sh"),
         Some(uid) => {
-            let mut c = Command::new("setpriv");
+            let mut c = tool("setpriv");
             c.args([
                 &format!("--reuid={uid}"),
                 &format!("--regid={uid}"),
@@ -73,7 +73,7 @@ fn eperm_as(script: &str, uid: Option<u32>) {
 
 /// The attribute letters lsattr shows for `path` (dashes dropped).
 fn lsattr(path: &Path) -> String {
-    let out = run(Command::new("lsattr").arg("-d").arg(path));
+    let out = run(tool("lsattr").arg("-d").arg(path));
     let line = String::from_utf8_lossy(&out.stdout).into_owned();
     line.split_whitespace()
         .next()

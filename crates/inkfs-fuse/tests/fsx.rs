@@ -429,13 +429,21 @@ fn fsx_in(name: &str, opts: &str, ops: u64, seed: u64) {
     let m = Mounted::new(&pool, opts);
     let cached = writeback_cache(m.path());
     assert_eq!(cached, opts.contains("posix"), "{opts}: writeback cache");
-    let mut fsx = Fsx::new(m.p("fsx.file"), seed);
-    for _ in 0..ops {
-        fsx.step();
-    }
-    fsx.check_all("at the end");
-    let model = std::mem::take(&mut fsx.model);
-    drop(fsx);
+    // Under the library (strict and sync modes: it is refused in posix
+    // mode), the operations run in a preloaded child, which leaves its
+    // model in a file for the check after the remount.
+    let model = if preloading() && !cached {
+        let model = tempfile::NamedTempFile::new().expect("model file");
+        let arg = format!(
+            "{ops}|{seed}|{}|{}",
+            model.path().display(),
+            m.p("fsx.file").display()
+        );
+        in_preloaded_child("fsx_child", &arg);
+        fs::read(model.path()).expect("the child's model")
+    } else {
+        fsx_run(m.p("fsx.file"), ops, seed)
+    };
     let dir = m.unmount();
     let m = Mounted::at(&pool, dir, opts);
     let got = fs::read(m.p("fsx.file")).unwrap();
@@ -443,6 +451,32 @@ fn fsx_in(name: &str, opts: &str, ops: u64, seed: u64) {
     if let Some(i) = got.iter().zip(&model).position(|(a, b)| a != b) {
         panic!("{opts} seed {seed}: byte {i} differs after remount");
     }
+}
+
+/// `ops` operations on `path`, checked as they go; the model at the end.
+fn fsx_run(path: PathBuf, ops: u64, seed: u64) -> Vec<u8> {
+    let mut fsx = Fsx::new(path, seed);
+    for _ in 0..ops {
+        fsx.step();
+    }
+    fsx.check_all("at the end");
+    std::mem::take(&mut fsx.model)
+}
+
+/// `fsx_in`'s operations in a child with the library in (returns at once
+/// unless started as that child): `ops|seed|model file|path`.
+#[test]
+fn fsx_child() {
+    let Some(arg) = child_arg() else {
+        return;
+    };
+    let mut parts = arg.splitn(4, '|');
+    let mut next = || parts.next().expect("ops|seed|model|path");
+    let ops: u64 = next().parse().expect("ops");
+    let seed: u64 = next().parse().expect("seed");
+    let model_file = PathBuf::from(next());
+    let model = fsx_run(PathBuf::from(next()), ops, seed);
+    fs::write(model_file, model).expect("write the model");
 }
 
 #[test]

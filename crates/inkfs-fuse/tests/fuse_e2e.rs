@@ -25,7 +25,8 @@ fn last_errno() -> i32 {
 }
 
 /// A walk through the POSIX operations, with errno checks.
-fn posix_walk(m: &Mounted) {
+fn posix_walk(root: &Path) {
+    let m = Root(root);
     // create / write / read / overwrite / append
     fs::write(m.p("f"), b"hello world").unwrap();
     assert_eq!(fs::read(m.p("f")).unwrap(), b"hello world");
@@ -321,13 +322,22 @@ fn posix_walk(m: &Mounted) {
     assert!((1024..2048).contains(&kib), "du of the sparse file: {du}");
 
     // statfs
-    let st = nix_statfs(m.path());
+    let st = nix_statfs(root);
     assert!(st.0 > 0 && st.1 > 0 && st.1 <= st.0, "statfs blocks {st:?}");
 
     // mmap, shared and writable
     write_mapped(&m.p("mapped"), 4096, b"mapped!");
     let data = fs::read(m.p("mapped")).unwrap();
     assert_eq!(&data[4096..4103], b"mapped!");
+}
+
+/// Paths under a mount point, as [`Mounted::p`] gives them.
+struct Root<'a>(&'a Path);
+
+impl Root<'_> {
+    fn p(&self, rel: &str) -> std::path::PathBuf {
+        self.0.join(rel)
+    }
 }
 
 fn nix_statfs(p: &Path) -> (u64, u64) {
@@ -343,7 +353,12 @@ fn nix_statfs(p: &Path) -> (u64, u64) {
 fn posix_walk_inkfs() {
     let pool = Pool::new("posix", 256);
     let m = Mounted::new(&pool, "mode=strict");
-    posix_walk(&m);
+    if preloading() {
+        // The walk's own calls (std::fs, libc) through the library.
+        in_preloaded_child("posix_walk_child", &m.path().display().to_string());
+    } else {
+        posix_walk(m.path());
+    }
     // everything survives a clean unmount and remount
     let dir = m.unmount();
     let m = Mounted::at(&pool, dir, "");
@@ -359,12 +374,28 @@ fn posix_walk_inkfs() {
     assert!(mounted_clean(m.path()));
 }
 
+/// The body of `posix_walk_inkfs` in a child with the library in (not a
+/// test by itself: returns at once unless started as that child).
+#[test]
+fn posix_walk_child() {
+    if let Some(dir) = child_arg() {
+        posix_walk(Path::new(&dir));
+    }
+}
+
 #[test]
 fn cp_diff_tar() {
     let pool = Pool::new("cp", 512);
-    let m = Mounted::new(&pool, "mode=posix");
+    // Through the page cache; under the library in strict mode, which it
+    // serves (a posix-mode server refuses every attach).
+    let opts = if preloading() {
+        "mode=strict"
+    } else {
+        "mode=posix"
+    };
+    let m = Mounted::new(&pool, opts);
     let src = repo_root().join("crates");
-    let out = Command::new("cp")
+    let out = tool("cp")
         .arg("-a")
         .arg(&src)
         .arg(m.p("crates"))
@@ -385,7 +416,7 @@ fn cp_diff_tar() {
         mnt = m.path().display()
     ));
     let dir = m.unmount();
-    let m = Mounted::at(&pool, dir, "mode=posix");
+    let m = Mounted::at(&pool, dir, opts);
     sh(&format!(
         "diff -r {} {}",
         src.display(),
@@ -427,7 +458,7 @@ fn sqlite_delete_and_wal() {
             ));
         }
         script.push_str("DELETE FROM t WHERE k % 3 = 0; VACUUM;\nPRAGMA integrity_check;\nSELECT count(*) FROM t;\n");
-        let mut child = Command::new("sqlite3")
+        let mut child = tool("sqlite3")
             .arg(&db)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
@@ -489,9 +520,18 @@ fn xattr_tools() {
 fn permissions_as_nobody() {
     require_tool("setpriv", "util-linux");
     let pool = Pool::new("perm", 64);
-    let m = Mounted::new(&pool, "");
+    // Under the library: a pool every user may map, and a control socket
+    // every user reaches (`stats=all`), so nobody's calls are served by
+    // the library and judged by the engine, not refused at attach.
+    let opts = if preloading() {
+        fs::set_permissions(&pool.path, fs::Permissions::from_mode(0o666)).unwrap();
+        "stats=all"
+    } else {
+        ""
+    };
+    let m = Mounted::new(&pool, opts);
     let as_nobody = |script: &str| {
-        Command::new("setpriv")
+        tool("setpriv")
             .args([
                 "--reuid=65534",
                 "--regid=65534",
@@ -631,19 +671,85 @@ fn write_mapped(path: &Path, at: usize, bytes: &[u8]) {
     }
 }
 
-fn kill9_keeps_fsynced_data_in(opts: &str) {
-    let pool = Pool::new("kill9", 256);
-    let m = Mounted::new(&pool, opts);
-    let root = m.path().to_path_buf();
-    // One fsync first: in strict mode the kernel has then stopped sending
-    // FSYNC when the msync comes.
+/// The contents of file `w{i}` of the kill test, `len` bytes.
+fn kill9_pattern(i: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|j| (i * 31 + j * 7) as u8).collect()
+}
+
+/// The kill test's writer: one fsync first (in strict mode the kernel has
+/// then stopped sending FSYNC when the msync comes), an msynced mapping,
+/// then files created, written and fsynced until a call fails (the server
+/// is killed meanwhile) or 20 s pass; `synced(i, len)` after each fsync
+/// that returned.
+fn kill9_writer(root: &Path, mut synced: impl FnMut(usize, usize)) {
     fs::File::create(root.join("first"))
         .and_then(|f| f.sync_all())
         .unwrap();
     write_mapped(&root.join("mapped"), 4096, b"msynced");
+    let t = Instant::now();
+    for i in 0.. {
+        if t.elapsed() > Duration::from_secs(20) {
+            break;
+        }
+        let len = 1000 + (i * 4099) % 70_000;
+        let r = (|| -> std::io::Result<()> {
+            let mut f = fs::File::create(root.join(format!("w{i}")))?;
+            f.write_all(&kill9_pattern(i, len))?;
+            f.sync_all()?;
+            Ok(())
+        })();
+        match r {
+            Ok(()) => synced(i, len),
+            Err(_) => break,
+        }
+    }
+}
+
+/// The writer in a child with the library in, printing each file it
+/// fsynced (`SYNCED i len`) as it goes.
+#[test]
+fn kill9_writer_child() {
+    if let Some(root) = child_arg() {
+        kill9_writer(Path::new(&root), |i, len| println!("SYNCED {i} {len}"));
+    }
+}
+
+/// Run the writer under the library (a child) while the server is killed:
+/// what it fsynced, as it said it as it went.
+fn kill9_writer_preloaded(
+    root: &Path,
+    done: &std::sync::atomic::AtomicUsize,
+) -> Vec<(usize, usize)> {
+    use std::io::BufRead;
+    let child = PreloadedChild::new("kill9_writer_child", &root.display().to_string());
+    let mut proc = child
+        .command()
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the writer");
+    let mut synced = Vec::new();
+    let mut text = String::new();
+    let stdout = proc.stdout.take().expect("piped");
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.expect("the writer's output");
+        if let Some((i, len)) = line.strip_prefix("SYNCED ").and_then(|r| r.split_once(' ')) {
+            synced.push((i.parse().expect("i"), len.parse().expect("len")));
+            done.store(synced.len(), std::sync::atomic::Ordering::Relaxed);
+        }
+        text.push_str(&line);
+        text.push('\n');
+    }
+    let mut out = proc.wait_with_output().expect("the writer's end");
+    out.stdout = text.into_bytes();
+    child.check(&out);
+    synced
+}
+
+fn kill9_keeps_fsynced_data_in(opts: &str) {
+    let pool = Pool::new("kill9", 256);
+    let m = Mounted::new(&pool, opts);
+    let root = m.path().to_path_buf();
     let pid = m.pid;
-    let pattern =
-        |i: usize, len: usize| -> Vec<u8> { (0..len).map(|j| (i * 31 + j * 7) as u8).collect() };
     // Kill the server while the writer is busy: once it has fsynced a few
     // dozen files (a fixed delay is too short on a loaded machine), a
     // little later still, so the kill lands mid-write.
@@ -660,27 +766,19 @@ fn kill9_keeps_fsynced_data_in(opts: &str) {
         // SAFETY: kill has no memory preconditions.
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     });
-    let mut synced = Vec::new();
-    let t = Instant::now();
-    for i in 0.. {
-        if t.elapsed() > Duration::from_secs(20) {
-            break;
-        }
-        let len = 1000 + (i * 4099) % 70_000;
-        let r = (|| -> std::io::Result<()> {
-            let mut f = fs::File::create(root.join(format!("w{i}")))?;
-            f.write_all(&pattern(i, len))?;
-            f.sync_all()?;
-            Ok(())
-        })();
-        match r {
-            Ok(()) => {
-                synced.push((i, len));
-                done.store(synced.len(), std::sync::atomic::Ordering::Relaxed);
-            }
-            Err(_) => break,
-        }
-    }
+    // Under the library in strict mode (a posix-mode server refuses the
+    // attach): the writes, fsyncs and creates served by the library, the
+    // server killed under them.
+    let synced = if preloading() && opts == "mode=strict" {
+        kill9_writer_preloaded(&root, &done)
+    } else {
+        let mut synced = Vec::new();
+        kill9_writer(&root, |i, len| {
+            synced.push((i, len));
+            done.store(synced.len(), std::sync::atomic::Ordering::Relaxed);
+        });
+        synced
+    };
     killer.join().unwrap();
     assert!(
         synced.len() > 10,
@@ -705,7 +803,7 @@ fn kill9_keeps_fsynced_data_in(opts: &str) {
     for &(i, len) in &synced {
         let got = fs::read(m.p(&format!("w{i}"))).unwrap_or_else(|e| panic!("w{i} lost: {e}"));
         assert!(
-            got == pattern(i, len),
+            got == kill9_pattern(i, len),
             "{opts}: w{i}: contents differ after the crash"
         );
     }
@@ -1013,11 +1111,7 @@ fn copy_file_range_is_served_in_the_pool() {
                 "{opts}: copy differs"
             );
             // cp's own path, whole file.
-            let out = Command::new("cp")
-                .arg(m.p("src"))
-                .arg(m.p("cp"))
-                .output()
-                .unwrap();
+            let out = tool("cp").arg(m.p("src")).arg(m.p("cp")).output().unwrap();
             assert!(out.status.success(), "{opts}: cp: {out:?}");
             assert!(fs::read(m.p("cp")).unwrap() == data, "{opts}: cp differs");
             let t = Instant::now();
@@ -1133,7 +1227,7 @@ fn null_fs_with_fio() {
         fs::OpenOptions::new().write(true).open(&f)?.sync_all()?;
         fs::remove_file(&f)?;
         assert!(fs::metadata(&f).is_err());
-        let out = Command::new("fio")
+        let out = tool("fio")
             .args([
                 "--name=null",
                 "--rw=randwrite",

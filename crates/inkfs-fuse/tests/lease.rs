@@ -928,3 +928,48 @@ fn a_client_log_full_of_dead_entries_is_collected_by_the_server() {
     drop(m);
     fsck_clean(&pool);
 }
+
+/// A process that drops a client holding a lease and lives on is not
+/// killed when the lease is recalled before the server has seen that
+/// session end (the recall's send fails on the closed session: the server
+/// waits for the end, which settles the lease, instead of SIGKILLing the
+/// client's pid, which is this live process). Under load the window was
+/// wide enough that preload_ns.rs's create-with-lease test killed its own
+/// test binary now and then. Rounds: `INKFS_DROPPED_CLIENT_ROUNDS`
+/// (default 200).
+#[test]
+fn a_client_dropped_while_holding_a_lease_does_not_get_its_process_killed() {
+    use inkfs::api::ns::Op;
+    require_root();
+    let pool = Pool::new("lease-dropped", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    let me = Credentials::root();
+    let rounds: usize = std::env::var("INKFS_DROPPED_CLIENT_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    for round in 0..rounds {
+        let client = Client::attach_mountpoint(m.path(), None).expect("attach");
+        let name = format!("f{round}");
+        let d = client
+            .ns(
+                &me,
+                Op::Create {
+                    dir: ROOT_INO,
+                    name: name.clone().into_bytes(),
+                    mode: 0o644,
+                    flags: libc::O_CREAT | libc::O_WRONLY,
+                },
+            )
+            .expect("asked");
+        assert_eq!(d.errno, 0, "round {round}");
+        assert!(client.holds_lease(d.ino), "round {round}: leased");
+        drop(client);
+        // At once: the recall may find the session closed and not yet
+        // ended on the server's side.
+        std::fs::write(m.p(&name), b"through the mount").expect("write");
+    }
+    assert_eq!(stat_u64(m.path(), "leases_held"), 0);
+    drop(m);
+    fsck_clean(&pool);
+}

@@ -21,7 +21,7 @@ use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
 use common::*;
@@ -44,7 +44,7 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 }
 
 fn as_user(uid: u32, script: &str) -> Output {
-    Command::new("setpriv")
+    tool("setpriv")
         .args([
             &format!("--reuid={uid}"),
             &format!("--regid={uid}"),
@@ -379,7 +379,7 @@ fn o_append_with_several_writers() {
                 "while IFS= read -r l; do printf '%s\\n' \"$l\" >> '{}'; done",
                 path.display()
             );
-            let mut c = Command::new("sh")
+            let mut c = tool("sh")
                 .arg("-c")
                 .arg(script)
                 .stdin(std::process::Stdio::piped())
@@ -553,11 +553,7 @@ fn the_kernel_is_told_what_it_did_not_change() {
         let c0 = ctime("d");
         std::thread::sleep(Duration::from_millis(20));
         ok(
-            Command::new("chattr")
-                .arg("+d")
-                .arg(m.p("d"))
-                .output()
-                .unwrap(),
+            tool("chattr").arg("+d").arg(m.p("d")).output().unwrap(),
             "chattr",
         );
         assert!(ctime("d") > c0, "{opts}: chattr's ctime shown");

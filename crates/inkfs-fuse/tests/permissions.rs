@@ -2,7 +2,10 @@
 //! the FUSE mount, each operation made by a real process running as the
 //! table's user (a child of this test that drops to that uid, gid and
 //! groups): the answers must be the ones the engine gives through its API
-//! (crates/inkfs/tests/permissions.rs), which are Linux's. Needs root.
+//! (crates/inkfs/tests/permissions.rs), which are Linux's. And the same
+//! table through the preload library (the child runs with `LD_PRELOAD`),
+//! each answer also compared with the same call through the kernel on a
+//! twin of the case's tree. Needs root.
 
 mod common;
 
@@ -60,6 +63,18 @@ fn run(base: &Path, op: Op) -> i32 {
                 }
                 libc::close(fd);
                 0
+            }
+            Op::CreateMasked(rel, mode, umask) => {
+                let old = libc::umask(umask);
+                let e = run(base, Op::Create(rel, mode));
+                libc::umask(old);
+                e
+            }
+            Op::MkdirMasked(rel, mode, umask) => {
+                let old = libc::umask(umask);
+                let e = rc(libc::mkdir(p(rel).as_ptr(), mode));
+                libc::umask(old);
+                e
             }
             Op::Stat(rel) => {
                 let mut st: libc::stat = std::mem::zeroed();
@@ -168,7 +183,7 @@ fn perm_child() {
         assert_eq!(libc::setgroups(groups.len(), groups.as_ptr()), 0);
         assert_eq!(libc::setgid(gid), 0);
         assert_eq!(libc::setuid(uid), 0);
-        libc::umask(0o022);
+        libc::umask(UMASK);
     }
     let e = run(base, CASES[case].op);
     println!("ERRNO {e}");
@@ -227,7 +242,7 @@ fn check(base: &Path, who: Who, check: Check) -> Option<String> {
 /// With the kernel checking first (`default_permissions`, the default).
 #[test]
 fn permission_table_through_the_mount() {
-    permission_table("perm-kernel", "");
+    permission_table("perm-kernel", "", false);
 }
 
 /// With the engine alone deciding (`nodefault_permissions`): the kernel
@@ -237,7 +252,24 @@ fn permission_table_through_the_mount() {
 /// before each case runs: every lookup then reaches the engine.
 #[test]
 fn permission_table_through_the_mount_engine_alone() {
-    permission_table("perm-engine", "nodefault_permissions");
+    permission_table("perm-engine", "nodefault_permissions", false);
+}
+
+/// Through the preload library, as root and the table's three other users
+/// (owner, group member through a supplementary group, anyone else): each
+/// case's child runs with `LD_PRELOAD`, its opens, creates, namespace and
+/// attribute calls served by the library (the client's requests, or the
+/// lease holder's own log entries) with the child's credentials and
+/// umask. The answer must be the table's, the same as the kernel's on a
+/// twin of the tree (the child without the library), and the after-checks
+/// (groups, modes) must hold through the mount. The pool is world
+/// read-write and the control socket open to all (`stats=all`), so the
+/// trust rule admits every user: the library's counters must show each
+/// user attached and served. In strict mode whatever the run's base
+/// options (a posix-mode server refuses every attach).
+#[test]
+fn permission_table_through_the_library() {
+    permission_table("perm-library", "mode=strict,stats=all", true);
 }
 
 /// Forget every cached name and inode, so path walks ask the server.
@@ -245,40 +277,87 @@ fn drop_cached_names() {
     std::fs::write("/proc/sys/vm/drop_caches", "2").expect("drop_caches (needs root)");
 }
 
-fn permission_table(tag: &str, opts: &str) {
+/// Run case `i` as `w` in a child of this test binary (with the library
+/// when `stats` names its counters file): the child's errno.
+fn child_errno(i: usize, w: usize, base: &Path, stats: Option<&Path>) -> i32 {
+    let me = std::env::current_exe().unwrap();
+    let mut cmd = Command::new(&me);
+    cmd.args(["--exact", "perm_child", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, format!("{i}|{w}|{}", base.display()))
+        .env_remove("LD_PRELOAD");
+    if let Some(stats) = stats {
+        cmd.env("LD_PRELOAD", common::preload::lib())
+            .env("INKFS_PRELOAD_STATS", stats);
+    }
+    let out = cmd.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        // The harness may print its own words before ours.
+        .find_map(|l| l.split("ERRNO ").nth(1))
+        .and_then(|e| e.trim().parse().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "{}: {:?}: no answer from the child:\n{text}\n{}",
+                CASES[i].name,
+                WHO[w],
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+}
+
+fn permission_table(tag: &str, opts: &str, library: bool) {
+    use std::os::unix::fs::PermissionsExt;
     require_root();
     let pool = Pool::new(tag, 128);
+    // Under the library: a pool every user may map (the trust rule).
+    if library {
+        std::fs::set_permissions(&pool.path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    }
     let m = Mounted::new(&pool, opts);
-    let me = std::env::current_exe().unwrap();
+    // Each user's counters in a file of its own, in a directory that is
+    // not sticky (protected_regular would refuse a user's O_CREAT of a
+    // file another made in /tmp).
+    let stats_dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(stats_dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let stats: Vec<std::path::PathBuf> = (0..WHO.len())
+        .map(|w| {
+            let p = stats_dir.path().join(format!("who-{w}"));
+            std::fs::write(&p, b"").unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+            p
+        })
+        .collect();
     let mut wrong = Vec::new();
     for (i, case) in CASES.iter().enumerate() {
         for w in 0..WHO.len() {
             build(&m.path().join(format!("c{i}-{w}")), case.tree);
+            if library {
+                build(&m.path().join(format!("k{i}-{w}")), case.tree);
+            }
         }
-        if !opts.is_empty() {
+        if opts.contains("nodefault_permissions") {
             drop_cached_names();
         }
         for (w, &who) in WHO.iter().enumerate() {
             let base = m.path().join(format!("c{i}-{w}"));
-            let out = Command::new(&me)
-                .args(["--exact", "perm_child", "--nocapture", "--test-threads=1"])
-                .env(CHILD_ENV, format!("{i}|{w}|{}", base.display()))
-                .output()
-                .unwrap();
-            let text = String::from_utf8_lossy(&out.stdout);
-            let got: i32 = text
-                .lines()
-                // The harness may print its own words before ours.
-                .find_map(|l| l.split("ERRNO ").nth(1))
-                .and_then(|e| e.trim().parse().ok())
-                .unwrap_or_else(|| {
-                    panic!(
-                        "{}: {who:?}: no answer from the child:\n{text}\n{}",
-                        case.name,
-                        String::from_utf8_lossy(&out.stderr)
-                    )
-                });
+            let got = child_errno(i, w, &base, library.then(|| stats[w].as_path()));
             let want = case.expect[w];
+            if library {
+                let twin = m.path().join(format!("k{i}-{w}"));
+                let kernel = child_errno(i, w, &twin, None);
+                if got != kernel {
+                    wrong.push(format!(
+                        "{}: {who:?} got errno {got} under the library, {kernel} through the kernel",
+                        case.name
+                    ));
+                    continue;
+                }
+                if kernel == 0 {
+                    if let Some(why) = check(&twin, who, case.check) {
+                        wrong.push(format!("{}: {who:?} through the kernel: {why}", case.name));
+                    }
+                }
+            }
             if got != want {
                 wrong.push(format!(
                     "{}: {who:?} got errno {got}, expected {want}",
@@ -292,4 +371,38 @@ fn permission_table(tag: &str, opts: &str) {
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    if library {
+        let mut all = std::collections::BTreeMap::new();
+        for (w, who) in WHO.iter().enumerate() {
+            let n = common::preload::counts(&stats[w]);
+            let served: u64 = n
+                .iter()
+                .filter(|(k, _)| k.ends_with("_local"))
+                .map(|(_, v)| v)
+                .sum();
+            assert_eq!(
+                common::preload::c(&n, "attach_refused"),
+                0,
+                "{who:?}: {n:?}"
+            );
+            assert!(served > 0, "{who:?}: nothing served by the library: {n:?}");
+            for (k, v) in n {
+                *all.entry(k).or_insert(0) += v;
+            }
+        }
+        eprintln!("permission table under the library: {all:?}");
+        // Each kind of call the table makes: opens and creates, namespace
+        // and attribute requests (chmod, chown, utimens: through the
+        // server, as no case's child holds the inode's lease), stats,
+        // listings and writes.
+        for key in [
+            "open_local",
+            "ns_local",
+            "stat_local",
+            "dir_local",
+            "write_local",
+        ] {
+            assert!(common::preload::c(&all, key) > 0, "{key}: {all:?}");
+        }
+    }
 }

@@ -36,6 +36,41 @@ fn renames_over_existing_names_never_show_a_name_twice_in_one_listing() {
     let pool = Pool::new("readdir-dups", 256);
     let m = Mounted::new(&pool, "");
     let dir = m.p("d");
+    if preloading() {
+        // The listings and renames through the library.
+        in_preloaded_child("scans_while_renaming_child", &dir.display().to_string());
+    } else {
+        scans_while_renaming(&dir);
+    }
+
+    // After a remount: every name once.
+    let mnt = m.unmount();
+    let m = Mounted::at(&pool, mnt, "");
+    let mut names: Vec<_> = fs::read_dir(m.p("d"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    let n = names.len();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), n, "a name listed twice after remount");
+    // The writer always finished its rename: no "tmp" left.
+    assert_eq!(n, FILES);
+}
+
+/// The body of the test above in a child with the library in (returns at
+/// once unless started as that child).
+#[test]
+fn scans_while_renaming_child() {
+    if let Some(dir) = child_arg() {
+        scans_while_renaming(Path::new(&dir));
+    }
+}
+
+/// Fill `dir`, then list it in whole passes while a thread renames a new
+/// file over its names: no pass shows a name twice or misses one.
+fn scans_while_renaming(dir: &Path) {
+    let dir = dir.to_path_buf();
     populate(&dir, FILES);
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -103,20 +138,6 @@ fn renames_over_existing_names_never_show_a_name_twice_in_one_listing() {
         "{duplicates} duplicate sightings in {scans} scans (first: {first_duplicate:?})"
     );
     assert!(missing.is_empty(), "names missing from a scan: {missing:?}");
-
-    // After a remount: every name once.
-    let mnt = m.unmount();
-    let m = Mounted::at(&pool, mnt, "");
-    let mut names: Vec<_> = fs::read_dir(m.p("d"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    let n = names.len();
-    names.sort();
-    names.dedup();
-    assert_eq!(names.len(), n, "a name listed twice after remount");
-    // The writer always finished its rename: no "tmp" left.
-    assert_eq!(n, FILES);
 }
 
 /// The entries after a telldir position, read with readdir(3).
@@ -144,7 +165,23 @@ fn seekdir_resumes_after_the_told_entry() {
     let pool = Pool::new("readdir-seek", 64);
     let m = Mounted::new(&pool, "");
     let dir = m.p("d");
-    populate(&dir, 1000);
+    if preloading() {
+        in_preloaded_child("seekdir_child", &dir.display().to_string());
+    } else {
+        seekdir_resumes(&dir);
+    }
+}
+
+/// The body of the test above in a child with the library in.
+#[test]
+fn seekdir_child() {
+    if let Some(dir) = child_arg() {
+        seekdir_resumes(Path::new(&dir));
+    }
+}
+
+fn seekdir_resumes(dir: &Path) {
+    populate(dir, 1000);
     let c = CString::new(dir.as_os_str().as_bytes()).unwrap();
     // SAFETY: a valid NUL-terminated path; the stream is closed below.
     let d = unsafe { libc::opendir(c.as_ptr()) };

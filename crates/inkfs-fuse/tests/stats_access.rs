@@ -176,10 +176,7 @@ fn a_mount_right_after_umount_waits_for_the_finishing_server() {
             String::from_utf8_lossy(&out.stderr)
         );
         wait_exit(old);
-        let m = Mounted {
-            pid: server_pid(dir.path()).expect("new server"),
-            dir,
-        };
+        let m = Mounted::adopt(dir);
         assert!(mounted_clean(m.path()), "round {round}");
         assert_eq!(
             std::fs::read(m.p("f")).unwrap(),

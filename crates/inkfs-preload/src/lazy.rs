@@ -300,6 +300,8 @@ fn existing(
     path: Box<[u8]>,
 ) -> Option<c_int> {
     let oflags = OpenFlags::new(flags & !(libc::O_CREAT | libc::O_EXCL));
+    // O_TRUNC truncates whatever the access mode (O_RDONLY|O_TRUNC too),
+    // under the lease the process's client holds.
     let lease = m.checkout()?;
     let c = lease.client();
     match c.open(cred, ino, oflags) {

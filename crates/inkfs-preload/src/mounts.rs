@@ -165,7 +165,11 @@ impl Lease<'_> {
     /// into `entry`, with the descriptor's access mode, releasing the
     /// handle of the entry's previous user. The kernel checked the
     /// permissions when the program opened its descriptor, so the handle
-    /// is opened without checks. `None`: the engine cannot open it.
+    /// is opened without checks (root's credentials); its writes drop
+    /// set-id bits unless the process's effective uid is root when the
+    /// handle is opened (Linux asks the writer's CAP_FSETID at each write:
+    /// one system call per handle here, not per write). `None`: the engine
+    /// cannot open it.
     fn open_file(&self, entry: &FileEntry, gen: u32, ofd: &Ofd) -> Option<()> {
         let client = &self.slot.client;
         let mut held = entry.write().unwrap_or_else(|e| e.into_inner());
@@ -185,7 +189,11 @@ impl Lease<'_> {
             // kernel's open did those). O_APPEND is decided per call from
             // the entry's flags, which F_SETFL may change.
             let acc = ofd.flags.load(Ordering::Relaxed) as i32 & libc::O_ACCMODE;
-            client.open(&root, ino, OpenFlags::new(acc))
+            client.open(&root, ino, OpenFlags::new(acc)).map(|mut f| {
+                // SAFETY: geteuid cannot fail.
+                f.set_drops_setid(unsafe { libc::geteuid() } != 0);
+                f
+            })
         };
         *held = Some((gen, f.ok()?));
         Some(())

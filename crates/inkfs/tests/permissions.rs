@@ -22,7 +22,7 @@ fn cred(who: Who) -> Credentials {
         uid,
         gid,
         groups,
-        umask: 0o022,
+        umask: UMASK,
     }
 }
 
@@ -80,6 +80,18 @@ fn run(fs: &Fs, c: &Credentials, base: &str, op: Op) -> i32 {
                 let flags = OpenFlags::new(libc::O_CREAT | libc::O_WRONLY | libc::O_EXCL);
                 let (_, f) = fs.create(c, d.dir, &d.name, mode, flags)?;
                 fs.release(f);
+            }
+            Op::CreateMasked(p, mode, umask) => {
+                let c = &Credentials { umask, ..c.clone() };
+                let d = fs.resolve_parent(c, ROOT_INO, &join(base, p))?;
+                let flags = OpenFlags::new(libc::O_CREAT | libc::O_WRONLY | libc::O_EXCL);
+                let (_, f) = fs.create(c, d.dir, &d.name, mode, flags)?;
+                fs.release(f);
+            }
+            Op::MkdirMasked(p, mode, umask) => {
+                let c = &Credentials { umask, ..c.clone() };
+                let d = fs.resolve_parent(c, ROOT_INO, &join(base, p))?;
+                fs.mkdir(c, d.dir, &d.name, mode)?;
             }
             Op::Stat(p) => {
                 at(p)?;

@@ -5,16 +5,262 @@
 //! in /dev/shm. Tools they drive must be installed; a missing one fails
 //! the test with the package to install (never a silent skip):
 //!   apt-get install fuse3 sqlite3 attr git fio util-linux tar
+//!
+//! With `INKFS_TEST_PRELOAD=1` ([`PRELOAD_ENV`]) every tool a test drives
+//! (whatever [`tool`] and [`sh`] start: shells, cp, tar, git, sqlite3,
+//! fio, setpriv'd shells...) runs with the preload library in, counting
+//! into the test's statistics file; the server, `mount`, `umount` and fsck
+//! never do (they are started with `Command::new`). Each [`Mounted`]
+//! checks at its end that the tools run meanwhile were served by the
+//! library at least once ([`PreloadWindow`]): a silent fallback to the
+//! kernel does not pass as coverage. A test that checks the kernel path
+//! itself opts out with [`kernel_only`] and a reason.
 
 #![allow(dead_code)]
 
 pub mod preload;
 
+use std::cell::Cell;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_inkfs-fuse");
+
+/// `INKFS_TEST_PRELOAD=1`: the tools the tests drive run under the preload
+/// library (module docs).
+pub const PRELOAD_ENV: &str = "INKFS_TEST_PRELOAD";
+
+thread_local! {
+    /// This test (its thread) drives its tools through the kernel.
+    static KERNEL_ONLY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the tools this test drives run under the preload library:
+/// `INKFS_TEST_PRELOAD=1`, the test did not opt out, and this is not one
+/// of the library's own tests (preload*.rs choose for each command).
+pub fn preloading() -> bool {
+    std::env::var(PRELOAD_ENV).is_ok_and(|v| v == "1")
+        && !KERNEL_ONLY.with(Cell::get)
+        && !library_test()
+}
+
+/// The library's own tests (preload*.rs) say for each command whether the
+/// library is in; `INKFS_TEST_PRELOAD` leaves them as they are.
+fn library_test() -> bool {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .is_some_and(|n| n.starts_with("preload"))
+}
+
+/// This test checks the kernel's path (its request counts, page cache,
+/// caches) or runs where the library is refused: under
+/// `INKFS_TEST_PRELOAD=1` its tools run without the library. `why` is
+/// printed (with `--nocapture`) so a run says what it left out.
+pub fn kernel_only(why: &str) {
+    if std::env::var(PRELOAD_ENV).is_ok_and(|v| v == "1") {
+        eprintln!("{}: tools through the kernel: {why}", test_name());
+    }
+    KERNEL_ONLY.with(|k| k.set(true));
+}
+
+/// The running test's name (libtest names each test's thread after it).
+fn test_name() -> String {
+    std::thread::current()
+        .name()
+        .unwrap_or("unnamed")
+        .replace("::", "-")
+}
+
+/// Where this test's preloaded tools count what the library served
+/// (`INKFS_PRELOAD_STATS`): one file per test, in a directory of this test
+/// process, writable by every user (tools run as other users append too).
+pub fn preload_stats() -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("inkfs-test-preload-{}", std::process::id()));
+    if !dir.is_dir() {
+        let _ = std::fs::create_dir(&dir);
+        let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777));
+    }
+    let path = dir.join(format!("{}.stats", test_name()));
+    if !path.exists() {
+        let _ = std::fs::write(&path, b"");
+        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666));
+    }
+    path
+}
+
+/// A command for a tool the test drives, as a user would run it: under
+/// `INKFS_TEST_PRELOAD=1` with the preload library in and its counters
+/// going to [`preload_stats`]. Never for the server, mount, umount or
+/// fsck: those use `Command::new`.
+pub fn tool(program: impl AsRef<OsStr>) -> Command {
+    let mut c = Command::new(program);
+    if preloading() {
+        c.env("LD_PRELOAD", preload::lib())
+            .env("INKFS_PRELOAD_STATS", preload_stats());
+    }
+    c
+}
+
+/// Set in a child [`in_preloaded_child`] starts: the argument of the test
+/// body it runs.
+pub const CHILD_ENV: &str = "INKFS_TEST_CHILD";
+
+/// Run test `name` of this test binary again, in a child process with the
+/// preload library in, `arg` in its [`CHILD_ENV`]: the test body's own
+/// file calls (std::fs, libc) then go through the library. A child, not
+/// this process: the library reads the mount table when it is loaded, so
+/// in this process it would never know the mounts a test makes. The child
+/// must pass, and the library must have served some of its calls.
+pub fn in_preloaded_child(name: &str, arg: &str) {
+    let child = PreloadedChild::new(name, arg);
+    let out = child.command().output().expect("run the child test");
+    child.check(&out);
+}
+
+/// A child of this test binary running test `name` with the library in
+/// ([`in_preloaded_child`]), for a test that talks to it while it runs
+/// ([`PreloadedChild::command`] to spawn it, [`PreloadedChild::check`]
+/// on its output).
+pub struct PreloadedChild {
+    name: String,
+    arg: String,
+    stats: PathBuf,
+    from: u64,
+}
+
+impl PreloadedChild {
+    pub fn new(name: &str, arg: &str) -> PreloadedChild {
+        let stats = preload_stats();
+        let from = std::fs::metadata(&stats).map(|m| m.len()).unwrap_or(0);
+        PreloadedChild {
+            name: name.to_string(),
+            arg: arg.to_string(),
+            stats,
+            from,
+        }
+    }
+
+    /// The child's command: this test binary, the one test, the library.
+    pub fn command(&self) -> Command {
+        let me = std::env::current_exe().expect("this test binary");
+        let mut c = Command::new(me);
+        c.args(["--exact", &self.name, "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, &self.arg)
+            .env("LD_PRELOAD", preload::lib())
+            .env("INKFS_PRELOAD_STATS", &self.stats);
+        c
+    }
+
+    /// The child passed, and the library served some of its calls.
+    pub fn check(&self, out: &Output) {
+        let name = &self.name;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("test result: ok. 1 passed"),
+            "{name} under the library ({}):\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let counts = preload_counts_from(&self.stats, self.from);
+        let served: u64 = counts
+            .iter()
+            .filter(|(k, _)| k.ends_with("_local"))
+            .map(|(_, v)| v)
+            .sum();
+        eprintln!("{name}: the test's own calls under the library: {counts:?}");
+        assert!(
+            served > 0,
+            "{name}: nothing served by the library: {counts:?}"
+        );
+    }
+}
+
+/// In a child started by [`in_preloaded_child`]: its argument. `None`
+/// otherwise (the test is only a child's body and returns at once).
+pub fn child_arg() -> Option<String> {
+    std::env::var(CHILD_ENV).ok()
+}
+
+/// The counters of the lines `from` bytes on into `stats`, summed.
+pub fn preload_counts_from(stats: &Path, from: u64) -> std::collections::BTreeMap<String, u64> {
+    let text = std::fs::read(stats).unwrap_or_default();
+    let tail = text.get(from as usize..).unwrap_or_default();
+    let mut sum = std::collections::BTreeMap::new();
+    for word in String::from_utf8_lossy(tail).split_whitespace() {
+        if let Some((k, v)) = word.split_once('=') {
+            if k != "pid" {
+                *sum.entry(k.to_string()).or_insert(0) += v.parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    sum
+}
+
+/// What the test's preloaded tools reported while a mount was up: at the
+/// mount's end, if any tool reported, the library must have served at
+/// least one call (a read, stat, listing, write, fsync, open, namespace
+/// or attribute change from the pool); all through the kernel would be a
+/// silent fallback passing as coverage.
+pub struct PreloadWindow {
+    stats: PathBuf,
+    from: u64,
+    /// A posix-mode mount: its server refuses every attach (its writes
+    /// may wait in the kernel's page cache, which a client cannot see),
+    /// so the tools fall back by design and nothing is asserted.
+    refused: bool,
+}
+
+impl PreloadWindow {
+    fn start(mnt: &Path) -> Option<PreloadWindow> {
+        if !preloading() {
+            return None;
+        }
+        let stats = preload_stats();
+        let from = std::fs::metadata(&stats).map(|m| m.len()).unwrap_or(0);
+        let refused = stats_json(mnt).is_some_and(|r| r["mode"] == "posix");
+        Some(PreloadWindow {
+            stats,
+            from,
+            refused,
+        })
+    }
+
+    fn check(&self, mnt: &Path) {
+        if std::thread::panicking() {
+            return;
+        }
+        let counts = preload_counts_from(&self.stats, self.from);
+        if counts.is_empty() {
+            return;
+        }
+        let served: u64 = counts
+            .iter()
+            .filter(|(k, _)| k.ends_with("_local"))
+            .map(|(_, v)| v)
+            .sum();
+        eprintln!(
+            "{}: {} under the library{}: {counts:?}",
+            test_name(),
+            mnt.display(),
+            if self.refused {
+                " (posix mode: refused)"
+            } else {
+                ""
+            }
+        );
+        assert!(
+            served > 0 || self.refused,
+            "{}: the tools run on {} under {PRELOAD_ENV}=1 were never served by the library \
+             (all through the kernel): {counts:?}",
+            test_name(),
+            mnt.display()
+        );
+    }
+}
 
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -50,8 +296,10 @@ pub fn run(cmd: &mut Command) -> Output {
     out
 }
 
+/// `sh -ec script` (a tool: under the library with `INKFS_TEST_PRELOAD=1`),
+/// which must succeed; its standard output.
 pub fn sh(script: &str) -> String {
-    String::from_utf8_lossy(&run(Command::new("sh").arg("-ec").arg(script)).stdout).into_owned()
+    String::from_utf8_lossy(&run(tool("sh").arg("-ec").arg(script)).stdout).into_owned()
 }
 
 /// A formatted pool file in /dev/shm, removed on drop.
@@ -148,6 +396,7 @@ pub fn mount_with(pool: &Path, mnt: &Path, opts: &str) -> Output {
 pub struct Mounted {
     pub dir: tempfile::TempDir,
     pub pid: u32,
+    preload: Option<PreloadWindow>,
 }
 
 impl Mounted {
@@ -168,8 +417,15 @@ impl Mounted {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+        Self::adopt(dir)
+    }
+
+    /// The mount a test made itself at `dir` (its server's pid from the
+    /// statistics socket).
+    pub fn adopt(dir: tempfile::TempDir) -> Mounted {
         let pid = server_pid(dir.path()).expect("server pid from the stats socket");
-        Mounted { dir, pid }
+        let preload = PreloadWindow::start(dir.path());
+        Mounted { dir, pid, preload }
     }
 
     pub fn path(&self) -> &Path {
@@ -186,6 +442,9 @@ impl Mounted {
         let this = std::mem::ManuallyDrop::new(self);
         run(Command::new("umount").arg(this.dir.path()));
         wait_exit(this.pid);
+        if let Some(w) = &this.preload {
+            w.check(this.dir.path());
+        }
         // SAFETY: `this` is never used again and never dropped; the field
         // is moved out exactly once.
         unsafe { std::ptr::read(&this.dir) }
@@ -197,6 +456,9 @@ impl Mounted {
         // SAFETY: kill has no memory preconditions.
         unsafe { libc::kill(this.pid as i32, libc::SIGKILL) };
         wait_exit(this.pid);
+        if let Some(w) = &this.preload {
+            w.check(this.dir.path());
+        }
         // SAFETY: as in `unmount`.
         unsafe { std::ptr::read(&this.dir) }
     }
@@ -212,6 +474,9 @@ impl Drop for Mounted {
                 .output();
             // SAFETY: kill has no memory preconditions.
             unsafe { libc::kill(self.pid as i32, libc::SIGKILL) };
+        }
+        if let Some(w) = &self.preload {
+            w.check(self.dir.path());
         }
     }
 }

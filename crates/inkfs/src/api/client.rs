@@ -369,11 +369,12 @@ impl Client {
     }
 
     /// Open inode `ino` (the permission rules of open(2)); `O_TRUNC`
-    /// truncates under the inode's write lease. A write access mode gets
-    /// EROFS on a read-only mount.
+    /// truncates under the inode's write lease, whatever the access mode
+    /// (Linux truncates at `O_RDONLY|O_TRUNC` too, given write
+    /// permission). A write access mode gets EROFS on a read-only mount.
     pub fn open(&self, cred: &Credentials, ino: u64, flags: OpenFlags) -> Result<File> {
         let is_file = || self.getattr(ino).is_ok_and(|a| a.kind == FileKind::File);
-        if flags.has(libc::O_TRUNC) && flags.writable() && is_file() {
+        if flags.has(libc::O_TRUNC) && is_file() {
             return self.leased(ino, None, 0, |fs| fs.open(cred, ino, flags));
         }
         if flags.writable() {

@@ -172,6 +172,14 @@ impl File {
         self.flags.store(new, Ordering::Relaxed);
         Ok(())
     }
+    /// Whether writes and allocations through this handle drop the file's
+    /// set-id bits (a writer without CAP_FSETID). The engine decides it
+    /// from the opener's credentials; a front end that opens its handles
+    /// with root's (the preload library: the kernel checked the program's
+    /// own open) says it here for the process it serves.
+    pub fn set_drops_setid(&mut self, drops: bool) {
+        self.handle.drops_setid = drops;
+    }
     /// Let a write-only file be read as well: a kernel page cache in
     /// front of the engine (FUSE's writeback cache) fills the pages around
     /// a partial write by reading through the writer's own handle. That

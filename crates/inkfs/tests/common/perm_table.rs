@@ -116,7 +116,14 @@ pub enum Op {
     ReadDir(&'static str),
     /// open O_WRONLY, write one byte at 0, close
     Write(&'static str),
+    /// `Create` with this umask instead of the callers' usual 022.
+    CreateMasked(&'static str, u32, u32),
+    /// `Mkdir` with this umask instead of 022.
+    MkdirMasked(&'static str, u32, u32),
 }
+
+/// The umask every caller runs with, but for the `*Masked` operations.
+pub const UMASK: u32 = 0o022;
 
 /// What else to verify after a successful operation (as root).
 #[derive(Clone, Copy, Debug)]
@@ -472,5 +479,53 @@ pub const CASES: &[Case] = &[
         op: Op::SetXattr("t", "user.new"),
         expect: [OK, EPERM, EPERM, OK],
         check: Check::None,
+    },
+    Case {
+        name: "the umask masks a new file's mode",
+        tree: &[dir("d", 0o777)],
+        op: Op::CreateMasked("d/new", 0o666, 0o077),
+        expect: [OK, OK, OK, OK],
+        check: Check::Mode("d/new", 0o600, 0o600),
+    },
+    Case {
+        name: "the umask masks a new directory's mode",
+        tree: &[dir("d", 0o777)],
+        op: Op::MkdirMasked("d/sub", 0o777, 0o027),
+        expect: [OK, OK, OK, OK],
+        check: Check::Mode("d/sub", 0o750, 0o750),
+    },
+    Case {
+        name: "the umask leaves the set-group-ID a directory inherits",
+        tree: &[Node {
+            path: "d",
+            dir: true,
+            mode: 0o2777,
+            uid: 0,
+            gid: GROUP,
+        }],
+        op: Op::MkdirMasked("d/sub", 0o777, 0o077),
+        expect: [OK, OK, OK, OK],
+        check: Check::Mode("d/sub", 0o2700, 0o2700),
+    },
+    Case {
+        name: "any unprivileged writer drops set-group-ID of a group-executable file",
+        tree: &[file("f", 0o2777)],
+        op: Op::Write("f"),
+        expect: [OK, OK, OK, OK],
+        check: Check::Mode("f", 0o777, 0o2777),
+    },
+    Case {
+        name: "a write keeps set-group-ID of a file the group may not execute",
+        tree: &[file("f", 0o2766)],
+        op: Op::Write("f"),
+        expect: [OK, OK, OK, OK],
+        check: Check::Mode("f", 0o2766, 0o2766),
+    },
+    Case {
+        name: "a truncate by an unprivileged writer drops set-user-ID",
+        tree: &[file("f", 0o4777)],
+        op: Op::Truncate("f", 1),
+        expect: [OK, OK, OK, OK],
+        check: Check::Mode("f", 0o777, 0o4777),
     },
 ];
