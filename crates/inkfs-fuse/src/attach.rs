@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use inkfs::api::attach::{send_grant, Grant};
 use inkfs::api::lease::{Msg, LINE_MAX, RANGES_PER_LINE};
-use inkfs::api::ring::Ring;
+use inkfs::api::ring::{RingSet, RINGS};
 use inkfs::api::{Mode, SharedEpochs, Side};
 
 use crate::lease::{Holder, Leases};
@@ -189,9 +189,9 @@ fn session(inner: &Arc<Inner>, conn: UnixStream) {
         use std::io::Write;
         let _ = (&conn).write_all(format!("error {}\n", why.replace('\n', " ")).as_bytes());
     };
-    let ring = match Ring::create() {
+    let rings = match RingSet::create() {
         Ok(r) => Arc::new(r),
-        Err(e) => return refuse(format!("cannot make the request ring: {e}")),
+        Err(e) => return refuse(format!("cannot make the request rings: {e}")),
     };
     let (grant, fds, pid) = match admit(inner, &conn) {
         Ok(g) => g,
@@ -203,7 +203,7 @@ fn session(inner: &Arc<Inner>, conn: UnixStream) {
         &grant,
         fds.pool.as_fd(),
         inner.epochs.fd(),
-        ring.fd(),
+        rings.fd(),
         data,
     );
     // Our duplicates of the descriptors: the client has its own now.
@@ -212,27 +212,25 @@ fn session(inner: &Arc<Inner>, conn: UnixStream) {
         match conn.try_clone() {
             Ok(out) => {
                 let holder = inner.leases.join(grant.id, pid, out);
-                let ringer = {
-                    let (inner, holder, ring) = (inner.clone(), holder.clone(), ring.clone());
-                    std::thread::Builder::new()
-                        .name("inkfs-ring".into())
-                        .spawn(move || serve_ring(&inner, &holder, &ring))
+                let lanes = Lanes {
+                    inner: inner.clone(),
+                    holder: holder.clone(),
+                    rings: rings.clone(),
+                    threads: Mutex::default(),
                 };
-                if let Err(e) = &ringer {
-                    eprintln!("inkfs: attach: cannot start a thread: {e}");
-                    ring.close();
-                }
-                let worker = serve_leases(inner, &conn, &holder);
+                lanes.start(0);
+                let worker = serve_leases(inner, &conn, &holder, &lanes);
                 // The client is gone: its leases are settled first, so that
-                // a request of its own still running (on the ring or the
+                // a request of its own still running (on a ring or the
                 // worker) that waits for one of them ends; a request it
-                // left on the ring is finished (or was never taken) once
-                // the thread ends.
+                // left on a ring is finished (or was never taken) once
+                // the ring's thread ends.
                 inner.leases.end(&holder);
-                ring.close();
-                for t in [worker, ringer.ok()].into_iter().flatten() {
+                rings.close();
+                if let Some(t) = worker {
                     let _ = t.join();
                 }
+                lanes.join();
                 inner.leases.leave(&holder);
             }
             Err(e) => eprintln!("inkfs: attach: cannot keep the session: {e}"),
@@ -241,10 +239,58 @@ fn session(inner: &Arc<Inner>, conn: UnixStream) {
     end_session(inner, &grant);
 }
 
-/// The client's requests on its ring (`inkfs::api::ring`): lease grants,
-/// reservations and namespace changes, answered in order, until the
-/// session ends.
-fn serve_ring(inner: &Inner, holder: &Arc<Holder>, ring: &Ring) {
+/// The server's threads of one client's request rings: ring 0 from the
+/// attach on, ring `k` from the client's `lane k` on (a client process
+/// whose threads ask at once).
+struct Lanes {
+    inner: Arc<Inner>,
+    holder: Arc<Holder>,
+    rings: Arc<RingSet>,
+    threads: Mutex<Vec<(usize, std::thread::JoinHandle<()>)>>,
+}
+
+impl Lanes {
+    /// Serve ring `k` (once; nothing past the set's rings).
+    fn start(&self, k: usize) {
+        let Some(ring) = self.rings.ring(k) else {
+            return;
+        };
+        let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        if threads.iter().any(|&(i, _)| i == k) {
+            return;
+        }
+        let (inner, holder, rings) = (self.inner.clone(), self.holder.clone(), self.rings.clone());
+        let spawned = std::thread::Builder::new()
+            .name("inkfs-ring".into())
+            .spawn(move || {
+                if let Some(ring) = rings.ring(k) {
+                    serve_ring(&inner, &holder, ring);
+                }
+            });
+        match spawned {
+            Ok(t) => threads.push((k, t)),
+            Err(e) => {
+                eprintln!("inkfs: attach: cannot start a thread: {e}");
+                // The client's request there gets EIO (and goes through
+                // the mount) instead of waiting for nobody.
+                ring.close();
+            }
+        }
+    }
+
+    /// Wait for every ring's thread (after the rings were closed).
+    fn join(&self) {
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for (_, t) in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The client's requests on one of its rings (`inkfs::api::ring`): lease
+/// grants, reservations and namespace changes, answered in order, until
+/// the session ends.
+fn serve_ring(inner: &Inner, holder: &Arc<Holder>, ring: inkfs::api::ring::Ring<'_>) {
     let mut last = 0;
     while let Some((seq, bytes)) = ring.next_request(last) {
         last = seq;
@@ -345,6 +391,7 @@ fn serve_leases(
     inner: &Arc<Inner>,
     conn: &UnixStream,
     holder: &Arc<Holder>,
+    lanes: &Lanes,
 ) -> Option<std::thread::JoinHandle<()>> {
     let _ = conn.set_read_timeout(None);
     let (tx, rx) = std::sync::mpsc::channel::<Work>();
@@ -407,6 +454,7 @@ fn serve_leases(
                 let _ = tx.send(Work::Unheld);
             }
             Some(Msg::Released(ino, gen)) => inner.leases.settle(holder, ino, Some(gen)),
+            Some(Msg::Lane(k)) if (k as usize) < RINGS => lanes.start(k as usize),
             // Anything else from a client is ignored.
             _ => {}
         }

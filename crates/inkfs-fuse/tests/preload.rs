@@ -1011,7 +1011,7 @@ import os, sys, threading
 m = sys.argv[1]
 # Four threads pwrite their own 4 KiB blocks of one file, and append
 # records to one shared O_APPEND descriptor, and write through one shared
-# offset: every write through the same client cell (one per inode).
+# offset: every write through the one client of the process.
 fd = os.open(m + "/blocks", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
 log = os.open(m + "/log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 seq = os.open(m + "/seq", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -1068,11 +1068,10 @@ fn threads_write_one_file_at_once() {
     }
     assert_eq!(log.lines().count(), 800);
     assert_eq!(seq.lines().count(), 800);
-    // Every write is served through the inode's one cell, but for those
-    // whose thread waited past the library's 50 ms for the cell (a loaded
-    // machine deschedules the thread holding it): those go through the
-    // kernel descriptor, as designed. Most must be served.
+    // Every write is served by the process's one client, which holds the
+    // inode's lease: no thread waits for another's call to end, none goes
+    // through the kernel.
     let n = counts(stats.path());
-    assert_eq!(c(&n, "write_local") + c(&n, "write_kernel"), 2400, "{n:?}");
-    assert!(c(&n, "write_local") >= 2000, "{n:?}");
+    assert_eq!(c(&n, "write_local"), 2400, "{n:?}");
+    assert_eq!(c(&n, "write_kernel"), 0, "{n:?}");
 }

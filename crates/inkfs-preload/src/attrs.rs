@@ -3,8 +3,8 @@
 //! fchmodat on a descriptor), of files under a served mount
 //! (docs/KERNEL-FREE.md, "Attribute changes by the lease holder").
 //!
-//! A regular file whose write lease this process's writer cell holds (a
-//! file it created or wrote) is changed by the client itself, in the
+//! A regular file whose write lease this process's client holds (a file
+//! it created or wrote) is changed by the client itself, in the
 //! inode's log, with the caller's credentials: no message at all (tar's
 //! futimens, fchown and fchmod after writing a file). Anything else is
 //! made by the server through the ring (names.rs's `ask`); what the
@@ -33,7 +33,7 @@ fn set_attr(
     set: SetAttr,
 ) -> Option<c_int> {
     if kind == FileKind::File {
-        if let Some(lease) = m.checkout_writer(ino) {
+        if let Some(lease) = m.checkout() {
             if let Some(r) = lease.client().setattr_leased(cred, ino, &set) {
                 stats::bump(&stats::ATTR_LOCAL);
                 return Some(match r {

@@ -64,7 +64,7 @@ fn fill(d: &mut dirent64, e: &DirEntry) {
 /// the kernel path.
 fn next_entry(idx: usize, ofd: &Ofd, pos: u64) -> Option<Option<DirEntry>> {
     let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
-    let mut lease = m.checkout()?;
+    let lease = m.checkout()?;
     lease
         .with_file(idx, ofd, |c, f| {
             let mut got = None;
@@ -277,7 +277,7 @@ pub unsafe extern "C" fn opendir(p: *const c_char) -> *mut DIR {
 /// getdents64 on a served directory: whole records while they fit.
 fn served_getdents(idx: usize, ofd: &Ofd, buf: *mut u8, n: usize) -> Option<ssize_t> {
     let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
-    let mut lease = m.checkout()?;
+    let lease = m.checkout()?;
     let pos = ofd.offset.load(Ordering::Acquire);
     let (used, newpos, too_small) = lease
         .with_file(idx, ofd, |c, f| {

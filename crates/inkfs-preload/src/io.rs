@@ -6,12 +6,12 @@
 //! the kernel descriptor's own offset is stale until an exec hands the
 //! descriptor over (process.rs). So every call that uses or moves the
 //! position is here: reads are served from the pool at the library's
-//! offset, or (no client free, the engine could not open the file) made
+//! offset, or (no client, the engine could not open the file) made
 //! with pread on the kernel descriptor at that offset. Writes (and
 //! ftruncate) of a descriptor open for writing go through the client under
-//! the inode's write lease (mounts.rs: one client cell per inode); when
-//! the client cannot (cell busy too long, lease refused, any error: it then
-//! wrote nothing) the kernel descriptor does it, with pwrite at the
+//! the inode's write lease (mounts.rs: the process's one client holds
+//! it); when the client cannot (lease refused, any error: it then wrote
+//! nothing) the kernel descriptor does it, with pwrite at the
 //! library's offset, or for O_APPEND through the kernel's write, after
 //! which the library takes the kernel's new offset.
 //!
@@ -80,7 +80,7 @@ fn fail(e: c_int) -> ssize_t {
 /// Read into `iov` at `off` from the pool. `None`: take the kernel path.
 fn pool_read(idx: usize, ofd: &Ofd, iov: &[iovec], off: u64) -> Option<usize> {
     let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
-    let mut lease = m.checkout_for(ofd)?;
+    let lease = m.checkout()?;
     let r = lease.with_file(idx, ofd, |c, f| {
         c.call(|fs| {
             let mut total = 0usize;
@@ -407,7 +407,7 @@ fn pool_write(idx: usize, ofd: &Ofd, data: &[u8], at: At) -> Option<u64> {
         return None;
     }
     let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
-    let mut lease = m.checkout_writer_for(ofd)?;
+    let lease = m.checkout()?;
     let r = lease.with_file(idx, ofd, |c, f| match at {
         At::Offset(off) => c.pwrite(f, off, data),
         At::End => c.append(f, data),
@@ -652,7 +652,7 @@ fn pool_truncate(idx: usize, ofd: &Ofd, len: off64_t) -> Option<c_int> {
         return None;
     }
     let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
-    let mut lease = m.checkout_writer_for(ofd)?;
+    let lease = m.checkout()?;
     // The caller's ids: the engine drops set-user-ID and set-group-ID bits
     // as Linux does for them.
     let cred = crate::path::credentials(false);
@@ -691,7 +691,7 @@ fn file_size(fd: c_int, ofd: &Ofd) -> Option<u64> {
             return None;
         }
         let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
-        let lease = m.checkout_for(ofd)?;
+        let lease = m.checkout()?;
         lease
             .client()
             .getattr(ofd.ino.load(Ordering::Relaxed))

@@ -151,7 +151,7 @@ pub fn forget(idx: usize) {
     if let Some((mi, hold)) = info.hold {
         let done = guard::run(|| {
             let m = mounts::by_index(mi)?;
-            let lease = m.checkout_wait()?;
+            let lease = m.checkout()?;
             lease.client().unhold(hold);
             Some(())
         });
@@ -256,7 +256,7 @@ pub fn open(dirfd: c_int, bytes: &[u8], flags: c_int, mode: libc::mode_t) -> Opt
     } else {
         path::credentials(false)
     };
-    let lease = t.mount.checkout_lazy()?;
+    let lease = t.mount.checkout()?;
     if lease.client().session_closed() {
         // The server is gone: no placeholder for a pool nobody serves.
         t.mount.alive(&lease);
@@ -266,7 +266,6 @@ pub fn open(dirfd: c_int, bytes: &[u8], flags: c_int, mode: libc::mode_t) -> Opt
         let (dir, name) = path::walk_parent(fs, &cred, &t, false)?;
         Some((dir, name, fs.lookup(&cred, dir, name)))
     })?;
-    drop(lease);
     let path = t.absolute(|| path_of(table::local(dirfd)?.0))?;
     match found {
         Ok(a) => {
@@ -289,8 +288,8 @@ pub fn open(dirfd: c_int, bytes: &[u8], flags: c_int, mode: libc::mode_t) -> Opt
 }
 
 /// An existing regular file: the engine's open rules with the caller's
-/// credentials (O_TRUNC under the write lease, in the inode's writer
-/// cell), the hold, the placeholder.
+/// credentials (O_TRUNC under the write lease), the hold, the
+/// placeholder.
 fn existing(
     m: &'static Mount,
     mi: usize,
@@ -302,12 +301,8 @@ fn existing(
 ) -> Option<c_int> {
     let oflags = OpenFlags::new(flags & !(libc::O_CREAT | libc::O_EXCL));
     // O_TRUNC truncates whatever the access mode (O_RDONLY|O_TRUNC too),
-    // under the lease its writer cell holds.
-    let lease = if flags & libc::O_TRUNC != 0 {
-        m.checkout_writer(ino)?
-    } else {
-        m.checkout_lazy()?
-    };
+    // under the lease the process's client holds.
+    let lease = m.checkout()?;
     let c = lease.client();
     match c.open(cred, ino, oflags) {
         Ok(file) => c.release(file),
@@ -323,7 +318,6 @@ fn existing(
         c.unhold(hold);
         return None;
     };
-    drop(lease);
     Some(register(fd, m, mi, ino, flags, path, hold))
 }
 
@@ -340,7 +334,7 @@ fn create(
     cred: &inkfs::api::Credentials,
     path: Box<[u8]>,
 ) -> Option<c_int> {
-    let lease = m.checkout_lazy()?;
+    let lease = m.checkout()?;
     let c = lease.client();
     let op = Op::Create {
         dir,
@@ -353,11 +347,6 @@ fn create(
     if done.errno != 0 {
         return Some(fail(done.errno));
     }
-    if done.gen != 0 {
-        // Its writes and attribute changes go through this cell, which
-        // holds the lease now.
-        m.note_writer(done.ino, &lease);
-    }
     // Removed by someone else between the create and this hold: the open
     // made the file and cannot hand it out (a difference from the
     // kernel's open, which would).
@@ -369,7 +358,6 @@ fn create(
         // The kernel opens what the server made (no O_EXCL: it exists).
         return None;
     };
-    drop(lease);
     Some(register(fd, m, mi, done.ino, flags, path, hold))
 }
 
@@ -406,7 +394,7 @@ fn register(
                 }
             }
             if let Some(m) = mounts::by_index(mi) {
-                if let Some(lease) = m.checkout_wait() {
+                if let Some(lease) = m.checkout() {
                     lease.client().unhold(hold);
                 }
             }

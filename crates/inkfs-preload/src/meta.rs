@@ -57,7 +57,7 @@ fn path_attr(
 fn fd_attr(ofd: &Ofd) -> Option<(Attr, &'static Mount)> {
     let got = (|| {
         let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
-        let lease = m.checkout_for(ofd)?;
+        let lease = m.checkout()?;
         let a = lease
             .client()
             .getattr(ofd.ino.load(Ordering::Relaxed))

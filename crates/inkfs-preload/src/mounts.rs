@@ -8,47 +8,37 @@
 //! would be served on it. A refused or failed attach marks the mount
 //! "kernel only" for the life of the process.
 //!
-//! Threads: a [`Client`] pins one epoch slot and is one thread's. Each
-//! mount has [`CLIENTS`] cells, attached lazily; a call checks one out with
-//! a compare-and-swap (idle -> busy) and gives it back when done. A call
-//! that finds every cell busy and none left to attach takes the kernel
-//! path. So a process uses one slot of the mount's 64 per thread that
-//! actually runs a served call concurrently, at most [`CLIENTS`].
+//! Threads: one [`Client`] per mount per process, attached at the first
+//! call that needs it and shared by all the process's threads
+//! (`inkfs::api::lanes`: each thread pins a word of the client's epoch
+//! slot of its own and takes a request ring for each round trip). So a
+//! process uses one of the mount's 64 slots however many threads it runs,
+//! no call waits for another thread's call to end, and one client holds
+//! every write lease of the process: two threads writing one file share
+//! its lease instead of recalling it from each other.
 //!
-//! Writes: a write lease is a client's (its session's), so two cells of
-//! one process writing one inode would recall the lease from each other
-//! at every write. Every write, truncate and fsync of inode `ino` in this
-//! process therefore goes through cell `ino % CLIENTS`
-//! ([`Mount::checkout_writer`]), waiting for it if another thread has it
-//! checked out; reads take any idle cell (they need no lease).
+//! The engine's handle of each open file is opened at the file's first
+//! served call and kept (by open-file index, tagged with the entry's
+//! generation) until the index is reused.
 
-use std::cell::UnsafeCell;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU8, Ordering};
+use std::sync::{OnceLock, RwLock};
 
 use inkfs::api::client::Client;
 use inkfs::api::{Credentials, File, OpenFlags};
 
 use crate::table::{Ofd, MAX_OFD};
 
-/// Clients per mount per process (each one of the mount's 64 slots):
-/// eight, so that threads of one process rarely wait for a cell (a
-/// placeholder's calls and namespace requests hold one for the whole call).
-pub const CLIENTS: usize = 8;
-/// How long a write waits for its inode's client cell before it goes
-/// through the kernel instead.
-const WRITER_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
-/// How long a call on a placeholder waits for a client: the kernel path
-/// would materialize it.
-const LAZY_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long a call waits for another thread's attach to end before it
+/// takes the kernel path (an attach is a few round trips on a socket).
+const ATTACH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 const EMPTY: u8 = 0;
 const ATTACHING: u8 = 1;
-const IDLE: u8 = 2;
-const BUSY: u8 = 3;
-/// Attach failed, or its process forked away from it: never used.
-const DEAD: u8 = 4;
+const READY: u8 = 2;
+/// Attach failed: never used.
+const DEAD: u8 = 3;
 
 /// One FUSE mount of the process.
 pub struct Mount {
@@ -67,66 +57,34 @@ pub struct Mount {
     pub has_submounts: bool,
     /// Attach refused or the server gone: everything to the kernel.
     refused: AtomicBool,
-    cells: [Cell; CLIENTS],
+    /// EMPTY, ATTACHING (one thread attaches, the others wait), READY
+    /// (`slot` is set) or DEAD.
+    state: AtomicU8,
+    /// The attached client: set once (READY) and never freed while the
+    /// process runs (a child after fork forgets it).
+    slot: AtomicPtr<Slot>,
+    /// Bumped when an attach ends, and the threads waiting for it (futex).
+    attached: AtomicU32,
+    attach_waiters: AtomicU32,
     /// A real statx of the mount's root, for the fields a statx answer
     /// copies (mask, attributes, mount id).
     pub root_statx: OnceLock<Option<libc::statx>>,
-    /// Bumped at every cell's release, and the threads waiting for any
-    /// cell (futex, as [`Cell::freed`]).
-    any_freed: AtomicU32,
-    any_waiters: AtomicU32,
-    /// Inodes whose writer is not cell `ino % CLIENTS`: a file created
-    /// through a cell holds its lease there (lazy.rs). `ino << 8 | cell`,
-    /// direct-mapped by inode number; a displaced entry costs one lease
-    /// moving between this process's cells.
-    writers: [AtomicU64; WRITERS],
 }
 
-/// Entries of [`Mount::writers`].
-const WRITERS: usize = 1024;
-
-struct Cell {
-    state: AtomicU8,
-    slot: UnsafeCell<Option<Box<Slot>>>,
-    /// Bumped each time the cell goes back to idle (a futex word threads
-    /// waiting for this cell sleep on), and how many wait.
-    freed: AtomicU32,
-    waiters: AtomicU32,
-}
-
-/// An attached client and the engine handles it opened, by open-file
-/// index (each tagged with the entry's generation).
+/// The attached client and the engine handles it opened, by open-file
+/// index (each tagged with the entry's generation): read-locked for a
+/// call on the file, write-locked to open or replace the handle.
 struct Slot {
     client: Client,
-    files: Vec<Option<(u32, File)>>,
+    files: Box<[FileEntry]>,
 }
 
-// SAFETY: a cell's slot is only touched by the thread that moved its state
-// to ATTACHING or BUSY (a compare-and-swap), until it stores IDLE again.
-unsafe impl Sync for Cell {}
+/// An open file's engine handle and the generation it was opened for.
+type FileEntry = RwLock<Option<(u32, File)>>;
 
-/// A checked-out client: given back when dropped.
+/// The mount's client, for one call.
 pub struct Lease<'a> {
-    mount: &'a Mount,
-    cell: &'a Cell,
-    slot: &'a mut Slot,
-}
-
-impl Drop for Lease<'_> {
-    fn drop(&mut self) {
-        self.cell.state.store(IDLE, Ordering::Release);
-        // Threads waiting for this cell, or for any: one of them takes it
-        // (waking them all for one cell: few wait for a given cell).
-        self.cell.freed.fetch_add(1, Ordering::SeqCst);
-        if self.cell.waiters.load(Ordering::SeqCst) != 0 {
-            futex_wake(&self.cell.freed, i32::MAX);
-        }
-        let m = self.mount;
-        m.any_freed.fetch_add(1, Ordering::SeqCst);
-        if m.any_waiters.load(Ordering::SeqCst) != 0 {
-            futex_wake(&m.any_freed, 1);
-        }
-    }
+    slot: &'a Slot,
 }
 
 /// Wake up to `n` threads sleeping on `word` (this process's).
@@ -178,225 +136,144 @@ impl Lease<'_> {
     /// first use). `None` if the engine cannot open it (the call then
     /// takes the kernel path).
     pub fn with_file<R>(
-        &mut self,
+        &self,
         idx: usize,
         ofd: &Ofd,
         f: impl FnOnce(&Client, &File) -> R,
     ) -> Option<R> {
-        self.file(idx, ofd)?;
-        let (_, file) = self.slot.files.get(idx)?.as_ref()?;
-        Some(f(&self.slot.client, file))
-    }
-
-    /// The engine's handle for open file `idx` (opened at first use), with
-    /// the descriptor's access mode. The kernel checked the permissions
-    /// when the program opened its descriptor, so the handle is opened
-    /// without checks (root's credentials); its writes drop set-id bits
-    /// unless the process's effective uid is root when the handle is
-    /// opened (Linux asks the writer's CAP_FSETID at each write: one
-    /// system call per handle here, not per write).
-    fn file(&mut self, idx: usize, ofd: &Ofd) -> Option<&File> {
         let gen = ofd.gen.load(Ordering::Acquire);
-        let entry = self.slot.files.get_mut(idx)?;
-        if entry.as_ref().is_some_and(|(g, _)| *g != gen) {
-            if let Some((_, old)) = entry.take() {
-                self.slot.client.release(old);
+        let entry = self.slot.files.get(idx)?;
+        let client = &self.slot.client;
+        {
+            let held = entry.read().unwrap_or_else(|e| e.into_inner());
+            if let Some((g, file)) = &*held {
+                if *g == gen {
+                    return Some(f(client, file));
+                }
             }
         }
-        if entry.is_none() {
-            let ino = ofd.ino.load(Ordering::Acquire);
-            let root = Credentials::root();
-            let f = if ofd.is_dir() {
-                self.slot.client.opendir(&root, ino)
-            } else {
-                // The descriptor's access mode (never O_TRUNC or O_CREAT:
-                // the kernel's open did those). O_APPEND is decided per
-                // call from the entry's flags, which F_SETFL may change.
-                let acc = ofd.flags.load(Ordering::Relaxed) as i32 & libc::O_ACCMODE;
-                self.slot
-                    .client
-                    .open(&root, ino, OpenFlags::new(acc))
-                    .map(|mut f| {
-                        // SAFETY: geteuid cannot fail.
-                        f.set_drops_setid(unsafe { libc::geteuid() } != 0);
-                        f
-                    })
-            };
-            *entry = Some((gen, f.ok()?));
+        self.open_file(entry, gen, ofd)?;
+        let held = entry.read().unwrap_or_else(|e| e.into_inner());
+        match &*held {
+            Some((g, file)) if *g == gen => Some(f(client, file)),
+            // Reused again meanwhile: this call's descriptor is closed.
+            _ => None,
         }
-        entry.as_ref().map(|(_, f)| f)
+    }
+
+    /// Open the engine's handle of open file `ofd` (generation `gen`)
+    /// into `entry`, with the descriptor's access mode, releasing the
+    /// handle of the entry's previous user. The kernel checked the
+    /// permissions when the program opened its descriptor, so the handle
+    /// is opened without checks (root's credentials); its writes drop
+    /// set-id bits unless the process's effective uid is root when the
+    /// handle is opened (Linux asks the writer's CAP_FSETID at each write:
+    /// one system call per handle here, not per write). `None`: the engine
+    /// cannot open it.
+    fn open_file(&self, entry: &FileEntry, gen: u32, ofd: &Ofd) -> Option<()> {
+        let client = &self.slot.client;
+        let mut held = entry.write().unwrap_or_else(|e| e.into_inner());
+        if held.as_ref().is_some_and(|(g, _)| *g == gen) {
+            // Another thread opened it meanwhile.
+            return Some(());
+        }
+        if let Some((_, old)) = held.take() {
+            client.release(old);
+        }
+        let ino = ofd.ino.load(Ordering::Acquire);
+        let root = Credentials::root();
+        let f = if ofd.is_dir() {
+            client.opendir(&root, ino)
+        } else {
+            // The descriptor's access mode (never O_TRUNC or O_CREAT: the
+            // kernel's open did those). O_APPEND is decided per call from
+            // the entry's flags, which F_SETFL may change.
+            let acc = ofd.flags.load(Ordering::Relaxed) as i32 & libc::O_ACCMODE;
+            client.open(&root, ino, OpenFlags::new(acc)).map(|mut f| {
+                // SAFETY: geteuid cannot fail.
+                f.set_drops_setid(unsafe { libc::geteuid() } != 0);
+                f
+            })
+        };
+        *held = Some((gen, f.ok()?));
+        Some(())
     }
 }
 
 impl Mount {
-    /// A client of this mount for one call, or `None`: the call takes the
-    /// kernel path.
+    /// The mount's client for one call (attached at the first), or
+    /// `None`: the call takes the kernel path.
     pub fn checkout(&self) -> Option<Lease<'_>> {
+        let p = self.slot.load(Ordering::Acquire);
+        if !p.is_null() {
+            // SAFETY: set once from a leaked Box, never freed (the child
+            // of a fork forgets it without freeing it).
+            return Some(Lease {
+                slot: unsafe { &*p },
+            });
+        }
         if self.refused.load(Ordering::Relaxed) {
             return None;
         }
-        for cell in &self.cells {
-            if cell
-                .state
-                .compare_exchange(IDLE, BUSY, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
-            {
-                return Some(lease(self, cell));
-            }
-        }
-        for (i, cell) in self.cells.iter().enumerate() {
-            if cell
-                .state
-                .compare_exchange(EMPTY, ATTACHING, Ordering::Acquire, Ordering::Relaxed)
-                .is_err()
-            {
-                continue;
-            }
-            return self.attach_cell(i, cell);
-        }
-        None
+        self.attach_or_wait()
     }
 
-    /// The client that writes inode `ino` in this process: always the
-    /// same cell (`ino % CLIENTS`), so one client of the process holds an
-    /// inode's write lease and two threads writing one file never recall
-    /// it from each other. Waits while the cell is busy (a read or a write
-    /// of another thread: short), up to [`WRITER_WAIT`]; `None` after
-    /// that, or if the cell cannot attach: the write then goes through
-    /// the kernel descriptor (correct, only slower: the server recalls the
-    /// lease).
-    pub fn checkout_writer(&self, ino: u64) -> Option<Lease<'_>> {
-        self.checkout_writer_within(ino, WRITER_WAIT)
-    }
-
-    /// A client for a call on open file `ofd`: a placeholder's waits for
-    /// one (up to [`LAZY_WAIT`]), as the kernel path would materialize it
-    /// (two round trips through the kernel and a real open file from then
-    /// on); any other's takes the kernel path at once if none is idle.
-    pub fn checkout_for(&self, ofd: &Ofd) -> Option<Lease<'_>> {
-        if ofd.lazy.load(Ordering::Relaxed) == 0 {
-            return self.checkout();
-        }
-        self.checkout_within(LAZY_WAIT)
-    }
-
-    /// [`Mount::checkout_writer`] for open file `ofd` (a placeholder's
-    /// waits up to [`LAZY_WAIT`]).
-    pub fn checkout_writer_for(&self, ofd: &Ofd) -> Option<Lease<'_>> {
-        let ino = ofd.ino.load(Ordering::Relaxed);
-        if ofd.lazy.load(Ordering::Relaxed) == 0 {
-            return self.checkout_writer(ino);
-        }
-        self.checkout_writer_within(ino, LAZY_WAIT)
-    }
-
-    fn checkout_writer_within(&self, ino: u64, wait: std::time::Duration) -> Option<Lease<'_>> {
-        if self.refused.load(Ordering::Relaxed) {
-            return None;
-        }
-        let i = self.writer_of(ino);
-        let cell = &self.cells[i];
-        let mut deadline: Option<std::time::Instant> = None;
+    /// Attach, or wait for the thread attaching (up to [`ATTACH_WAIT`]).
+    #[cold]
+    fn attach_or_wait(&self) -> Option<Lease<'_>> {
+        let end = std::time::Instant::now() + ATTACH_WAIT;
         loop {
-            let seen = cell.freed.load(Ordering::SeqCst);
-            match cell
-                .state
-                .compare_exchange(IDLE, BUSY, Ordering::Acquire, Ordering::Relaxed)
-            {
-                Ok(_) => return Some(lease(self, cell)),
-                Err(EMPTY) => {
-                    if cell
-                        .state
-                        .compare_exchange(EMPTY, ATTACHING, Ordering::Acquire, Ordering::Relaxed)
-                        .is_ok()
-                    {
-                        return self.attach_cell(i, cell);
-                    }
+            let seen = self.attached.load(Ordering::SeqCst);
+            match self.state.compare_exchange(
+                EMPTY,
+                ATTACHING,
+                Ordering::Acquire,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return self.attach_now(),
+                Err(READY) => {
+                    let p = self.slot.load(Ordering::Acquire);
+                    debug_assert!(!p.is_null(), "a ready mount has a client");
+                    // SAFETY: as in `checkout`.
+                    return (!p.is_null()).then(|| Lease {
+                        slot: unsafe { &*p },
+                    });
                 }
                 Err(DEAD) => return None,
                 Err(_) => {}
             }
-            let end = *deadline.get_or_insert_with(|| std::time::Instant::now() + wait);
             if std::time::Instant::now() >= end {
                 return None;
             }
-            // Asleep until the cell is given back (not spinning: on a
-            // small machine the holder needs the core).
-            futex_wait(&cell.freed, &cell.waiters, seen, end);
+            futex_wait(&self.attached, &self.attach_waiters, seen, end);
         }
     }
 
-    /// The cell that writes inode `ino` in this process.
-    fn writer_of(&self, ino: u64) -> usize {
-        let w = self.writers[(ino as usize) % WRITERS].load(Ordering::Relaxed);
-        if w != 0 && w >> 8 == ino {
-            (w & 0xff) as usize % CLIENTS
-        } else {
-            (ino % CLIENTS as u64) as usize
-        }
-    }
-
-    /// Inode `ino`'s lease is `lease`'s cell's (granted with its create):
-    /// that cell writes it from now on.
-    pub fn note_writer(&self, ino: u64, lease: &Lease<'_>) {
-        let Some(i) = self.cells.iter().position(|c| std::ptr::eq(c, lease.cell)) else {
-            return;
-        };
-        if ino >> 56 == 0 {
-            self.writers[(ino as usize) % WRITERS].store(ino << 8 | i as u64, Ordering::Relaxed);
-        }
-    }
-
-    /// Any client, waiting up to [`LAZY_WAIT`] for one to be idle: for
-    /// what the kernel would do at a higher price (an open without the
-    /// kernel, a namespace request: through the kernel each is a FUSE
-    /// round trip or more, and a kernel-opened file's calls take the
-    /// kernel path whenever no cell is idle).
-    pub fn checkout_lazy(&self) -> Option<Lease<'_>> {
-        self.checkout_within(LAZY_WAIT)
-    }
-
-    /// Any client, waiting up to [`WRITER_WAIT`] for one to be idle (a
-    /// close letting a hold go).
-    pub fn checkout_wait(&self) -> Option<Lease<'_>> {
-        self.checkout_within(WRITER_WAIT)
-    }
-
-    fn checkout_within(&self, wait: std::time::Duration) -> Option<Lease<'_>> {
-        let end = std::time::Instant::now() + wait;
-        loop {
-            let seen = self.any_freed.load(Ordering::SeqCst);
-            if let Some(l) = self.checkout() {
-                return Some(l);
-            }
-            if self.refused.load(Ordering::Relaxed) || std::time::Instant::now() >= end {
-                return None;
-            }
-            futex_wait(&self.any_freed, &self.any_waiters, seen, end);
-        }
-    }
-
-    /// Attach the client of `cell` (number `i`), which this thread moved
-    /// to ATTACHING.
-    fn attach_cell<'a>(&'a self, i: usize, cell: &'a Cell) -> Option<Lease<'a>> {
-        match self.attach() {
+    /// Attach the client (this thread moved the state to ATTACHING).
+    fn attach_now(&self) -> Option<Lease<'_>> {
+        let slot = self.attach().map(Box::new);
+        let lease = match slot {
             Some(slot) => {
-                // SAFETY: this thread owns the cell (ATTACHING).
-                unsafe { *cell.slot.get() = Some(Box::new(slot)) };
-                cell.state.store(BUSY, Ordering::Release);
-                Some(lease(self, cell))
+                let p = Box::into_raw(slot);
+                self.slot.store(p, Ordering::Release);
+                self.state.store(READY, Ordering::Release);
+                // SAFETY: as in `checkout`.
+                Some(Lease {
+                    slot: unsafe { &*p },
+                })
             }
             None => {
-                cell.state.store(DEAD, Ordering::Release);
-                // The first refusal is the mount's answer; later ones
-                // (64 slots taken) only cost this cell.
-                if i == 0 {
-                    self.refused.store(true, Ordering::Relaxed);
-                    crate::stats::bump(&crate::stats::ATTACH_REFUSED);
-                }
+                self.refused.store(true, Ordering::Relaxed);
+                crate::stats::bump(&crate::stats::ATTACH_REFUSED);
+                self.state.store(DEAD, Ordering::Release);
                 None
             }
+        };
+        self.attached.fetch_add(1, Ordering::SeqCst);
+        if self.attach_waiters.load(Ordering::SeqCst) != 0 {
+            futex_wake(&self.attached, i32::MAX);
         }
+        lease
     }
 
     fn attach(&self) -> Option<Slot> {
@@ -413,8 +290,7 @@ impl Mount {
             let _mask = BlockSignals::new();
             Client::attach_mountpoint(path, self.owner).ok()?
         };
-        let mut files = Vec::new();
-        files.resize_with(MAX_OFD, || None);
+        let files = (0..MAX_OFD).map(|_| RwLock::new(None)).collect();
         Some(Slot { client, files })
     }
 
@@ -443,17 +319,17 @@ impl Mount {
         false
     }
 
-    /// After fork, in the child: the parent's clients are the parent's
-    /// (its slots, its sessions). Forget them without running their
-    /// destructors (their mappings and descriptors are copies; exec or exit
-    /// closes them) and attach anew at the next call.
+    /// After fork, in the child: the parent's client is the parent's (its
+    /// slot, its session). Forget it without running its destructor (its
+    /// mappings and descriptors are copies; exec or exit closes them) and
+    /// attach anew at the next call. An attach the parent had in progress
+    /// on another thread never ends in the child: it starts over too.
     fn forget_clients(&self) {
-        for cell in &self.cells {
-            // SAFETY: the child has one thread; nobody else uses the cell.
-            if let Some(slot) = unsafe { (*cell.slot.get()).take() } {
-                std::mem::forget(slot);
-            }
-            cell.state.store(EMPTY, Ordering::Release);
+        // The child has one thread: nobody else uses the mount. The Slot
+        // is leaked on purpose.
+        self.slot.store(std::ptr::null_mut(), Ordering::Release);
+        if self.state.load(Ordering::Relaxed) != DEAD {
+            self.state.store(EMPTY, Ordering::Release);
         }
     }
 }
@@ -480,17 +356,6 @@ impl Drop for BlockSignals {
     fn drop(&mut self) {
         // SAFETY: restores the mask saved in `new`.
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
-    }
-}
-
-fn lease<'a>(mount: &'a Mount, cell: &'a Cell) -> Lease<'a> {
-    // SAFETY: the caller moved the cell to BUSY, so this thread owns the
-    // slot until the lease is dropped; a BUSY cell always has a slot.
-    let slot = unsafe { (*cell.slot.get()).as_deref_mut() };
-    Lease {
-        mount,
-        cell,
-        slot: slot.expect("a busy cell has a client"),
     }
 }
 
@@ -550,18 +415,11 @@ fn read_mounts() -> Vec<Mount> {
             allow_other: l.allow_other,
             has_submounts,
             refused: AtomicBool::new(false),
-            cells: [const {
-                Cell {
-                    state: AtomicU8::new(EMPTY),
-                    slot: UnsafeCell::new(None),
-                    freed: AtomicU32::new(0),
-                    waiters: AtomicU32::new(0),
-                }
-            }; CLIENTS],
-            any_freed: AtomicU32::new(0),
-            any_waiters: AtomicU32::new(0),
+            state: AtomicU8::new(EMPTY),
+            slot: AtomicPtr::new(std::ptr::null_mut()),
+            attached: AtomicU32::new(0),
+            attach_waiters: AtomicU32::new(0),
             root_statx: OnceLock::new(),
-            writers: [const { AtomicU64::new(0) }; WRITERS],
         });
     }
     out

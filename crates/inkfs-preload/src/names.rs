@@ -83,7 +83,7 @@ pub(crate) fn answer(errno: i32) -> c_int {
 /// Ask the server to make the change `op` names, with `cred`, through a
 /// client of `m`: the libc return, or `None` to take the kernel path.
 pub(crate) fn ask(m: &Mount, cred: &Credentials, op: Op) -> Option<c_int> {
-    let lease = m.checkout_lazy()?;
+    let lease = m.checkout()?;
     let done = lease.client().ns(cred, op).ok()?;
     Some(answer(done.errno))
 }
@@ -119,7 +119,7 @@ fn one_name(
 
 /// The directory holding `t`'s last name, and the name.
 fn parent_of(t: &Target<'_>, cred: &Credentials, slash_ok: bool) -> Option<(u64, Vec<u8>)> {
-    let lease = t.mount.checkout_lazy()?;
+    let lease = t.mount.checkout()?;
     lease
         .client()
         .call(|fs| path::walk_parent(fs, cred, t, slash_ok).map(|(dir, name)| (dir, name.to_vec())))
@@ -131,7 +131,7 @@ pub(crate) fn inode_of(
     cred: &Credentials,
     follow: bool,
 ) -> Option<inkfs::api::Attr> {
-    let lease = t.mount.checkout_lazy()?;
+    let lease = t.mount.checkout()?;
     lease.client().call(|fs| path::walk(fs, cred, t, follow))
 }
 

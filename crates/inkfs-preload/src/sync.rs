@@ -136,7 +136,7 @@ fn pool_fsync(idx: usize, ofd: &Ofd, datasync: bool) -> Option<c_int> {
     }
     let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
     // The inode's writing client: the blocks it freed go back with this.
-    let mut lease = m.checkout_writer_for(ofd)?;
+    let lease = m.checkout()?;
     lease
         .with_file(idx, ofd, |c, f| c.fsync(f, datasync))?
         .ok()?;

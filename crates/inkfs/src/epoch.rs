@@ -3,8 +3,11 @@
 //! (docs/KERNEL-FREE.md, "Reading: no message at all").
 //!
 //! A reader (a client of the kernel-free path) pins for the length of each
-//! call: its slot holds the global epoch it saw when the call began, 0 when
-//! it is between calls. The owner tags each block it frees with the global
+//! call: one of its slot's pin words holds the global epoch it saw when the
+//! call began, 0 when it is between calls. A slot has [`PINS_PER_SLOT`]
+//! pin words, so that the threads of one client process pin at once, each
+//! its own word (layout 3; before, one word per slot made a client one
+//! thread's, and a process took a slot per thread). The owner tags each block it frees with the global
 //! epoch and advances it. A reader pinned at E may hold a pointer to a
 //! block freed with tag T only if it pinned before the free: E <= T. So a
 //! block goes back to the free lists once every slot is 0 or later than its
@@ -23,7 +26,7 @@
 //! gone).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Mutex;
 
 /// The table an engine holds its frees against: on the heap, or mapped
@@ -33,19 +36,29 @@ pub type SharedTable = std::sync::Arc<dyn AsRef<EpochTable> + Send + Sync>;
 /// Readers one table serves at most.
 pub const READERS_MAX: usize = 64;
 
-/// Inodes one reader holds at most.
-pub const HOLDS_PER_SLOT: usize = 256;
+/// Pin words of one slot: threads of one reader pinned at once, each its
+/// own word (more wait for a word: `api::client`).
+pub const PINS_PER_SLOT: usize = 128;
+
+/// Inodes one reader holds at most (a process: one slot for all its
+/// threads).
+pub const HOLDS_PER_SLOT: usize = 1024;
 
 /// Bytes of an [`EpochTable`]: what a process mapping one another process
 /// made (shm.rs) checks before it looks inside.
 pub const TABLE_BYTES: usize = std::mem::size_of::<EpochTable>();
 const _: () = assert!(
-    TABLE_BYTES == 8 + READERS_MAX * 4 + READERS_MAX * 8 + READERS_MAX * 4 + READERS_MAX * HOLDS_PER_SLOT * 8
+    TABLE_BYTES
+        == 8 + READERS_MAX * 4
+            + READERS_MAX * 4
+            + READERS_MAX * PINS_PER_SLOT * 8
+            + READERS_MAX * 4
+            + READERS_MAX * HOLDS_PER_SLOT * 8
 );
 /// The table's layout, as the attach protocol names it: a client built
 /// with another layout is refused rather than pinning the wrong word.
-/// 2: the holds.
-pub const TABLE_LAYOUT: u32 = 2;
+/// 2: the holds. 3: pin words per slot (a thread each).
+pub const TABLE_LAYOUT: u32 = 3;
 
 /// The global epoch and one slot per reader.
 #[repr(C)]
@@ -53,8 +66,12 @@ pub struct EpochTable {
     global: AtomicU64,
     /// 0: free; 1: taken by a reader.
     claimed: [AtomicU32; READERS_MAX],
-    /// 0: not in a call; else the epoch the reader pinned.
-    pinned: [AtomicU64; READERS_MAX],
+    /// Per slot: one past the highest pin word its reader ever used (scans
+    /// stop there).
+    pins_top: [AtomicU32; READERS_MAX],
+    /// Per slot and word: 0, not in a call; else the epoch a thread of the
+    /// reader pinned.
+    pinned: [[AtomicU64; PINS_PER_SLOT]; READERS_MAX],
     /// Per slot: one past the highest hold entry ever taken (scans stop
     /// there).
     holds_top: [AtomicU32; READERS_MAX],
@@ -68,7 +85,8 @@ impl Default for EpochTable {
             // 0 means "not pinned": epochs start at 1.
             global: AtomicU64::new(1),
             claimed: std::array::from_fn(|_| AtomicU32::new(0)),
-            pinned: std::array::from_fn(|_| AtomicU64::new(0)),
+            pins_top: std::array::from_fn(|_| AtomicU32::new(0)),
+            pinned: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
             holds_top: std::array::from_fn(|_| AtomicU32::new(0)),
             holds: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
         }
@@ -76,6 +94,25 @@ impl Default for EpochTable {
 }
 
 impl EpochTable {
+    /// A new table on the heap (built there: it is over half a MiB, too
+    /// much for a thread's stack).
+    pub fn new_shared() -> std::sync::Arc<EpochTable> {
+        let layout = std::alloc::Layout::new::<EpochTable>();
+        // SAFETY: a zeroed allocation of an EpochTable's layout (not zero
+        // sized), owned by the Box from here on; an EpochTable is atomics
+        // only, for which all-zero bytes are a value.
+        let t: Box<EpochTable> = unsafe {
+            let p = std::alloc::alloc_zeroed(layout).cast::<EpochTable>();
+            if p.is_null() {
+                std::alloc::handle_alloc_error(layout);
+            }
+            Box::from_raw(p)
+        };
+        t.start_zeroed();
+        // Moved heap to heap (never through the stack).
+        std::sync::Arc::from(t)
+    }
+
     /// Make a table of all-zero bytes (a fresh shared mapping) a new table:
     /// every field is valid at 0 but the global epoch, which starts at 1.
     pub fn start_zeroed(&self) {
@@ -105,12 +142,25 @@ impl EpochTable {
     }
 
     /// Pin slot `i` (claimed for this reader by [`EpochTable::claim_index`])
-    /// for one call; None if `i` is out of range.
+    /// for one call, with its first word; None if `i` is out of range.
     pub fn pin_at(&self, i: usize) -> Option<Pin<'_>> {
-        let slot = self.pinned.get(i)?;
-        debug_assert_eq!(slot.load(SeqCst), 0, "pins do not nest");
-        slot.store(self.global.load(SeqCst), SeqCst);
-        Some(Pin { slot })
+        self.pin_word(i, 0)
+    }
+
+    /// Pin word `w` of slot `i` for one call (a thread of the slot's
+    /// reader that owns that word; `api::client` hands them out); None if
+    /// either is out of range.
+    pub fn pin_word(&self, i: usize, w: usize) -> Option<Pin<'_>> {
+        let word = self.pinned.get(i)?.get(w)?;
+        // Scans of the slot reach this word from now on (a relaxed load
+        // first: the top is raised once per word, not per call).
+        if self.pins_top[i].load(Relaxed) <= w as u32 {
+            self.pins_top[i].fetch_max(w as u32 + 1, SeqCst);
+        }
+        debug_assert_eq!(word.load(SeqCst), 0, "pins do not nest");
+        word.store(self.global.load(SeqCst), SeqCst);
+        CURRENT_PIN.with(|c| c.set(word as *const AtomicU64));
+        Some(Pin { slot: word })
     }
 
     /// The global epoch now: a block freed now, tagged with it, may be
@@ -119,19 +169,37 @@ impl EpochTable {
         self.global.load(SeqCst)
     }
 
-    /// The oldest epoch any reader but slot `own` is pinned at, or
-    /// `u64::MAX` when none is: a block tagged below it is out of every
-    /// other reader's reach (a writer excludes its own slot: between its
-    /// calls it holds no pointer, and within one it knows what it freed).
-    pub fn oldest_pinned_but(&self, own: usize) -> u64 {
-        self.pinned
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| i != own)
-            .map(|(_, p)| p.load(SeqCst))
+    /// The oldest epoch any reader is pinned at but the calling thread's
+    /// pin in slot `own` (the writer's slot), or `u64::MAX` when none is: a
+    /// block tagged below it is out of every other reader's reach (a
+    /// writer excludes its own pin: between its calls it holds no pointer,
+    /// and within one it knows what it freed). Other threads of the
+    /// writer's process count: they may be reading the blocks it
+    /// displaced. So does a pin of this thread in another slot (a reader
+    /// it also is), and, when its pins nest, its own (conservative).
+    pub fn oldest_pinned_but_mine(&self, own: usize) -> u64 {
+        let current = CURRENT_PIN.with(|c| c.get());
+        let in_own = self
+            .pinned
+            .get(own)
+            .is_some_and(|words| words.as_ptr_range().contains(&current));
+        let mine = if in_own { current } else { std::ptr::null() };
+        self.pin_words()
+            .filter(|p| !std::ptr::eq(*p, mine))
+            .map(|p| p.load(SeqCst))
             .filter(|&e| e != 0)
             .min()
             .unwrap_or(u64::MAX)
+    }
+
+    /// Every pin word a reader of a claimed slot may have used.
+    fn pin_words(&self) -> impl Iterator<Item = &AtomicU64> {
+        (0..READERS_MAX)
+            .filter(|&i| self.claimed[i].load(SeqCst) != 0)
+            .flat_map(|i| {
+                let top = (self.pins_top[i].load(SeqCst) as usize).min(PINS_PER_SLOT);
+                self.pinned[i][..top].iter()
+            })
     }
 
     /// Slots claimed now.
@@ -143,7 +211,10 @@ impl EpochTable {
     /// client the server reaped): its pin and its holds go.
     pub fn release_slot(&self, i: usize) {
         if i < READERS_MAX {
-            self.pinned[i].store(0, SeqCst);
+            for p in &self.pinned[i] {
+                p.store(0, SeqCst);
+            }
+            self.pins_top[i].store(0, SeqCst);
             for h in &self.holds[i] {
                 h.store(0, SeqCst);
             }
@@ -163,9 +234,11 @@ impl EpochTable {
         if ino == 0 {
             return None;
         }
-        let i = entries
-            .iter()
-            .position(|e| e.compare_exchange(0, ino, SeqCst, SeqCst).is_ok())?;
+        // A load before each exchange: the taken entries (other threads'
+        // holds) are read, not written.
+        let i = entries.iter().position(|e| {
+            e.load(Relaxed) == 0 && e.compare_exchange(0, ino, SeqCst, SeqCst).is_ok()
+        })?;
         self.holds_top[slot].fetch_max(i as u32 + 1, SeqCst);
         Some(i)
     }
@@ -189,10 +262,11 @@ impl EpochTable {
         })
     }
 
-    /// The oldest epoch a reader is pinned at, or None when none is.
+    /// The oldest epoch a reader is pinned at, or None when none is. A
+    /// slot released meanwhile is skipped: its reader is gone (its words
+    /// were cleared before its claim).
     fn oldest_pinned(&self) -> Option<u64> {
-        self.pinned
-            .iter()
+        self.pin_words()
             .map(|p| p.load(SeqCst))
             .filter(|&e| e != 0)
             .min()
@@ -219,10 +293,9 @@ impl ReaderSlot<'_> {
     /// Pin for one call: blocks freed from now on stay allocated until the
     /// guard is dropped.
     pub fn pin(&self) -> Pin<'_> {
-        let slot = &self.table.pinned[self.i];
-        debug_assert_eq!(slot.load(SeqCst), 0, "pins do not nest");
-        slot.store(self.table.global.load(SeqCst), SeqCst);
-        Pin { slot }
+        self.table
+            .pin_word(self.i, 0)
+            .expect("a claimed slot's first word")
     }
 }
 
@@ -237,8 +310,16 @@ pub struct Pin<'a> {
     slot: &'a AtomicU64,
 }
 
+thread_local! {
+    /// The pin word this thread pinned last (null: none yet), for
+    /// [`EpochTable::oldest_pinned_but_mine`]; cleared at the unpin.
+    static CURRENT_PIN: std::cell::Cell<*const AtomicU64> =
+        const { std::cell::Cell::new(std::ptr::null()) };
+}
+
 impl Drop for Pin<'_> {
     fn drop(&mut self) {
+        CURRENT_PIN.with(|c| c.set(std::ptr::null()));
         // Release, not SeqCst: nothing this thread does later must wait for
         // the unpin to be seen (a reclaimer that still sees the pin only
         // holds blocks a little longer), and a SeqCst store is a locked
@@ -295,7 +376,7 @@ mod tests {
 
     #[test]
     fn holds_are_seen_while_claimed_and_go_with_the_slot() {
-        let t = Box::new(EpochTable::default());
+        let t = EpochTable::new_shared();
         let a = t.claim_index().unwrap();
         let b = t.claim_index().unwrap();
         assert!(!t.held(7));
@@ -323,7 +404,7 @@ mod tests {
 
     #[test]
     fn a_pinned_reader_holds_what_was_freed_after_it_pinned() {
-        let t = EpochTable::default();
+        let t = EpochTable::new_shared();
         let limbo = Limbo::default();
         let reader = t.claim().unwrap();
         let mut freed = Vec::new();

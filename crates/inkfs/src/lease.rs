@@ -383,15 +383,16 @@ impl<P: Pmem> Fs<P> {
             let (table, own) = side.epochs.get()?;
             // After the frees being checked (their tags were read after a
             // fence too): a reader not seen pinned here pinned later, and
-            // sees the commits that displaced them.
+            // sees the commits that displaced them. Other threads of this
+            // process count as readers (their pins are other words).
             std::sync::atomic::fence(Ordering::SeqCst);
-            r.promote((**table).as_ref().oldest_pinned_but(*own));
+            r.promote((**table).as_ref().oldest_pinned_but_mine(*own));
         }
         let got = r.take(want)?;
         debug_assert!(got.1 > 0 && got.1 <= want && got.0 >= self.geo.first_data_block);
-        // Not a locked add: it would wait for this write's stores so far,
-        // and a client engine's writer is one thread at a time (the
-        // inode's lock); a lost count would only be a statistic.
+        // Not a locked add: it would wait for this write's stores so far.
+        // Threads of one client writing different inodes may race here: a
+        // lost count would only be a statistic.
         let n = side.recycled_reused.load(Ordering::Relaxed);
         side.recycled_reused.store(n + got.1, Ordering::Relaxed);
         Some(got)

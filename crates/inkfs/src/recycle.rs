@@ -24,7 +24,8 @@
 //! block may still read it. Each block is tagged with the global epoch at
 //! its free (after a full fence: the commit's tail is visible first), and
 //! is reused only once no other slot is pinned at or below its tag
-//! (`EpochTable::oldest_pinned_but`), checked once per batch.
+//! (`EpochTable::oldest_pinned_but_mine`: another reader is any pin
+//! word but the writing thread's own, its process's other threads too), checked once per batch.
 //!
 //! Crash: nothing here is on media. A displaced block is free once the
 //! commit that displaced it is durable (strict and sync commits end with a

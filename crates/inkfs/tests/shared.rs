@@ -4,8 +4,6 @@
 //! commits, at its next access, without a message; blocks the owner frees
 //! while the reader is pinned are not reused under it (docs/KERNEL-FREE.md).
 
-use std::sync::Arc;
-
 use inkfs::epoch::EpochTable;
 use inkfs::pmem::{MappedPool, PoolOpenOptions};
 use inkfs::testkit::Rng;
@@ -204,7 +202,7 @@ fn the_reader_follows_log_gc() {
 fn a_pinned_reader_keeps_the_blocks_it_may_read() {
     const PAGES: u64 = 16;
     let s = shared("pin", Mode::Strict);
-    let table = Arc::new(EpochTable::default());
+    let table = EpochTable::new_shared();
     s.owner.share_epochs(table.clone());
     let (a, fh) = s.owner.create(ROOT, b"f", 0o644, 0, 0).unwrap();
     s.owner
@@ -273,7 +271,7 @@ fn a_clients_recycled_blocks_wait_for_pinned_readers() {
     client
         .add_reservation(&s.owner.reserve_blocks(256, 64))
         .unwrap();
-    let table = Arc::new(EpochTable::default());
+    let table = EpochTable::new_shared();
     let own = table.claim_index().unwrap();
     client.client_use_epochs(table.clone(), own);
     client.client_recycle_batch(1);
@@ -321,7 +319,7 @@ fn a_clients_recycled_blocks_wait_for_pinned_readers() {
 #[test]
 fn limbo_blocks_return_at_unmount() {
     let s = shared("limbo", Mode::Strict);
-    let table = Arc::new(EpochTable::default());
+    let table = EpochTable::new_shared();
     s.owner.share_epochs(table.clone());
     let slot = table.claim().unwrap();
     let pin = slot.pin();
@@ -384,7 +382,7 @@ fn a_reused_inode_slot_is_found_at_the_first_lookup() {
 fn a_reader_racing_compactions_never_fails() {
     const BYTES: usize = 16 << 10;
     let s = shared("race", Mode::Strict);
-    let table = Arc::new(EpochTable::default());
+    let table = EpochTable::new_shared();
     s.owner.share_epochs(table.clone());
     let (a, fh) = s.owner.create(ROOT, b"f", 0o644, 0, 0).unwrap();
     s.owner.write(&fh, 0, &[0u8; BYTES]).unwrap();
@@ -458,7 +456,7 @@ fn a_reader_racing_compactions_never_fails() {
 #[test]
 fn a_held_inode_outlives_its_last_name_until_the_hold_goes() {
     let s = shared("holds", Mode::Strict);
-    let table = Arc::new(EpochTable::default());
+    let table = EpochTable::new_shared();
     s.owner.share_epochs(table.clone());
     let slot = table.claim_index().unwrap();
     let (a, fh) = s.owner.create(ROOT, b"f", 0o644, 0, 0).unwrap();

@@ -19,6 +19,8 @@
 //! client: return S+L S+L ...     blocks it freed or did not use (no answer)
 //! client: released INO GEN       the answer to a recall (or a lease given
 //!                                 back unasked), after the returns
+//! client: lane K                  serve request ring K too (`super::ring`;
+//!                                 no answer)
 //! ```
 //!
 //! GEN numbers each grant (unique while the server runs). A lease may also
@@ -75,6 +77,8 @@ pub enum Msg {
     Done(super::ns::Done),
     /// A hold of an orphan ended (`super::ns`).
     Unheld(u64),
+    /// Serve request ring K of the client's set too (`super::ring`).
+    Lane(u32),
 }
 
 impl Msg {
@@ -124,6 +128,7 @@ impl Msg {
                 Ok(())
             }
             Msg::Unheld(i) => writeln!(out, "unheld {i}"),
+            Msg::Lane(k) => writeln!(out, "lane {k}"),
         };
     }
 
@@ -163,6 +168,7 @@ impl Msg {
             "ns" => Msg::Ns(super::ns::Request::parse(w)?),
             "done" => Msg::Done(super::ns::Done::parse(w)?),
             "unheld" => Msg::Unheld(num(w.next())?),
+            "lane" => Msg::Lane(w.next()?.parse().ok()?),
             _ => return None,
         };
         Some(msg)
@@ -253,6 +259,7 @@ mod tests {
             Msg::Return(vec![(5, 5)]),
             Msg::Released(9, 4),
             Msg::Unheld(9),
+            Msg::Lane(3),
         ];
         for m in all {
             let line = m.line();
@@ -268,6 +275,8 @@ mod tests {
             "grant 1",
             "recall 5",
             "released 5",
+            "lane",
+            "lane -1",
         ] {
             assert_eq!(Msg::parse(bad), None, "{bad}");
         }

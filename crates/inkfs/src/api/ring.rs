@@ -1,9 +1,16 @@
-//! The request ring of an attached client (docs/KERNEL-FREE.md, "Stage 4:
-//! the channel", version 2): one request at a time in a region of shared
-//! memory, with no system call while both sides are running.
+//! The request rings of an attached client (docs/KERNEL-FREE.md, "Stage 4:
+//! the channel", version 2): each one request at a time in a region of
+//! shared memory, with no system call while both sides are running.
 //!
-//! The server makes a sealed memfd per client at attach and passes it with
-//! the grant; both map it. The client writes a request (the same text
+//! The server makes a sealed memfd per client at attach holding
+//! [`RINGS`] rings ([`RingSet`]) and passes it with the grant; both map it.
+//! The server serves ring 0 from the attach on, and ring `k` once the
+//! client asks for it on its session (`lane k`): a client process's
+//! threads each take a free ring for a request, so up to [`RINGS`] of its
+//! requests run at once, each on a server thread of its own. The client
+//! needs no answer to `lane k`: a request it writes in a ring nobody
+//! serves yet waits there until the server's thread starts and finds it.
+//! In each ring the client writes a request (the same text
 //! line as on the session: `super::lease::Msg`) into the request area,
 //! stores its length, and bumps `req`; it wakes the server's thread with
 //! a futex only if that thread said it sleeps. The server copies the
@@ -131,8 +138,13 @@ const SLEEP_SLICE: Duration = Duration::from_millis(50);
 
 /// Bytes of the request area and of the answer area.
 const AREA_BYTES: usize = LINE_MAX.div_ceil(4096) * 4096;
-/// The region: a header page, the request area, the answer area.
+/// One ring: a header page, the request area, the answer area.
 pub const RING_BYTES: usize = 4096 + 2 * AREA_BYTES;
+/// Rings per client: requests of one client process that run at once (on
+/// 2 cores, 8 server threads already take turns).
+pub const RINGS: usize = 8;
+/// The region: [`RINGS`] rings.
+pub const SET_BYTES: usize = RINGS * RING_BYTES;
 
 const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 
@@ -155,18 +167,30 @@ struct Header {
 
 const _: () = assert!(std::mem::size_of::<Header>() <= 4096);
 
-/// One client's ring, mapped.
-pub struct Ring {
+/// One client's rings, mapped.
+pub struct RingSet {
     base: NonNull<u8>,
     fd: OwnedFd,
 }
 
-// SAFETY: the mapping is owned by the value; the header is atomics, and
+// SAFETY: the mapping is owned by the value; the headers are atomics, and
 // the areas are only touched by the side whose turn it is (see the module
 // comment), through copies.
-unsafe impl Send for Ring {}
+unsafe impl Send for RingSet {}
 // SAFETY: see Send.
-unsafe impl Sync for Ring {}
+unsafe impl Sync for RingSet {}
+
+/// One ring of a [`RingSet`].
+#[derive(Clone, Copy)]
+pub struct Ring<'a> {
+    base: NonNull<u8>,
+    _set: std::marker::PhantomData<&'a RingSet>,
+}
+
+// SAFETY: a view into a RingSet's mapping (Sync), which outlives it.
+unsafe impl Send for Ring<'_> {}
+// SAFETY: see Send.
+unsafe impl Sync for Ring<'_> {}
 
 fn futex(word: &AtomicU32, op: libc::c_int, val: u32, timeout: Option<Duration>) {
     let ts = timeout.map(|d| libc::timespec {
@@ -200,9 +224,9 @@ fn sleep_on(word: &AtomicU32, seen: u32, slice: Duration) {
     futex(word, libc::FUTEX_WAIT, seen, Some(slice));
 }
 
-impl Ring {
-    /// A new ring in a sealed memfd (the server, at attach).
-    pub fn create() -> io::Result<Ring> {
+impl RingSet {
+    /// New rings in a sealed memfd (the server, at attach).
+    pub fn create() -> io::Result<RingSet> {
         // SAFETY: the name is a NUL-terminated literal.
         let raw = unsafe {
             libc::memfd_create(
@@ -217,18 +241,18 @@ impl Ring {
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         // SAFETY: ftruncate and fcntl on a descriptor we own.
         unsafe {
-            if libc::ftruncate(fd.as_raw_fd(), RING_BYTES as libc::off_t) != 0
+            if libc::ftruncate(fd.as_raw_fd(), SET_BYTES as libc::off_t) != 0
                 || libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) != 0
             {
                 return Err(io::Error::last_os_error());
             }
         }
-        Ring::map(fd)
+        RingSet::map(fd)
     }
 
-    /// Map a ring the server passed (the client): refused unless its size
-    /// is sealed and is this build's.
-    pub fn from_fd(fd: OwnedFd) -> io::Result<Ring> {
+    /// Map the rings the server passed (the client): refused unless their
+    /// size is sealed and is this build's.
+    pub fn from_fd(fd: OwnedFd) -> io::Result<RingSet> {
         // SAFETY: fcntl on a descriptor we own; no memory is involved.
         let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
         if seals < 0 || seals & (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW) == 0 {
@@ -238,22 +262,22 @@ impl Ring {
             ));
         }
         let size = std::fs::File::from(fd.try_clone()?).metadata()?.len();
-        if size != RING_BYTES as u64 {
+        if size != SET_BYTES as u64 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("the request ring is {size} bytes, this build's is {RING_BYTES}"),
+                format!("the request rings are {size} bytes, this build's are {SET_BYTES}"),
             ));
         }
-        Ring::map(fd)
+        RingSet::map(fd)
     }
 
-    fn map(fd: OwnedFd) -> io::Result<Ring> {
+    fn map(fd: OwnedFd) -> io::Result<RingSet> {
         // SAFETY: a new shared mapping of a descriptor we own, of the
         // size it was sealed at; the kernel picks the address.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                RING_BYTES,
+                SET_BYTES,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 fd.as_raw_fd(),
@@ -265,7 +289,7 @@ impl Ring {
         }
         let base =
             NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
-        Ok(Ring { base, fd })
+        Ok(RingSet { base, fd })
     }
 
     /// The memfd, to pass to the client.
@@ -273,15 +297,39 @@ impl Ring {
         self.fd.as_fd()
     }
 
-    fn header(&self) -> &Header {
-        // SAFETY: the first page of the mapping, which lives as long as
-        // self; a Header is atomics (any bits are a value).
+    /// Ring `k` (`None` past [`RINGS`]).
+    pub fn ring(&self, k: usize) -> Option<Ring<'_>> {
+        if k >= RINGS {
+            return None;
+        }
+        // SAFETY: ring k lies within the mapping (SET_BYTES long).
+        let p = unsafe { self.base.as_ptr().add(k * RING_BYTES) };
+        Some(Ring {
+            base: NonNull::new(p)?,
+            _set: std::marker::PhantomData,
+        })
+    }
+
+    /// Stop serving every ring (see [`Ring::close`]).
+    pub fn close(&self) {
+        for k in 0..RINGS {
+            if let Some(r) = self.ring(k) {
+                r.close();
+            }
+        }
+    }
+}
+
+impl<'a> Ring<'a> {
+    fn header(&self) -> &'a Header {
+        // SAFETY: the ring's first page, within the set's mapping, which
+        // outlives 'a; a Header is atomics (any bits are a value).
         unsafe { &*self.base.as_ptr().cast::<Header>() }
     }
 
     fn area(&self, answer: bool) -> *mut u8 {
         let off = 4096 + if answer { AREA_BYTES } else { 0 };
-        // SAFETY: within the mapping (RING_BYTES long).
+        // SAFETY: within this ring (RING_BYTES long).
         unsafe { self.base.as_ptr().add(off) }
     }
 
@@ -308,7 +356,8 @@ impl Ring {
 
     /// Send one request line and wait for its answer line. `gone()` is
     /// asked while it sleeps: true ends the wait with EIO (the server's
-    /// session ended). One request at a time (the client is one thread's).
+    /// session ended). One request at a time per ring: the caller owns the
+    /// ring for the call (`api::client` hands rings out to threads).
     pub fn call(&self, line: &[u8], gone: impl Fn() -> bool) -> io::Result<Vec<u8>> {
         let h = self.header();
         if line.len() > AREA_BYTES {
@@ -410,11 +459,11 @@ impl Ring {
     }
 }
 
-impl Drop for Ring {
+impl Drop for RingSet {
     fn drop(&mut self) {
-        // SAFETY: the mapping made in `map`, of this length; no reference
-        // into it outlives self.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), RING_BYTES) };
+        // SAFETY: the mapping made in `map`, of this length; no Ring view
+        // outlives self (their lifetime is the set's).
+        unsafe { libc::munmap(self.base.as_ptr().cast(), SET_BYTES) };
     }
 }
 
@@ -424,35 +473,55 @@ mod tests {
 
     #[test]
     fn requests_and_answers_cross_between_two_mappings() {
-        let server = std::sync::Arc::new(Ring::create().unwrap());
-        let client = Ring::from_fd(server.fd().try_clone_to_owned().unwrap()).unwrap();
-        let s = server.clone();
-        let t = std::thread::spawn(move || {
-            let mut last = 0;
-            let mut served = 0;
-            while let Some((seq, req)) = s.next_request(last) {
-                last = seq;
-                let mut a = b"re: ".to_vec();
-                a.extend_from_slice(&req);
-                s.answer(seq, &a);
-                served += 1;
+        let server = std::sync::Arc::new(RingSet::create().unwrap());
+        let client = RingSet::from_fd(server.fd().try_clone_to_owned().unwrap()).unwrap();
+        // Ring 0 and the last one, each served by a thread of its own.
+        let servers: Vec<_> = [0, RINGS - 1]
+            .into_iter()
+            .map(|k| {
+                let s = server.clone();
+                std::thread::spawn(move || {
+                    let r = s.ring(k).unwrap();
+                    let mut last = 0;
+                    let mut served = 0;
+                    while let Some((seq, req)) = r.next_request(last) {
+                        last = seq;
+                        let mut a = format!("re {k}: ").into_bytes();
+                        a.extend_from_slice(&req);
+                        r.answer(seq, &a);
+                        served += 1;
+                    }
+                    served
+                })
+            })
+            .collect();
+        std::thread::scope(|sc| {
+            for k in [0, RINGS - 1] {
+                let ring = client.ring(k).unwrap();
+                sc.spawn(move || {
+                    for i in 0..2000 {
+                        // Some requests after a pause: the server sleeps in
+                        // between.
+                        if i % 500 == 0 {
+                            std::thread::sleep(Duration::from_millis(3));
+                        }
+                        let q = format!("request {i}\n");
+                        let a = ring.call(q.as_bytes(), || false).unwrap();
+                        assert_eq!(a, format!("re {k}: request {i}\n").into_bytes());
+                    }
+                });
             }
-            served
         });
-        for i in 0..2000 {
-            // Some requests after a pause: the server sleeps in between.
-            if i % 500 == 0 {
-                std::thread::sleep(Duration::from_millis(3));
-            }
-            let q = format!("request {i}\n");
-            let a = client.call(q.as_bytes(), || false).unwrap();
-            assert_eq!(a, format!("re: request {i}\n").into_bytes());
-        }
         server.close();
-        assert_eq!(t.join().unwrap(), 2000);
-        // Closed: a call fails at once.
-        let e = client.call(b"x\n", || false).unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc::EIO));
+        for t in servers {
+            assert_eq!(t.join().unwrap(), 2000);
+        }
+        // Closed: a call fails at once, on every ring.
+        for k in 0..RINGS {
+            let e = client.ring(k).unwrap().call(b"x\n", || false).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EIO));
+        }
+        assert!(client.ring(RINGS).is_none());
     }
 
     #[test]
@@ -462,10 +531,7 @@ mod tests {
         // SAFETY: a new descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         // SAFETY: ftruncate on a descriptor we own.
-        assert_eq!(
-            unsafe { libc::ftruncate(raw, RING_BYTES as libc::off_t) },
-            0
-        );
-        assert!(Ring::from_fd(fd).is_err());
+        assert_eq!(unsafe { libc::ftruncate(raw, SET_BYTES as libc::off_t) }, 0);
+        assert!(RingSet::from_fd(fd).is_err());
     }
 }

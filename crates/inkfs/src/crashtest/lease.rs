@@ -180,7 +180,7 @@ fn explore_mode(
     // descriptor over.
     let client_dev = device_of(&client_view).map(|d| (d, HYBRID_THRESHOLD as u64));
     let client = Fs::attach_client_with(client_view, mode, client_dev).map_err(e("attach"))?;
-    let epochs = std::sync::Arc::new(crate::epoch::EpochTable::default());
+    let epochs = crate::epoch::EpochTable::new_shared();
     let slot = epochs.claim_index().ok_or("no epoch slot")?;
     client.client_use_epochs(epochs, slot);
     client.client_recycle_batch(1);
@@ -434,7 +434,7 @@ mod tests {
         owner.release(ofh);
         let client_dev = device_of(&client_view).map(|d| (d, HYBRID_THRESHOLD as u64));
         let client = Fs::attach_client_with(client_view, Mode::Strict, client_dev).unwrap();
-        let epochs = Arc::new(crate::epoch::EpochTable::default());
+        let epochs = crate::epoch::EpochTable::new_shared();
         let slot = epochs.claim_index().unwrap();
         client.client_use_epochs(epochs, slot);
         client.client_recycle_batch(1);

@@ -312,7 +312,7 @@ fn record(
     if clients {
         // A client attached (its slot claimed, holding nothing): every
         // last unlink goes ORPHAN, then FREE once no hold is seen.
-        let table = std::sync::Arc::new(crate::epoch::EpochTable::default());
+        let table = crate::epoch::EpochTable::new_shared();
         let _ = table.claim_index();
         fs.share_epochs(table);
     }
