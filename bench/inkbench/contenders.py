@@ -404,7 +404,10 @@ class InkfsPreload(InkfsFuse):
                     os.unlink(p)
         self.info["preload_probe"] = counts
         if counts.get("write_local", 0) < 5 or counts.get("read_local", 0) < 2 or counts.get("attach_refused", 0):
-            raise CmdError(f"{self.name}: the mount does not serve the preload library: {counts}")
+            hint = (" (attach refused: a library from another build? cargo test does not refresh "
+                    "target/release/libinkfs_preload.so; run cargo build --release -p inkfs-preload)"
+                    if counts.get("attach_refused", 0) else "")
+            raise CmdError(f"{self.name}: the mount does not serve the preload library: {counts}{hint}")
 
 
 class InkfsHybridPreload(InkfsHybrid):
