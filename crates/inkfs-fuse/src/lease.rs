@@ -107,6 +107,20 @@ struct Shard {
     changed: Condvar,
 }
 
+impl Shard {
+    /// Wait for a change to this shard's entries, at most 100 ms: the
+    /// caller looks at its entry again either way.
+    fn wait_changed<'a>(
+        &self,
+        map: MutexGuard<'a, HashMap<u64, Entry>>,
+    ) -> MutexGuard<'a, HashMap<u64, Entry>> {
+        self.changed
+            .wait_timeout(map, Duration::from_millis(100))
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+    }
+}
+
 pub struct Leases {
     engine: Weak<Engine>,
     inval: Arc<Invalidator>,
@@ -276,11 +290,7 @@ impl Leases {
                         if !asked {
                             return Ok(e.gen);
                         }
-                        map = shard
-                            .changed
-                            .wait_timeout(map, Duration::from_millis(100))
-                            .unwrap_or_else(|e| e.into_inner())
-                            .0;
+                        map = shard.wait_changed(map);
                         continue;
                     }
                     if e.holder.is_some() {
@@ -288,11 +298,7 @@ impl Leases {
                         continue;
                     }
                     if e.busy > 0 || e.granting {
-                        map = shard
-                            .changed
-                            .wait_timeout(map, Duration::from_millis(100))
-                            .unwrap_or_else(|e| e.into_inner())
-                            .0;
+                        map = shard.wait_changed(map);
                         continue;
                     }
                     e.granting = true;
