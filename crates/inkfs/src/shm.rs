@@ -37,27 +37,8 @@ unsafe impl Sync for SharedEpochs {}
 impl SharedEpochs {
     /// A fresh table in a new sealed memfd (the server, at mount).
     pub fn create() -> io::Result<SharedEpochs> {
-        // SAFETY: the name is a NUL-terminated literal.
-        let raw = unsafe {
-            libc::memfd_create(
-                c"inkfs-epochs".as_ptr(),
-                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-            )
-        };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: memfd_create returned a new descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let map_len = map_len();
-        // SAFETY: ftruncate and fcntl on a descriptor we own.
-        unsafe {
-            if libc::ftruncate(fd.as_raw_fd(), map_len as libc::off_t) != 0
-                || libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) != 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-        }
+        let fd = sealed_memfd(c"inkfs-epochs", map_len)?;
         let table = map(&fd, map_len)?;
         // SAFETY: the mapping is fresh, writable, page aligned, zero-filled
         // and at least TABLE_BYTES long; an EpochTable is atomics, valid
@@ -70,18 +51,8 @@ impl SharedEpochs {
     /// attach): refused unless its size is sealed and it is the size this
     /// build's table has.
     pub fn from_fd(fd: OwnedFd) -> io::Result<SharedEpochs> {
-        // SAFETY: fcntl on a descriptor we own; no memory is involved.
-        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-        if seals < 0 || seals & (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW) == 0 {
-            return Err(invalid("the epoch table's size is not sealed"));
-        }
-        let size = std::fs::File::from(fd.try_clone()?).metadata()?.len();
         let map_len = map_len();
-        if size != map_len as u64 {
-            return Err(invalid(&format!(
-                "the epoch table is {size} bytes, this build's is {map_len}"
-            )));
-        }
+        check_sealed(&fd, map_len, "the epoch table")?;
         let table = map(&fd, map_len)?;
         Ok(SharedEpochs { table, map_len, fd })
     }
@@ -116,6 +87,44 @@ impl Drop for SharedEpochs {
 }
 
 /// The table's size rounded up to whole pages.
+/// A new memfd of `len` bytes whose size is sealed (the creator's side of
+/// a shared table: the other side maps it only after `check_sealed`).
+pub(crate) fn sealed_memfd(name: &std::ffi::CStr, len: usize) -> io::Result<OwnedFd> {
+    // SAFETY: the name is NUL-terminated.
+    let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: memfd_create returned a new descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: ftruncate and fcntl on a descriptor we own.
+    unsafe {
+        if libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) != 0
+            || libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(fd)
+}
+
+/// Refuse a passed memfd (`what`) unless its size is sealed and is `len`:
+/// another process could otherwise shrink it under our mapping (SIGBUS).
+pub(crate) fn check_sealed(fd: &OwnedFd, len: usize, what: &str) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor we own; no memory is involved.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 || seals & (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW) == 0 {
+        return Err(invalid(&format!("{what}'s size is not sealed")));
+    }
+    let size = std::fs::File::from(fd.try_clone()?).metadata()?.len();
+    if size != len as u64 {
+        return Err(invalid(&format!(
+            "{what} is {size} bytes, this build's is {len}"
+        )));
+    }
+    Ok(())
+}
+
 fn map_len() -> usize {
     // SAFETY: sysconf has no memory preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;

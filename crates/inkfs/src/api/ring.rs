@@ -37,7 +37,7 @@
 //! here), as do block returns and `unheld`, which need no answer.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{
     AtomicU32, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
@@ -146,8 +146,6 @@ pub const RINGS: usize = 8;
 /// The region: [`RINGS`] rings.
 pub const SET_BYTES: usize = RINGS * RING_BYTES;
 
-const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-
 /// The header page.
 #[repr(C)]
 struct Header {
@@ -227,47 +225,14 @@ fn sleep_on(word: &AtomicU32, seen: u32, slice: Duration) {
 impl RingSet {
     /// New rings in a sealed memfd (the server, at attach).
     pub fn create() -> io::Result<RingSet> {
-        // SAFETY: the name is a NUL-terminated literal.
-        let raw = unsafe {
-            libc::memfd_create(
-                c"inkfs-ring".as_ptr(),
-                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-            )
-        };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: memfd_create returned a new descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: ftruncate and fcntl on a descriptor we own.
-        unsafe {
-            if libc::ftruncate(fd.as_raw_fd(), SET_BYTES as libc::off_t) != 0
-                || libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) != 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-        }
+        let fd = crate::shm::sealed_memfd(c"inkfs-ring", SET_BYTES)?;
         RingSet::map(fd)
     }
 
     /// Map the rings the server passed (the client): refused unless their
     /// size is sealed and is this build's.
     pub fn from_fd(fd: OwnedFd) -> io::Result<RingSet> {
-        // SAFETY: fcntl on a descriptor we own; no memory is involved.
-        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-        if seals < 0 || seals & (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW) == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "the request ring's size is not sealed",
-            ));
-        }
-        let size = std::fs::File::from(fd.try_clone()?).metadata()?.len();
-        if size != SET_BYTES as u64 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("the request rings are {size} bytes, this build's are {SET_BYTES}"),
-            ));
-        }
+        crate::shm::check_sealed(&fd, SET_BYTES, "the request ring set")?;
         RingSet::map(fd)
     }
 
@@ -470,6 +435,7 @@ impl Drop for RingSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::FromRawFd;
 
     #[test]
     fn requests_and_answers_cross_between_two_mappings() {
