@@ -1,9 +1,11 @@
-//! Directories opened without the kernel (docs/KERNEL-FREE.md, "Built:
-//! directories without the kernel"): listing, walking and removing a
-//! tree under the library gives the kernel's answers and costs the mount
-//! no FUSE request (but find's and rm's statfs); a directory descriptor
-//! works as the directory of relative calls, `..` included, and for
-//! fchdir (materialized).
+//! Directories opened without the kernel and private mappings served as
+//! copies (docs/KERNEL-FREE.md, "Built: directories and private mappings
+//! without the kernel"): listing, walking and removing a tree under the
+//! library gives the kernel's answers and costs the mount no FUSE request
+//! (but find's and rm's statfs); a directory descriptor works as the directory
+//! of relative calls, `..` included, and for fchdir (materialized); a
+//! private read-only mapping of a served file is the file's bytes with no
+//! kernel open.
 
 mod common;
 
@@ -179,4 +181,53 @@ fn a_tree_walked_and_removed_under_the_library_costs_no_fuse_request() {
     let n = counts(stats.path());
     assert_eq!(c(&n, "materialized"), 0, "{n:?}");
     assert!(c(&n, "open_local") >= 18 * 3, "{n:?}");
+}
+
+const PY_MAP: &str = r#"
+import mmap, os, sys
+p = sys.argv[1] + "/m"
+data = bytes(range(256)) * 40 + b"tail"
+with open(p, "wb") as f:
+    f.write(data)
+fd = os.open(p, os.O_RDONLY)
+m = mmap.mmap(fd, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
+print("read-only", len(m), m[:] == data)
+m.close()
+m = mmap.mmap(fd, 4096, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ, offset=4096)
+print("at 4096", len(m), m[:] == data[4096:8192])
+m.close()
+os.close(fd)
+fd = os.open(p, os.O_RDWR)
+m = mmap.mmap(fd, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+m[0:5] = b"XXXXX"
+print("private write", m[:5], open(p, "rb").read(5) == data[:5])
+m.close()
+os.close(fd)
+os.unlink(p)
+"#;
+
+/// A private mapping of a served file is a copy of its bytes: no kernel
+/// open, no READ request; private writes stay private.
+#[test]
+fn a_private_mapping_of_a_served_file_is_its_bytes_without_the_kernel() {
+    let pool = Pool::new("dirs-map", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    let work = tempfile::tempdir().expect("tempdir");
+    let py = work.path().join("map.py");
+    std::fs::write(&py, PY_MAP).expect("script");
+    let script = format!("{PYTHON} {} {}", py.display(), m.path().display());
+    let stats = stats_file("dirs-map");
+    let out = same(&script, stats.path());
+    assert_eq!(
+        out,
+        "read-only 10244 True\nat 4096 4096 True\nprivate write b'XXXXX' True\n"
+    );
+    let n = counts(stats.path());
+    assert_eq!(c(&n, "map_local"), 3, "{n:?}");
+    assert_eq!(c(&n, "materialized"), 0, "{n:?}");
+    let stats = stats_file("dirs-map-2");
+    let before = fuse_requests(m.path());
+    let (ok, _, err) = sh_run(&script, Some(stats.path()));
+    assert!(ok, "{err}");
+    assert_eq!(fuse_requests(m.path()), before, "FUSE requests");
 }
