@@ -67,13 +67,14 @@ pub fn private_copy(
         if off.checked_add(len as u64)? > size.next_multiple_of(PAGE_BYTES) {
             return None;
         }
-        // SAFETY: a new anonymous mapping, where the kernel picks.
+        // SAFETY: a new anonymous mapping, where the kernel picks; its
+        // pages made at once (MAP_POPULATE): the copy writes every one.
         let p = unsafe {
             real::mmap64(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | (flags & libc::MAP_NORESERVE),
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
                 -1,
                 0,
             )
