@@ -302,14 +302,15 @@ pub unsafe extern "C" fn opendir(p: *const c_char) -> *mut DIR {
 
 /// fdopendir: a directory's placeholder gets its DIR through
 /// `lazy::fdopendir`; any other descriptor is glibc's (whose own fstat
-/// then sees the kernel's directory).
+/// then sees the kernel's directory), a placeholder that could not be
+/// given one too, materialized first.
 #[no_mangle]
 pub unsafe extern "C" fn fdopendir(fd: c_int) -> *mut DIR {
     if let Some(d) = crate::lazy::fdopendir(fd) {
         return d;
     }
     // SAFETY: as called.
-    unsafe { real::fdopendir(fd) }
+    unsafe { real::fdopendir(crate::lazy::kernel(fd)) }
 }
 
 /// getdents64 on a served directory: whole records while they fit.
