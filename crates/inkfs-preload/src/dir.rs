@@ -273,11 +273,9 @@ pub unsafe extern "C" fn opendir(p: *const c_char) -> *mut DIR {
             Some(Some(fd)) if fd < 0 => return std::ptr::null_mut(),
             Some(Some(fd)) => {
                 if let Some(d) = crate::lazy::fdopendir(fd) {
-                    if !d.is_null() {
-                        return d;
-                    }
+                    return d;
                 }
-                // glibc refused the DIR (no memory): the kernel's turn.
+                // glibc refused the DIR: the kernel's turn.
                 table::release(fd);
                 // SAFETY: the placeholder just made, ours.
                 unsafe { real::close(fd) };

@@ -350,7 +350,8 @@ fn directory(
     Some(register(fd, mi, ino, libc::S_IFDIR, status, path, hold))
 }
 
-/// A DIR for `fd` if it is a directory's placeholder (`None`: not one):
+/// A DIR for `fd` if it is a directory's placeholder (`None`: not one,
+/// or glibc refused):
 /// glibc's fdopendir checks the descriptor with its own fstat and fcntl,
 /// inside glibc where the library does not see them, and on the
 /// placeholder (/dev/null) that fails with ENOTDIR. So for the length of
@@ -377,10 +378,11 @@ pub fn fdopendir(fd: c_int) -> Option<*mut libc::DIR> {
             return None;
         }
         let d = real::fdopendir(fd);
-        let e = *libc::__errno_location();
         real::dup3(null, fd, libc::O_CLOEXEC);
-        *libc::__errno_location() = e;
-        Some(d)
+        // Refused (no memory; or the program closed the library's `/`
+        // descriptor and reused its number for something else): the
+        // caller takes the kernel's way.
+        (!d.is_null()).then_some(d)
     }
 }
 

@@ -308,3 +308,20 @@ pub fn credentials(real_ids: bool) -> Credentials {
         umask: 0,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::normalize;
+
+    #[test]
+    fn normalize_takes_dots_out_and_never_climbs_above_the_root() {
+        let n = |p: &str| String::from_utf8(normalize(p.as_bytes())).unwrap();
+        assert_eq!(n("/mnt/ink/t/a/b/../c/./d//"), "/mnt/ink/t/a/c/d");
+        assert_eq!(n("/mnt/ink/t/sub/.."), "/mnt/ink/t");
+        assert_eq!(n("/mnt/ink/t/tests/../../libc/src"), "/mnt/ink/libc/src");
+        assert_eq!(n("/../.."), "/");
+        assert_eq!(n("/"), "/");
+        assert_eq!(n("/a/.."), "/");
+        assert_eq!(n("/a/..b/.c"), "/a/..b/.c");
+    }
+}
