@@ -145,7 +145,7 @@ pub unsafe extern "C" fn fchmodat(
         }
     }
     // SAFETY: as called.
-    unsafe { real::fchmodat(dirfd, p, mode, flags) }
+    unsafe { real::fchmodat(crate::lazy::kernel(dirfd), p, mode, flags) }
 }
 
 #[no_mangle]
@@ -179,7 +179,7 @@ pub unsafe extern "C" fn fchownat(
         }
     }
     // SAFETY: as called.
-    unsafe { real::fchownat(dirfd, p, uid, gid, flags) }
+    unsafe { real::fchownat(crate::lazy::kernel(dirfd), p, uid, gid, flags) }
 }
 
 #[no_mangle]
@@ -322,7 +322,7 @@ pub unsafe extern "C" fn utimensat(
         return r;
     }
     // SAFETY: as called.
-    unsafe { real::utimensat(dirfd, p, times, flags) }
+    unsafe { real::utimensat(crate::lazy::kernel(dirfd), p, times, flags) }
 }
 
 /// futimens of a served descriptor.

@@ -1,9 +1,12 @@
 //! Directory listings: opendir/fdopendir/readdir(64)(_r)/rewinddir/
 //! telldir/seekdir/closedir and getdents64, served from the pool.
 //!
-//! The DIR a program holds is glibc's own (the real opendir made it, so
-//! dirfd, fchdir and every DIR function the library does not know work on
-//! it); the library recognises it by its descriptor. The position is the
+//! The DIR a program holds is glibc's own (glibc's fdopendir made it, so
+//! dirfd and every DIR function the library does not know work on it);
+//! the library recognises it by its descriptor. A directory on a served
+//! mount is opened without the kernel (a placeholder, lazy.rs), by
+//! opendir and by open(2) alike: its DIR is glibc's fdopendir's, made
+//! while the number names a real directory (`lazy::fdopendir`). The position is the
 //! engine's readdir cookie (what the mount hands the kernel as the
 //! directory offset, so telldir/seekdir values mean the same served or
 //! not), kept in the shared open-file entry. With no client free the call
@@ -107,11 +110,13 @@ fn served_next(idx: usize, ofd: &Ofd, out: &mut dirent64) -> Option<bool> {
     }
 }
 
-/// glibc's readdir, from the served position.
+/// glibc's readdir, from the served position (a placeholder's file
+/// opened in the kernel first: glibc reads the DIR's descriptor).
 unsafe fn kernel_readdir(d: *mut DIR, ofd: &Ofd) -> *mut dirent64 {
     stats::bump(&stats::DIR_KERNEL);
     // SAFETY: the program's DIR.
     unsafe {
+        crate::lazy::kernel(real::dirfd(d));
         // glibc's position is the cookie of the last entry it returned;
         // seek (and drop its buffer) only if the library's differs.
         let pos = ofd.offset.load(Ordering::Acquire) as c_long;
@@ -259,6 +264,25 @@ pub unsafe extern "C" fn closedir(d: *mut DIR) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn opendir(p: *const c_char) -> *mut DIR {
+    // A directory on a served mount: a placeholder (lazy.rs), no kernel
+    // open; the flags are glibc's own opendir's.
+    // SAFETY: the program's path string.
+    if let Some(b) = unsafe { path::bytes(p) } {
+        let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_DIRECTORY | libc::O_CLOEXEC;
+        match guard::run(|| crate::lazy::open(libc::AT_FDCWD, b, flags, 0)) {
+            Some(Some(fd)) if fd < 0 => return std::ptr::null_mut(),
+            Some(Some(fd)) => {
+                if let Some(d) = crate::lazy::fdopendir(fd) {
+                    return d;
+                }
+                // glibc refused the DIR: the kernel's turn.
+                table::release(fd);
+                // SAFETY: the placeholder just made, ours.
+                unsafe { real::close(fd) };
+            }
+            _ => {}
+        }
+    }
     // SAFETY: as called.
     let d = unsafe { real::opendir(p) };
     if !d.is_null() {
@@ -267,11 +291,24 @@ pub unsafe extern "C" fn opendir(p: *const c_char) -> *mut DIR {
             let fd = unsafe { real::dirfd(d) };
             table::release(fd);
             if let Some(b) = unsafe { path::bytes(p) } {
-                fds::adopt(fd, libc::AT_FDCWD, b, libc::O_RDONLY | libc::O_DIRECTORY);
+                fds::adopt(fd, b, libc::O_RDONLY | libc::O_DIRECTORY);
             }
         });
     }
     d
+}
+
+/// fdopendir: a directory's placeholder gets its DIR through
+/// `lazy::fdopendir`; any other descriptor is glibc's (whose own fstat
+/// then sees the kernel's directory), a placeholder that could not be
+/// given one too, materialized first.
+#[no_mangle]
+pub unsafe extern "C" fn fdopendir(fd: c_int) -> *mut DIR {
+    if let Some(d) = crate::lazy::fdopendir(fd) {
+        return d;
+    }
+    // SAFETY: as called.
+    unsafe { real::fdopendir(crate::lazy::kernel(fd)) }
 }
 
 /// getdents64 on a served directory: whole records while they fit.
@@ -335,6 +372,7 @@ pub unsafe extern "C" fn getdents64(fd: c_int, buf: *mut c_void, n: size_t) -> s
             Some(Some(r)) => return r,
             _ => {
                 stats::bump(&stats::DIR_KERNEL);
+                let fd = crate::lazy::kernel(fd);
                 // SAFETY: the program's buffer; the kernel's position is
                 // put where the library's is, and taken back.
                 unsafe {

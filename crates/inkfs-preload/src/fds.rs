@@ -27,9 +27,9 @@ use libc::mode_t;
 use crate::table::MAX_FD;
 use crate::{guard, lazy, mounts, path, real, table};
 
-/// Register `fd`, just opened by the kernel from `path` (relative to
-/// `dirfd`) with `flags`, if it is served.
-pub fn adopt(fd: c_int, dirfd: c_int, path: &[u8], flags: c_int) {
+/// Register `fd`, just opened by the kernel from `path` with `flags`, if
+/// it is served.
+pub fn adopt(fd: c_int, path: &[u8], flags: c_int) {
     if fd < 0 || fd as usize >= MAX_FD {
         return;
     }
@@ -79,16 +79,35 @@ pub fn adopt(fd: c_int, dirfd: c_int, path: &[u8], flags: c_int) {
     let idx = table::register(fd, mi, sx.stx_ino, kind, flags, false);
     if let (Some(idx), true) = (idx, kind == libc::S_IFDIR) {
         // A directory's path: placeholders opened relative to it are
-        // materialized by it.
-        let mut cwd: path::CwdBuf = [0; libc::PATH_MAX as usize];
-        if path.first() != Some(&b'/') && dirfd == libc::AT_FDCWD {
-            // SAFETY: the buffer is ours and its length is given.
-            unsafe { real::getcwd(cwd.as_mut_ptr().cast(), cwd.len()) };
-        }
-        if let Some(abs) = lazy::absolute(dirfd, path, &cwd) {
+        // materialized by it. The kernel's (its symlinks and `..`
+        // resolved), not the one the program gave.
+        if let Some(abs) = kernel_path(fd) {
             lazy::keep_path(idx, abs);
         }
     }
+}
+
+/// The path the kernel knows descriptor `fd` by (`/proc/self/fd/N`),
+/// NUL-terminated; `None` if it cannot say or the file is gone.
+fn kernel_path(fd: c_int) -> Option<Box<[u8]>> {
+    let link = format!("/proc/self/fd/{fd}\0");
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: a NUL-terminated path and a buffer of the length given.
+    let n = unsafe {
+        real::readlinkat(
+            libc::AT_FDCWD,
+            link.as_ptr().cast(),
+            buf.as_mut_ptr().cast(),
+            buf.len() - 1,
+        )
+    };
+    let n = usize::try_from(n).ok().filter(|&n| n < buf.len() - 1)?;
+    buf.truncate(n);
+    if buf.first() != Some(&b'/') || buf.ends_with(b" (deleted)") {
+        return None;
+    }
+    buf.push(0);
+    Some(buf.into_boxed_slice())
 }
 
 fn open_at(dirfd: c_int, p: *const c_char, flags: c_int, mode: mode_t) -> c_int {
@@ -102,7 +121,7 @@ fn open_at(dirfd: c_int, p: *const c_char, flags: c_int, mode: mode_t) -> c_int 
         lazy::kernel(n);
     }
     // SAFETY: the program's arguments, passed on.
-    let fd = unsafe { real::openat(dirfd, p, flags, mode) };
+    let fd = unsafe { real::openat(lazy::kernel(dirfd), p, flags, mode) };
     if fd >= 0 {
         // The kernel just gave this number: whatever the table says of it
         // is stale (a descriptor glibc closed internally).
@@ -110,7 +129,7 @@ fn open_at(dirfd: c_int, p: *const c_char, flags: c_int, mode: mode_t) -> c_int 
         let _ = guard::run(|| {
             // SAFETY: the program's path string.
             if let Some(b) = unsafe { path::bytes(p) } {
-                adopt(fd, dirfd, b, flags);
+                adopt(fd, b, flags);
             }
         });
     }

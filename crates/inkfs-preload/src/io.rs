@@ -78,7 +78,7 @@ fn fail(e: c_int) -> ssize_t {
 }
 
 /// Read into `iov` at `off` from the pool. `None`: take the kernel path.
-fn pool_read(idx: usize, ofd: &Ofd, iov: &[iovec], off: u64) -> Option<usize> {
+pub(crate) fn pool_read(idx: usize, ofd: &Ofd, iov: &[iovec], off: u64) -> Option<usize> {
     let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
     let lease = m.checkout()?;
     let r = lease.with_file(idx, ofd, |c, f| {

@@ -1,9 +1,13 @@
 //! Calls that need the kernel's file of a descriptor, which the library
 //! does not serve: a placeholder (lazy.rs) is materialized first, then the
-//! real call runs on it. flock, lockf, ioctl, fstatfs/fstatvfs,
+//! real call runs on it. fchdir (a directory's placeholder), flock,
+//! lockf, ioctl,
 //! fallocate/posix_fallocate, readahead, syncfs, xattrs by descriptor.
 //! posix_fadvise of a placeholder is answered 0 (advice: the pool needs
-//! none). On any other descriptor these are libc's, untouched.
+//! none), and fstatfs/fstatvfs of one by the same call on its mount's
+//! root (one file system, one answer: the server's STATFS, without
+//! opening the file in the kernel, as fts asks of every directory it
+//! enters). On any other descriptor these are libc's, untouched.
 
 use std::ffi::{c_char, c_int, c_ulong, c_void};
 
@@ -41,14 +45,11 @@ macro_rules! on_kernel_file {
 }
 
 on_kernel_file! {
+    fchdir(fd: c_int) -> c_int, -1;
     flock(fd: c_int, op: c_int) -> c_int, -1;
     lockf(fd: c_int, cmd: c_int, len: libc::off_t) -> c_int, -1;
     lockf64(fd: c_int, cmd: c_int, len: off64_t) -> c_int, -1;
     ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int, -1;
-    fstatfs(fd: c_int, buf: *mut libc::statfs) -> c_int, -1;
-    fstatfs64(fd: c_int, buf: *mut libc::statfs64) -> c_int, -1;
-    fstatvfs(fd: c_int, buf: *mut libc::statvfs) -> c_int, -1;
-    fstatvfs64(fd: c_int, buf: *mut libc::statvfs64) -> c_int, -1;
     fallocate(fd: c_int, mode: c_int, off: libc::off_t, len: libc::off_t) -> c_int, -1;
     fallocate64(fd: c_int, mode: c_int, off: off64_t, len: off64_t) -> c_int, -1;
     posix_fallocate(fd: c_int, off: libc::off_t, len: libc::off_t) -> c_int, libc::ENOSYS;
@@ -104,4 +105,50 @@ pub unsafe extern "C" fn posix_fadvise(
 ) -> c_int {
     // SAFETY: as called.
     unsafe { posix_fadvise64(fd, off, len, advice) }
+}
+
+/// The mount root of placeholder `fd`, NUL-terminated in `buf`.
+fn placeholder_root(fd: c_int, buf: &mut [u8; libc::PATH_MAX as usize]) -> bool {
+    if !lazy::is_lazy(fd) {
+        return false;
+    }
+    let Some((_, o)) = crate::table::get(fd) else {
+        return false;
+    };
+    let Some(m) =
+        crate::mounts::by_index(o.mount.load(std::sync::atomic::Ordering::Relaxed) as usize)
+    else {
+        return false;
+    };
+    if m.path.len() >= buf.len() {
+        return false;
+    }
+    buf[..m.path.len()].copy_from_slice(&m.path);
+    buf[m.path.len()] = 0;
+    true
+}
+
+/// `statfs`-like calls: on a placeholder, `by_path` on its mount's root;
+/// else `by_fd` on the descriptor.
+macro_rules! on_file_system {
+    ($( $name:ident ( $t:ty ) = $by_fd:ident, $by_path:ident; )*) => {$(
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(fd: c_int, out: *mut $t) -> c_int {
+            let mut root = [0u8; libc::PATH_MAX as usize];
+            if placeholder_root(fd, &mut root) {
+                // SAFETY: a NUL-terminated path; the program's buffer
+                // (libc's function: the library defines no statfs).
+                return unsafe { libc::$by_path(root.as_ptr().cast(), out) };
+            }
+            // SAFETY: the program's arguments, to libc's function.
+            unsafe { crate::real::$by_fd(fd, out) }
+        }
+    )*};
+}
+
+on_file_system! {
+    fstatfs(libc::statfs) = fstatfs, statfs;
+    fstatfs64(libc::statfs64) = fstatfs64, statfs64;
+    fstatvfs(libc::statvfs) = fstatvfs, statvfs;
+    fstatvfs64(libc::statvfs64) = fstatvfs64, statvfs64;
 }

@@ -39,14 +39,24 @@ use crate::{guard, names, real, stats};
 
 /// The O_PATH descriptor of /dev/null placeholders are duplicates of.
 static NULL_FD: AtomicI32 = AtomicI32::new(-1);
+/// A real directory (`/`, read-only), which a directory's placeholder
+/// number names while glibc's fdopendir checks it ([`fdopendir`]).
+static DIR_FD: AtomicI32 = AtomicI32::new(-1);
 
 /// `INKFS_PRELOAD_LAZY=0`: every open goes to the kernel first, as in
-/// stage 3 (to measure one against the other).
+/// stage 3; `INKFS_PRELOAD_LAZY=files`: directories do (as before they
+/// had placeholders too), to measure one against the other.
 pub const ENV: &str = "INKFS_PRELOAD_LAZY";
-static ENABLED: AtomicI32 = AtomicI32::new(1);
+/// 0: no placeholders; 1: regular files'; 2: directories' too.
+static ENABLED: AtomicI32 = AtomicI32::new(2);
 
-/// Open flags a placeholder is made for; others go to the kernel.
-const KERNEL_ONLY: c_int = libc::O_PATH | libc::O_DIRECTORY | libc::O_TMPFILE | libc::O_ASYNC;
+/// Open flags a placeholder is made for; others go to the kernel
+/// (O_TMPFILE's own bit: O_TMPFILE includes O_DIRECTORY, which a
+/// directory's placeholder is made for).
+const KERNEL_ONLY: c_int = libc::O_PATH | (libc::O_TMPFILE & !libc::O_DIRECTORY) | libc::O_ASYNC;
+/// Open flags F_GETFL shows of a directory beside [`STATUS`] (the
+/// kernel's does).
+const DIR_STATUS: c_int = libc::O_DIRECTORY | libc::O_NOFOLLOW;
 /// Status flags F_GETFL shows of a served open file.
 const STATUS: c_int = libc::O_ACCMODE
     | libc::O_APPEND
@@ -80,8 +90,10 @@ static INFO: [AtomicPtr<Info>; MAX_OFD] = [const { AtomicPtr::new(std::ptr::null
 
 /// At load.
 pub fn init() {
-    if std::env::var_os(ENV).is_some_and(|v| v == "0") {
-        ENABLED.store(0, Ordering::Relaxed);
+    match std::env::var_os(ENV) {
+        Some(v) if v == "0" => ENABLED.store(0, Ordering::Relaxed),
+        Some(v) if v == "files" => ENABLED.store(1, Ordering::Relaxed),
+        _ => {}
     }
     // SAFETY: a NUL-terminated literal path.
     let fd = unsafe {
@@ -101,6 +113,22 @@ pub fn init() {
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
     if let Ok(h) = inkfs::api::client::high(owned) {
         NULL_FD.store(h.into_raw_fd(), Ordering::Relaxed);
+    }
+    // SAFETY: a NUL-terminated literal path.
+    let root = unsafe {
+        real::openat(
+            libc::AT_FDCWD,
+            c"/".as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            0,
+        )
+    };
+    if root >= 0 {
+        // SAFETY: a descriptor we just opened, owned by nothing else.
+        let owned = unsafe { OwnedFd::from_raw_fd(root) };
+        if let Ok(h) = inkfs::api::client::high(owned) {
+            DIR_FD.store(h.into_raw_fd(), Ordering::Relaxed);
+        }
     }
 }
 
@@ -179,38 +207,6 @@ fn fail(e: c_int) -> c_int {
     -1
 }
 
-/// `base` + "/" + `rel`, NUL-terminated (`base` absolute, or empty when
-/// `rel` is).
-fn join(base: &[u8], rel: &[u8]) -> Box<[u8]> {
-    let mut v = Vec::with_capacity(base.len() + rel.len() + 2);
-    if rel.first() == Some(&b'/') {
-        v.extend_from_slice(rel);
-    } else {
-        v.extend_from_slice(base);
-        if !base.ends_with(b"/") {
-            v.push(b'/');
-        }
-        v.extend_from_slice(rel);
-    }
-    v.push(0);
-    v.into_boxed_slice()
-}
-
-/// The absolute path `p` (relative to `dirfd`) names, as it was written
-/// (`cwd`: what `path::locate` read of the current directory). `None`:
-/// a directory descriptor whose path the library did not keep.
-pub fn absolute(dirfd: c_int, p: &[u8], cwd: &CwdBuf) -> Option<Box<[u8]>> {
-    if p.first() == Some(&b'/') {
-        return Some(join(b"", p));
-    }
-    if dirfd == libc::AT_FDCWD {
-        let len = cwd.iter().position(|&b| b == 0)?;
-        return Some(join(&cwd[..len], p));
-    }
-    let (idx, _) = table::local(dirfd)?;
-    Some(join(path_of(idx)?, p))
-}
-
 /// A placeholder descriptor (close-on-exec if asked): the lowest free
 /// number from 3 on, as open(2) would give... unless 0-2 are free, which
 /// open(2) would give and the library never serves: then `None`.
@@ -241,7 +237,14 @@ fn placeholder(cloexec: bool) -> Option<c_int> {
 /// can: the descriptor (or -1 with errno, an answer the kernel would
 /// give), or `None` for the kernel.
 pub fn open(dirfd: c_int, bytes: &[u8], flags: c_int, mode: libc::mode_t) -> Option<c_int> {
-    if ENABLED.load(Ordering::Relaxed) == 0 || flags & KERNEL_ONLY != 0 {
+    let enabled = ENABLED.load(Ordering::Relaxed);
+    if enabled == 0 || flags & KERNEL_ONLY != 0 {
+        return None;
+    }
+    let dirs = enabled >= 2;
+    let creating = flags & libc::O_CREAT != 0;
+    let want_dir = flags & libc::O_DIRECTORY != 0;
+    if want_dir && (creating || !dirs) {
         return None;
     }
     let mut cwd: CwdBuf = [0; libc::PATH_MAX as usize];
@@ -250,7 +253,9 @@ pub fn open(dirfd: c_int, bytes: &[u8], flags: c_int, mode: libc::mode_t) -> Opt
         return None;
     }
     let (mi, _) = mounts::index_of(t.mount)?;
-    let creating = flags & libc::O_CREAT != 0;
+    if want_dir {
+        return open_dir(&t, mi, dirfd, flags);
+    }
     let cred = if creating {
         names::creator()?
     } else {
@@ -272,6 +277,9 @@ pub fn open(dirfd: c_int, bytes: &[u8], flags: c_int, mode: libc::mode_t) -> Opt
             if creating && flags & libc::O_EXCL != 0 {
                 return Some(fail(libc::EEXIST));
             }
+            if a.kind == FileKind::Dir && dirs && !creating {
+                return directory(t.mount, mi, a.ino, a.generation, flags, &cred, path);
+            }
             if a.kind != FileKind::File {
                 return None;
             }
@@ -284,6 +292,97 @@ pub fn open(dirfd: c_int, bytes: &[u8], flags: c_int, mode: libc::mode_t) -> Opt
         // one request later).
         Err(e) if e.errno() == libc::ENOENT => Some(fail(libc::ENOENT)),
         Err(_) => None,
+    }
+}
+
+/// open(2) with O_DIRECTORY of what `t` names (no O_CREAT): the whole
+/// path walked in the pool, a trailing slash and "." included (the
+/// kernel's answer for what the walk hands over: a symlink to follow, a
+/// missing name, `..` above the start...).
+fn open_dir(t: &path::Target<'_>, mi: usize, dirfd: c_int, flags: c_int) -> Option<c_int> {
+    let cred = path::credentials(false);
+    let lease = t.mount.checkout()?;
+    if lease.client().session_closed() {
+        t.mount.alive(&lease);
+        return None;
+    }
+    let follow = flags & libc::O_NOFOLLOW == 0;
+    let a = lease.client().call(|fs| path::walk(fs, &cred, t, follow))?;
+    if a.kind != FileKind::Dir {
+        return None;
+    }
+    let path = t.absolute(|| path_of(table::local(dirfd)?.0))?;
+    directory(t.mount, mi, a.ino, a.generation, flags, &cred, path)
+}
+
+/// An existing directory opened for reading (listing it, or as the
+/// directory of relative paths): read permission as the kernel checks
+/// it, the hold (an rmdir by anyone leaves it an orphan until the last
+/// close, as the kernel keeps a removed directory open), the placeholder.
+/// Any other access mode, O_TRUNC, O_NOATIME: the kernel's answer.
+fn directory(
+    m: &'static Mount,
+    mi: usize,
+    ino: u64,
+    generation: u64,
+    flags: c_int,
+    cred: &inkfs::api::Credentials,
+    path: Box<[u8]>,
+) -> Option<c_int> {
+    if flags & libc::O_ACCMODE != libc::O_RDONLY
+        || flags & (libc::O_CREAT | libc::O_TRUNC | libc::O_NOATIME) != 0
+    {
+        return None;
+    }
+    let lease = m.checkout()?;
+    let c = lease.client();
+    match c.call(|fs| fs.access(cred, ino, inkfs::api::MAY_READ)) {
+        Ok(()) => {}
+        Err(e) if e.errno() == libc::EACCES => return Some(fail(libc::EACCES)),
+        Err(_) => return None,
+    }
+    let hold = c.hold(ino, generation)?;
+    let Some(fd) = placeholder(flags & libc::O_CLOEXEC != 0) else {
+        c.unhold(hold);
+        return None;
+    };
+    let status = (flags & (STATUS | DIR_STATUS)) | libc::O_LARGEFILE;
+    Some(register(fd, mi, ino, libc::S_IFDIR, status, path, hold))
+}
+
+/// A DIR for `fd` if it is a directory's placeholder (`None`: not one,
+/// or glibc refused):
+/// glibc's fdopendir checks the descriptor with its own fstat and fcntl,
+/// inside glibc where the library does not see them, and on the
+/// placeholder (/dev/null) that fails with ENOTDIR. So for the length of
+/// that call the number names a real directory (`/`, [`DIR_FD`]), and the
+/// placeholder again before the DIR is handed out; glibc made the number
+/// close-on-exec (fdopendir does), and the placeholder is made so too.
+/// The DIR's listing is the library's (dir.rs finds it by its number).
+pub fn fdopendir(fd: c_int) -> Option<*mut libc::DIR> {
+    let (_, o) = table::get(fd)?;
+    if o.lazy.load(Ordering::Acquire) == 0 || !o.is_dir() {
+        return None;
+    }
+    let root = DIR_FD.load(Ordering::Relaxed);
+    let null = NULL_FD.load(Ordering::Relaxed);
+    if root < 0 || null < 0 {
+        return None;
+    }
+    // SAFETY: no memory of ours involved; both descriptors are the
+    // library's, `fd` the program's placeholder, which only this call
+    // uses now (a program using a descriptor it passes to fdopendir from
+    // another thread at the same time is wrong with the kernel too).
+    unsafe {
+        if real::dup3(root, fd, libc::O_CLOEXEC) < 0 {
+            return None;
+        }
+        let d = real::fdopendir(fd);
+        real::dup3(null, fd, libc::O_CLOEXEC);
+        // Refused (no memory; or the program closed the library's `/`
+        // descriptor and reused its number for something else): the
+        // caller takes the kernel's way.
+        (!d.is_null()).then_some(d)
     }
 }
 
@@ -318,7 +417,8 @@ fn existing(
         c.unhold(hold);
         return None;
     };
-    Some(register(fd, m, mi, ino, flags, path, hold))
+    let status = (flags & STATUS) | libc::O_LARGEFILE;
+    Some(register(fd, mi, ino, libc::S_IFREG, status, path, hold))
 }
 
 /// A new file (or, raced, one that appeared): made by the server, with
@@ -358,20 +458,30 @@ fn create(
         // The kernel opens what the server made (no O_EXCL: it exists).
         return None;
     };
-    Some(register(fd, m, mi, done.ino, flags, path, hold))
+    let status = (flags & STATUS) | libc::O_LARGEFILE;
+    Some(register(
+        fd,
+        mi,
+        done.ino,
+        libc::S_IFREG,
+        status,
+        path,
+        hold,
+    ))
 }
 
+/// Register placeholder `fd` of inode `ino` (`kind`: S_IFREG or
+/// S_IFDIR) with its status flags, path and hold.
 fn register(
     fd: c_int,
-    _m: &Mount,
     mi: usize,
     ino: u64,
-    flags: c_int,
+    kind: u32,
+    status: c_int,
     path: Box<[u8]>,
     hold: Hold,
 ) -> c_int {
-    let status = (flags & STATUS) | libc::O_LARGEFILE;
-    match table::register(fd, mi, ino, libc::S_IFREG, status, true) {
+    match table::register(fd, mi, ino, kind, status, true) {
         Some(idx) => {
             set_info(
                 idx,
@@ -385,11 +495,17 @@ fn register(
         None => {
             // Not served after all (table full): the kernel file then.
             // Materializing needs the entry; open it in the kernel here.
-            let kfd = kernel_open(&path, flags);
+            let kfd = kernel_open(&path, kernel_flags(status, kind));
             if kfd >= 0 {
                 // SAFETY: both ours; dup3 replaces the placeholder.
                 unsafe {
-                    real::dup3(kfd, fd, flags & libc::O_CLOEXEC);
+                    let fdflags = real::fcntl(fd, libc::F_GETFD, 0);
+                    let cloexec = if fdflags > 0 && fdflags & libc::FD_CLOEXEC != 0 {
+                        libc::O_CLOEXEC
+                    } else {
+                        0
+                    };
+                    real::dup3(kfd, fd, cloexec);
                     real::close(kfd);
                 }
             }
@@ -401,6 +517,17 @@ fn register(
         }
     }
     fd
+}
+
+/// The flags to open a placeholder's file in the kernel with: its status
+/// flags, and O_DIRECTORY for a directory (the path must still name one).
+fn kernel_flags(status: c_int, kind: u32) -> c_int {
+    let dir = if kind == libc::S_IFDIR {
+        libc::O_DIRECTORY
+    } else {
+        0
+    };
+    (status & !libc::O_LARGEFILE) | dir
 }
 
 /// Open `path` (NUL-terminated) in the kernel with the flags of the
@@ -449,7 +576,8 @@ fn materialize(idx: usize, ofd: &Ofd) -> bool {
     let ok = (|| {
         let p = path_nul(idx)?;
         let flags = ofd.flags.load(Ordering::Relaxed) as c_int;
-        let kfd = kernel_open(p, flags & !libc::O_LARGEFILE);
+        let kind = ofd.kind.load(Ordering::Relaxed);
+        let kfd = kernel_open(p, kernel_flags(flags, kind));
         if kfd < 0 {
             return None;
         }

@@ -34,6 +34,7 @@ pub mod guard;
 pub mod io;
 pub mod kfd;
 pub mod lazy;
+pub mod map;
 pub mod meta;
 pub mod mounts;
 pub mod names;

@@ -229,7 +229,7 @@ pub unsafe extern "C" fn faccessat(
         }
     }
     // SAFETY: as called.
-    unsafe { real::faccessat(dirfd, path, mode, flags) }
+    unsafe { real::faccessat(crate::lazy::kernel(dirfd), path, mode, flags) }
 }
 
 #[no_mangle]
@@ -268,7 +268,7 @@ pub unsafe extern "C" fn readlinkat(
         }
     }
     // SAFETY: as called.
-    unsafe { real::readlinkat(dirfd, path, buf, n) }
+    unsafe { real::readlinkat(crate::lazy::kernel(dirfd), path, buf, n) }
 }
 
 #[no_mangle]

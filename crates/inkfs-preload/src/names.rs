@@ -146,7 +146,7 @@ pub unsafe extern "C" fn mkdirat(dirfd: c_int, p: *const c_char, mode: mode_t) -
         return r;
     }
     // SAFETY: as called.
-    unsafe { real::mkdirat(dirfd, p, mode) }
+    unsafe { real::mkdirat(crate::lazy::kernel(dirfd), p, mode) }
 }
 
 #[no_mangle]
@@ -184,7 +184,7 @@ pub unsafe extern "C" fn mknodat(
         }
     }
     // SAFETY: as called.
-    unsafe { real::mknodat(dirfd, p, mode, dev) }
+    unsafe { real::mknodat(crate::lazy::kernel(dirfd), p, mode, dev) }
 }
 
 #[no_mangle]
@@ -220,7 +220,7 @@ pub unsafe extern "C" fn symlinkat(target: *const c_char, dirfd: c_int, p: *cons
         }
     }
     // SAFETY: as called.
-    unsafe { real::symlinkat(target, dirfd, p) }
+    unsafe { real::symlinkat(target, crate::lazy::kernel(dirfd), p) }
 }
 
 #[no_mangle]
@@ -251,7 +251,7 @@ pub unsafe extern "C" fn unlinkat(dirfd: c_int, p: *const c_char, flags: c_int) 
         }
     }
     // SAFETY: as called.
-    unsafe { real::unlinkat(dirfd, p, flags) }
+    unsafe { real::unlinkat(crate::lazy::kernel(dirfd), p, flags) }
 }
 
 #[no_mangle]
@@ -320,7 +320,15 @@ pub unsafe extern "C" fn renameat2(
         }
     }
     // SAFETY: as called.
-    unsafe { real::renameat2(d1, p1, d2, p2, flags) }
+    unsafe {
+        real::renameat2(
+            crate::lazy::kernel(d1),
+            p1,
+            crate::lazy::kernel(d2),
+            p2,
+            flags,
+        )
+    }
 }
 
 #[no_mangle]
@@ -380,7 +388,15 @@ pub unsafe extern "C" fn linkat(
         }
     }
     // SAFETY: as called.
-    unsafe { real::linkat(d1, p1, d2, p2, flags) }
+    unsafe {
+        real::linkat(
+            crate::lazy::kernel(d1),
+            p1,
+            crate::lazy::kernel(d2),
+            p2,
+            flags,
+        )
+    }
 }
 
 #[no_mangle]

@@ -3,8 +3,8 @@
 //! Resolution here is deliberately narrow: it serves the plain case (names
 //! and `.`/`..` inside one mount, symlinks only as the last component of
 //! an lstat-like call) and hands everything else to the kernel: a symlink
-//! to follow (its target may leave the mount), `..` above the starting
-//! directory, a path through a mount inside the mount, any error (the
+//! to follow (its target may leave the mount), `..` above the mount's
+//! root, a path through a mount inside the mount, any error (the
 //! kernel's answer is the authoritative one: ENOENT, EACCES and ENOTDIR
 //! come from the kernel's own walk). A path that names the mount through a
 //! symlink outside it is not recognised and goes to the kernel too.
@@ -49,9 +49,39 @@ impl Target<'_> {
             }
             v.extend_from_slice(part);
         }
+        let mut v = normalize(&v);
         v.push(0);
         Some(v.into_boxed_slice())
     }
+}
+
+/// Absolute path `p` with "." and empty names dropped and each ".."
+/// taking the name before it away (none above "/"). Right for the paths
+/// kept of served descriptors: their start (a mount, the current
+/// directory, a directory descriptor's kept path) has no symlink in it,
+/// and a walk in the pool follows none but a last name it hands to the
+/// kernel; so a kept path stays good once a directory named on the way
+/// is gone (a placeholder opened as `d/sub/..` is materialized by `d`'s
+/// path after `sub` was removed, as `rm -rf` does).
+pub fn normalize(p: &[u8]) -> Vec<u8> {
+    let mut out: Vec<u8> = Vec::with_capacity(p.len() + 1);
+    for name in p.split(|&b| b == b'/') {
+        match name {
+            b"" | b"." => {}
+            b".." => {
+                let cut = out.iter().rposition(|&b| b == b'/').unwrap_or(0);
+                out.truncate(cut);
+            }
+            _ => {
+                out.push(b'/');
+                out.extend_from_slice(name);
+            }
+        }
+    }
+    if out.is_empty() {
+        out.push(b'/');
+    }
+    out
 }
 
 /// A buffer for the current directory of a relative path.
@@ -143,8 +173,9 @@ fn dir_only(t: &Target<'_>) -> bool {
 
 /// Walk `names` from `t.start`: the attributes of the last one (`None`
 /// for none: the start itself), or `Err` for "ask the kernel" (a symlink
-/// on the way, or the last one with `follow`, `..` above the start, any
-/// error).
+/// on the way, or the last one with `follow`, `..` above the mount's
+/// root, any error). `..` above the start is the start's parent in the
+/// pool (a directory descriptor's: `openat(fd, "..")`).
 fn resolve(
     fs: &Filesystem<MappedPool>,
     cred: &Credentials,
@@ -160,10 +191,19 @@ fn resolve(
     let n = names.len();
     for (i, &name) in names.iter().enumerate() {
         if name == b".." {
-            if depth == 1 || !top_is_dir {
+            if !top_is_dir {
                 return Err(());
             }
-            depth -= 1;
+            if depth == 1 {
+                // Above the start: its parent in the pool, unless that
+                // leaves the mount (the kernel's answer: what is above).
+                if stack[0] == ROOT_INO {
+                    return Err(());
+                }
+                stack[0] = fs.lookup(cred, stack[0], b"..").map_err(|_| ())?.ino;
+            } else {
+                depth -= 1;
+            }
             last = None;
             top_is_dir = true;
             continue;
@@ -266,5 +306,22 @@ pub fn credentials(real_ids: bool) -> Credentials {
         gid,
         groups,
         umask: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::normalize;
+
+    #[test]
+    fn normalize_takes_dots_out_and_never_climbs_above_the_root() {
+        let n = |p: &str| String::from_utf8(normalize(p.as_bytes())).unwrap();
+        assert_eq!(n("/mnt/ink/t/a/b/../c/./d//"), "/mnt/ink/t/a/c/d");
+        assert_eq!(n("/mnt/ink/t/sub/.."), "/mnt/ink/t");
+        assert_eq!(n("/mnt/ink/t/tests/../../libc/src"), "/mnt/ink/libc/src");
+        assert_eq!(n("/../.."), "/");
+        assert_eq!(n("/"), "/");
+        assert_eq!(n("/a/.."), "/");
+        assert_eq!(n("/a/..b/.c"), "/a/..b/.c");
     }
 }

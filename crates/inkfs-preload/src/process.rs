@@ -148,7 +148,7 @@ pub unsafe extern "C" fn execveat(
 ) -> c_int {
     before_exec();
     // SAFETY: as called.
-    unsafe { real::execveat(d, p, argv, envp, flags) }
+    unsafe { real::execveat(lazy::kernel(d), p, argv, envp, flags) }
 }
 
 #[no_mangle]

@@ -125,6 +125,10 @@ mod fns {
         truncate64(path: *const c_char, len: off64_t) -> c_int, -1;
         fchmod(fd: c_int, mode: mode_t) -> c_int, -1;
         fchown(fd: c_int, uid: libc::uid_t, gid: libc::gid_t) -> c_int, -1;
+        fstatfs(fd: c_int, buf: *mut libc::statfs) -> c_int, -1;
+        fstatfs64(fd: c_int, buf: *mut libc::statfs64) -> c_int, -1;
+        fstatvfs(fd: c_int, buf: *mut libc::statvfs) -> c_int, -1;
+        fstatvfs64(fd: c_int, buf: *mut libc::statvfs64) -> c_int, -1;
     }
 }
 pub use fns::*;

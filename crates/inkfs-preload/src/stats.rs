@@ -6,7 +6,7 @@
 //! `pid=P read_local=N read_kernel=N stat_local=N stat_kernel=N
 //! dir_local=N dir_kernel=N write_kernel=N attach_refused=N write_local=N
 //! sync_local=N ns_local=N ns_kernel=N attr_local=N open_local=N
-//! materialized=N`. That is how the tests tell a
+//! materialized=N map_local=N`. That is how the tests tell a
 //! read served from the pool from one the kernel served.
 
 use std::io::Write;
@@ -40,8 +40,11 @@ pub static ATTR_LOCAL: AtomicU64 = AtomicU64::new(0);
 pub static OPEN_LOCAL: AtomicU64 = AtomicU64::new(0);
 /// Placeholders materialized (a call needed the kernel's file).
 pub static MATERIALIZED: AtomicU64 = AtomicU64::new(0);
+/// Private read-only mappings of served files made as copies of the
+/// pool's bytes (map.rs): no kernel open, no READ request.
+pub static MAP_LOCAL: AtomicU64 = AtomicU64::new(0);
 
-const ALL: [&AtomicU64; 15] = [
+const ALL: [&AtomicU64; 16] = [
     &READ_LOCAL,
     &READ_KERNEL,
     &STAT_LOCAL,
@@ -57,6 +60,7 @@ const ALL: [&AtomicU64; 15] = [
     &ATTR_LOCAL,
     &OPEN_LOCAL,
     &MATERIALIZED,
+    &MAP_LOCAL,
 ];
 
 pub const ENV: &str = "INKFS_PRELOAD_STATS";
@@ -111,7 +115,7 @@ pub fn report() {
     let v = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let _ = writeln!(
         cur,
-        "pid={} read_local={} read_kernel={} stat_local={} stat_kernel={} dir_local={} dir_kernel={} write_kernel={} attach_refused={} write_local={} sync_local={} ns_local={} ns_kernel={} attr_local={} open_local={} materialized={}",
+        "pid={} read_local={} read_kernel={} stat_local={} stat_kernel={} dir_local={} dir_kernel={} write_kernel={} attach_refused={} write_local={} sync_local={} ns_local={} ns_kernel={} attr_local={} open_local={} materialized={} map_local={}",
         std::process::id(),
         v(&READ_LOCAL),
         v(&READ_KERNEL),
@@ -128,6 +132,7 @@ pub fn report() {
         v(&ATTR_LOCAL),
         v(&OPEN_LOCAL),
         v(&MATERIALIZED),
+        v(&MAP_LOCAL),
     );
     let n = cur.position() as usize;
     // SAFETY: NUL-terminated path, our own buffer; real calls only.

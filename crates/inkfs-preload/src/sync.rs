@@ -99,6 +99,12 @@ pub unsafe extern "C" fn mmap64(
     fd: c_int,
     off: off64_t,
 ) -> *mut c_void {
+    // A private copy of a served file's bytes, if it may be (map.rs).
+    if fd >= 0 {
+        if let Some(p) = crate::map::private_copy(len, prot, flags, fd, off) {
+            return p;
+        }
+    }
     // Noted before the mapping exists: a write or fsync racing it uses the
     // kernel. The library's own mappings (the pool) are made inside it.
     if fd >= 0 && flags & libc::MAP_ANONYMOUS == 0 && !guard::inside() {
