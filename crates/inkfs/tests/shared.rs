@@ -414,6 +414,45 @@ fn a_clients_appends_after_a_truncate_reuse_the_cut_blocks_once_readers_moved_on
     client.release(cfh);
 }
 
+/// A write under a lease marks the inode current (`Fs::client_mark_current`):
+/// later uses skip the check of its record, which only the lease holder
+/// changes while it holds the lease; when any lease goes back
+/// (`Fs::client_leases_changed`) every inode is checked again.
+#[test]
+fn a_clients_mark_skips_the_record_check_until_a_lease_goes_back() {
+    let s = shared("lease-mark", Mode::Strict);
+    let (a, fh) = s.owner.create(ROOT, b"f", 0o644, 0, 0).unwrap();
+    let (client, _table) = client_of(&s, 64);
+    let cfh = client.open(a.ino).unwrap();
+    let count = client.client_lease_count();
+    assert_ne!(count, 0);
+    {
+        let _w = client.client_writes();
+        client.append(&cfh, &[1u8; 100]).unwrap();
+    }
+    client.client_mark_current(&cfh, count);
+    // The owner writes behind the lease (the server would have recalled
+    // it first): the marked state is not checked against the record...
+    s.owner.append(&fh, &[2u8; 50]).unwrap();
+    assert_eq!(
+        client.getattr(a.ino).unwrap().size,
+        100,
+        "mark not honoured"
+    );
+    // ...until a lease goes back.
+    client.client_leases_changed();
+    assert_eq!(client.getattr(a.ino).unwrap().size, 150);
+    // A mark taken before a give-back is stale at once.
+    client.client_mark_current(&cfh, count);
+    s.owner.append(&fh, &[3u8; 50]).unwrap();
+    assert_eq!(client.getattr(a.ino).unwrap().size, 200);
+    // An engine that is not a client's marks nothing.
+    s.reader
+        .client_mark_current(&s.reader.open(a.ino).unwrap(), 1);
+    s.owner.release(fh);
+    client.release(cfh);
+}
+
 /// The limbo costs nothing: after the readers are gone and the owner
 /// unmounts, the pool is exactly as full as its files say (fsck clean).
 #[test]

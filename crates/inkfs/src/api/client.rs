@@ -500,10 +500,17 @@ impl Client {
         }
         let mut tries = 0;
         loop {
+            // Read with the lease held, before the write checks the record.
+            let count = self.shared.fs.fs.client_lease_count();
             let r = {
                 let _w = self.shared.fs.fs.client_writes();
                 self.call(&op)
             };
+            if let (Ok(_), Some(f)) = (&r, file) {
+                // Current now, and only this client changes it until the
+                // lease goes back: later calls skip the record's check.
+                self.shared.fs.fs.client_mark_current(&f.handle, count);
+            }
             if self.shared.fs.fs.client_freed_due() {
                 self.send_freed()?;
             }
@@ -975,6 +982,8 @@ fn start_threads(
         .name("inkfs-session".into())
         .spawn(move || {
             read_session(&s, &conn, &tx);
+            // The server is gone (or ended the session): leases with it.
+            s.fs.fs.client_leases_changed();
             s.closed.store(true, SeqCst);
             s.answered.notify_all();
         })?;
