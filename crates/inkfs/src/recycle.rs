@@ -1,7 +1,7 @@
 //! A client's recycled blocks: the blocks a lease holder's copy-on-write
-//! overwrites displace from an inode, kept for that inode's next
-//! overwrites instead of going back to the server (docs/KERNEL-FREE.md,
-//! "Built: write leases", Reservation).
+//! overwrites and truncates displace from an inode, kept for that inode's
+//! next overwrites and appends instead of going back to the server
+//! (docs/KERNEL-FREE.md, "Built: write leases", Reservation).
 //!
 //! Why: a strict-mode overwrite writes a fresh block and frees the old
 //! one. Sent back, every freed block cost the server a message's share of
@@ -9,7 +9,9 @@
 //! random 4 KiB overwrite, measured), and the client's next reservation
 //! brought blocks its mapping had never touched (a page fault or a
 //! populate per page). Kept, an overwrite loop cycles through the same few
-//! hundred blocks, already mapped and already in the books.
+//! hundred blocks, already mapped and already in the books; an
+//! append-and-truncate loop (a log, a WAL) appends on the blocks its last
+//! truncate cut.
 //!
 //! Why per inode: the server's books of a lease are "the blocks the inode
 //! referred to at the grant" and "the blocks reserved for the client". A
