@@ -44,7 +44,6 @@
 //! its own, and takes one of its request rings for each round trip
 //! (`super::lanes`).
 
-use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -62,6 +61,7 @@ use super::{File, Filesystem, Follow, OpenFlags, Written, ROOT_INO};
 use crate::blockdev::{BlockDev, FileDev, Side};
 use crate::error::{errno, Error, Result};
 use crate::fs::Fs;
+use crate::inthash::IntMap;
 use crate::perm::Credentials;
 use crate::pmem::{MappedPool, PoolFile, PoolOpenOptions};
 use crate::shm::SharedEpochs;
@@ -134,7 +134,7 @@ struct Shared {
     /// whole of a write, so a recall waits for the write in flight. By
     /// inode number in [`LEASE_SHARDS`] maps: threads writing different
     /// files rarely meet on one lock.
-    leases: [Mutex<HashMap<u64, Arc<Mutex<LeaseState>>>>; LEASE_SHARDS],
+    leases: [Mutex<IntMap<Arc<Mutex<LeaseState>>>>; LEASE_SHARDS],
     /// One request at a time on the session (`INKFS_CLIENT_CHANNEL=session`).
     asking: Mutex<()>,
     /// Leases held now.
@@ -826,7 +826,7 @@ impl LeaseState {
 }
 
 impl Shared {
-    fn lease_shard(&self, ino: u64) -> &Mutex<HashMap<u64, Arc<Mutex<LeaseState>>>> {
+    fn lease_shard(&self, ino: u64) -> &Mutex<IntMap<Arc<Mutex<LeaseState>>>> {
         &self.leases[(ino % LEASE_SHARDS as u64) as usize]
     }
 
