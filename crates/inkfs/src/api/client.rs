@@ -457,8 +457,16 @@ impl Client {
     /// (strict and sync modes), so this asks nothing of the server: the
     /// blocks this client freed go back in batches (`Fs::client_freed_due`)
     /// and at each recall, not per call (a message per fsync was most of a
-    /// durable write's time: a system call, and the server woken).
+    /// durable write's time: a system call, and the server woken). Nor
+    /// does it pin the epoch slot when the engine's fsync has nothing to do
+    /// (`Filesystem::fsync_is_noop`: it reads no block then; the pin, a
+    /// locked store and two thread-local lookups, was most of a served
+    /// fdatasync's own time). A posix-mode pool (refused at attach) would
+    /// write the log: pinned as any call.
     pub fn fsync(&self, file: &File, datasync: bool) -> Result<()> {
+        if self.shared.fs.fsync_is_noop() {
+            return self.shared.fs.fsync(file, datasync);
+        }
         self.call(|fs| fs.fsync(file, datasync))
     }
 
