@@ -8,9 +8,9 @@
 //! server's claim), the shared epoch table and a slot in it. The pool is
 //! mapped read-only, and the engine over it (`Fs::attach`) checks
 //! each inode against its record before use, so every call sees a state
-//! some commit of the server produced. Each call pins the client's epoch
-//! slot for its length: blocks the server frees meanwhile stay out of the
-//! free lists until the call is over.
+//! some commit of the server produced. Each call that reads the pool pins
+//! the client's epoch slot for its length: blocks the server frees
+//! meanwhile stay out of the free lists until the call is over.
 //!
 //! Writes ([`Client::write`], [`Client::pwrite`], [`Client::append`],
 //! [`Client::truncate`], an `O_TRUNC` open) take the inode's write lease
