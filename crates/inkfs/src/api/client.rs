@@ -7,8 +7,9 @@
 //! socket ([`super::attach`]), and gets the pool's descriptor (sharing the
 //! server's claim), the shared epoch table and a slot in it. The pool is
 //! mapped read-only, and the engine over it (`Fs::attach`) checks
-//! each inode against its record before use, so every call sees a state
-//! some commit of the server produced. Each call that reads the pool pins
+//! each inode against its record before use (but an inode whose lease
+//! it holds: nobody else changes that record, `Fs::client_mark_current`),
+//! so every call sees a state some commit of the server produced. Each call that reads the pool pins
 //! the client's epoch slot for its length: blocks the server frees
 //! meanwhile stay out of the free lists until the call is over.
 //!
