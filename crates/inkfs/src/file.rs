@@ -674,8 +674,9 @@ impl<P: Pmem> Fs<P> {
             // (with a device flush per write).
             Displaced::Recycle(kept, tag) if Side::of(b) == Side::Pm => {
                 let tag = *tag.get_or_insert_with(|| self.client_free_epoch());
-                if !kept.keep(b, n, tag) {
-                    self.free_blocks(b, n);
+                let k = kept.keep(b, n, tag);
+                if k < n {
+                    self.free_blocks(b + k, n - k);
                 }
             }
             Displaced::Recycle(..) => self.free_blocks(b, n),
@@ -736,6 +737,18 @@ impl<P: Pmem> Fs<P> {
                 Side::Dev => tx.reserved_taken_dev += k,
             }
             return Ok((start, k));
+        }
+        // A client's append the reservation does not continue takes the
+        // blocks a truncate (or overwrite) of this file gave up, as an
+        // overwrite does: an append-and-truncate loop (a log, a WAL) then
+        // writes blocks its mapping holds already instead of a fresh
+        // reservation's, each page of which costs a populate or a fault,
+        // and the server hears nothing. They come off a truncated extent
+        // in order, so consecutive appends stay in one extent.
+        if appending && tx.side == Side::Pm {
+            if let Some(got) = self.client_take_recycled(&mut tx.recycled, want) {
+                return Ok(got);
+            }
         }
         let unit = self.prealloc_blocks(tx.side);
         let ask = if appending && goal != 0 && want < unit {

@@ -494,6 +494,7 @@ impl<P: Pmem> Fs<P> {
                 kind,
                 rec_off,
                 state: RwLock::new(st),
+                lease_mark: Default::default(),
             }))
         })
     }

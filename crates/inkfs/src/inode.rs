@@ -2,6 +2,7 @@
 //! rebuilt from the inode's log, and the cache that holds loaded inodes.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::alloc::BlockAllocator;
@@ -130,6 +131,11 @@ pub struct Inode {
     /// Byte offset of the InodeRecord.
     pub rec_off: u64,
     pub state: RwLock<InodeState>,
+    /// A client engine: the client's lease count (`Fs::client_mark_current`)
+    /// at which this state was last found current under the inode's write
+    /// lease; 0 never. While it equals the count, no other party can have
+    /// changed the record, and uses skip the check against it (shared.rs).
+    pub(crate) lease_mark: AtomicU64,
 }
 
 impl Inode {

@@ -78,6 +78,10 @@ pub(crate) struct ClientSide {
     /// mapped them already ([`Pmem::map_ahead`]; mapping them again costs a
     /// page-table walk per page).
     mapped: Vec<AtomicU64>,
+    /// Leases given back so far, plus one: bumped before any lease goes
+    /// back (and when the session ends), which unmarks every inode found
+    /// current under a lease ([`Fs::client_mark_current`]).
+    lease_count: AtomicU64,
 }
 
 /// Blocks mapped ahead at once (2 MiB): a reservation's blocks are mapped
@@ -90,6 +94,7 @@ impl ClientSide {
         ClientSide {
             mapped: (0..chunks.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
             recycle_batch: AtomicU64::new(crate::recycle::RECYCLE_BATCH_BLOCKS),
+            lease_count: AtomicU64::new(1),
             ..ClientSide::default()
         }
     }
@@ -324,14 +329,66 @@ impl<P: Pmem> Fs<P> {
 
     /// A client lets inode `ino`'s lease go: the blocks its DRAM state
     /// keeps in reserve and its recycled blocks are freed (to the server,
-    /// see `client_free`).
+    /// see `client_free`), and no inode counts as current any more
+    /// ([`Fs::client_leases_changed`]).
     pub fn client_release_inode(&self, ino: u64) {
+        self.client_leases_changed();
         if let Some(inode) = self.cache.get(ino) {
             let mut st = write(&inode.state);
             self.drop_prealloc(&mut st);
             let mut recycled = std::mem::take(&mut st.recycled);
             recycled.drain(|start, len| self.free_blocks(start, len));
         }
+    }
+
+    /// The client's lease count now: read before a write under a lease,
+    /// given to [`Fs::client_mark_current`] after it. 0 on an engine that
+    /// is not a client's.
+    pub fn client_lease_count(&self) -> u64 {
+        self.client
+            .as_ref()
+            .map_or(0, |c| c.lease_count.load(Ordering::SeqCst))
+    }
+
+    /// A lease of this client goes back (before the server hears of it),
+    /// or the session ended: every inode must check its record again
+    /// before its next use. Every inode, not only the lease's: a give-back
+    /// is rare (a recall, a log due for GC), and one count is cheaper on
+    /// the write path than a mark per inode that must reach the object a
+    /// handle holds.
+    pub fn client_leases_changed(&self) {
+        if let Some(c) = &self.client {
+            c.lease_count.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A write under `fh`'s inode's lease just found its state current (it
+    /// checked the record, then committed itself), with the lease held
+    /// since the count was `count` ([`Fs::client_lease_count`], read
+    /// before the write): until a lease goes back, uses of the inode skip
+    /// the check of its record (shared.rs). Safe because while this client
+    /// holds the lease nobody else changes the record: other clients
+    /// write only under the lease, which the server grants only after
+    /// taking it back from this one; the server itself changes an inode
+    /// (a namespace change, chmod, its log GC, the settling) only after
+    /// its lease hook has recalled the lease, and a recall is answered by
+    /// a give-back, which bumps the count first. The client's own commits
+    /// keep its DRAM state and the record equal under the inode's lock.
+    pub fn client_mark_current(&self, fh: &FileHandle, count: u64) {
+        if self.is_client() && count != 0 {
+            fh.inode.lease_mark.store(count, Ordering::Release);
+        }
+    }
+
+    /// Whether `inode`'s state is current without a look at its record
+    /// (see [`Fs::client_mark_current`]).
+    #[inline]
+    pub(crate) fn client_known_current(&self, inode: &crate::inode::Inode) -> bool {
+        let Some(c) = &self.client else {
+            return false;
+        };
+        let mark = inode.lease_mark.load(Ordering::Acquire);
+        mark != 0 && mark == c.lease_count.load(Ordering::SeqCst)
     }
 
     /// This client engine recycles displaced blocks: the table readers pin

@@ -370,6 +370,7 @@ impl<P: Pmem> Fs<P> {
             kind,
             rec_off,
             state: std::sync::RwLock::new(st),
+            lease_mark: Default::default(),
         });
         // Cached before the record turns LIVE: a thread holding this inode
         // number from before (a stale lookup of the slot's previous inode)
@@ -1433,6 +1434,7 @@ impl NewNode {
             kind,
             rec_off: self.rec_off,
             state: std::sync::RwLock::new(st),
+            lease_mark: Default::default(),
         }
     }
 }

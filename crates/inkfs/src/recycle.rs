@@ -1,7 +1,7 @@
 //! A client's recycled blocks: the blocks a lease holder's copy-on-write
-//! overwrites displace from an inode, kept for that inode's next
-//! overwrites instead of going back to the server (docs/KERNEL-FREE.md,
-//! "Built: write leases", Reservation).
+//! overwrites and truncates displace from an inode, kept for that inode's
+//! next overwrites and appends instead of going back to the server
+//! (docs/KERNEL-FREE.md, "Built: write leases", Reservation).
 //!
 //! Why: a strict-mode overwrite writes a fresh block and frees the old
 //! one. Sent back, every freed block cost the server a message's share of
@@ -9,7 +9,9 @@
 //! random 4 KiB overwrite, measured), and the client's next reservation
 //! brought blocks its mapping had never touched (a page fault or a
 //! populate per page). Kept, an overwrite loop cycles through the same few
-//! hundred blocks, already mapped and already in the books.
+//! hundred blocks, already mapped and already in the books; an
+//! append-and-truncate loop (a log, a WAL) appends on the blocks its last
+//! truncate cut.
 //!
 //! Why per inode: the server's books of a lease are "the blocks the inode
 //! referred to at the grant" and "the blocks reserved for the client". A
@@ -66,12 +68,16 @@ impl Recycled {
         self.blocks() == 0
     }
 
-    /// Keep `[start, start + len)`, freed at epoch `tag`. False (nothing
-    /// kept) when the list is full: the caller frees them as before.
-    pub fn keep(&mut self, start: u64, len: u64, tag: u64) -> bool {
+    /// Keep the first blocks of `[start, start + len)`, freed at epoch
+    /// `tag`, as many as fit under [`RECYCLE_BLOCKS_MAX`]: how many were
+    /// kept (the caller frees the rest as before). A truncate frees whole
+    /// extents, often longer than the room left: keeping part of one is
+    /// what lets the appends after it run on mapped blocks.
+    pub fn keep(&mut self, start: u64, len: u64, tag: u64) -> u64 {
         debug_assert!(len > 0);
-        if self.blocks() + len > RECYCLE_BLOCKS_MAX {
-            return false;
+        let len = len.min(RECYCLE_BLOCKS_MAX.saturating_sub(self.blocks()));
+        if len == 0 {
+            return 0;
         }
         debug_assert!(self.waiting.back().is_none_or(|w| w.2 <= tag), "tags grow");
         match self.waiting.back_mut() {
@@ -80,7 +86,7 @@ impl Recycled {
             _ => self.waiting.push_back((start, len, tag)),
         }
         self.waiting_blocks += len;
-        true
+        len
     }
 
     /// Whether a scan of the epoch table should come before the next take
@@ -139,9 +145,9 @@ mod tests {
     #[test]
     fn blocks_wait_for_readers_then_come_back_in_order() {
         let mut r = Recycled::default();
-        assert!(r.keep(100, 1, 5));
-        assert!(r.keep(101, 1, 5), "adjacent, same tag: merged");
-        assert!(r.keep(200, 62, 6));
+        assert_eq!(r.keep(100, 1, 5), 1);
+        assert_eq!(r.keep(101, 1, 5), 1, "adjacent, same tag: merged");
+        assert_eq!(r.keep(200, 62, 6), 62);
         assert_eq!(r.blocks(), 64);
         assert!(r.wants_scan(RECYCLE_BATCH_BLOCKS));
         assert_eq!(r.take(1), None, "nothing ready before a scan");
@@ -153,7 +159,7 @@ mod tests {
         assert_eq!(r.take(1), None);
         assert!(!r.wants_scan(RECYCLE_BATCH_BLOCKS), "62 waiting: below a batch");
         assert!(r.wants_scan(62));
-        assert!(r.keep(300, 2, 7));
+        assert_eq!(r.keep(300, 2, 7), 2);
         r.promote(u64::MAX);
         assert_eq!(r.take(100), Some((200, 62)));
         assert_eq!(r.take(100), Some((300, 2)));
@@ -161,11 +167,12 @@ mod tests {
     }
 
     #[test]
-    fn a_full_list_keeps_nothing_and_drain_gives_everything_back() {
+    fn a_full_list_keeps_what_fits_and_drain_gives_everything_back() {
         let mut r = Recycled::default();
-        assert!(r.keep(1000, RECYCLE_BLOCKS_MAX - 1, 1));
-        assert!(!r.keep(9000, 2, 1), "past the bound");
-        assert!(r.keep(9000, 1, 2));
+        assert_eq!(r.keep(1000, RECYCLE_BLOCKS_MAX - 1, 1), RECYCLE_BLOCKS_MAX - 1);
+        assert_eq!(r.keep(9000, 2, 2), 1, "only what fits under the bound");
+        assert_eq!(r.keep(9001, 1, 2), 0, "full");
+        assert_eq!(r.blocks(), RECYCLE_BLOCKS_MAX);
         r.promote(2);
         assert_eq!(r.take(10), Some((1000, 10)));
         let mut back = Vec::new();

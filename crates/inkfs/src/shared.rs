@@ -192,7 +192,7 @@ impl<P: Pmem> Fs<P> {
             // A client's lease on it is recalled first (the mount's table).
             hook.before_use(inode.ino);
         }
-        if !self.is_shared() {
+        if !self.is_shared() || self.client_known_current(inode) {
             return Ok(());
         }
         self.catch_up_now(inode)

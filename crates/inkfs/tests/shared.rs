@@ -314,6 +314,145 @@ fn a_clients_recycled_blocks_wait_for_pinned_readers() {
     client.release(cfh);
 }
 
+/// The client side of `shared()`'s pool: a writable mapping of its own,
+/// `blocks` reserved for it, the readers' table with a slot of its own,
+/// reuse of recycled blocks from the first one.
+fn client_of(s: &Shared, blocks: u64) -> (Fs<MappedPool>, std::sync::Arc<EpochTable>) {
+    let file = s.owner.pmem().pool_file().try_clone().unwrap();
+    let rw = PoolOpenOptions {
+        create_size_bytes: None,
+        read_only: false,
+    };
+    let client = Fs::attach_client(MappedPool::map(file, &rw).unwrap(), Mode::Strict).unwrap();
+    client
+        .add_reservation(&s.owner.reserve_blocks(blocks, 64))
+        .unwrap();
+    let table = EpochTable::new_shared();
+    let own = table.claim_index().unwrap();
+    client.client_use_epochs(table.clone(), own);
+    client.client_recycle_batch(1);
+    (client, table)
+}
+
+fn physical_blocks(fs: &Fs<MappedPool>, ino: u64, len: u64) -> Vec<u64> {
+    let mut v: Vec<u64> = fs
+        .fiemap(ino, 0, len)
+        .unwrap()
+        .iter()
+        .flat_map(|e| (0..e.length / 4096).map(move |i| e.physical / 4096 + i))
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// A client's appends after a truncate take the blocks the truncate cut
+/// (recycle.rs: already mapped, and the server never hears of them), but
+/// never one a reader pinned before the truncate may still read.
+#[test]
+fn a_clients_appends_after_a_truncate_reuse_the_cut_blocks_once_readers_moved_on() {
+    const PAGES: u64 = 8;
+    let len = PAGES * 4096;
+    let s = shared("recycle-append", Mode::Strict);
+    let (a, fh) = s.owner.create(ROOT, b"log", 0o644, 0, 0).unwrap();
+    s.owner.release(fh);
+    let (client, table) = client_of(&s, 256);
+    let cfh = client.open(a.ino).unwrap();
+    let appends = |byte: u8| {
+        let _w = client.client_writes();
+        for _ in 0..PAGES {
+            client.append(&cfh, &[byte; 4096]).unwrap();
+        }
+    };
+    let truncate = || {
+        let _w = client.client_writes();
+        let set = SetAttr {
+            size: Some(0),
+            ..SetAttr::default()
+        };
+        client.setattr(a.ino, &set).unwrap();
+    };
+    appends(1);
+    let first = physical_blocks(&s.reader, a.ino, len);
+    assert_eq!(first.len() as u64, PAGES);
+    // A reader pinned before the truncate may still read the cut blocks.
+    let slot = table.claim().unwrap();
+    let pin = slot.pin();
+    truncate();
+    appends(2);
+    for &b in &first {
+        let mut buf = vec![0u8; 4096];
+        inkfs::pmem::Pmem::read(s.reader.pmem(), b * 4096, &mut buf);
+        assert!(
+            buf.iter().all(|&x| x == 1),
+            "block {b}, cut while a reader was pinned, was reused under it"
+        );
+    }
+    assert_eq!(client.client_recycled_reused(), 0);
+    drop(pin);
+    // Unpinned: the next cut blocks come back to the appends after it.
+    let second = physical_blocks(&s.reader, a.ino, len);
+    truncate();
+    appends(3);
+    let third = physical_blocks(&s.reader, a.ino, len);
+    assert!(
+        client.client_recycled_reused() >= PAGES,
+        "appends after the truncate took fresh blocks: reused {}",
+        client.client_recycled_reused()
+    );
+    assert!(
+        third
+            .iter()
+            .all(|b| second.contains(b) || first.contains(b)),
+        "appends took blocks no truncate cut: {third:?} (cut {first:?}, {second:?})"
+    );
+    assert_eq!(read_all(&s.reader, a.ino), vec![3u8; len as usize]);
+    assert_eq!(
+        s.reader.fiemap(a.ino, 0, len).unwrap().len(),
+        1,
+        "appends on cut blocks stay in one extent"
+    );
+    client.release(cfh);
+}
+
+/// A write under a lease marks the inode current (`Fs::client_mark_current`):
+/// later uses skip the check of its record, which only the lease holder
+/// changes while it holds the lease; when any lease goes back
+/// (`Fs::client_leases_changed`) every inode is checked again.
+#[test]
+fn a_clients_mark_skips_the_record_check_until_a_lease_goes_back() {
+    let s = shared("lease-mark", Mode::Strict);
+    let (a, fh) = s.owner.create(ROOT, b"f", 0o644, 0, 0).unwrap();
+    let (client, _table) = client_of(&s, 64);
+    let cfh = client.open(a.ino).unwrap();
+    let count = client.client_lease_count();
+    assert_ne!(count, 0);
+    {
+        let _w = client.client_writes();
+        client.append(&cfh, &[1u8; 100]).unwrap();
+    }
+    client.client_mark_current(&cfh, count);
+    // The owner writes behind the lease (the server would have recalled
+    // it first): the marked state is not checked against the record...
+    s.owner.append(&fh, &[2u8; 50]).unwrap();
+    assert_eq!(
+        client.getattr(a.ino).unwrap().size,
+        100,
+        "mark not honoured"
+    );
+    // ...until a lease goes back.
+    client.client_leases_changed();
+    assert_eq!(client.getattr(a.ino).unwrap().size, 150);
+    // A mark taken before a give-back is stale at once.
+    client.client_mark_current(&cfh, count);
+    s.owner.append(&fh, &[3u8; 50]).unwrap();
+    assert_eq!(client.getattr(a.ino).unwrap().size, 200);
+    // An engine that is not a client's marks nothing.
+    s.reader
+        .client_mark_current(&s.reader.open(a.ino).unwrap(), 1);
+    s.owner.release(fh);
+    client.release(cfh);
+}
+
 /// The limbo costs nothing: after the readers are gone and the owner
 /// unmounts, the pool is exactly as full as its files say (fsck clean).
 #[test]

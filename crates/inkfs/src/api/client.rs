@@ -7,10 +7,11 @@
 //! socket ([`super::attach`]), and gets the pool's descriptor (sharing the
 //! server's claim), the shared epoch table and a slot in it. The pool is
 //! mapped read-only, and the engine over it (`Fs::attach`) checks
-//! each inode against its record before use, so every call sees a state
-//! some commit of the server produced. Each call pins the client's epoch
-//! slot for its length: blocks the server frees meanwhile stay out of the
-//! free lists until the call is over.
+//! each inode against its record before use (but an inode whose lease
+//! it holds: nobody else changes that record, `Fs::client_mark_current`),
+//! so every call sees a state some commit of the server produced. Each call that reads the pool pins
+//! the client's epoch slot for its length: blocks the server frees
+//! meanwhile stay out of the free lists until the call is over.
 //!
 //! Writes ([`Client::write`], [`Client::pwrite`], [`Client::append`],
 //! [`Client::truncate`], an `O_TRUNC` open) take the inode's write lease
@@ -44,7 +45,6 @@
 //! its own, and takes one of its request rings for each round trip
 //! (`super::lanes`).
 
-use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -62,6 +62,7 @@ use super::{File, Filesystem, Follow, OpenFlags, Written, ROOT_INO};
 use crate::blockdev::{BlockDev, FileDev, Side};
 use crate::error::{errno, Error, Result};
 use crate::fs::Fs;
+use crate::inthash::IntMap;
 use crate::perm::Credentials;
 use crate::pmem::{MappedPool, PoolFile, PoolOpenOptions};
 use crate::shm::SharedEpochs;
@@ -134,7 +135,7 @@ struct Shared {
     /// whole of a write, so a recall waits for the write in flight. By
     /// inode number in [`LEASE_SHARDS`] maps: threads writing different
     /// files rarely meet on one lock.
-    leases: [Mutex<HashMap<u64, Arc<Mutex<LeaseState>>>>; LEASE_SHARDS],
+    leases: [Mutex<IntMap<Arc<Mutex<LeaseState>>>>; LEASE_SHARDS],
     /// One request at a time on the session (`INKFS_CLIENT_CHANNEL=session`).
     asking: Mutex<()>,
     /// Leases held now.
@@ -457,8 +458,16 @@ impl Client {
     /// (strict and sync modes), so this asks nothing of the server: the
     /// blocks this client freed go back in batches (`Fs::client_freed_due`)
     /// and at each recall, not per call (a message per fsync was most of a
-    /// durable write's time: a system call, and the server woken).
+    /// durable write's time: a system call, and the server woken). Nor
+    /// does it pin the epoch slot when the engine's fsync has nothing to do
+    /// (`Filesystem::fsync_is_noop`: it reads no block then; the pin, a
+    /// locked store and two thread-local lookups, was most of a served
+    /// fdatasync's own time). A posix-mode pool (refused at attach) would
+    /// write the log: pinned as any call.
     pub fn fsync(&self, file: &File, datasync: bool) -> Result<()> {
+        if self.shared.fs.fsync_is_noop() {
+            return self.shared.fs.fsync(file, datasync);
+        }
         self.call(|fs| fs.fsync(file, datasync))
     }
 
@@ -500,10 +509,17 @@ impl Client {
         }
         let mut tries = 0;
         loop {
+            // Read with the lease held, before the write checks the record.
+            let count = self.shared.fs.fs.client_lease_count();
             let r = {
                 let _w = self.shared.fs.fs.client_writes();
                 self.call(&op)
             };
+            if let (Ok(_), Some(f)) = (&r, file) {
+                // Current now, and only this client changes it until the
+                // lease goes back: later calls skip the record's check.
+                self.shared.fs.fs.client_mark_current(&f.handle, count);
+            }
             if self.shared.fs.fs.client_freed_due() {
                 self.send_freed()?;
             }
@@ -829,7 +845,7 @@ impl LeaseState {
 }
 
 impl Shared {
-    fn lease_shard(&self, ino: u64) -> &Mutex<HashMap<u64, Arc<Mutex<LeaseState>>>> {
+    fn lease_shard(&self, ino: u64) -> &Mutex<IntMap<Arc<Mutex<LeaseState>>>> {
         &self.leases[(ino % LEASE_SHARDS as u64) as usize]
     }
 
@@ -985,6 +1001,8 @@ fn start_threads(
         .name("inkfs-session".into())
         .spawn(move || {
             read_session(&s, &conn, &tx);
+            // The server is gone (or ended the session): leases with it.
+            s.fs.fs.client_leases_changed();
             s.closed.store(true, SeqCst);
             s.answered.notify_all();
         })?;

@@ -24,7 +24,6 @@
 //! the stamp too, so a fill that read the device before the client's
 //! write and arrives after the forget is dropped.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -38,34 +37,9 @@ const RUN_SHIFT: u32 = 4;
 /// A slot whose block was forgotten (no block number is this large).
 const NO_BLOCK: u64 = u64::MAX;
 
-/// Hashes a block number for the shards' maps: splitmix64's finalizer
-/// (every input bit reaches the low bits the table indexes by: a shard
-/// holds runs of 16 blocks 256 apart, which a plain multiply would crowd
-/// into a sixteenth of the buckets). std's SipHash guards against keys an
-/// attacker chooses; block numbers are the engine's own, and hashing them
-/// was a few percent of a cached read's time.
-#[derive(Default, Clone, Copy)]
-struct BlockHasher(u64);
-
-impl std::hash::Hasher for BlockHasher {
-    fn finish(&self) -> u64 {
-        let mut z = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ b as u64;
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 ^= n;
-    }
-}
-
-type BlockMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<BlockHasher>>;
-type BlockSet = HashSet<u64, std::hash::BuildHasherDefault<BlockHasher>>;
+// Block numbers are the engine's own: no SipHash for them.
+type BlockMap<V> = crate::inthash::IntMap<V>;
+type BlockSet = crate::inthash::IntSet;
 
 struct Slot {
     block: u64,
