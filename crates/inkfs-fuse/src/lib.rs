@@ -27,6 +27,7 @@ pub mod fileattr;
 pub mod fs;
 pub mod handles;
 pub mod inval;
+pub mod kernel_refs;
 pub mod lease;
 pub mod mount;
 pub mod ns;
