@@ -21,8 +21,8 @@
 //!   An append-only file is opened `FOPEN_DIRECT_IO` (a write-back rewrites
 //!   whole pages). The kernel answers SEEK_DATA/SEEK_HOLE itself (LSEEK:
 //!   ENOSYS), since the pool cannot see its dirty pages. A file whose last
-//!   name goes is pinned until the kernel forgets it (`pin_victim`); the
-//!   times the kernel writes back to it meanwhile are answered without
+//!   name goes is pinned until the kernel forgets it (`removing`, below);
+//!   the times the kernel writes back to it meanwhile are answered without
 //!   being written (`held_file_times`).
 //! - Directories opened by the kernel alone, with `default_permissions`,
 //!   in every mode (`Caching::kernel_opendir`): OPENDIR is answered
@@ -33,10 +33,11 @@
 //!   changes the directory itself and pushed out by `crate::inval` when
 //!   something else does. READDIR comes with fh 0 and opens the directory
 //!   for the one request (`with_dir`); a directory removed while a process
-//!   holds it open is pinned until the kernel forgets it (`pin_victim`),
-//!   as our handle used to keep it. Regular files keep OPEN and RELEASE:
-//!   the server's open refuses writers of immutable and append-only files
-//!   and chooses `direct_io` per open, which a kernel-side open cannot.
+//!   holds it open is pinned until the kernel forgets it (`removing`,
+//!   below), as our handle used to keep it. Regular files keep OPEN and
+//!   RELEASE: the server's open refuses writers of immutable and
+//!   append-only files and chooses `direct_io` per open, which a
+//!   kernel-side open cannot.
 //! - No writeback cache in strict and sync modes: a write acknowledged from
 //!   the page cache is not yet in the pool, which breaks their promise
 //!   (durable on return). Every write is sent synchronously and returns only
@@ -73,6 +74,14 @@
 //!   then stops sending it, so a close costs one request (RELEASE) instead
 //!   of two; the kernel still writes a file's dirty pages back at close
 //!   (with the writeback cache: every close), and dirty mmap pages too.
+//! - The kernel's lookup counts are kept (`crate::kernel_refs`: each
+//!   entry a reply hands it, less each FORGET), and an inode whose last
+//!   name goes stays pinned while the count is above zero (`removing`,
+//!   and an attached client's removals in `crate::ns`): the kernel reaches
+//!   inodes by number, and a directory held open, a working directory, an
+//!   O_PATH descriptor, a FIFO or, under the writeback cache, a file's
+//!   pending times need no handle of ours. The FORGET that ends the count
+//!   lets the inode go; the unmount lets every pin go.
 //! - FSYNC and FSYNCDIR are answered ENOSYS where every answered request is
 //!   durable (strict and sync modes, posix mode with the writeback cache, a
 //!   read-only mount): `fsync(2)` then costs no round trip. The kernel still
@@ -684,9 +693,10 @@ impl Filesystem for InkFuse {
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
         // Open handles keep unlinked inodes alive (the kernel holds one for
         // every open file); the pins of removed inodes it refers to
-        // otherwise go when its count ends.
+        // otherwise go when its count ends (freeing an orphan: timed).
+        let t = clock::now();
         self.refs.forget(&self.fs, ino.0, nlookup);
-        self.stats.record(Op::forget, clock::now(), true);
+        self.done(Op::forget, t, true);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {

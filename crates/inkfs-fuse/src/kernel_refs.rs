@@ -99,6 +99,8 @@ pub struct KernelRefs {
     pinned: AtomicU64,
     /// The kernel is gone (unmount): no more pins are kept.
     closed: AtomicBool,
+    /// See `KernelRefs::mismatches`.
+    mismatches: AtomicU64,
 }
 
 /// Who removes a name (`KernelRefs::removing`).
@@ -124,6 +126,7 @@ impl Default for KernelRefs {
             freed: AtomicU64::new(0),
             pinned: AtomicU64::new(0),
             closed: AtomicBool::new(false),
+            mismatches: AtomicU64::new(0),
         }
     }
 }
@@ -187,14 +190,14 @@ impl KernelRefs {
             let mut shard = self.shard(ino);
             let Some(e) = shard.get_mut(&ino) else {
                 // Only the root is referred to without a reply we counted.
-                debug_assert!(ino == ROOT, "FORGET of {ino}, never handed out");
+                if ino != ROOT {
+                    self.mismatch(ino, nlookup, 0);
+                }
                 return;
             };
-            debug_assert!(
-                nlookup <= e.lookups,
-                "FORGET of {ino}: {nlookup} > {}",
-                e.lookups
-            );
+            if nlookup > e.lookups {
+                self.mismatch(ino, nlookup, e.lookups);
+            }
             e.lookups = e.lookups.saturating_sub(nlookup);
             if e.lookups > 0 {
                 return;
@@ -253,6 +256,20 @@ impl KernelRefs {
         if let Some(p) = spare {
             engine.unpin(p);
         }
+    }
+
+    /// The kernel forgot more of `ino` than it was counted: an entry
+    /// handed out without being counted (a bug here), whose pin may have
+    /// gone early. Counted for the statistics (the test suite checks it
+    /// stays 0 at every unmount).
+    fn mismatch(&self, ino: u64, nlookup: u64, counted: u64) {
+        self.mismatches.fetch_add(1, Ordering::Relaxed);
+        debug_assert!(false, "FORGET of {ino}: {nlookup} > {counted} counted");
+    }
+
+    /// FORGETs of more than was counted, since the mount (should stay 0).
+    pub fn mismatches(&self) -> u64 {
+        self.mismatches.load(Ordering::Relaxed)
     }
 
     fn unpin(&self, engine: &Engine, pin: Option<Pin>) {

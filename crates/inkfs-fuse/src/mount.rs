@@ -802,6 +802,14 @@ pub fn run_engine(
                     "inodes the kernel refers to",
                     refs.known(),
                 ));
+                lines.push(
+                    Field::count(
+                        "kernel_refs_mismatched",
+                        "FORGETs of more than was counted",
+                        refs.mismatches(),
+                    )
+                    .explained("should stay 0"),
+                );
             }
             if let Some(l) = leases_held.upgrade() {
                 lines.push(
