@@ -101,6 +101,9 @@ pub struct KernelRefs {
     closed: AtomicBool,
     /// See `KernelRefs::mismatches`.
     mismatches: AtomicU64,
+    /// See `KernelRefs::races`.
+    rechecked: AtomicU64,
+    withdrawn: AtomicU64,
 }
 
 /// Who removes a name (`KernelRefs::removing`).
@@ -127,6 +130,8 @@ impl Default for KernelRefs {
             pinned: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             mismatches: AtomicU64::new(0),
+            rechecked: AtomicU64::new(0),
+            withdrawn: AtomicU64::new(0),
         }
     }
 }
@@ -156,12 +161,14 @@ impl KernelRefs {
         }
         // A removal decided since: if it was this inode's, it had no count
         // to see, and the inode is unlinked (or freed, or another by now).
+        self.rechecked.fetch_add(1, Ordering::Relaxed);
         let alive = engine
             .getattr(a.ino)
             .is_ok_and(|now| now.generation == a.generation && now.nlink > 0);
         if alive {
             return Ok(());
         }
+        self.withdrawn.fetch_add(1, Ordering::Relaxed);
         self.forget(engine, a.ino, 1);
         Err(api::Error::Errno(libc::ENOENT))
     }
@@ -270,6 +277,15 @@ impl KernelRefs {
     /// FORGETs of more than was counted, since the mount (should stay 0).
     pub fn mismatches(&self) -> u64 {
         self.mismatches.load(Ordering::Relaxed)
+    }
+
+    /// Replies that met a client's removal (`hand` checked the inode
+    /// again), and those of them whose inode had gone (answered ENOENT).
+    pub fn races(&self) -> (u64, u64) {
+        (
+            self.rechecked.load(Ordering::Relaxed),
+            self.withdrawn.load(Ordering::Relaxed),
+        )
     }
 
     fn unpin(&self, engine: &Engine, pin: Option<Pin>) {

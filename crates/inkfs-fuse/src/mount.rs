@@ -810,6 +810,20 @@ pub fn run_engine(
                     )
                     .explained("should stay 0"),
                 );
+                let (rechecked, withdrawn) = refs.races();
+                lines.push(
+                    Field::count(
+                        "kernel_refs_rechecked",
+                        "entries checked again after a client's removal",
+                        rechecked,
+                    )
+                    .explained("replies racing a removal of the library's"),
+                );
+                lines.push(Field::count(
+                    "kernel_refs_withdrawn",
+                    "entries withdrawn (removed meanwhile)",
+                    withdrawn,
+                ));
             }
             if let Some(l) = leases_held.upgrade() {
                 lines.push(

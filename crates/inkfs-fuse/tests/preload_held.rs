@@ -27,8 +27,10 @@ fn kernel_pins(mnt: &Path) -> u64 {
     report_count(mnt, "kernel_pins")
 }
 
-fn inodes_free(mnt: &Path) -> u64 {
-    report_count(mnt, "inodes_free")
+/// Inodes in use (the report's `inodes_free` counts free blocks: a
+/// directory's log growing lowers it too).
+fn inodes_used(mnt: &Path) -> u64 {
+    report_count(mnt, "inodes_total") - report_count(mnt, "inodes_free")
 }
 
 /// Wait until `f()` is `want` (the kernel forgets inodes asynchronously,
@@ -88,7 +90,7 @@ fn a_directory_the_kernel_holds_outlives_a_rename_over_it_under_the_library() {
     let pool = Pool::new("held-rename-dir", 64);
     let m = Mounted::new(&pool, "mode=strict");
     let stats = stats_file("held-rename-dir");
-    let before = inodes_free(m.path());
+    let before = inodes_used(m.path());
     std::fs::create_dir(m.p("d")).expect("mkdir");
     std::fs::create_dir(m.p("e")).expect("mkdir");
     let held = std::fs::File::open(m.p("d")).expect("open the directory");
@@ -120,7 +122,7 @@ fn a_directory_the_kernel_holds_outlives_a_rename_over_it_under_the_library() {
         std::fs::remove_file(m.p(&format!("n{i}"))).expect("rm");
     }
     std::fs::remove_dir(m.p("d")).expect("rmdir");
-    wait_for("inodes leaked", before, || inodes_free(m.path()));
+    wait_for("inodes leaked", before, || inodes_used(m.path()));
 }
 
 /// How a process without the library holds a regular file.
@@ -144,7 +146,7 @@ fn held_file_outlives_its_unlink(opts: &str, hold: Hold) {
     let stats = stats_file(&name);
     // Posix mode refuses attach: the library's rm goes through the kernel.
     let served = !opts.contains("posix");
-    let before = inodes_free(m.path());
+    let before = inodes_used(m.path());
     std::fs::write(m.p("f"), b"data").expect("write");
     let flags = match hold {
         Hold::Open => libc::O_RDONLY,
@@ -176,23 +178,25 @@ fn held_file_outlives_its_unlink(opts: &str, hold: Hold) {
         (ino, 0o640, 0),
         "{opts} {hold:?}"
     );
+    // The removed file and the eight new ones.
+    assert_eq!(inodes_used(m.path()), before + 9, "{opts} {hold:?}");
     drop(held);
     wait_for(
         &format!("{opts} {hold:?}: pinned after the close"),
         0,
         || kernel_pins(m.path()),
     );
+    wait_for(
+        &format!("{opts} {hold:?}: the file was never freed"),
+        before + 8,
+        || inodes_used(m.path()),
+    );
     for i in 0..8 {
         std::fs::remove_file(m.p(&format!("n{i}"))).expect("rm");
     }
-    // (Free inodes follow free blocks too: compared only when everything
-    // made here is gone.)
-    wait_for(
-        &format!("{opts} {hold:?}: the file was never freed"),
-        before,
-        || inodes_free(m.path()),
-    );
-    assert_eq!(kernel_pins(m.path()), 0, "{opts} {hold:?}");
+    wait_for(&format!("{opts} {hold:?}: inodes leaked"), before, || {
+        inodes_used(m.path())
+    });
 }
 
 #[test]
@@ -217,7 +221,7 @@ fn a_removal_of_an_inode_the_kernel_never_saw_frees_it_at_once() {
     let pool = Pool::new("held-unseen", 64);
     let m = Mounted::new(&pool, "mode=strict");
     let stats = stats_file("held-unseen");
-    let before = inodes_free(m.path());
+    let before = inodes_used(m.path());
     let base = m.path().display();
     preloaded(
         &format!(
@@ -230,7 +234,7 @@ os.rename('g', 'd/e'); os.unlink('d/f'); os.rmdir('d/e'); os.rmdir('d')\""
     );
     // No wait: nothing is left for a FORGET to let go.
     assert_eq!(kernel_pins(m.path()), 0);
-    assert_eq!(inodes_free(m.path()), before, "an unseen inode was kept");
+    assert_eq!(inodes_used(m.path()), before, "an unseen inode was kept");
 }
 
 /// The kernel's count of an inode it learnt of only through READDIRPLUS
@@ -242,7 +246,7 @@ fn readdirplus_counts_and_the_forget_releases_the_pin() {
     let pool = Pool::new("held-readdirplus", 64);
     let m = Mounted::new(&pool, "mode=strict");
     let stats = stats_file("held-readdirplus");
-    let before = inodes_free(m.path());
+    let before = inodes_used(m.path());
     let base = m.path().display();
     preloaded(
         &format!("cd {base} && {PYTHON} -c \"import os; os.mkdir('t'); os.mkdir('t/d')\""),
@@ -291,7 +295,7 @@ fn readdirplus_counts_and_the_forget_releases_the_pin() {
         std::fs::remove_file(m.p(&format!("n{i}"))).expect("rm");
     }
     std::fs::remove_dir(m.p("t")).expect("rmdir");
-    wait_for("inodes leaked", before, || inodes_free(m.path()));
+    wait_for("inodes leaked", before, || inodes_used(m.path()));
 }
 
 /// The server killed (SIGKILL) while it pins a removed directory a process
@@ -302,7 +306,7 @@ fn a_server_killed_with_a_pinned_directory_leaves_a_clean_pool() {
     let pool = Pool::new("held-kill", 64);
     let m = Mounted::new(&pool, "mode=strict");
     let stats = stats_file("held-kill");
-    let before = inodes_free(m.path());
+    let before = inodes_used(m.path());
     std::fs::create_dir(m.p("d")).expect("mkdir");
     let held = std::fs::File::open(m.p("d")).expect("open the directory");
     preloaded(&format!("rmdir {}/d", m.path().display()), stats.path(), 1);
@@ -311,16 +315,79 @@ fn a_server_killed_with_a_pinned_directory_leaves_a_clean_pool() {
         1,
         "the removed directory is not pinned"
     );
-    assert_eq!(inodes_free(m.path()), before - 1, "the orphan is not kept");
+    assert_eq!(inodes_used(m.path()), before + 1, "the orphan is not kept");
     let dir = m.kill9();
     drop(held);
     let m = Mounted::at(&pool, dir, "mode=strict");
     assert!(!mounted_clean(m.path()), "a crash, recovered");
-    assert_eq!(inodes_free(m.path()), before, "recovery kept the orphan");
+    assert_eq!(inodes_used(m.path()), before, "recovery kept the orphan");
     assert!(
         std::fs::read_dir(m.path()).expect("list").next().is_none(),
         "the removed directory came back"
     );
+    m.unmount();
+    fsck_clean(&pool);
+}
+
+/// A preloaded process makes and removes a directory in a loop while this
+/// process looks it up, lists its parent and opens it through the kernel:
+/// the kernel's references and the client's removals race, and removals
+/// of the directory while this process holds it pin it. At the end no pin
+/// is left, no inode is leaked, the counts never fell short of a FORGET
+/// (checked at the unmount), and fsck finds the pool clean. How often a
+/// reply met a removal's decision (`KernelRefs::hand`'s check) is printed,
+/// not asserted: it depends on timing (0 in the runs so far; the
+/// interleavings themselves are made deterministic in kernel_refs.rs).
+/// `INKFS_TEST_ROUNDS` sets the loop's length (300).
+#[test]
+fn lookups_racing_the_librarys_removals_leave_nothing_behind() {
+    let rounds: u64 = std::env::var("INKFS_TEST_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    let pool = Pool::new("held-race", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    let stats = stats_file("held-race");
+    let before = inodes_used(m.path());
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut held = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = std::fs::metadata(m.p("d"));
+                let _ = std::fs::read_dir(m.path()).map(|d| d.count());
+                // Now and then keep the directory open for a while: its
+                // removal must then pin it.
+                if let Ok(f) = std::fs::File::open(m.p("d")) {
+                    held.push(f);
+                    if held.len() > 4 {
+                        held.remove(0);
+                    }
+                }
+            }
+        });
+        preloaded(
+            &format!(
+                "cd {} && {PYTHON} -c \"import os
+for i in range({rounds}):
+    os.mkdir('d'); os.rmdir('d')\"",
+                m.path().display()
+            ),
+            stats.path(),
+            2 * rounds,
+        );
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    // How often the race was met (not asserted: it depends on timing).
+    eprintln!(
+        "lookups racing removals: {} entries checked again, {} withdrawn",
+        report_count(m.path(), "kernel_refs_rechecked"),
+        report_count(m.path(), "kernel_refs_withdrawn")
+    );
+    wait_for("pins left after the race", 0, || kernel_pins(m.path()));
+    wait_for("inodes leaked by the race", before, || {
+        inodes_used(m.path())
+    });
     m.unmount();
     fsck_clean(&pool);
 }
