@@ -879,13 +879,17 @@ impl<P: Pmem> Fs<P> {
         let free = self.blocks.free_blocks() + self.reserved_blocks.sum();
         let used_inodes = self.slots.used_count();
         let (dev_blocks, dev_free) = self.data.as_ref().map_or((0, 0), |d| d.space());
-        // Each inode needs at least one log page, on PM.
+        // A new inode's log starts in a chunk on PM (format 6): a free
+        // chunk of a partly used block, or one of the chunks a free block
+        // would be carved into. An upper bound, as on other file systems
+        // that make inodes on demand: records and names take space too.
+        let files_free = free * LOG_CHUNKS_PER_BLOCK + self.blocks.free_chunks();
         StatFs {
             block_size: BLOCK_SIZE as u32,
             blocks: data_blocks + dev_blocks,
             blocks_free: free + dev_free,
-            files: used_inodes + free,
-            files_free: free,
+            files: used_inodes + files_free,
+            files_free,
             name_max: NAME_MAX as u32,
             data_blocks: dev_blocks,
             data_blocks_free: dev_free,

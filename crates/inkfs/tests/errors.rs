@@ -676,6 +676,46 @@ fn enospc_posix() {
     enospc(Mode::Posix);
 }
 
+/// statfs's free inodes are what a user can still create, give or take
+/// the records and names they also need: an upper bound (every empty file
+/// takes at least one 1 KiB log chunk), and not one far below the truth
+/// (before, it counted free blocks, a quarter of the chunks they hold).
+#[test]
+fn statfs_free_inodes_bound_the_files_that_fit() {
+    let fs = fresh_sized(Mode::Strict, 4 << 20);
+    let before = fs.statfs();
+    let mut made = 0u64;
+    let errno = loop {
+        let name = format!("e{made}");
+        match fs.create(R, name.as_bytes(), 0o644, 0, 0) {
+            Ok((_, fh)) => fs.release(fh),
+            Err(e) => break e.errno(),
+        }
+        made += 1;
+        assert!(
+            made <= before.files_free,
+            "made {made} files, statfs said {} fit",
+            before.files_free
+        );
+    };
+    assert_eq!(errno, libc::ENOSPC);
+    assert!(
+        made * 2 >= before.files_free,
+        "only {made} empty files fit where statfs said {}",
+        before.files_free
+    );
+    let after = fs.statfs();
+    assert_eq!(
+        after.files - after.files_free,
+        before.files - before.files_free + made
+    );
+    assert!(
+        after.files_free < 8,
+        "a full pool still shows {} free inodes",
+        after.files_free
+    );
+}
+
 /// Regression: rename, link and unlink never compacted the logs they grow,
 /// so a file renamed back and forth ~170k times filled a 32 MiB pool with
 /// dead log entries (ENOSPC with one live file).
