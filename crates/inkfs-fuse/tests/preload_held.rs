@@ -27,8 +27,8 @@ fn kernel_pins(mnt: &Path) -> u64 {
     report_count(mnt, "kernel_pins")
 }
 
-/// Inodes in use (the report's `inodes_free` counts free blocks: a
-/// directory's log growing lowers it too).
+/// Inodes in use (the report's `inodes_free` is an estimate from free
+/// space: a directory's log growing lowers it too).
 fn inodes_used(mnt: &Path) -> u64 {
     report_count(mnt, "inodes_total") - report_count(mnt, "inodes_free")
 }
