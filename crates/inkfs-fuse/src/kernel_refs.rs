@@ -42,7 +42,7 @@
 //! forgets everything ([`KernelRefs::close`] lets every pin go).
 //!
 //! No global lock: 64 shards by inode number, one shard lock per counted
-//! entry and per FORGET, one atomic load per reply.
+//! entry and per FORGET, two atomic loads per reply (`freed`).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
