@@ -40,6 +40,7 @@ use inkfs::api::lease::{Msg, LINE_MAX, RANGES_PER_LINE};
 use inkfs::api::ring::{RingSet, RINGS};
 use inkfs::api::{Mode, SharedEpochs, Side};
 
+use crate::kernel_refs::KernelRefs;
 use crate::lease::{Holder, Leases};
 use crate::stats::Stats;
 use crate::Engine;
@@ -62,6 +63,8 @@ pub struct AttachService {
 struct Inner {
     engine: Weak<Engine>,
     leases: Arc<Leases>,
+    /// The kernel's references to inodes (removals pin what it holds).
+    refs: Arc<KernelRefs>,
     /// The mount's statistics (clients' namespace requests are counted).
     stats: Arc<Stats>,
     epochs: Arc<SharedEpochs>,
@@ -89,11 +92,13 @@ impl AttachService {
         engine: &Arc<Engine>,
         mode: Mode,
         leases: Arc<Leases>,
+        refs: Arc<KernelRefs>,
         stats: Arc<Stats>,
     ) -> std::io::Result<AttachService> {
         let inner = Arc::new(Inner {
             engine: Arc::downgrade(engine),
             leases,
+            refs,
             stats,
             epochs: Arc::new(SharedEpochs::create()?),
             mode,
@@ -312,6 +317,7 @@ fn serve_ring(inner: &Inner, holder: &Arc<Holder>, ring: inkfs::api::ring::Ring<
                     &engine,
                     &inner.leases,
                     inner.leases.inval(),
+                    &inner.refs,
                     &inner.stats,
                     holder,
                     &req,
@@ -369,6 +375,7 @@ fn work(inner: &Inner, holder: &Arc<Holder>, rx: std::sync::mpsc::Receiver<Work>
                     &engine,
                     &inner.leases,
                     inval,
+                    &inner.refs,
                     &inner.stats,
                     holder,
                     &req,

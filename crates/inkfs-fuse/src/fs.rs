@@ -21,8 +21,8 @@
 //!   An append-only file is opened `FOPEN_DIRECT_IO` (a write-back rewrites
 //!   whole pages). The kernel answers SEEK_DATA/SEEK_HOLE itself (LSEEK:
 //!   ENOSYS), since the pool cannot see its dirty pages. A file whose last
-//!   name goes is pinned until the kernel forgets it (`pin_victim`); the
-//!   times the kernel writes back to it meanwhile are answered without
+//!   name goes is pinned until the kernel forgets it (`removing`, below);
+//!   the times the kernel writes back to it meanwhile are answered without
 //!   being written (`held_file_times`).
 //! - Directories opened by the kernel alone, with `default_permissions`,
 //!   in every mode (`Caching::kernel_opendir`): OPENDIR is answered
@@ -33,10 +33,11 @@
 //!   changes the directory itself and pushed out by `crate::inval` when
 //!   something else does. READDIR comes with fh 0 and opens the directory
 //!   for the one request (`with_dir`); a directory removed while a process
-//!   holds it open is pinned until the kernel forgets it (`pin_victim`),
-//!   as our handle used to keep it. Regular files keep OPEN and RELEASE:
-//!   the server's open refuses writers of immutable and append-only files
-//!   and chooses `direct_io` per open, which a kernel-side open cannot.
+//!   holds it open is pinned until the kernel forgets it (`removing`,
+//!   below), as our handle used to keep it. Regular files keep OPEN and
+//!   RELEASE: the server's open refuses writers of immutable and
+//!   append-only files and chooses `direct_io` per open, which a
+//!   kernel-side open cannot.
 //! - No writeback cache in strict and sync modes: a write acknowledged from
 //!   the page cache is not yet in the pool, which breaks their promise
 //!   (durable on return). Every write is sent synchronously and returns only
@@ -73,17 +74,24 @@
 //!   then stops sending it, so a close costs one request (RELEASE) instead
 //!   of two; the kernel still writes a file's dirty pages back at close
 //!   (with the writeback cache: every close), and dirty mmap pages too.
+//! - The kernel's lookup counts are kept (`crate::kernel_refs`: each
+//!   entry a reply hands it, less each FORGET), and an inode whose last
+//!   name goes stays pinned while the count is above zero (`removing`,
+//!   and an attached client's removals in `crate::ns`): the kernel reaches
+//!   inodes by number, and a directory held open, a working directory, an
+//!   O_PATH descriptor, a FIFO or, under the writeback cache, a file's
+//!   pending times need no handle of ours. The FORGET that ends the count
+//!   lets the inode go; the unmount lets every pin go.
 //! - FSYNC and FSYNCDIR are answered ENOSYS where every answered request is
 //!   durable (strict and sync modes, posix mode with the writeback cache, a
 //!   read-only mount): `fsync(2)` then costs no round trip. The kernel still
 //!   writes dirty pages back first. Posix mode without the writeback cache
 //!   serves FSYNC: that is where its in-place writes become durable.
 
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
@@ -101,6 +109,7 @@ use crate::clock::{self, Tick};
 use crate::creds::CredCache;
 use crate::handles::HandleTable;
 use crate::inval::{Change, Invalidator};
+use crate::kernel_refs::{KernelRefs, Remover};
 use crate::stats::{Op, Stats};
 use crate::Engine;
 
@@ -165,10 +174,10 @@ pub struct InkFuse {
     stats: Arc<Stats>,
     caching: Caching,
     inval: Arc<Invalidator>,
-    /// Regular files this server unlinked (their last name gone) that the
-    /// kernel may still write back to, by inode: kept until it forgets
-    /// them (see `pin_victim`).
-    pins: Mutex<HashMap<u64, api::Pin>>,
+    /// The kernel's lookup counts, and the pins of removed inodes it still
+    /// refers to (`removing`; a client's removals: `crate::ns`), kept
+    /// until it forgets them.
+    refs: Arc<KernelRefs>,
     /// Attached clients' write leases (lease.rs): each request holds the
     /// inodes it uses until it has answered.
     leases: Option<Arc<crate::lease::Leases>>,
@@ -383,9 +392,15 @@ impl InkFuse {
             stats,
             caching,
             inval,
-            pins: Mutex::default(),
+            refs: Arc::default(),
             leases: None,
         }
+    }
+
+    /// The kernel's references to inodes, for the attach service's
+    /// removals (`crate::kernel_refs`).
+    pub fn kernel_refs(&self) -> Arc<KernelRefs> {
+        self.refs.clone()
     }
 
     /// Serve requests under `leases` (recalls before an inode is used).
@@ -400,62 +415,50 @@ impl InkFuse {
         self.leases.as_ref().map(|l| l.scope())
     }
 
-    /// Before a call that may remove the last name of `name` in `dir`
-    /// (unlink, rmdir, rename over it): pin the inode it names where the
-    /// kernel may use it afterwards with no handle of ours keeping it.
-    /// - A regular file under the writeback cache: the kernel stamps a
+    /// A call that may remove the last name of `name` in `dir` (unlink,
+    /// rmdir, rename over it): the inode it names stays, pinned, while the
+    /// kernel refers to it (`KernelRefs::removing`), which it does here
+    /// (it looked the name up), until it forgets it. Meanwhile it may use
+    /// the inode with no handle of ours keeping it:
+    /// - a regular file under the writeback cache: the kernel stamps a
     ///   ctime on the file it unlinked and writes it back right after the
     ///   call (fuse_update_ctime), and may write back pages or times until
     ///   it forgets the inode; freed at once, that inode would answer
     ///   ENOENT (which the kernel keeps for the next syncfs(2) of the
     ///   mount), and its number, given to a new file, would take the old
-    ///   file's times.
-    /// - A directory where the kernel opens directories itself
-    ///   (`Caching::kernel_opendir`): a process may hold it open, and
-    ///   fchmod, fchown or fstat it after the rmdir, as it can on any
-    ///   Linux file system; with no handle of ours, its number could
-    ///   already name another inode.
+    ///   file's times;
+    /// - a directory a process holds open (the kernel opens directories
+    ///   itself: `Caching::kernel_opendir`) or works in, a file it holds
+    ///   by an O_PATH descriptor, a FIFO or device it has open (none of
+    ///   these sends OPEN): fchmod, fchown, fstat, chmod of
+    ///   `/proc/self/fd/N` after the removal, as on any Linux file system,
+    ///   reach the inode by number, which could already name another.
     ///
     /// The kernel's own locks on `dir` keep the name from changing before
     /// the call.
-    fn pin_victim(&self, cred: &Credentials, dir: u64, name: &[u8]) -> Option<api::Pin> {
-        if !self.caching.writeback && !self.caching.kernel_opendir {
-            return None;
-        }
-        let a = self.fs.lookup(cred, dir, name).ok()?;
-        let held = match a.kind {
-            FileKind::File => self.caching.writeback,
-            FileKind::Dir => self.caching.kernel_opendir,
-            _ => false,
-        };
-        if !held {
-            return None;
-        }
-        self.fs.pin(a.ino).ok()
+    fn removing(
+        &self,
+        cred: &Credentials,
+        dir: u64,
+        name: &[u8],
+        remove: impl FnOnce() -> api::Result<()>,
+    ) -> api::Result<()> {
+        let victim = self.fs.lookup(cred, dir, name).ok().map(|a| a.ino);
+        self.refs
+            .removing(&self.fs, victim, Remover::Kernel, remove)
     }
 
-    /// After that call: keep the pin until FORGET if the file has no name
-    /// left, else let it go.
-    fn keep_if_unlinked(&self, pin: Option<api::Pin>) {
-        let Some(pin) = pin else { return };
-        let unlinked = self.fs.getattr(pin.ino()).is_ok_and(|a| a.nlink == 0);
-        if !unlinked {
-            self.fs.unpin(pin);
-            return;
-        }
-        let old = self.lock_pins().insert(pin.ino(), pin);
-        if let Some(old) = old {
-            self.fs.unpin(old);
-        }
-    }
-
-    fn lock_pins(&self) -> std::sync::MutexGuard<'_, HashMap<u64, api::Pin>> {
-        // A panic elsewhere cannot leave the map half-changed.
-        self.pins.lock().unwrap_or_else(|e| e.into_inner())
+    /// Run `f`, whose reply hands the kernel the entry it makes, and count
+    /// that entry (`KernelRefs::hand`).
+    fn entry(&self, f: impl FnOnce() -> api::Result<Attr>) -> api::Result<Attr> {
+        let mark = self.refs.mark();
+        let a = f()?;
+        self.refs.hand(&self.fs, &a, mark)?;
+        Ok(a)
     }
 
     /// The SETATTR by which the kernel writes back the times it keeps of a
-    /// regular file this server holds with no name left (`pin_victim`):
+    /// regular file this server holds with no name left (`removing`):
     /// the ctime it stamps at the unlink, the mtime of later writes.
     /// Answered with the attributes those times give, nothing written: no
     /// name reaches the file, the kernel keeps its own mtime and ctime of
@@ -475,7 +478,7 @@ impl InkFuse {
             && set.gid.is_none()
             && set.size.is_none()
             && set.atime.is_none();
-        if !only_times || !self.lock_pins().contains_key(&ino) {
+        if !only_times || !self.refs.is_pinned(ino) {
             return None;
         }
         let mut a = match self.fs.getattr(ino) {
@@ -655,16 +658,17 @@ impl Filesystem for InkFuse {
         for file in self.handles.drain() {
             self.fs.release(file);
         }
-        let pins: Vec<_> = self.lock_pins().drain().map(|(_, p)| p).collect();
-        for pin in pins {
-            self.fs.unpin(pin);
-        }
+        self.refs.close(&self.fs);
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let _hold = self.hold();
         let t = clock::now();
-        match self.fs.lookup(&self.cred(req), parent.0, name_bytes(name)) {
+        let mark = self.refs.mark();
+        let r = self.fs.lookup(&self.cred(req), parent.0, name_bytes(name));
+        // Counted before the reply: the kernel's FORGET can only follow it.
+        let r = r.and_then(|a| self.refs.hand(&self.fs, &a, mark).map(|()| a));
+        match r {
             Err(e) if e.errno() == libc::ENOENT => {
                 // A negative entry (node 0) with the entry TTL: the kernel
                 // caches "no such name" as it caches names. Every creation
@@ -686,15 +690,13 @@ impl Filesystem for InkFuse {
         }
     }
 
-    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
-        // The engine keeps no lookup counts: open handles keep unlinked
-        // inodes alive, and the kernel holds a handle for every open file;
-        // under the writeback cache, the pins of `pin_victim` until here.
-        let pin = self.lock_pins().remove(&ino.0);
-        if let Some(pin) = pin {
-            self.fs.unpin(pin);
-        }
-        self.stats.record(Op::forget, clock::now(), true);
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        // Open handles keep unlinked inodes alive (the kernel holds one for
+        // every open file); the pins of removed inodes it refers to
+        // otherwise go when its count ends (freeing an orphan: timed).
+        let t = clock::now();
+        self.refs.forget(&self.fs, ino.0, nlookup);
+        self.done(Op::forget, t, true);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -764,8 +766,10 @@ impl Filesystem for InkFuse {
     ) {
         let cred = self.cred_with_umask(req, umask);
         self.answer(Op::mknod, reply, || {
-            self.fs
-                .mknod(&cred, parent.0, name_bytes(name), mode, rdev as u64)
+            self.entry(|| {
+                self.fs
+                    .mknod(&cred, parent.0, name_bytes(name), mode, rdev as u64)
+            })
         });
     }
 
@@ -780,27 +784,27 @@ impl Filesystem for InkFuse {
     ) {
         let cred = self.cred_with_umask(req, umask);
         self.answer(Op::mkdir, reply, || {
-            self.fs.mkdir(&cred, parent.0, name_bytes(name), mode)
+            self.entry(|| self.fs.mkdir(&cred, parent.0, name_bytes(name), mode))
         });
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let cred = self.cred(req);
+        let name = name_bytes(name);
         self.answer(Op::unlink, reply, || {
-            let pin = self.pin_victim(&cred, parent.0, name_bytes(name));
-            let r = self.fs.unlink(&cred, parent.0, name_bytes(name));
-            self.keep_if_unlinked(pin);
-            r
+            self.removing(&cred, parent.0, name, || {
+                self.fs.unlink(&cred, parent.0, name)
+            })
         });
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let cred = self.cred(req);
+        let name = name_bytes(name);
         self.answer(Op::rmdir, reply, || {
-            let pin = self.pin_victim(&cred, parent.0, name_bytes(name));
-            let r = self.fs.rmdir(&cred, parent.0, name_bytes(name));
-            self.keep_if_unlinked(pin);
-            r
+            self.removing(&cred, parent.0, name, || {
+                self.fs.rmdir(&cred, parent.0, name)
+            })
         });
     }
 
@@ -814,12 +818,14 @@ impl Filesystem for InkFuse {
     ) {
         let cred = self.cred(req);
         self.answer(Op::symlink, reply, || {
-            self.fs.symlink(
-                &cred,
-                parent.0,
-                name_bytes(link_name),
-                target.as_os_str().as_bytes(),
-            )
+            self.entry(|| {
+                self.fs.symlink(
+                    &cred,
+                    parent.0,
+                    name_bytes(link_name),
+                    target.as_os_str().as_bytes(),
+                )
+            })
         });
     }
 
@@ -842,10 +848,7 @@ impl Filesystem for InkFuse {
                 to: name_bytes(newname),
                 flags: RenameFlags::from_bits(flags.bits())?,
             };
-            let pin = self.pin_victim(&cred, newparent.0, name_bytes(newname));
-            let res = self.fs.rename(&cred, &r);
-            self.keep_if_unlinked(pin);
-            res
+            self.removing(&cred, newparent.0, r.to, || self.fs.rename(&cred, &r))
         });
     }
 
@@ -859,7 +862,7 @@ impl Filesystem for InkFuse {
     ) {
         let cred = self.cred(req);
         self.answer(Op::link, reply, || {
-            self.fs.link(&cred, ino.0, newparent.0, name_bytes(newname))
+            self.entry(|| self.fs.link(&cred, ino.0, newparent.0, name_bytes(newname)))
         });
     }
 
@@ -1095,6 +1098,7 @@ impl Filesystem for InkFuse {
     ) {
         let _hold = self.hold();
         let t = clock::now();
+        let mark = self.refs.mark();
         // Collect first, then getattr outside the engine's readdir callback
         // (no engine call re-enters another).
         let mut batch = Vec::new();
@@ -1110,15 +1114,29 @@ impl Filesystem for InkFuse {
             return;
         }
         for e in batch {
+            // The kernel takes a reference to each entry but `.` and `..`
+            // (`crate::kernel_refs`): counted before the reply, given back
+            // if it does not fit.
+            let counted = e.name != b"." && e.name != b"..";
             let full = match self.fs.getattr(e.ino) {
-                Ok(attr) => reply.add(
-                    INodeNo(e.ino),
-                    e.cookie,
-                    OsStr::from_bytes(&e.name),
-                    &TTL,
-                    &file_attr(&attr),
-                    Generation(attr.generation),
-                ),
+                Ok(attr) => {
+                    if counted && self.refs.hand(&self.fs, &attr, mark).is_err() {
+                        // Removed by a client since readdir saw it.
+                        continue;
+                    }
+                    let full = reply.add(
+                        INodeNo(e.ino),
+                        e.cookie,
+                        OsStr::from_bytes(&e.name),
+                        &TTL,
+                        &file_attr(&attr),
+                        Generation(attr.generation),
+                    );
+                    if full && counted {
+                        self.refs.unhand(&self.fs, e.ino);
+                    }
+                    full
+                }
                 // Removed since readdir saw it: leave the entry out.
                 Err(err) if err.errno() == libc::ENOENT => continue,
                 // Damaged (errors=): list the name with no attributes and
@@ -1131,14 +1149,21 @@ impl Filesystem for InkFuse {
                         nlink: 1,
                         ..negative_attr()
                     };
-                    reply.add(
+                    if counted {
+                        self.refs.count(e.ino);
+                    }
+                    let full = reply.add(
                         INodeNo(e.ino),
                         e.cookie,
                         OsStr::from_bytes(&e.name),
                         &Duration::ZERO,
                         &a,
                         Generation(0),
-                    )
+                    );
+                    if full && counted {
+                        self.refs.unhand(&self.fs, e.ino);
+                    }
+                    full
                 }
             };
             if full {
@@ -1270,6 +1295,7 @@ impl Filesystem for InkFuse {
     ) {
         let cred = self.cred_with_umask(req, umask);
         self.answer(Op::create, reply, || {
+            let mark = self.refs.mark();
             // Created, or, when someone else created the name since the
             // kernel's lookup and O_EXCL is not set, opened.
             let (attr, file) = self.fs.create(
@@ -1279,7 +1305,10 @@ impl Filesystem for InkFuse {
                 mode & 0o7777,
                 api::OpenFlags::new(flags),
             )?;
-            let fopen = match self.prepare_open(&file, flags) {
+            let fopen = match self
+                .prepare_open(&file, flags)
+                .and_then(|f| self.refs.hand(&self.fs, &attr, mark).map(|()| f))
+            {
                 Ok(f) => f,
                 Err(e) => {
                     self.fs.release(file);

@@ -17,8 +17,9 @@
 //! mounted and served), `stats` (counters, histograms, the stats socket),
 //! `scrub` (scrub requests on that socket, both ends), `attach` (attach
 //! requests on that socket: the kernel-free path's clients), `inval`
-//! (telling the kernel what changed behind its back), `mount` (options,
-//! daemon, dead mounts), `nullfs`.
+//! (telling the kernel what changed behind its back), `kernel_refs` (the
+//! kernel's lookup counts, and the removed inodes kept for it), `mount`
+//! (options, daemon, dead mounts), `nullfs`.
 
 pub mod attach;
 pub mod clock;
@@ -27,6 +28,7 @@ pub mod fileattr;
 pub mod fs;
 pub mod handles;
 pub mod inval;
+pub mod kernel_refs;
 pub mod lease;
 pub mod mount;
 pub mod ns;

@@ -694,7 +694,9 @@ pub fn run_engine(
     let mut adapter = InkFuse::new(engine.clone(), stats.clone(), caching, inval.clone());
     adapter.set_leases(leases.clone());
     let leases_held = Arc::downgrade(&leases);
-    let attach = AttachService::new(&engine, cfg.mode, leases, stats.clone())
+    let refs = adapter.kernel_refs();
+    let refs_held = Arc::downgrade(&refs);
+    let attach = AttachService::new(&engine, cfg.mode, leases, refs, stats.clone())
         .map_err(|e| eprintln!("inkfs: attach: {e} (continuing without)"))
         .ok()
         .map(Arc::new);
@@ -785,6 +787,43 @@ pub fn run_engine(
                     Field::count("clients_attached", "attached clients", a.attached() as u64)
                         .explained("processes reading the pool directly (inkfs::api::client)"),
                 );
+            }
+            if let Some(refs) = refs_held.upgrade() {
+                lines.push(
+                    Field::count(
+                        "kernel_pins",
+                        "removed inodes the kernel holds",
+                        refs.pinned(),
+                    )
+                    .explained("kept from reuse until the kernel forgets them"),
+                );
+                lines.push(Field::count(
+                    "kernel_refs",
+                    "inodes the kernel refers to",
+                    refs.known(),
+                ));
+                lines.push(
+                    Field::count(
+                        "kernel_refs_mismatched",
+                        "FORGETs of more than was counted",
+                        refs.mismatches(),
+                    )
+                    .explained("should stay 0"),
+                );
+                let (rechecked, withdrawn) = refs.races();
+                lines.push(
+                    Field::count(
+                        "kernel_refs_rechecked",
+                        "entries checked again after a client's removal",
+                        rechecked,
+                    )
+                    .explained("replies racing a removal of the library's"),
+                );
+                lines.push(Field::count(
+                    "kernel_refs_withdrawn",
+                    "entries withdrawn (removed meanwhile)",
+                    withdrawn,
+                ));
             }
             if let Some(l) = leases_held.upgrade() {
                 lines.push(

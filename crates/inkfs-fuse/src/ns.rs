@@ -20,6 +20,7 @@ use inkfs::api::ns::{Done, Op, Request};
 use inkfs::api::{self, Credentials, OpenFlags, RenameFlags, XattrFlags};
 
 use crate::inval::{Change, Invalidator};
+use crate::kernel_refs::{KernelRefs, Remover};
 use crate::lease::{Holder, Leases};
 use crate::stats::{self, Stats};
 use crate::Engine;
@@ -48,11 +49,14 @@ fn made(ino: u64, changes: Vec<Change>) -> Made {
     }
 }
 
-/// Run `req` for the client `holder` and answer it.
+/// Run `req` for the client `holder` and answer it. An inode it removes
+/// that the kernel still refers to stays pinned in `refs` until the kernel
+/// forgets it (`KernelRefs::removing`).
 pub fn serve(
     engine: &Engine,
     leases: &Arc<Leases>,
     inval: &Invalidator,
+    refs: &KernelRefs,
     stats: &Stats,
     holder: &Arc<Holder>,
     req: &Request,
@@ -61,7 +65,7 @@ pub fn serve(
     let r = {
         // Hold what the engine uses, as a FUSE request does (lease.rs).
         let _scope = leases.scope();
-        run(engine, &req.cred, &req.op)
+        run(engine, refs, &req.cred, &req.op)
     };
     let done = match r {
         Ok(mut m) => {
@@ -134,7 +138,7 @@ fn entry(parent: u64, name: &[u8]) -> Change {
     }
 }
 
-fn run(engine: &Engine, cred: &Credentials, op: &Op) -> api::Result<Made> {
+fn run(engine: &Engine, refs: &KernelRefs, cred: &Credentials, op: &Op) -> api::Result<Made> {
     match op {
         Op::Create {
             dir,
@@ -177,11 +181,18 @@ fn run(engine: &Engine, cred: &Credentials, op: &Op) -> api::Result<Made> {
         }
         Op::Unlink { dir, name } | Op::Rmdir { dir, name } => {
             let child = victim_attr(engine, *dir, name);
-            if matches!(op, Op::Rmdir { .. }) {
-                engine.rmdir(cred, *dir, name)?;
-            } else {
-                engine.unlink(cred, *dir, name)?;
-            }
+            refs.removing(
+                engine,
+                child.as_ref().map(|a| a.ino),
+                Remover::Client,
+                || {
+                    if matches!(op, Op::Rmdir { .. }) {
+                        engine.rmdir(cred, *dir, name)
+                    } else {
+                        engine.unlink(cred, *dir, name)
+                    }
+                },
+            )?;
             let mut changes = Vec::new();
             match child {
                 Some(a) => {
@@ -209,16 +220,19 @@ fn run(engine: &Engine, cred: &Credentials, op: &Op) -> api::Result<Made> {
             let f = RenameFlags::from_bits(*flags)?;
             let moved = victim(engine, *dir, name);
             let replaced = victim(engine, *to_dir, to);
-            engine.rename(
-                cred,
-                &api::Rename {
-                    from_dir: *dir,
-                    from: name,
-                    to_dir: *to_dir,
-                    to,
-                    flags: f,
-                },
-            )?;
+            let over = replaced.filter(|_| !f.exchange);
+            refs.removing(engine, over, Remover::Client, || {
+                engine.rename(
+                    cred,
+                    &api::Rename {
+                        from_dir: *dir,
+                        from: name,
+                        to_dir: *to_dir,
+                        to,
+                        flags: f,
+                    },
+                )
+            })?;
             // The old name (moved, or exchanged), the new one, the ctimes.
             let mut changes = vec![entry(*dir, name)];
             match replaced {

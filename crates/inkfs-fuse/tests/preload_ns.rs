@@ -645,15 +645,11 @@ print(os.stat('t/trunc').st_size, oct(os.stat('t/setid').st_mode))\""
 /// kernel removes it (the server's `pin_victim`): the number is not
 /// reused, and an fchmod through the kernel's descriptor changes that
 /// directory, not a new file. Found running roundtrips.rs's
-/// `a_removed_directory_held_open_is_still_itself` under the library.
-/// KNOWN BUG: the server's namespace request (crates/inkfs-fuse/src/ns.rs,
-/// `Op::Rmdir`, and a rename over a directory) frees the directory at
-/// once: it does not know whether the kernel holds the inode, as it tracks
-/// no lookup counts, and pinning every removed directory until a FORGET
-/// that never comes for one the kernel never saw would leak it until the
-/// unmount (docs/KERNEL-FREE.md, "the FUSE suite under the library").
+/// `a_removed_directory_held_open_is_still_itself` under the library: the
+/// server's namespace request freed the directory at once; it now pins it
+/// while the kernel's lookup count of it is above zero
+/// (crates/inkfs-fuse/src/kernel_refs.rs), until the FORGET.
 #[test]
-#[ignore = "known bug: a directory the kernel holds, removed through the library, is freed at once (see the comment)"]
 fn a_directory_the_kernel_holds_outlives_its_rmdir_under_the_library() {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};

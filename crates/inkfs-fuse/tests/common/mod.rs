@@ -439,6 +439,7 @@ impl Mounted {
     /// `umount` and wait for the server to finish its clean unmount.
     /// Returns the mount point directory for a later remount.
     pub fn unmount(self) -> tempfile::TempDir {
+        check_kernel_refs(self.dir.path());
         let this = std::mem::ManuallyDrop::new(self);
         run(Command::new("umount").arg(this.dir.path()));
         wait_exit(this.pid);
@@ -464,8 +465,24 @@ impl Mounted {
     }
 }
 
+/// The server's count of the kernel's lookups never fell short of a
+/// FORGET (crates/inkfs-fuse/src/kernel_refs.rs): checked at every
+/// unmount of the suite.
+fn check_kernel_refs(mnt: &Path) {
+    if std::thread::panicking() {
+        return;
+    }
+    // (No report: the mount is dead or gone already.)
+    let mismatched = stats_json(mnt).and_then(|r| r["kernel_refs_mismatched"].as_u64());
+    assert!(
+        mismatched.unwrap_or(0) == 0,
+        "the server's lookup counts fell short of the kernel's FORGETs {mismatched:?} times"
+    );
+}
+
 impl Drop for Mounted {
     fn drop(&mut self) {
+        check_kernel_refs(self.dir.path());
         let _ = Command::new("umount").arg(self.dir.path()).output();
         if !wait_exit_for(self.pid, Duration::from_secs(10)) {
             let _ = Command::new("umount")
