@@ -1,0 +1,134 @@
+//! The kernel invalidations of the library's namespace changes
+//! (crates/inkfs-fuse/src/ns.rs, `needed`; docs/KERNEL-FREE.md, "Built:
+//! no invalidation for what the kernel never saw"): a change of names and
+//! inodes the kernel never looked up sends none; one the kernel has cached
+//! (looked up, or listed by READDIRPLUS) shows through the mount at once.
+
+mod common;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use common::preload::*;
+use common::*;
+
+fn report_count(mnt: &Path, key: &str) -> u64 {
+    let r = stats_json(mnt).expect("statistics of the mount");
+    r[key].as_u64().unwrap_or_else(|| panic!("no {key} in {r}"))
+}
+
+/// Invalidations sent and skipped so far.
+fn invals(mnt: &Path) -> (u64, u64) {
+    (
+        report_count(mnt, "invalidations"),
+        report_count(mnt, "invalidations_skipped"),
+    )
+}
+
+/// `script` in sh under the library, which must serve its `ns` namespace
+/// calls (none through the kernel).
+fn preloaded(script: &str, stats: &Path, ns: u64) {
+    let before = c(&counts(stats), "ns_local");
+    let (ok, _, err) = sh_run(script, Some(stats));
+    assert!(ok, "{script}: {err}");
+    let n = counts(stats);
+    assert_eq!(c(&n, "ns_local") - before, ns, "{script} not served: {n:?}");
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).expect("stat").mode() & 0o7777
+}
+
+/// Directories, a symbolic link, a chmod, a rename and removals under a
+/// directory the kernel never saw: one invalidation (the new name in the
+/// root, which the kernel always holds), the thirteen others skipped.
+#[test]
+fn changes_the_kernel_never_saw_send_no_invalidation() {
+    let pool = Pool::new("inval-unseen", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    let stats = stats_file("inval-unseen");
+    let base = m.path().display();
+    let (sent, skipped) = invals(m.path());
+    preloaded(
+        &format!(
+            "cd {base} && mkdir d && mkdir d/a d/b && ln -s x d/s && chmod 700 d/a \
+             && mv d/s d/b/t && rm d/b/t && rmdir d/a d/b"
+        ),
+        stats.path(),
+        // mkdir 3, symlink, chmod, rename, unlink, rmdir 2.
+        9,
+    );
+    let (sent_after, skipped_after) = invals(m.path());
+    // mkdir d/a, d/b, the link: an entry each; the chmod: the inode; the
+    // rename: both names and the inode; each removal: the name (under an
+    // unknown directory) and the removed inode.
+    assert_eq!(
+        (sent_after - sent, skipped_after - skipped),
+        (1, 13),
+        "invalidations (sent, skipped)"
+    );
+    assert_eq!(report_count(m.path(), "kernel_refs_mismatched"), 0);
+}
+
+/// What the kernel cached, changed by the library, shows through the
+/// mount at once (the kernel's caches last an hour): a file's mode after a
+/// stat, a name removed and one renamed into a directory the kernel
+/// listed with READDIRPLUS, and the entries' attributes from that listing.
+#[test]
+fn changes_of_what_the_kernel_cached_show_at_once() {
+    let pool = Pool::new("inval-cached", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    let stats = stats_file("inval-cached");
+    let base = m.path().display();
+    preloaded(
+        &format!("cd {base} && mkdir d && touch d/f d/g d/h && chmod 644 d/f d/g d/h && mkdir e"),
+        stats.path(),
+        // mkdir 2, three creates, three chmods.
+        8,
+    );
+    // Looked up through the kernel: d/f by a stat; d/g and d/h only by
+    // the listing (READDIRPLUS).
+    assert_eq!(mode(&m.p("d/f")), 0o644);
+    let mut names: Vec<_> = std::fs::read_dir(m.p("d"))
+        .expect("list")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["f", "g", "h"]);
+    let r = stats_json(m.path()).expect("statistics");
+    assert!(
+        r["ops"]["readdirplus"]["count"].as_u64().unwrap_or(0) > 0,
+        "the listing was not a READDIRPLUS: {}",
+        r["ops"]
+    );
+    let lookups = r["ops"]["lookup"]["count"].as_u64().unwrap_or(0);
+    assert_eq!(mode(&m.p("d/g")), 0o644);
+    let r = stats_json(m.path()).expect("statistics");
+    assert_eq!(
+        r["ops"]["lookup"]["count"].as_u64().unwrap_or(0),
+        lookups,
+        "d/g was looked up: its count is not READDIRPLUS's"
+    );
+    let (sent, _) = invals(m.path());
+    preloaded(
+        &format!("cd {base} && chmod 600 d/f d/g && rm d/h && mv e/../d/f e/f2 && touch e/new"),
+        stats.path(),
+        // chmod 2, unlink, rename, create.
+        5,
+    );
+    assert_eq!(mode(&m.p("e/f2")), 0o600, "d/f's chmod not seen");
+    assert_eq!(mode(&m.p("d/g")), 0o600, "listed d/g's chmod not seen");
+    assert!(!m.p("d/h").exists(), "removed d/h still seen");
+    assert!(!m.p("d/f").exists(), "renamed d/f still seen");
+    let mut names: Vec<_> = std::fs::read_dir(m.p("d"))
+        .expect("list")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["g"], "the listing of d");
+    assert!(
+        invals(m.path()).0 > sent,
+        "nothing sent for cached names and inodes"
+    );
+    assert_eq!(report_count(m.path(), "kernel_refs_mismatched"), 0);
+}
