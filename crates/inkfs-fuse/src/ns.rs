@@ -10,7 +10,7 @@
 //! the kernel is told every name and attribute the request changed
 //! ([`Invalidator::changed_now`]): when the program gets its answer, the
 //! mount shows the change. Only what the kernel can hold is told
-//! ([`needed`]): nothing of an inode it has no count of, no name under a
+//! (`needed`): nothing of an inode it has no count of, no name under a
 //! directory it has no count of (`crate::kernel_refs` says why that is
 //! enough, and how a reply racing the change gets the new state). A
 //! library's untar makes its directories and files through here, unseen by
