@@ -132,3 +132,79 @@ fn changes_of_what_the_kernel_cached_show_at_once() {
     );
     assert_eq!(report_count(m.path(), "kernel_refs_mismatched"), 0);
 }
+
+/// Stats through the mount concurrent with the library's chmods of files
+/// the kernel had not seen, in the opposite order, so that the two cross:
+/// files looked up before their chmod need its invalidation, files looked
+/// up after it need none, and a LOOKUP that read the old mode and counts
+/// the file after the chmod skipped its invalidation must hand the new
+/// mode (`KernelRefs::hand` reads again; a window of a few µs, met about
+/// once in ten runs here: `kernel_refs_refreshed` is printed, and
+/// tests/kernel_refs.rs makes it deterministic). Once both are done every
+/// file should show its new mode through the mount.
+///
+/// Ignored: it fails in 2-3 runs of 8, with main's server as with this
+/// one (one file, where the two orders cross, keeps its old mode): a
+/// LOOKUP counted before the chmod's decision, so the invalidation is
+/// sent, but its reply not yet taken in by the kernel, which has no inode
+/// to invalidate (`fuse_reverse_inval_inode` answers ENOENT) and then
+/// installs the old mode from the reply. docs/KERNEL-FREE.md, "Built: no
+/// invalidation for what the kernel never saw", says what would close it.
+#[test]
+#[ignore = "a first LOOKUP's reply overtaken by the invalidation keeps the old mode (on main too)"]
+fn lookups_racing_skipped_invalidations_leave_no_stale_mode() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+    const N: usize = 400;
+    let pool = Pool::new("inval-race", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    let stats = stats_file("inval-race");
+    let script = format!(
+        "import os, sys\n\
+         d = sys.argv[1]\n\
+         os.mkdir(d + '/r')\n\
+         for i in range({N}):\n\
+         \x20   os.close(os.open(d + '/r/f%d' % i, os.O_CREAT | os.O_RDONLY, 0o644))\n\
+         print('ready', flush=True)\n\
+         sys.stdin.readline()\n\
+         for i in range({N}):\n\
+         \x20   os.chmod(d + '/r/f%d' % i, 0o600)\n"
+    );
+    let mut child = Command::new(PYTHON)
+        .arg("-c")
+        .arg(&script)
+        .arg(m.path())
+        .env("LD_PRELOAD", lib())
+        .env("INKFS_PRELOAD_STATS", stats.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    assert_eq!(line, "ready\n", "the script failed");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"go\n")
+        .expect("go");
+    // Meanwhile, through the kernel, from the other end.
+    for i in (0..N).rev() {
+        let _ = std::fs::metadata(m.p(&format!("r/f{i}")));
+    }
+    assert!(child.wait().expect("wait").success());
+    // The mkdir, N creates, N chmods: all served.
+    assert_eq!(c(&counts(stats.path()), "ns_local"), 2 * N as u64 + 1);
+    let stale: Vec<_> = (0..N)
+        .filter(|i| mode(&m.p(&format!("r/f{i}"))) != 0o600)
+        .collect();
+    let refreshed = stats_json(m.path()).expect("statistics")["kernel_refs_refreshed"].as_u64();
+    eprintln!("refreshed {refreshed:?} replies");
+    assert!(
+        stale.is_empty(),
+        "old mode through the mount: {stale:?} (refreshed {refreshed:?})"
+    );
+}
