@@ -140,6 +140,14 @@ struct Shared {
     asking: Mutex<()>,
     /// Leases held now.
     held: AtomicUsize,
+    /// One reservation request at a time: threads that ran out together
+    /// wait for the first one's blocks instead of each asking (48 threads
+    /// asking 2048 blocks each at once took a small pool's last blocks,
+    /// and the server's own creates failed with ENOSPC).
+    refilling: Mutex<()>,
+    /// Reservations received so far: a thread that found no space sees,
+    /// once it has `refilling`, whether another thread refilled meanwhile.
+    refills: AtomicU64,
     /// Writes to the session so far (each a system call the server answers
     /// or reads): what a served write or fsync should not cost.
     sent: AtomicUsize,
@@ -250,6 +258,8 @@ impl Client {
             leases: std::array::from_fn(|_| Mutex::default()),
             asking: Mutex::new(()),
             held: AtomicUsize::new(0),
+            refilling: Mutex::new(()),
+            refills: AtomicU64::new(0),
             sent: AtomicUsize::new(0),
         });
         let threads = start_threads(&shared, clone_high(&conn)?)?;
@@ -511,6 +521,7 @@ impl Client {
         loop {
             // Read with the lease held, before the write checks the record.
             let count = self.shared.fs.fs.client_lease_count();
+            let refills = self.shared.refills.load(SeqCst);
             let r = {
                 let _w = self.shared.fs.fs.client_writes();
                 self.call(&op)
@@ -536,7 +547,7 @@ impl Client {
                 let gen = held.gen;
                 held.recalled = held.recalled.max(gen);
                 held.drop_lease(&self.shared.held);
-                self.shared.give_back(ino, gen);
+                self.shared.give_back(ino, gen, false);
             }
             match r {
                 Err(e) if e.errno() == libc::ENOSPC && tries < RESERVE_TRIES => {
@@ -544,7 +555,7 @@ impl Client {
                     // What this client freed goes back first: the server
                     // may have nothing else.
                     self.send_freed()?;
-                    self.refill(bytes, tries)?;
+                    self.refill(bytes, tries, refills)?;
                 }
                 r => return r,
             }
@@ -628,7 +639,7 @@ impl Client {
         let gen = held.gen;
         held.recalled = held.recalled.max(gen);
         held.drop_lease(&self.shared.held);
-        self.shared.give_back(a.ino, gen);
+        self.shared.give_back(a.ino, gen, false);
     }
 
     /// chmod, chown, utimens of inode `ino` by this client, in the inode's
@@ -737,7 +748,14 @@ impl Client {
     /// there), and PM for its log pages. A side the server has too few
     /// blocks of is marked full in the engine, whose writes then spill to
     /// the other (as the server's own do).
-    fn refill(&self, bytes: u64, tries: u32) -> Result<()> {
+    /// `seen`: the reservations received before the write that found no
+    /// space; if another thread's came since, the write tries again
+    /// without asking.
+    fn refill(&self, bytes: u64, tries: u32, seen: u64) -> Result<()> {
+        let _one = lock(&self.shared.refilling);
+        if self.shared.refills.load(SeqCst) != seen {
+            return Ok(());
+        }
         let fs = &self.shared.fs.fs;
         let blocks = blocks_for(bytes);
         let want = blocks.max(RESERVE_BLOCKS) << tries;
@@ -780,7 +798,9 @@ impl Client {
                     .map(|r| r.1)
                     .sum();
                 fs.set_client_side_full(side, got < want);
-                fs.add_reservation(&ranges)
+                let r = fs.add_reservation(&ranges);
+                self.shared.refills.fetch_add(1, SeqCst);
+                r
             }
             Msg::NoSpace => errno(libc::ENOSPC),
             other => Err(protocol_error(&other)),
@@ -917,16 +937,23 @@ impl Shared {
         if st.held && st.gen <= gen {
             st.drop_lease(&self.held);
         }
-        self.give_back(ino, gen);
+        self.give_back(ino, gen, true);
     }
 
     /// Give grant `gen` of `ino`'s lease back (its lock held, marked not
-    /// held).
-    fn give_back(&self, ino: u64, gen: u64) {
+    /// held). `recalled`: the server asked for it; the unused reservation
+    /// goes back too once no lease is left. Not when this client gives a
+    /// lease back of its own accord (before a removal or rename, a log
+    /// due for GC): it goes on writing, and blocks given back go through
+    /// the server's limbo before they are free again, so a busy client
+    /// draining and asking again at each rename emptied a small pool into
+    /// the limbo (creates failed with ENOSPC while df showed it nearly
+    /// empty).
+    fn give_back(&self, ino: u64, gen: u64, recalled: bool) {
         let fs = &self.fs.fs;
         fs.client_release_inode(ino);
         let mut back = fs.take_client_freed();
-        if self.held.load(SeqCst) == 0 {
+        if recalled && self.held.load(SeqCst) == 0 {
             back.extend(fs.drain_reservation());
         }
         let _ = self.send_ranges(&back);
