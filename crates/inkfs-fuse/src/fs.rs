@@ -452,8 +452,8 @@ impl InkFuse {
     /// that entry (`KernelRefs::hand`).
     fn entry(&self, f: impl FnOnce() -> api::Result<Attr>) -> api::Result<Attr> {
         let mark = self.refs.mark();
-        let a = f()?;
-        self.refs.hand(&self.fs, &a, mark)?;
+        let mut a = f()?;
+        self.refs.hand(&self.fs, &mut a, mark)?;
         Ok(a)
     }
 
@@ -667,7 +667,7 @@ impl Filesystem for InkFuse {
         let mark = self.refs.mark();
         let r = self.fs.lookup(&self.cred(req), parent.0, name_bytes(name));
         // Counted before the reply: the kernel's FORGET can only follow it.
-        let r = r.and_then(|a| self.refs.hand(&self.fs, &a, mark).map(|()| a));
+        let r = r.and_then(|mut a| self.refs.hand(&self.fs, &mut a, mark).map(|()| a));
         match r {
             Err(e) if e.errno() == libc::ENOENT => {
                 // A negative entry (node 0) with the entry TTL: the kernel
@@ -1119,8 +1119,8 @@ impl Filesystem for InkFuse {
             // if it does not fit.
             let counted = e.name != b"." && e.name != b"..";
             let full = match self.fs.getattr(e.ino) {
-                Ok(attr) => {
-                    if counted && self.refs.hand(&self.fs, &attr, mark).is_err() {
+                Ok(mut attr) => {
+                    if counted && self.refs.hand(&self.fs, &mut attr, mark).is_err() {
                         // Removed by a client since readdir saw it.
                         continue;
                     }
@@ -1298,7 +1298,7 @@ impl Filesystem for InkFuse {
             let mark = self.refs.mark();
             // Created, or, when someone else created the name since the
             // kernel's lookup and O_EXCL is not set, opened.
-            let (attr, file) = self.fs.create(
+            let (mut attr, file) = self.fs.create(
                 &cred,
                 parent.0,
                 name_bytes(name),
@@ -1307,7 +1307,7 @@ impl Filesystem for InkFuse {
             )?;
             let fopen = match self
                 .prepare_open(&file, flags)
-                .and_then(|f| self.refs.hand(&self.fs, &attr, mark).map(|()| f))
+                .and_then(|f| self.refs.hand(&self.fs, &mut attr, mark).map(|()| f))
             {
                 Ok(f) => f,
                 Err(e) => {

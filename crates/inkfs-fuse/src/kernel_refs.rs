@@ -35,6 +35,27 @@
 //! generation it replies: if not, the reply becomes ENOENT and hands the
 //! kernel nothing.
 //!
+//! A client's change skips the invalidations the kernel cannot need
+//! ([`KernelRefs::knows`], `crate::ns`): none for an inode the kernel has
+//! no count of (it holds no attributes or pages of it), none for a name
+//! under a directory it has no count of (a dentry, positive or negative,
+//! holds its parent's inode, so the kernel holds none under an inode it
+//! does not know, and no listing of it either). The race: a reply that
+//! read the inode's attributes before the change and counts it after the
+//! change found no count would leave the kernel stale attributes that no
+//! invalidation corrects. So `knows` bumps `skipped` under the inode's
+//! shard lock when it answers no, and [`KernelRefs::hand`] reads `skipped`
+//! before the engine call (in the [`Mark`]) and again after counting: if
+//! it moved, the reply reads the attributes again. Either the count came
+//! first and the change sent its invalidation (as before), or the skip
+//! came first, the reply's count (under the same lock) sees the bump, and
+//! its second read follows the change. Names need no such check: a reply
+//! that hands the kernel a name under a directory is to a request about
+//! that directory, which the kernel holds (counted) from before the
+//! request until after the reply; so a change that found the directory
+//! unknown precedes the reply that handed the directory, and every
+//! request under it reads the changed state.
+//!
 //! Ownership: the mount server's (one table per mount, shared by the FUSE
 //! handlers and the attach service's request threads); DRAM only. At a
 //! crash of the server the pins vanish with it and recovery frees the
@@ -42,7 +63,8 @@
 //! forgets everything ([`KernelRefs::close`] lets every pin go).
 //!
 //! No global lock: 64 shards by inode number, one shard lock per counted
-//! entry and per FORGET, two atomic loads per reply (`freed`).
+//! entry and per FORGET, four atomic loads per reply (`freed` and
+//! `skipped`, before and after), one shard lock per invalidation decided.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -95,6 +117,11 @@ pub struct KernelRefs {
     /// Removals decided without a pin (the kernel had no count): bumped
     /// under the inode's shard lock, after the engine removed the name.
     freed: AtomicU64,
+    /// Invalidations skipped (`KernelRefs::knows` said no): bumped under
+    /// the inode's shard lock, after the engine made the change.
+    skipped: AtomicU64,
+    /// Replies that read their attributes again after a skip.
+    refreshed: AtomicU64,
     /// Pins held now (for the statistics and the tests).
     pinned: AtomicU64,
     /// The kernel is gone (unmount): no more pins are kept.
@@ -117,16 +144,22 @@ pub enum Remover {
     Client,
 }
 
-/// The `freed` count before a reply's engine call (see `KernelRefs::hand`).
+/// The `freed` and `skipped` counts before a reply's engine call (see
+/// `KernelRefs::hand`).
 #[derive(Clone, Copy, Debug)]
 #[must_use]
-pub struct Mark(u64);
+pub struct Mark {
+    freed: u64,
+    skipped: u64,
+}
 
 impl Default for KernelRefs {
     fn default() -> Self {
         KernelRefs {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             freed: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
+            refreshed: AtomicU64::new(0),
             pinned: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             mismatches: AtomicU64::new(0),
@@ -148,29 +181,80 @@ impl KernelRefs {
     /// Take before the engine call whose result a reply hands the kernel.
     #[inline]
     pub fn mark(&self) -> Mark {
-        Mark(self.freed.load(Ordering::SeqCst))
+        Mark {
+            freed: self.freed.load(Ordering::SeqCst),
+            skipped: self.skipped.load(Ordering::SeqCst),
+        }
     }
 
     /// Count one entry of `a` in a reply about to be sent, whose engine
     /// call began at `mark`. ENOENT (nothing counted, the reply must not
-    /// hand the inode out): a client's removal freed it meanwhile.
-    pub fn hand(&self, engine: &Engine, a: &Attr, mark: Mark) -> api::Result<()> {
+    /// hand the inode out): a client's removal freed it meanwhile. A
+    /// client's change that skipped its invalidation meanwhile: `a` is
+    /// read again (see the module comment).
+    pub fn hand(&self, engine: &Engine, a: &mut Attr, mark: Mark) -> api::Result<()> {
         self.count(a.ino);
-        if a.ino == ROOT || self.freed.load(Ordering::SeqCst) == mark.0 {
+        if a.ino == ROOT {
             return Ok(());
         }
-        // A removal decided since: if it was this inode's, it had no count
-        // to see, and the inode is unlinked (or freed, or another by now).
-        self.rechecked.fetch_add(1, Ordering::Relaxed);
-        let alive = engine
-            .getattr(a.ino)
-            .is_ok_and(|now| now.generation == a.generation && now.nlink > 0);
-        if alive {
+        let freed = self.freed.load(Ordering::SeqCst) != mark.freed;
+        let skipped = self.skipped.load(Ordering::SeqCst) != mark.skipped;
+        if !freed && !skipped {
             return Ok(());
         }
-        self.withdrawn.fetch_add(1, Ordering::Relaxed);
-        self.forget(engine, a.ino, 1);
-        Err(api::Error::Errno(libc::ENOENT))
+        let now = engine.getattr(a.ino);
+        if freed {
+            // A removal decided since: if it was this inode's, it had no
+            // count to see, and the inode is unlinked (or freed, or
+            // another by now).
+            self.rechecked.fetch_add(1, Ordering::Relaxed);
+            let alive = now
+                .as_ref()
+                .is_ok_and(|now| now.generation == a.generation && now.nlink > 0);
+            if !alive {
+                self.withdrawn.fetch_add(1, Ordering::Relaxed);
+                self.forget(engine, a.ino, 1);
+                return Err(api::Error::Errno(libc::ENOENT));
+            }
+        }
+        match now {
+            // The same inode still (a reused number is another's, whose
+            // change this reply does not carry): its attributes as of
+            // after the count, which follows every skip it could miss.
+            Ok(now) if skipped && now.generation == a.generation => {
+                self.refreshed.fetch_add(1, Ordering::Relaxed);
+                *a = now;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Whether the kernel refers to `ino` now, for a client's change of it
+    /// made just before: no means the change needs no invalidation of it
+    /// (see the module comment), and is recorded for the replies racing
+    /// it. The root is always known.
+    pub fn knows(&self, ino: u64) -> bool {
+        if ino == ROOT {
+            return true;
+        }
+        let shard = self.shard(ino);
+        if shard.contains_key(&ino) {
+            return true;
+        }
+        // Under the shard lock: a reply counting `ino` after this sees it.
+        self.skipped.fetch_add(1, Ordering::SeqCst);
+        drop(shard);
+        false
+    }
+
+    /// Invalidations skipped since the mount (`knows` said no), and
+    /// replies that read their attributes again after one.
+    pub fn skips(&self) -> (u64, u64) {
+        (
+            self.skipped.load(Ordering::Relaxed),
+            self.refreshed.load(Ordering::Relaxed),
+        )
     }
 
     /// Count one entry of `ino` with no check against removals: a damaged

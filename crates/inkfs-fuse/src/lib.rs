@@ -18,7 +18,8 @@
 //! `scrub` (scrub requests on that socket, both ends), `attach` (attach
 //! requests on that socket: the kernel-free path's clients), `inval`
 //! (telling the kernel what changed behind its back), `kernel_refs` (the
-//! kernel's lookup counts, and the removed inodes kept for it), `mount`
+//! kernel's lookup counts, the removed inodes kept for it, the
+//! invalidations a client's change can skip), `mount`
 //! (options, daemon, dead mounts), `nullfs`.
 
 pub mod attach;

@@ -824,6 +824,20 @@ pub fn run_engine(
                     "entries withdrawn (removed meanwhile)",
                     withdrawn,
                 ));
+                let (skipped, refreshed) = refs.skips();
+                lines.push(
+                    Field::count(
+                        "invalidations_skipped",
+                        "cache invalidations not needed",
+                        skipped,
+                    )
+                    .explained("a client's changes of what the kernel does not hold"),
+                );
+                lines.push(Field::count(
+                    "kernel_refs_refreshed",
+                    "entries read again after a skipped invalidation",
+                    refreshed,
+                ));
             }
             if let Some(l) = leases_held.upgrade() {
                 lines.push(

@@ -9,7 +9,12 @@
 //! an inode while the request changes its log). Then, before the answer,
 //! the kernel is told every name and attribute the request changed
 //! ([`Invalidator::changed_now`]): when the program gets its answer, the
-//! mount shows the change. Waiting for the kernel here is safe: it may wait
+//! mount shows the change. Only what the kernel can hold is told
+//! (`needed`): nothing of an inode it has no count of, no name under a
+//! directory it has no count of (`crate::kernel_refs` says why that is
+//! enough, and how a reply racing the change gets the new state). A
+//! library's untar makes its directories and files through here, unseen by
+//! the kernel: none of its changes is sent. Waiting for the kernel here is safe: it may wait
 //! for a directory's lock that a FUSE request in flight holds, and the
 //! server's FUSE threads finish that request without this client (its
 //! recalls are answered by its own recall thread).
@@ -82,7 +87,9 @@ pub fn serve(
                 // existing file opened with O_TRUNC changed them.)
                 m.changes.push(Change::Attr { ino: m.ino });
             }
-            for c in m.changes {
+            // After the engine call: a skip is decided on the changed
+            // state (kernel_refs.rs).
+            for c in m.changes.into_iter().filter_map(|c| needed(refs, c)) {
                 inval.changed_now(c);
             }
             Done {
@@ -103,6 +110,27 @@ pub fn serve(
     };
     stats.record(op_stat(&req.op), t, done.errno == 0);
     done
+}
+
+/// What of `change`, made by a client just before, the kernel may hold
+/// (None: nothing). Decided by the kernel's counts (`KernelRefs::knows`):
+/// an inode it does not know has no attributes or pages in it; a
+/// directory it does not know has no names (positive or negative) nor a
+/// listing cached under it. A removed name under an unknown directory
+/// leaves the removed inode's attributes (its link count), should the
+/// kernel still know it by another way.
+fn needed(refs: &KernelRefs, change: Change) -> Option<Change> {
+    match change {
+        Change::Attr { ino } | Change::Data { ino, .. } => refs.knows(ino).then_some(change),
+        Change::Entry { parent, .. } => refs.knows(parent).then_some(change),
+        Change::Deleted { parent, child, .. } => {
+            if refs.knows(parent) {
+                Some(change)
+            } else {
+                refs.knows(child).then_some(Change::Attr { ino: child })
+            }
+        }
+    }
 }
 
 fn op_stat(op: &Op) -> stats::Op {
