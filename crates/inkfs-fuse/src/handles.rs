@@ -13,13 +13,14 @@ use std::sync::{Arc, RwLock};
 
 const SHARDS: usize = 64;
 
-/// `fh` values come from our own counter, never from a user: a multiply
-/// spreads them over the table. (The default SipHash cost ~20 ns a request
-/// for a protection against chosen keys that cannot occur here.)
+/// For integer keys that no user chooses (`fh` values from our own
+/// counter, the engine's inode numbers): a multiply spreads them over a
+/// table. (The default SipHash cost ~20 ns a request for a protection
+/// against chosen keys that cannot occur here.)
 #[derive(Default)]
-struct FhHasher(u64);
+pub(crate) struct IntHasher(u64);
 
-impl Hasher for FhHasher {
+impl Hasher for IntHasher {
     fn finish(&self) -> u64 {
         self.0
     }
@@ -33,7 +34,7 @@ impl Hasher for FhHasher {
     }
 }
 
-type Shard<H> = RwLock<HashMap<u64, Arc<H>, BuildHasherDefault<FhHasher>>>;
+type Shard<H> = RwLock<HashMap<u64, Arc<H>, BuildHasherDefault<IntHasher>>>;
 
 pub struct HandleTable<H> {
     shards: Vec<Shard<H>>,

@@ -67,12 +67,13 @@
 //! `skipped`, before and after), one shard lock per invalidation decided.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use inkfs::api::{self, Attr, Pin};
 
+use crate::handles::IntHasher;
 use crate::Engine;
 
 const SHARDS: usize = 64;
@@ -80,25 +81,6 @@ const SHARDS: usize = 64;
 /// The root's node id: the kernel's reference to it is made at mount, not
 /// by a reply, and never forgotten; it cannot be removed.
 const ROOT: u64 = 1;
-
-/// Inode numbers are the engine's, never chosen by a user: a multiply
-/// spreads them over a shard's map (SipHash would cost more than the rest).
-#[derive(Default)]
-struct InoHasher(u64);
-
-impl Hasher for InoHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0 ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
 
 /// What the kernel has of one inode.
 #[derive(Debug, Default)]
@@ -109,7 +91,7 @@ struct Entry {
     pin: Option<Pin>,
 }
 
-type Shard = HashMap<u64, Entry, BuildHasherDefault<InoHasher>>;
+type Shard = HashMap<u64, Entry, BuildHasherDefault<IntHasher>>;
 
 /// The mount's table (see the module comment).
 pub struct KernelRefs {

@@ -43,16 +43,6 @@ fn wait_for(what: &str, want: u64, f: impl Fn() -> u64) {
     assert_eq!(f(), want, "{what}");
 }
 
-/// `script` in sh under the library, which must serve its `ns` namespace
-/// calls (none through the kernel).
-fn preloaded(script: &str, stats: &Path, ns: u64) {
-    let before = c(&counts(stats), "ns_local");
-    let (ok, _, err) = sh_run(script, Some(stats));
-    assert!(ok, "{script}: {err}");
-    let n = counts(stats);
-    assert_eq!(c(&n, "ns_local") - before, ns, "{script} not served: {n:?}");
-}
-
 /// Eight new files, mode 0600: one of them would take a freed number.
 /// Their numbers are not `held`.
 fn new_files_miss(m: &Mounted, held: u64, what: &str) {

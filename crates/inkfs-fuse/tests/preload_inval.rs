@@ -25,16 +25,6 @@ fn invals(mnt: &Path) -> (u64, u64) {
     )
 }
 
-/// `script` in sh under the library, which must serve its `ns` namespace
-/// calls (none through the kernel).
-fn preloaded(script: &str, stats: &Path, ns: u64) {
-    let before = c(&counts(stats), "ns_local");
-    let (ok, _, err) = sh_run(script, Some(stats));
-    assert!(ok, "{script}: {err}");
-    let n = counts(stats);
-    assert_eq!(c(&n, "ns_local") - before, ns, "{script} not served: {n:?}");
-}
-
 fn mode(p: &Path) -> u32 {
     std::fs::metadata(p).expect("stat").mode() & 0o7777
 }

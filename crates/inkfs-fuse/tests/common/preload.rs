@@ -79,3 +79,13 @@ pub fn fsck_clean(pool: &Pool) {
     let report = inkfs::fsck::check(&pm, &Default::default()).expect("fsck");
     assert!(report.is_clean(), "{report:?}");
 }
+
+/// `script` in sh under the library, which must serve its `ns` namespace
+/// calls (none through the kernel).
+pub fn preloaded(script: &str, stats: &Path, ns: u64) {
+    let before = c(&counts(stats), "ns_local");
+    let (ok, _, err) = sh_run(script, Some(stats));
+    assert!(ok, "{script}: {err}");
+    let n = counts(stats);
+    assert_eq!(c(&n, "ns_local") - before, ns, "{script} not served: {n:?}");
+}
