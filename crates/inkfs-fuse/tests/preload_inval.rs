@@ -123,6 +123,117 @@ fn changes_of_what_the_kernel_cached_show_at_once() {
     assert_eq!(report_count(m.path(), "kernel_refs_mismatched"), 0);
 }
 
+/// Files a client makes and writes, which the kernel never saw (an
+/// untar's): their leases are granted with no invalidation (nor are their
+/// names, under a directory the kernel never saw), and the mount reads
+/// them right afterwards.
+#[test]
+fn grants_of_files_the_kernel_never_saw_send_no_invalidation() {
+    let pool = Pool::new("inval-grant-unseen", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    let stats = stats_file("inval-grant-unseen");
+    let base = m.path().display();
+    let (sent, skipped) = invals(m.path());
+    preloaded(
+        &format!(
+            "cd {base} && mkdir g && {PYTHON} -c \"for i in range(1, 9): \
+             open('g/f%d' % i, 'w').write('data%d' % i)\""
+        ),
+        stats.path(),
+        // mkdir, eight creates.
+        9,
+    );
+    let (sent_after, skipped_after) = invals(m.path());
+    // The mkdir's name in the root, sent; each file's name and its
+    // lease's grant, skipped.
+    assert_eq!(
+        (sent_after - sent, skipped_after - skipped),
+        (1, 16),
+        "invalidations (sent, skipped)"
+    );
+    for i in 1..=8 {
+        let data = std::fs::read_to_string(m.p(&format!("g/f{i}"))).expect("read");
+        assert_eq!(data, format!("data{i}"));
+    }
+    assert_eq!(report_count(m.path(), "kernel_refs_mismatched"), 0);
+}
+
+/// The file's bytes, read through a mapping of it by a process without
+/// the library (the kernel's page cache).
+fn mapped(p: &Path) -> String {
+    let o = std::process::Command::new(PYTHON)
+        .arg("-c")
+        .arg(
+            "import mmap, sys\n\
+             f = open(sys.argv[1], 'rb')\n\
+             sys.stdout.write(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)[:].decode())\n",
+        )
+        .arg(p)
+        .output()
+        .expect("python");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Leases granted on files the kernel has cached: one made through the
+/// mount, stat'd, read and mapped; one a client made, which the kernel
+/// only listed (READDIRPLUS). The client's writes under the leases show
+/// through the mount at once (sizes, bytes, a new mapping's bytes).
+#[test]
+fn grants_of_files_the_kernel_cached_show_the_writes_at_once() {
+    let pool = Pool::new("inval-grant-cached", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    let stats = stats_file("inval-grant-cached");
+    let base = m.path().display();
+    std::fs::create_dir(m.p("c")).expect("mkdir");
+    std::fs::write(m.p("c/a"), "old").expect("write through the mount");
+    preloaded(
+        &format!("cd {base} && {PYTHON} -c \"open('c/b', 'w').write('old')\""),
+        stats.path(),
+        1,
+    );
+    let size = |rel: &str| std::fs::metadata(m.p(rel)).expect("stat").len();
+    let read = |rel: &str| std::fs::read_to_string(m.p(rel)).expect("read");
+    assert_eq!(size("c/a"), 3);
+    assert_eq!(read("c/a"), "old");
+    assert_eq!(mapped(&m.p("c/a")), "old");
+    let mut names: Vec<_> = std::fs::read_dir(m.p("c"))
+        .expect("list")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["a", "b"]);
+    let lookups = |r: &serde_json::Value| r["ops"]["lookup"]["count"].as_u64().unwrap_or(0);
+    let before = lookups(&stats_json(m.path()).expect("statistics"));
+    assert_eq!(size("c/b"), 3);
+    assert_eq!(
+        lookups(&stats_json(m.path()).expect("statistics")),
+        before,
+        "c/b was looked up: its count is not READDIRPLUS's"
+    );
+    let (sent, _) = invals(m.path());
+    preloaded(
+        &format!(
+            "cd {base} && {PYTHON} -c \"open('c/a', 'w').write('new-longer'); \
+             open('c/b', 'w').write('newer')\""
+        ),
+        stats.path(),
+        // Opens of existing files: no namespace request; the leases are
+        // asked for at the first write.
+        0,
+    );
+    assert_eq!(size("c/a"), 10, "c/a's size");
+    assert_eq!(read("c/a"), "new-longer");
+    assert_eq!(mapped(&m.p("c/a")), "new-longer");
+    assert_eq!(size("c/b"), 5, "listed c/b's size");
+    assert_eq!(read("c/b"), "newer");
+    assert!(
+        invals(m.path()).0 > sent,
+        "nothing sent for files the kernel cached"
+    );
+    assert_eq!(report_count(m.path(), "kernel_refs_mismatched"), 0);
+}
+
 /// Stats through the mount concurrent with the library's chmods of files
 /// the kernel had not seen, in the opposite order, so that the two cross:
 /// files looked up before their chmod need its invalidation, files looked
