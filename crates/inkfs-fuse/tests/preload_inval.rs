@@ -1,8 +1,10 @@
-//! The kernel invalidations of the library's namespace changes
-//! (crates/inkfs-fuse/src/ns.rs, `needed`; docs/KERNEL-FREE.md, "Built:
-//! no invalidation for what the kernel never saw"): a change of names and
-//! inodes the kernel never looked up sends none; one the kernel has cached
-//! (looked up, or listed by READDIRPLUS) shows through the mount at once.
+//! The kernel invalidations of the library's namespace changes and lease
+//! grants (crates/inkfs-fuse/src/inval.rs, `Invalidator::client_changed`;
+//! docs/KERNEL-FREE.md, "Built: no invalidation for what the kernel never
+//! saw"): a change of names and inodes the kernel never looked up sends
+//! none; one the kernel has cached (looked up, or listed by READDIRPLUS)
+//! shows through the mount at once, also while the kernel is still taking
+//! the inode in from a reply.
 
 mod common;
 
