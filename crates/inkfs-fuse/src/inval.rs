@@ -230,7 +230,7 @@ fn send_once(sink: &dyn Sink, ino: u64, off: i64, len: i64) -> io::Result<()> {
 
 /// Between two tries of an invalidation the kernel is taking in: the
 /// first ones only yield (the kernel's thread needs the CPU for a few µs),
-/// then sleeps growing to 1 ms.
+/// then sleeps growing to 1.3 ms.
 fn pause(tries: u32) {
     match tries {
         0..16 => std::thread::yield_now(),
