@@ -16,21 +16,20 @@
 //! a futex only if that thread said it sleeps. The server copies the
 //! request out (the client could change it under the server's feet),
 //! runs it, writes the answer line, and sets `ans` to the request's
-//! number, waking the client only if it sleeps. Each side may wait a
-//! little without sleeping first ([`CLIENT_SPIN`], [`SERVER_SPIN`]), while
-//! that pays in this process (adaptive), and how it waits depends on where
-//! the other side is: each side publishes the CPU it runs on in the ring's
-//! header (`client_cpu`, `server_cpu`: rseq's word, no system call), and
-//! a waiter spins while the other side last ran on another CPU (on a
-//! machine with a core for each, a round trip is then two cache-line
-//! transfers), and yields its CPU while the other side last ran on the
-//! same one, or was just woken by it and has not run yet: there, a spin
-//! only keeps the other side off the CPU it needs (on 2 cores the
+//! number, waking the client only if it sleeps. Each side may spin a
+//! little before it sleeps ([`CLIENT_SPIN`], [`SERVER_SPIN`]), while that
+//! pays in this process (adaptive), and only while the other side may be
+//! running on another CPU: each side publishes the CPU it runs on in the
+//! ring's header (`client_cpu`, `server_cpu`: rseq's word, no system
+//! call). On a machine with a core for each, a round trip is then two
+//! cache-line transfers. While the other side last ran on the waiter's
+//! own CPU, or was just woken by it and has not run yet, it cannot be
+//! running: a spin would only keep it off the CPU it needs (on 2 cores the
 //! scheduler puts a woken thread beside its waker whenever the other core
-//! is busy). A yield that comes back late gave the CPU to another program:
-//! the waiter then sleeps, which the scheduler wakes with priority. At
-//! most half the machine's cores' worth of threads of one process wait
-//! without sleeping at once (one on 2 cores); the others sleep at once.
+//! is busy), so the waiter sleeps at once (`INKFS_RING_SAME_CPU` measures
+//! yielding or spinning there instead). At most half the machine's cores'
+//! worth of threads of one process spin at once (one on 2 cores); the
+//! others sleep at once.
 //!
 //! Sleeping is Dekker's: a side announces it sleeps (`*_sleeps`, SeqCst),
 //! then looks at the word it waits on once more, then waits on it with a
@@ -40,8 +39,8 @@
 //!
 //! The region holds atomics and bytes only: whatever a confused client
 //! stores there, the server reads a bounded, copied request and a length
-//! it clamps, and the CPU and sleep words only choose between spinning and
-//! yielding for at most [`SERVER_SPIN`]. Leases' recalls and the client's `released` answers stay on
+//! it clamps, and the CPU and sleep words only choose whether the server's
+//! thread spins (for at most [`SERVER_SPIN`]) or sleeps. Leases' recalls and the client's `released` answers stay on
 //! the session (a recall must reach a client whose one thread is waiting
 //! here), as do block returns and `unheld`, which need no answer.
 
@@ -56,16 +55,16 @@ use std::time::{Duration, Instant};
 
 use super::lease::LINE_MAX;
 
-/// How long the client waits for an answer before it sleeps, and the
-/// server's thread for the next request after an answer, spinning or
-/// yielding (`linger`). Adaptive (`Spin::take`): a side keeps waiting so
-/// while its waits end with what it waited for, and stops (trying again
-/// now and then) when they do not. Measured on the shared 2-vCPU machine
-/// (bench/results-notes/namespace.md, nsperf.md): spins alone were 2-3x
-/// faster than sleeping at once in some runs and 2-3x slower in others, at
-/// the same load average (both sides on one CPU, the spinner holding off
-/// the side it waited for); yielding there is what the CPU words are for.
-/// `INKFS_RING_SPIN=US` sets both (0: never wait without sleeping).
+/// How long the client spins for an answer before it sleeps, and the
+/// server's thread for the next request after an answer (`linger`: only
+/// while the other side may be running on another CPU). Adaptive
+/// (`Spin::take`): a side keeps spinning while its spins end with what it
+/// waited for, and stops (trying again now and then) when they do not.
+/// Measured on the shared 2-vCPU machine (bench/results-notes/namespace.md,
+/// nsperf.md): spins alone were 2-3x faster than sleeping at once in some
+/// runs and 2-3x slower in others, at the same load average (both sides on
+/// one CPU, the spinner holding off the side it waited for), which is what
+/// the CPU words are for. `INKFS_RING_SPIN=US` sets both (0: never spin).
 pub const CLIENT_SPIN: Duration = Duration::from_micros(30);
 pub const SERVER_SPIN: Duration = Duration::from_micros(30);
 
@@ -84,6 +83,42 @@ fn spin_for(default: Duration) -> Duration {
         default
     } else {
         Duration::from_micros(us as u64)
+    }
+}
+
+/// What a waiter does while the other side shares its CPU, or was just
+/// woken by it and has not run yet (`INKFS_RING_SAME_CPU`, for measuring
+/// one against another): sleep at once (`sleep`, the default), yield the
+/// CPU (`yield`), or spin as when the other side runs elsewhere (`spin`:
+/// the policy before the CPU words). Measured on the shared 2-vCPU
+/// machine at load 7-9 (bench/results-notes/nsperf.md, "Fourth pass"),
+/// sleeping beat yielding: a yield hands the CPU to whichever task the
+/// scheduler picks, often another program's for its whole slice, while a
+/// sleeper woken by the other side preempts such a task.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum SameCpu {
+    Yield,
+    Sleep,
+    Spin,
+}
+
+/// This process's [`SameCpu`].
+fn same_cpu() -> SameCpu {
+    // 0: not read yet; 1 + the variant.
+    static MODE: AtomicUsize = AtomicUsize::new(0);
+    let mut m = MODE.load(Relaxed);
+    if m == 0 {
+        m = match std::env::var("INKFS_RING_SAME_CPU").as_deref() {
+            Ok("yield") => 2,
+            Ok("spin") => 3,
+            _ => 1,
+        };
+        MODE.store(m, Relaxed);
+    }
+    match m {
+        2 => SameCpu::Yield,
+        3 => SameCpu::Spin,
+        _ => SameCpu::Sleep,
     }
 }
 
@@ -173,7 +208,7 @@ struct Header {
     /// The server stopped serving this ring.
     closed: AtomicU32,
     /// The CPU the client last ran on in a call, plus one (0: unknown; a
-    /// client of an older build never sets it). A hint: see [`linger`].
+    /// client of an older build never sets it). A hint for `linger`.
     client_cpu: AtomicU32,
     /// The CPU the server's thread last ran on while awake, plus one.
     server_cpu: AtomicU32,
@@ -246,9 +281,10 @@ fn cpu() -> u32 {
     u32::try_from(c).map_or(0, |c| c.wrapping_add(1))
 }
 
-/// A yield that took longer than this gave the CPU to a third party (a
-/// CPU hog of another program): the peer did not run, so stop lingering
-/// and sleep, whose wake-up the scheduler lets preempt such a hog.
+/// A yield (`INKFS_RING_SAME_CPU=yield`) that took longer than this gave
+/// the CPU to a third party (another program's busy thread): the peer did
+/// not run, so stop and sleep, whose wake-up the scheduler lets preempt
+/// such a thread.
 const YIELD_LOST: Duration = Duration::from_micros(50);
 
 /// One side's words, as [`linger`] uses them.
@@ -262,34 +298,61 @@ struct Peer<'a> {
     they_sleep: &'a AtomicU32,
 }
 
-/// Wait up to `budget` for `ready()` without sleeping (its result: ready
-/// or not). While the other side last ran on another CPU it may be
+/// Wait up to `budget` for `ready()` without sleeping (how it ended:
+/// [`Waited`]). While the other side last ran on another CPU it may be
 /// running there: spin. While it last ran on this one, it cannot be
 /// running (this thread is): a spin would only hold it off its CPU until
-/// the budget or the scheduler's tick ends it, so yield the CPU to it
-/// instead (on 2 cores the two sides share one whenever the machine has
-/// other work: the scheduler's wake-up placement puts a woken thread
-/// beside its waker); so too while the other side, woken by this one, has
-/// not run yet. A yield that comes back late gave the CPU to a third
-/// program instead: stop, and let the caller sleep.
-fn linger(peer: &Peer<'_>, budget: Duration, ready: impl Fn() -> bool) -> bool {
+/// the budget or the scheduler's tick ends it (on 2 cores the two sides
+/// share one whenever the machine has other work: the scheduler's wake-up
+/// placement puts a woken thread beside its waker); so too while the other
+/// side, woken by this one, has not run yet. There, as [`SameCpu`] says:
+/// leave at once for the caller to sleep (the default), or yield the CPU
+/// (a yield that comes back late gave it to a third program: then leave
+/// too), or spin anyway.
+fn linger(peer: &Peer<'_>, budget: Duration, ready: impl Fn() -> bool) -> Waited {
     // SAFETY: no arguments.
-    linger_with(peer, budget, ready, || unsafe {
+    linger_with(peer, budget, same_cpu(), ready, || unsafe {
         libc::sched_yield();
     })
+}
+
+/// How a [`linger`] ended.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Waited {
+    /// With what it waited for.
+    Ready,
+    /// Without: the budget ran out, or a yield came back late.
+    Out,
+    /// At once, to sleep: the other side shares this CPU
+    /// (`INKFS_RING_SAME_CPU=sleep`).
+    Here,
+}
+
+impl Spin {
+    /// End a turn as `linger` ended it (a wait given up for the other
+    /// side's CPU says nothing of whether waiting pays).
+    fn ended(self, w: Waited) {
+        match w {
+            Waited::Ready => self.end(true),
+            Waited::Out => self.end(false),
+            Waited::Here => {}
+        }
+    }
 }
 
 /// [`linger`], with the yield given (the tests count them).
 fn linger_with(
     peer: &Peer<'_>,
     budget: Duration,
+    mode: SameCpu,
     ready: impl Fn() -> bool,
     mut yield_now: impl FnMut(),
-) -> bool {
+) -> Waited {
     let until = Instant::now() + budget;
+    let out = |ready: &dyn Fn() -> bool| if ready() { Waited::Ready } else { Waited::Out };
     loop {
         if ready() {
-            return true;
+            return Waited::Ready;
         }
         let me = cpu();
         peer.mine.store(me, Relaxed);
@@ -297,19 +360,23 @@ fn linger_with(
         // most likely queued on this CPU too, where a waker's CPU is the
         // scheduler's first choice.
         let here = me != 0 && peer.theirs.load(Relaxed) == me;
-        if here || peer.they_sleep.load(Relaxed) != 0 {
+        let shared = here || peer.they_sleep.load(Relaxed) != 0;
+        if shared && mode == SameCpu::Sleep {
+            return Waited::Here;
+        }
+        if shared && mode == SameCpu::Yield {
             let t = Instant::now();
             yield_now();
             let now = Instant::now();
             if now - t > YIELD_LOST || now >= until {
-                return ready();
+                return out(&ready);
             }
         } else {
             for _ in 0..32 {
                 std::hint::spin_loop();
             }
             if Instant::now() >= until {
-                return ready();
+                return out(&ready);
             }
         }
     }
@@ -437,7 +504,7 @@ impl<'a> Ring<'a> {
                     theirs: &h.server_cpu,
                     they_sleep: &h.server_sleeps,
                 };
-                s.end(linger(&peer, spin_for(CLIENT_SPIN), ready));
+                s.ended(linger(&peer, spin_for(CLIENT_SPIN), ready));
             }
         }
         loop {
@@ -474,7 +541,7 @@ impl<'a> Ring<'a> {
                     theirs: &h.client_cpu,
                     they_sleep: &h.client_sleeps,
                 };
-                s.end(linger(&peer, spin_for(SERVER_SPIN), ready));
+                s.ended(linger(&peer, spin_for(SERVER_SPIN), ready));
             }
         }
         loop {
@@ -605,7 +672,9 @@ mod tests {
     }
 
     #[test]
-    fn a_waiter_yields_to_a_peer_on_its_cpu_and_spins_for_one_elsewhere() {
+    fn a_waiter_leaves_the_cpu_to_a_peer_on_it_and_spins_for_one_elsewhere() {
+        use SameCpu::{Sleep, Spin, Yield};
+        use Waited::{Here, Out, Ready};
         let c = pin_here();
         assert_eq!(cpu(), c as u32 + 1, "sched_getcpu disagrees with the pin");
         let (mine, theirs, sleeps) = (AtomicU32::new(0), AtomicU32::new(0), AtomicU32::new(0));
@@ -618,12 +687,12 @@ mod tests {
         let yields = std::cell::Cell::new(0);
         let count = || yields.set(yields.get() + 1);
         // Ready already: no wait at all.
-        assert!(linger_with(&peer, budget, || true, count));
+        assert_eq!(linger_with(&peer, budget, Yield, || true, count), Ready);
         assert_eq!(yields.get(), 0);
         // The peer last ran on another CPU: spin out the budget, no yield.
         theirs.store(c as u32 + 2, SeqCst);
         let t = Instant::now();
-        assert!(!linger_with(&peer, budget, || false, count));
+        assert_eq!(linger_with(&peer, budget, Yield, || false, count), Out);
         assert!(t.elapsed() >= budget);
         assert_eq!(yields.get(), 0);
         assert_eq!(
@@ -633,17 +702,27 @@ mod tests {
         );
         // On this CPU: yields until the budget ends.
         theirs.store(c as u32 + 1, SeqCst);
-        assert!(!linger_with(&peer, budget, || false, count));
+        assert_eq!(linger_with(&peer, budget, Yield, || false, count), Out);
         assert!(yields.get() > 0);
+        // ... or sleeps at once, or spins, as the mode says.
+        yields.set(0);
+        assert_eq!(linger_with(&peer, budget, Sleep, || false, count), Here);
+        let t = Instant::now();
+        assert_eq!(linger_with(&peer, budget, Spin, || false, count), Out);
+        assert!(t.elapsed() >= budget);
+        assert_eq!(yields.get(), 0);
         // Elsewhere, but woken and not run since: yields too.
         theirs.store(c as u32 + 2, SeqCst);
         sleeps.store(1, SeqCst);
-        yields.set(0);
-        assert!(!linger_with(&peer, budget, || false, count));
+        assert_eq!(linger_with(&peer, budget, Yield, || false, count), Out);
         assert!(yields.get() > 0);
         // What the peer sent during a yield ends the wait with it.
         let sent = std::cell::Cell::new(false);
-        assert!(linger_with(&peer, budget, || sent.get(), || sent.set(true)));
+        let send = || sent.set(true);
+        assert_eq!(
+            linger_with(&peer, budget, Yield, || sent.get(), send),
+            Ready
+        );
         // A yield that came back late (a third program had the CPU): one
         // yield, then the caller sleeps, however much budget is left.
         yields.set(0);
@@ -651,7 +730,8 @@ mod tests {
             yields.set(yields.get() + 1);
             std::thread::sleep(YIELD_LOST * 2);
         };
-        assert!(!linger_with(&peer, Duration::from_secs(5), || false, slow));
+        let long = Duration::from_secs(5);
+        assert_eq!(linger_with(&peer, long, Yield, || false, slow), Out);
         assert_eq!(yields.get(), 1);
     }
 
