@@ -16,20 +16,22 @@
 //! a futex only if that thread said it sleeps. The server copies the
 //! request out (the client could change it under the server's feet),
 //! runs it, writes the answer line, and sets `ans` to the request's
-//! number, waking the client only if it sleeps. Each side may spin a
-//! little before it sleeps ([`CLIENT_SPIN`], [`SERVER_SPIN`]), while that
-//! pays in this process (adaptive), and only while the other side may be
-//! running on another CPU: each side publishes the CPU it runs on in the
-//! ring's header (`client_cpu`, `server_cpu`: rseq's word, no system
-//! call). On a machine with a core for each, a round trip is then two
-//! cache-line transfers. While the other side last ran on the waiter's
-//! own CPU, or was just woken by it and has not run yet, it cannot be
-//! running: a spin would only keep it off the CPU it needs (on 2 cores the
-//! scheduler puts a woken thread beside its waker whenever the other core
-//! is busy), so the waiter sleeps at once (`INKFS_RING_SAME_CPU` measures
-//! yielding or spinning there instead). At most half the machine's cores'
-//! worth of threads of one process spin at once (one on 2 cores); the
-//! others sleep at once.
+//! number, waking the client only if it sleeps. Each side may wait a
+//! little without sleeping first ([`CLIENT_SPIN`], [`SERVER_SPIN`]), while
+//! that pays in this process (adaptive), and how depends on where the
+//! other side is: each side publishes the CPU it runs on in the ring's
+//! header (`client_cpu`, `server_cpu`: rseq's word, no system call). A
+//! waiter spins while the other side last ran on another CPU (on a
+//! machine with a core for each, a round trip is then two cache-line
+//! transfers). While the other side last ran on the waiter's own CPU, or
+//! was just woken by it and has not run yet, it cannot be running: a spin
+//! would only keep it off the CPU it needs (on 2 cores the scheduler puts
+//! a woken thread beside its waker whenever the other core is busy), so
+//! the waiter yields its CPU; a yield that comes back late gave the CPU
+//! to another program, and the waiter sleeps (`INKFS_RING_SAME_CPU`
+//! measures sleeping or spinning there instead). At most half the
+//! machine's cores' worth of threads of one process wait without sleeping
+//! at once (one on 2 cores); the others sleep at once.
 //!
 //! Sleeping is Dekker's: a side announces it sleeps (`*_sleeps`, SeqCst),
 //! then looks at the word it waits on once more, then waits on it with a
@@ -40,7 +42,7 @@
 //! The region holds atomics and bytes only: whatever a confused client
 //! stores there, the server reads a bounded, copied request and a length
 //! it clamps, and the CPU and sleep words only choose whether the server's
-//! thread spins (for at most [`SERVER_SPIN`]) or sleeps. Leases' recalls and the client's `released` answers stay on
+//! thread spins or yields (for at most [`SERVER_SPIN`]) or sleeps. Leases' recalls and the client's `released` answers stay on
 //! the session (a recall must reach a client whose one thread is waiting
 //! here), as do block returns and `unheld`, which need no answer.
 
@@ -55,16 +57,16 @@ use std::time::{Duration, Instant};
 
 use super::lease::LINE_MAX;
 
-/// How long the client spins for an answer before it sleeps, and the
-/// server's thread for the next request after an answer (`linger`: only
-/// while the other side may be running on another CPU). Adaptive
-/// (`Spin::take`): a side keeps spinning while its spins end with what it
-/// waited for, and stops (trying again now and then) when they do not.
-/// Measured on the shared 2-vCPU machine (bench/results-notes/namespace.md,
-/// nsperf.md): spins alone were 2-3x faster than sleeping at once in some
-/// runs and 2-3x slower in others, at the same load average (both sides on
-/// one CPU, the spinner holding off the side it waited for), which is what
-/// the CPU words are for. `INKFS_RING_SPIN=US` sets both (0: never spin).
+/// How long the client waits for an answer before it sleeps, and the
+/// server's thread for the next request after an answer, spinning or
+/// yielding (`linger`). Adaptive (`Spin::take`): a side keeps waiting so
+/// while its waits end with what it waited for, and stops (trying again
+/// now and then) when they do not. Measured on the shared 2-vCPU machine
+/// (bench/results-notes/namespace.md, nsperf.md): spins alone were 2-3x
+/// faster than sleeping at once in some runs and 2-3x slower in others, at
+/// the same load average (both sides on one CPU, the spinner holding off
+/// the side it waited for), which is what the CPU words are for.
+/// `INKFS_RING_SPIN=US` sets both (0: never wait without sleeping).
 pub const CLIENT_SPIN: Duration = Duration::from_micros(30);
 pub const SERVER_SPIN: Duration = Duration::from_micros(30);
 
@@ -86,15 +88,13 @@ fn spin_for(default: Duration) -> Duration {
     }
 }
 
-/// What a waiter does while the other side shares its CPU, or was just
-/// woken by it and has not run yet (`INKFS_RING_SAME_CPU`, for measuring
-/// one against another): sleep at once (`sleep`, the default), yield the
-/// CPU (`yield`), or spin as when the other side runs elsewhere (`spin`:
-/// the policy before the CPU words). Measured on the shared 2-vCPU
-/// machine at load 7-9 (bench/results-notes/nsperf.md, "Fourth pass"),
-/// sleeping beat yielding: a yield hands the CPU to whichever task the
-/// scheduler picks, often another program's for its whole slice, while a
-/// sleeper woken by the other side preempts such a task.
+/// What a waiter does while the other side shares its CPU
+/// (`INKFS_RING_SAME_CPU`, for measuring one against another): yield the
+/// CPU (`yield`, the default), sleep at once (`sleep`), or spin as when
+/// the other side runs elsewhere (`spin`: the policy before the CPU
+/// words). While the other side was just woken by the waiter and has not
+/// run yet, `yield` and `sleep` both yield. Measured on the shared 2-vCPU
+/// machine (bench/results-notes/nsperf.md, "Fourth pass").
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum SameCpu {
     Yield,
@@ -109,16 +109,16 @@ fn same_cpu() -> SameCpu {
     let mut m = MODE.load(Relaxed);
     if m == 0 {
         m = match std::env::var("INKFS_RING_SAME_CPU").as_deref() {
-            Ok("yield") => 2,
+            Ok("sleep") => 2,
             Ok("spin") => 3,
             _ => 1,
         };
         MODE.store(m, Relaxed);
     }
     match m {
-        2 => SameCpu::Yield,
+        2 => SameCpu::Sleep,
         3 => SameCpu::Spin,
-        _ => SameCpu::Sleep,
+        _ => SameCpu::Yield,
     }
 }
 
@@ -304,11 +304,11 @@ struct Peer<'a> {
 /// running (this thread is): a spin would only hold it off its CPU until
 /// the budget or the scheduler's tick ends it (on 2 cores the two sides
 /// share one whenever the machine has other work: the scheduler's wake-up
-/// placement puts a woken thread beside its waker); so too while the other
-/// side, woken by this one, has not run yet. There, as [`SameCpu`] says:
-/// leave at once for the caller to sleep (the default), or yield the CPU
-/// (a yield that comes back late gave it to a third program: then leave
-/// too), or spin anyway.
+/// placement puts a woken thread beside its waker). So yield the CPU to it
+/// (or, as [`SameCpu`] says, leave for the caller to sleep, or spin
+/// anyway); so too while the other side, woken by this one, has not run
+/// yet. A yield that comes back late gave the CPU to a third program:
+/// then leave too, and let the caller sleep.
 fn linger(peer: &Peer<'_>, budget: Duration, ready: impl Fn() -> bool) -> Waited {
     // SAFETY: no arguments.
     linger_with(peer, budget, same_cpu(), ready, || unsafe {
@@ -323,7 +323,7 @@ enum Waited {
     Ready,
     /// Without: the budget ran out, or a yield came back late.
     Out,
-    /// At once, to sleep: the other side shares this CPU
+    /// At once, to sleep: the other side last ran on this CPU
     /// (`INKFS_RING_SAME_CPU=sleep`).
     Here,
 }
@@ -360,11 +360,16 @@ fn linger_with(
         // most likely queued on this CPU too, where a waker's CPU is the
         // scheduler's first choice.
         let here = me != 0 && peer.theirs.load(Relaxed) == me;
-        let shared = here || peer.they_sleep.load(Relaxed) != 0;
-        if shared && mode == SameCpu::Sleep {
+        // Sleeping for a peer only just woken would be catching: it would
+        // find this side asleep in turn, and sleep too, and so on for
+        // every request after (measured: 2-3x slower than main). So a
+        // woken peer is yielded to in either mode: if it runs elsewhere
+        // the yield comes back at once and the next turn spins.
+        let woken = peer.they_sleep.load(Relaxed) != 0;
+        if here && mode == SameCpu::Sleep {
             return Waited::Here;
         }
-        if shared && mode == SameCpu::Yield {
+        if (here || woken) && mode != SameCpu::Spin {
             let t = Instant::now();
             yield_now();
             let now = Instant::now();
@@ -711,10 +716,15 @@ mod tests {
         assert_eq!(linger_with(&peer, budget, Spin, || false, count), Out);
         assert!(t.elapsed() >= budget);
         assert_eq!(yields.get(), 0);
-        // Elsewhere, but woken and not run since: yields too.
+        // Elsewhere, but woken and not run since: yields too, in the
+        // sleeping mode as well (a sleep there would be answered by a
+        // sleep: see linger_with).
         theirs.store(c as u32 + 2, SeqCst);
         sleeps.store(1, SeqCst);
         assert_eq!(linger_with(&peer, budget, Yield, || false, count), Out);
+        assert!(yields.get() > 0);
+        yields.set(0);
+        assert_eq!(linger_with(&peer, budget, Sleep, || false, count), Out);
         assert!(yields.get() > 0);
         // What the peer sent during a yield ends the wait with it.
         let sent = std::cell::Cell::new(false);
