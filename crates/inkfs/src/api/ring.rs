@@ -16,22 +16,19 @@
 //! a futex only if that thread said it sleeps. The server copies the
 //! request out (the client could change it under the server's feet),
 //! runs it, writes the answer line, and sets `ans` to the request's
-//! number, waking the client only if it sleeps. Each side may wait a
-//! little without sleeping first ([`CLIENT_SPIN`], [`SERVER_SPIN`]), while
-//! that pays in this process (adaptive), and how depends on where the
-//! other side is: each side publishes the CPU it runs on in the ring's
-//! header (`client_cpu`, `server_cpu`: rseq's word, no system call). A
-//! waiter spins while the other side last ran on another CPU (on a
-//! machine with a core for each, a round trip is then two cache-line
-//! transfers). While the other side last ran on the waiter's own CPU, or
-//! was just woken by it and has not run yet, it cannot be running: a spin
-//! would only keep it off the CPU it needs (on 2 cores the scheduler puts
-//! a woken thread beside its waker whenever the other core is busy), so
-//! the waiter yields its CPU; a yield that comes back late gave the CPU
-//! to another program, and the waiter sleeps (`INKFS_RING_SAME_CPU`
-//! measures sleeping or spinning there instead). At most half the
-//! machine's cores' worth of threads of one process wait without sleeping
-//! at once (one on 2 cores); the others sleep at once.
+//! number, waking the client only if it sleeps. Each side may spin a
+//! little first ([`CLIENT_SPIN`], [`SERVER_SPIN`]), while spinning pays
+//! in this process (adaptive): on a machine with a core for each, a round
+//! trip is then two cache-line transfers. Each side also publishes the
+//! CPU it runs on in the ring's header (`client_cpu`, `server_cpu`: rseq's
+//! word, no system call), so that a waiter can tell when the other side
+//! shares its CPU and cannot be running: `INKFS_RING_SAME_CPU=yield` or
+//! `=sleep` then yields the CPU or sleeps instead of spinning. Both were
+//! measured against the spin and lost or tied (bench/results-notes/
+//! nsperf.md, "Fourth pass"), so the spin stays the default. At most half
+//! the machine's cores' worth of threads of one process spin at once (one
+//! on 2 cores): a spinner takes a core from the program, or from the other
+//! side it waits for; the others sleep at once.
 //!
 //! Sleeping is Dekker's: a side announces it sleeps (`*_sleeps`, SeqCst),
 //! then looks at the word it waits on once more, then waits on it with a
@@ -42,7 +39,8 @@
 //! The region holds atomics and bytes only: whatever a confused client
 //! stores there, the server reads a bounded, copied request and a length
 //! it clamps, and the CPU and sleep words only choose whether the server's
-//! thread spins or yields (for at most [`SERVER_SPIN`]) or sleeps. Leases' recalls and the client's `released` answers stay on
+//! thread spins or yields (for at most [`SERVER_SPIN`]) or sleeps, when
+//! `INKFS_RING_SAME_CPU` asks it to look at them. Leases' recalls and the client's `released` answers stay on
 //! the session (a recall must reach a client whose one thread is waiting
 //! here), as do block returns and `unheld`, which need no answer.
 
@@ -57,16 +55,14 @@ use std::time::{Duration, Instant};
 
 use super::lease::LINE_MAX;
 
-/// How long the client waits for an answer before it sleeps, and the
-/// server's thread for the next request after an answer, spinning or
-/// yielding (`linger`). Adaptive (`Spin::take`): a side keeps waiting so
-/// while its waits end with what it waited for, and stops (trying again
-/// now and then) when they do not. Measured on the shared 2-vCPU machine
-/// (bench/results-notes/namespace.md, nsperf.md): spins alone were 2-3x
+/// How long the client spins for an answer before it sleeps, and the
+/// server's thread for the next request after an answer (`linger`).
+/// Adaptive (`Spin::take`): a side keeps spinning while its spins end with
+/// what it waited for, and stops (trying again now and then) when they do
+/// not (the other side is off its core). Measured on the shared 2-vCPU
+/// machine (bench/results-notes/namespace.md): fixed spins were 2-3x
 /// faster than sleeping at once in some runs and 2-3x slower in others, at
-/// the same load average (both sides on one CPU, the spinner holding off
-/// the side it waited for), which is what the CPU words are for.
-/// `INKFS_RING_SPIN=US` sets both (0: never wait without sleeping).
+/// the same load average. `INKFS_RING_SPIN=US` sets both (0: never spin).
 pub const CLIENT_SPIN: Duration = Duration::from_micros(30);
 pub const SERVER_SPIN: Duration = Duration::from_micros(30);
 
@@ -89,12 +85,13 @@ fn spin_for(default: Duration) -> Duration {
 }
 
 /// What a waiter does while the other side shares its CPU
-/// (`INKFS_RING_SAME_CPU`, for measuring one against another): yield the
-/// CPU (`yield`, the default), sleep at once (`sleep`), or spin as when
-/// the other side runs elsewhere (`spin`: the policy before the CPU
-/// words). While the other side was just woken by the waiter and has not
-/// run yet, `yield` and `sleep` both yield. Measured on the shared 2-vCPU
-/// machine (bench/results-notes/nsperf.md, "Fourth pass").
+/// (`INKFS_RING_SAME_CPU`, for measuring one against another): spin as
+/// when the other side runs elsewhere (`spin`, the default: the policy
+/// before the CPU words), yield the CPU (`yield`), or sleep at once
+/// (`sleep`; a just-woken other side is yielded to). Measured on the
+/// shared 2-vCPU machine (bench/results-notes/nsperf.md, "Fourth pass"):
+/// neither alternative beat the spin there, yielding within the spread of
+/// it, sleeping slower.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum SameCpu {
     Yield,
@@ -110,15 +107,15 @@ fn same_cpu() -> SameCpu {
     if m == 0 {
         m = match std::env::var("INKFS_RING_SAME_CPU").as_deref() {
             Ok("sleep") => 2,
-            Ok("spin") => 3,
+            Ok("yield") => 3,
             _ => 1,
         };
         MODE.store(m, Relaxed);
     }
     match m {
         2 => SameCpu::Sleep,
-        3 => SameCpu::Spin,
-        _ => SameCpu::Yield,
+        3 => SameCpu::Yield,
+        _ => SameCpu::Spin,
     }
 }
 
@@ -281,7 +278,7 @@ fn cpu() -> u32 {
     u32::try_from(c).map_or(0, |c| c.wrapping_add(1))
 }
 
-/// A yield (`INKFS_RING_SAME_CPU=yield`) that took longer than this gave
+/// A yield (`INKFS_RING_SAME_CPU=yield` or `=sleep`) that took longer than this gave
 /// the CPU to a third party (another program's busy thread): the peer did
 /// not run, so stop and sleep, whose wake-up the scheduler lets preempt
 /// such a thread.
@@ -299,16 +296,17 @@ struct Peer<'a> {
 }
 
 /// Wait up to `budget` for `ready()` without sleeping (how it ended:
-/// [`Waited`]). While the other side last ran on another CPU it may be
-/// running there: spin. While it last ran on this one, it cannot be
-/// running (this thread is): a spin would only hold it off its CPU until
-/// the budget or the scheduler's tick ends it (on 2 cores the two sides
-/// share one whenever the machine has other work: the scheduler's wake-up
-/// placement puts a woken thread beside its waker). So yield the CPU to it
-/// (or, as [`SameCpu`] says, leave for the caller to sleep, or spin
-/// anyway); so too while the other side, woken by this one, has not run
-/// yet. A yield that comes back late gave the CPU to a third program:
-/// then leave too, and let the caller sleep.
+/// [`Waited`]), publishing this side's CPU. By default it spins. With
+/// `INKFS_RING_SAME_CPU` set ([`SameCpu`]), it spins only while the other
+/// side last ran on another CPU, and so may be running there; while it
+/// last ran on this one it cannot be running (this thread is), and a spin
+/// only holds it off the CPU until the budget or the scheduler's tick ends
+/// it (on 2 cores the two sides share one whenever the machine has other
+/// work: the scheduler's wake-up placement puts a woken thread beside its
+/// waker): there it yields the CPU, or leaves for the caller to sleep; so
+/// too while the other side, woken by this one, has not run yet. A yield
+/// that comes back late gave the CPU to a third program: then it leaves
+/// too, and the caller sleeps.
 fn linger(peer: &Peer<'_>, budget: Duration, ready: impl Fn() -> bool) -> Waited {
     // SAFETY: no arguments.
     linger_with(peer, budget, same_cpu(), ready, || unsafe {
