@@ -40,9 +40,10 @@
 //! stores there, the server reads a bounded, copied request and a length
 //! it clamps, and the CPU and sleep words only choose whether the server's
 //! thread spins or yields (for at most [`SERVER_SPIN`]) or sleeps, when
-//! `INKFS_RING_SAME_CPU` asks it to look at them. Leases' recalls and the client's `released` answers stay on
-//! the session (a recall must reach a client whose one thread is waiting
-//! here), as do block returns and `unheld`, which need no answer.
+//! `INKFS_RING_SAME_CPU` asks it to look at them. Leases' recalls and the
+//! client's `released` answers stay on the session (a recall must reach a
+//! client whose one thread is waiting here), as do block returns and
+//! `unheld`, which need no answer.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -278,10 +279,10 @@ fn cpu() -> u32 {
     u32::try_from(c).map_or(0, |c| c.wrapping_add(1))
 }
 
-/// A yield (`INKFS_RING_SAME_CPU=yield` or `=sleep`) that took longer than this gave
-/// the CPU to a third party (another program's busy thread): the peer did
-/// not run, so stop and sleep, whose wake-up the scheduler lets preempt
-/// such a thread.
+/// A yield (`INKFS_RING_SAME_CPU=yield` or `=sleep`) that took longer
+/// than this gave the CPU to a third party (another program's busy
+/// thread): the peer did not run, so stop and sleep, whose wake-up the
+/// scheduler lets preempt such a thread.
 const YIELD_LOST: Duration = Duration::from_micros(50);
 
 /// One side's words, as [`linger`] uses them.
@@ -354,15 +355,14 @@ fn linger_with(
         }
         let me = cpu();
         peer.mine.store(me, Relaxed);
-        // Woken by this side and not run since (`they_sleep` still set):
-        // most likely queued on this CPU too, where a waker's CPU is the
-        // scheduler's first choice.
         let here = me != 0 && peer.theirs.load(Relaxed) == me;
-        // Sleeping for a peer only just woken would be catching: it would
-        // find this side asleep in turn, and sleep too, and so on for
-        // every request after (measured: 2-3x slower than main). So a
-        // woken peer is yielded to in either mode: if it runs elsewhere
-        // the yield comes back at once and the next turn spins.
+        // Woken by this side and not run since (`they_sleep` still set):
+        // perhaps queued on this CPU, a waker's CPU being the scheduler's
+        // first choice when the other is busy. Sleeping for it would be
+        // catching: it would find this side asleep in turn, and sleep
+        // too, and so on for every request after (measured: 2-3x slower
+        // than main). So it is yielded to in either mode: if it runs
+        // elsewhere the yield comes back at once and the next turn spins.
         let woken = peer.they_sleep.load(Relaxed) != 0;
         if here && mode == SameCpu::Sleep {
             return Waited::Here;
