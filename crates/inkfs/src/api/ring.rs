@@ -19,10 +19,16 @@
 //! number, waking the client only if it sleeps. Each side may spin a
 //! little first ([`CLIENT_SPIN`], [`SERVER_SPIN`]), while spinning pays
 //! in this process (adaptive): on a machine with a core for each, a round
-//! trip is then two cache-line transfers. At most half the machine's
-//! cores' worth of threads of one process spin at once (one on 2 cores):
-//! a spinner takes a core from the program, or from the other side it
-//! waits for; the others sleep at once.
+//! trip is then two cache-line transfers. Each side also publishes the
+//! CPU it runs on in the ring's header (`client_cpu`, `server_cpu`: rseq's
+//! word, no system call), so that a waiter can tell when the other side
+//! shares its CPU and cannot be running: `INKFS_RING_SAME_CPU=yield` or
+//! `=sleep` then yields the CPU or sleeps instead of spinning. Both were
+//! measured against the spin and lost or tied (bench/results-notes/
+//! nsperf.md, "Fourth pass"), so the spin stays the default. At most half
+//! the machine's cores' worth of threads of one process spin at once (one
+//! on 2 cores): a spinner takes a core from the program, or from the other
+//! side it waits for; the others sleep at once.
 //!
 //! Sleeping is Dekker's: a side announces it sleeps (`*_sleeps`, SeqCst),
 //! then looks at the word it waits on once more, then waits on it with a
@@ -32,9 +38,12 @@
 //!
 //! The region holds atomics and bytes only: whatever a confused client
 //! stores there, the server reads a bounded, copied request and a length
-//! it clamps. Leases' recalls and the client's `released` answers stay on
-//! the session (a recall must reach a client whose one thread is waiting
-//! here), as do block returns and `unheld`, which need no answer.
+//! it clamps, and the CPU and sleep words only choose whether the server's
+//! thread spins or yields (for at most [`SERVER_SPIN`]) or sleeps, when
+//! `INKFS_RING_SAME_CPU` asks it to look at them. Leases' recalls and the
+//! client's `released` answers stay on the session (a recall must reach a
+//! client whose one thread is waiting here), as do block returns and
+//! `unheld`, which need no answer.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -48,13 +57,13 @@ use std::time::{Duration, Instant};
 use super::lease::LINE_MAX;
 
 /// How long the client spins for an answer before it sleeps, and the
-/// server's thread for the next request after an answer. Adaptive
-/// (`Spin::take`): a side keeps spinning while its spins end with what
-/// it waited for, and stops (trying again now and then) when they do not
-/// (the other side is off its core). Measured on the shared 2-vCPU machine
-/// (bench/results-notes/namespace.md): fixed spins were 2-3x faster than
-/// sleeping at once in some runs and 2-3x slower in others, at the same
-/// load average. `INKFS_RING_SPIN=US` sets both (0: never spin).
+/// server's thread for the next request after an answer (`linger`).
+/// Adaptive (`Spin::take`): a side keeps spinning while its spins end with
+/// what it waited for, and stops (trying again now and then) when they do
+/// not (the other side is off its core). Measured on the shared 2-vCPU
+/// machine (bench/results-notes/namespace.md): fixed spins were 2-3x
+/// faster than sleeping at once in some runs and 2-3x slower in others, at
+/// the same load average. `INKFS_RING_SPIN=US` sets both (0: never spin).
 pub const CLIENT_SPIN: Duration = Duration::from_micros(30);
 pub const SERVER_SPIN: Duration = Duration::from_micros(30);
 
@@ -73,6 +82,41 @@ fn spin_for(default: Duration) -> Duration {
         default
     } else {
         Duration::from_micros(us as u64)
+    }
+}
+
+/// What a waiter does while the other side shares its CPU
+/// (`INKFS_RING_SAME_CPU`, for measuring one against another): spin as
+/// when the other side runs elsewhere (`spin`, the default: the policy
+/// before the CPU words), yield the CPU (`yield`), or sleep at once
+/// (`sleep`; a just-woken other side is yielded to). Measured on the
+/// shared 2-vCPU machine (bench/results-notes/nsperf.md, "Fourth pass"):
+/// neither alternative beat the spin there, yielding within the spread of
+/// it, sleeping slower.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum SameCpu {
+    Yield,
+    Sleep,
+    Spin,
+}
+
+/// This process's [`SameCpu`].
+fn same_cpu() -> SameCpu {
+    // 0: not read yet; 1 + the variant.
+    static MODE: AtomicUsize = AtomicUsize::new(0);
+    let mut m = MODE.load(Relaxed);
+    if m == 0 {
+        m = match std::env::var("INKFS_RING_SAME_CPU").as_deref() {
+            Ok("sleep") => 2,
+            Ok("yield") => 3,
+            _ => 1,
+        };
+        MODE.store(m, Relaxed);
+    }
+    match m {
+        2 => SameCpu::Sleep,
+        3 => SameCpu::Yield,
+        _ => SameCpu::Spin,
     }
 }
 
@@ -161,6 +205,11 @@ struct Header {
     client_sleeps: AtomicU32,
     /// The server stopped serving this ring.
     closed: AtomicU32,
+    /// The CPU the client last ran on in a call, plus one (0: unknown; a
+    /// client of an older build never sets it). A hint for `linger`.
+    client_cpu: AtomicU32,
+    /// The CPU the server's thread last ran on while awake, plus one.
+    server_cpu: AtomicU32,
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() <= 4096);
@@ -220,6 +269,120 @@ fn wake(word: &AtomicU32) {
 /// Wait until `word` is no longer `seen` (or `slice` passed).
 fn sleep_on(word: &AtomicU32, seen: u32, slice: Duration) {
     futex(word, libc::FUTEX_WAIT, seen, Some(slice));
+}
+
+/// The CPU this thread runs on, plus one (0: unknown). glibc reads it
+/// from the thread's rseq area: no system call.
+fn cpu() -> u32 {
+    // SAFETY: no arguments, no memory handed over.
+    let c = unsafe { libc::sched_getcpu() };
+    u32::try_from(c).map_or(0, |c| c.wrapping_add(1))
+}
+
+/// A yield (`INKFS_RING_SAME_CPU=yield` or `=sleep`) that took longer
+/// than this gave the CPU to a third party (another program's busy
+/// thread): the peer did not run, so stop and sleep, whose wake-up the
+/// scheduler lets preempt such a thread.
+const YIELD_LOST: Duration = Duration::from_micros(50);
+
+/// One side's words, as [`linger`] uses them.
+struct Peer<'a> {
+    /// Where this side publishes its CPU.
+    mine: &'a AtomicU32,
+    /// Where the other side publishes its CPU.
+    theirs: &'a AtomicU32,
+    /// The other side's sleep announcement (set: this side woke it, and
+    /// it has not run since).
+    they_sleep: &'a AtomicU32,
+}
+
+/// Wait up to `budget` for `ready()` without sleeping (how it ended:
+/// [`Waited`]), publishing this side's CPU. By default it spins. With
+/// `INKFS_RING_SAME_CPU` set ([`SameCpu`]), it spins only while the other
+/// side last ran on another CPU, and so may be running there; while it
+/// last ran on this one it cannot be running (this thread is), and a spin
+/// only holds it off the CPU until the budget or the scheduler's tick ends
+/// it (on 2 cores the two sides share one whenever the machine has other
+/// work: the scheduler's wake-up placement puts a woken thread beside its
+/// waker): there it yields the CPU, or leaves for the caller to sleep; so
+/// too while the other side, woken by this one, has not run yet. A yield
+/// that comes back late gave the CPU to a third program: then it leaves
+/// too, and the caller sleeps.
+fn linger(peer: &Peer<'_>, budget: Duration, ready: impl Fn() -> bool) -> Waited {
+    // SAFETY: no arguments.
+    linger_with(peer, budget, same_cpu(), ready, || unsafe {
+        libc::sched_yield();
+    })
+}
+
+/// How a [`linger`] ended.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Waited {
+    /// With what it waited for.
+    Ready,
+    /// Without: the budget ran out, or a yield came back late.
+    Out,
+    /// At once, to sleep: the other side last ran on this CPU
+    /// (`INKFS_RING_SAME_CPU=sleep`).
+    Here,
+}
+
+impl Spin {
+    /// End a turn as `linger` ended it (a wait given up for the other
+    /// side's CPU says nothing of whether waiting pays).
+    fn ended(self, w: Waited) {
+        match w {
+            Waited::Ready => self.end(true),
+            Waited::Out => self.end(false),
+            Waited::Here => {}
+        }
+    }
+}
+
+/// [`linger`], with the yield given (the tests count them).
+fn linger_with(
+    peer: &Peer<'_>,
+    budget: Duration,
+    mode: SameCpu,
+    ready: impl Fn() -> bool,
+    mut yield_now: impl FnMut(),
+) -> Waited {
+    let until = Instant::now() + budget;
+    let out = |ready: &dyn Fn() -> bool| if ready() { Waited::Ready } else { Waited::Out };
+    loop {
+        if ready() {
+            return Waited::Ready;
+        }
+        let me = cpu();
+        peer.mine.store(me, Relaxed);
+        let here = me != 0 && peer.theirs.load(Relaxed) == me;
+        // Woken by this side and not run since (`they_sleep` still set):
+        // perhaps queued on this CPU, a waker's CPU being the scheduler's
+        // first choice when the other is busy. Sleeping for it would be
+        // catching: it would find this side asleep in turn, and sleep
+        // too, and so on for every request after (measured: 2-3x slower
+        // than main). So it is yielded to in either mode: if it runs
+        // elsewhere the yield comes back at once and the next turn spins.
+        let woken = peer.they_sleep.load(Relaxed) != 0;
+        if here && mode == SameCpu::Sleep {
+            return Waited::Here;
+        }
+        if (here || woken) && mode != SameCpu::Spin {
+            let t = Instant::now();
+            yield_now();
+            let now = Instant::now();
+            if now - t > YIELD_LOST || now >= until {
+                return out(&ready);
+            }
+        } else {
+            for _ in 0..32 {
+                std::hint::spin_loop();
+            }
+            if Instant::now() >= until {
+                return out(&ready);
+            }
+        }
+    }
 }
 
 impl RingSet {
@@ -335,26 +498,25 @@ impl<'a> Ring<'a> {
         if h.server_sleeps.load(SeqCst) != 0 {
             wake(&h.req);
         }
-        let budget = spin_for(CLIENT_SPIN);
-        let mut spin = Spin::take(budget);
-        let spin_until = Instant::now() + budget;
+        let ready = || h.ans.load(Acquire) == seq || h.closed.load(Acquire) != 0;
+        h.client_cpu.store(cpu(), Relaxed);
+        if !ready() {
+            if let Some(s) = Spin::take(spin_for(CLIENT_SPIN)) {
+                let peer = Peer {
+                    mine: &h.client_cpu,
+                    theirs: &h.server_cpu,
+                    they_sleep: &h.server_sleeps,
+                };
+                s.ended(linger(&peer, spin_for(CLIENT_SPIN), ready));
+            }
+        }
         loop {
             let a = h.ans.load(Acquire);
             if a == seq {
-                if let Some(s) = spin.take() {
-                    s.end(true);
-                }
                 break;
             }
             if h.closed.load(Acquire) != 0 {
                 return Err(io::Error::from_raw_os_error(libc::EIO));
-            }
-            if spin.is_some() && Instant::now() < spin_until {
-                std::hint::spin_loop();
-                continue;
-            }
-            if let Some(s) = spin.take() {
-                s.end(false);
             }
             h.client_sleeps.store(1, SeqCst);
             if h.ans.load(SeqCst) != seq {
@@ -374,26 +536,26 @@ impl<'a> Ring<'a> {
     /// bytes, or `None` once [`Ring::close`] was called.
     pub fn next_request(&self, last: u32) -> Option<(u32, Vec<u8>)> {
         let h = self.header();
-        let budget = spin_for(SERVER_SPIN);
-        let mut spin = Spin::take(budget);
-        let spin_until = Instant::now() + budget;
+        let ready = || h.req.load(Acquire) != last || h.closed.load(Acquire) != 0;
+        if !ready() {
+            if let Some(s) = Spin::take(spin_for(SERVER_SPIN)) {
+                let peer = Peer {
+                    mine: &h.server_cpu,
+                    theirs: &h.client_cpu,
+                    they_sleep: &h.client_sleeps,
+                };
+                s.ended(linger(&peer, spin_for(SERVER_SPIN), ready));
+            }
+        }
         loop {
             if h.closed.load(Acquire) != 0 {
                 return None;
             }
             let r = h.req.load(Acquire);
             if r != last {
-                if let Some(s) = spin.take() {
-                    s.end(true);
-                }
+                // Where the client finds this thread while it works.
+                h.server_cpu.store(cpu(), Relaxed);
                 return Some((r, self.take(false, h.req_len.load(Acquire))));
-            }
-            if spin.is_some() && Instant::now() < spin_until {
-                std::hint::spin_loop();
-                continue;
-            }
-            if let Some(s) = spin.take() {
-                s.end(false);
             }
             h.server_sleeps.store(1, SeqCst);
             if h.req.load(SeqCst) == last && h.closed.load(SeqCst) == 0 {
@@ -488,6 +650,124 @@ mod tests {
             assert_eq!(e.raw_os_error(), Some(libc::EIO));
         }
         assert!(client.ring(RINGS).is_none());
+    }
+
+    /// Pin the calling thread to the first CPU it may run on; that CPU.
+    fn pin_here() -> usize {
+        // SAFETY: cpu_set_t is plain bits; the calls get its size.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(
+                libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set),
+                0
+            );
+            let c = (0..libc::CPU_SETSIZE as usize)
+                .find(|&c| libc::CPU_ISSET(c, &set))
+                .expect("a CPU");
+            libc::CPU_ZERO(&mut set);
+            libc::CPU_SET(c, &mut set);
+            assert_eq!(
+                libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set),
+                0
+            );
+            c
+        }
+    }
+
+    #[test]
+    fn a_waiter_leaves_the_cpu_to_a_peer_on_it_and_spins_for_one_elsewhere() {
+        use SameCpu::{Sleep, Spin, Yield};
+        use Waited::{Here, Out, Ready};
+        let c = pin_here();
+        assert_eq!(cpu(), c as u32 + 1, "sched_getcpu disagrees with the pin");
+        let (mine, theirs, sleeps) = (AtomicU32::new(0), AtomicU32::new(0), AtomicU32::new(0));
+        let peer = Peer {
+            mine: &mine,
+            theirs: &theirs,
+            they_sleep: &sleeps,
+        };
+        let budget = Duration::from_millis(2);
+        let yields = std::cell::Cell::new(0);
+        let count = || yields.set(yields.get() + 1);
+        // Ready already: no wait at all.
+        assert_eq!(linger_with(&peer, budget, Yield, || true, count), Ready);
+        assert_eq!(yields.get(), 0);
+        // The peer last ran on another CPU: spin out the budget, no yield.
+        theirs.store(c as u32 + 2, SeqCst);
+        let t = Instant::now();
+        assert_eq!(linger_with(&peer, budget, Yield, || false, count), Out);
+        assert!(t.elapsed() >= budget);
+        assert_eq!(yields.get(), 0);
+        assert_eq!(
+            mine.load(SeqCst),
+            c as u32 + 1,
+            "the waiter says where it runs"
+        );
+        // On this CPU: yields until the budget ends.
+        theirs.store(c as u32 + 1, SeqCst);
+        assert_eq!(linger_with(&peer, budget, Yield, || false, count), Out);
+        assert!(yields.get() > 0);
+        // ... or sleeps at once, or spins, as the mode says.
+        yields.set(0);
+        assert_eq!(linger_with(&peer, budget, Sleep, || false, count), Here);
+        let t = Instant::now();
+        assert_eq!(linger_with(&peer, budget, Spin, || false, count), Out);
+        assert!(t.elapsed() >= budget);
+        assert_eq!(yields.get(), 0);
+        // Elsewhere, but woken and not run since: yields too, in the
+        // sleeping mode as well (a sleep there would be answered by a
+        // sleep: see linger_with).
+        theirs.store(c as u32 + 2, SeqCst);
+        sleeps.store(1, SeqCst);
+        assert_eq!(linger_with(&peer, budget, Yield, || false, count), Out);
+        assert!(yields.get() > 0);
+        yields.set(0);
+        assert_eq!(linger_with(&peer, budget, Sleep, || false, count), Out);
+        assert!(yields.get() > 0);
+        // What the peer sent during a yield ends the wait with it.
+        let sent = std::cell::Cell::new(false);
+        let send = || sent.set(true);
+        assert_eq!(
+            linger_with(&peer, budget, Yield, || sent.get(), send),
+            Ready
+        );
+        // A yield that came back late (a third program had the CPU): one
+        // yield, then the caller sleeps, however much budget is left.
+        yields.set(0);
+        let slow = || {
+            yields.set(yields.get() + 1);
+            std::thread::sleep(YIELD_LOST * 2);
+        };
+        let long = Duration::from_secs(5);
+        assert_eq!(linger_with(&peer, long, Yield, || false, slow), Out);
+        assert_eq!(yields.get(), 1);
+    }
+
+    #[test]
+    fn round_trips_complete_with_both_sides_on_one_cpu() {
+        let server = std::sync::Arc::new(RingSet::create().unwrap());
+        let client = RingSet::from_fd(server.fd().try_clone_to_owned().unwrap()).unwrap();
+        let s = server.clone();
+        let t = std::thread::spawn(move || {
+            pin_here();
+            let r = s.ring(1).unwrap();
+            let mut last = 0;
+            while let Some((seq, req)) = r.next_request(last) {
+                last = seq;
+                r.answer(seq, &req);
+            }
+        });
+        let c = std::thread::spawn(move || {
+            pin_here();
+            let ring = client.ring(1).unwrap();
+            for i in 0..2000 {
+                let q = format!("{i}\n");
+                assert_eq!(ring.call(q.as_bytes(), || false).unwrap(), q.into_bytes());
+            }
+        });
+        c.join().unwrap();
+        server.close();
+        t.join().unwrap();
     }
 
     #[test]
