@@ -154,11 +154,14 @@ impl Readahead {
     }
 
     /// A reader asks for blocks `[start, end)`: follow its stream, and
-    /// queue the next window once it has read past half of the last one.
-    pub fn note(&self, start: u64, end: u64) {
-        let Some((from, to)) = self.advance(start, end) else {
+    /// queue the next window once it has read past half of the last one,
+    /// never at or past block `limit` (the end of what the reader's file
+    /// holds on the device there: `Fs::read`'s bound; `u64::MAX` for none).
+    pub fn note(&self, start: u64, end: u64, limit: u64) {
+        let Some((from, to)) = self.advance(start, end, limit) else {
             return;
         };
+        debug_assert!(to <= limit, "readahead past its bound: {from}..{to}, limit {limit}");
         let to = to.min(self.shared.end_block);
         if from >= to {
             return;
@@ -175,8 +178,11 @@ impl Readahead {
         self.shared.queued.notify_all();
     }
 
-    /// The stream table's part of `note`: the range to read ahead, if any.
-    fn advance(&self, start: u64, end: u64) -> Option<(u64, u64)> {
+    /// The stream table's part of `note`: the range to read ahead, if any,
+    /// ending at `limit` at most. A stream held back by its limit has
+    /// queued nothing past it: its next request (in the next file, say)
+    /// reads ahead from there.
+    fn advance(&self, start: u64, end: u64, limit: u64) -> Option<(u64, u64)> {
         // Advice only: a reader never waits for the table (a reader
         // running at the same moment holds it for a few loads). Its
         // stream still moves on at its next request.
@@ -213,14 +219,21 @@ impl Readahead {
         if s.hits < HITS_BEFORE_READAHEAD || (s.window > 0 && s.ahead - s.next >= s.window / 2) {
             return None;
         }
-        s.window = if s.window == 0 {
+        let window = if s.window == 0 {
             (4 * (end - start)).clamp(CHUNK_BLOCKS, self.window_blocks)
         } else {
             (s.window * 2).min(self.window_blocks)
         };
         let from = s.ahead;
-        s.ahead = s.next + s.window;
-        Some((from, s.ahead))
+        let to = (s.next + window).min(limit);
+        if to <= from {
+            // Nothing of the file left to read ahead: the window stays as
+            // it was, for the stream's next file.
+            return None;
+        }
+        s.window = window;
+        s.ahead = to;
+        Some((from, to))
     }
 
     fn start_workers(&self) {
@@ -458,19 +471,19 @@ mod tests {
         let b0 = DEV_BLOCK_BASE + 100;
         let req = |i: u64| (b0 + 32 * i, b0 + 32 * i + 32);
         for i in 0..3 {
-            assert_eq!(ra.advance(req(i).0, req(i).1), None, "request {i}");
+            assert_eq!(ra.advance(req(i).0, req(i).1, u64::MAX), None, "request {i}");
         }
         // The fourth in a row: four requests ahead.
-        assert_eq!(ra.advance(req(3).0, req(3).1), Some((req(4).0, req(4).0 + 128)));
+        assert_eq!(ra.advance(req(3).0, req(3).1, u64::MAX), Some((req(4).0, req(4).0 + 128)));
         // Within the first half of that: nothing more.
-        assert_eq!(ra.advance(req(4).0, req(4).1), None);
+        assert_eq!(ra.advance(req(4).0, req(4).1, u64::MAX), None);
         // Out of order by a request: still the stream.
-        assert_eq!(ra.advance(req(6).0, req(6).1), Some((req(4).0 + 128, req(7).0 + 256)));
-        assert_eq!(ra.advance(req(5).0, req(5).1), None);
+        assert_eq!(ra.advance(req(6).0, req(6).1, u64::MAX), Some((req(4).0 + 128, req(7).0 + 256)));
+        assert_eq!(ra.advance(req(5).0, req(5).1, u64::MAX), None);
         // The window doubles up to a quarter of the cache.
         let mut last = 256;
         for i in 7..200u64 {
-            if let Some((from, to)) = ra.advance(req(i).0, req(i).1) {
+            if let Some((from, to)) = ra.advance(req(i).0, req(i).1, u64::MAX) {
                 assert!(to - req(i).1 > last || to - req(i).1 == w, "request {i}: {from}..{to}");
                 last = to - req(i).1;
             }
@@ -483,12 +496,12 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             let b = DEV_BLOCK_BASE + x % (1 << 18);
-            assert_eq!(ra.advance(b, b + 32), None, "random {i}");
+            assert_eq!(ra.advance(b, b + 32, u64::MAX), None, "random {i}");
         }
         // The workers fill the cache.
         let b1 = DEV_BLOCK_BASE + 5000;
         for i in 0..4 {
-            ra.note(b1 + i * 32, b1 + i * 32 + 32);
+            ra.note(b1 + i * 32, b1 + i * 32 + 32, u64::MAX);
         }
         let t = std::time::Instant::now();
         while !cache.contains(b1 + 128 + 127) && t.elapsed() < std::time::Duration::from_secs(5) {
@@ -517,7 +530,7 @@ mod tests {
             let ra = Readahead::new(dev.clone(), cache.clone(), blocks, Default::default(), mode).unwrap();
             let b0 = DEV_BLOCK_BASE;
             for i in 0..4 {
-                ra.note(b0 + i * 32, b0 + i * 32 + 32);
+                ra.note(b0 + i * 32, b0 + i * 32 + 32, u64::MAX);
             }
             // Four requests' worth ahead: blocks 128..256.
             let t = std::time::Instant::now();
@@ -533,6 +546,32 @@ mod tests {
                 assert!(out[8..].iter().all(|&x| x == (b % 251) as u8));
             }
             drop(ra); // the threads stop, with nothing in flight
+        }
+    }
+
+    #[test]
+    fn a_stream_is_read_ahead_up_to_its_limit_and_on_past_it_later() {
+        let (ra, _cache) = readahead(4096);
+        let b0 = DEV_BLOCK_BASE + 100;
+        let req = |i: u64| (b0 + 32 * i, b0 + 32 * i + 32);
+        // The file ends 40 blocks past the fourth request.
+        let limit = req(3).1 + 40;
+        for i in 0..3 {
+            assert_eq!(ra.advance(req(i).0, req(i).1, limit), None);
+        }
+        assert_eq!(ra.advance(req(3).0, req(3).1, limit), Some((req(3).1, limit)));
+        // Up to the limit already: nothing, however far the stream goes.
+        assert_eq!(ra.advance(req(4).0, req(4).1, limit), None);
+        assert_eq!(ra.advance(req(5).0, limit, limit), None);
+        // The next file's blocks follow: read ahead from past its first
+        // request on.
+        let next = ra.advance(limit, limit + 32, u64::MAX).expect("the stream goes on");
+        assert_eq!(next.0, limit + 32);
+        assert!(next.1 > limit + 32);
+        // A reader of a file whose end it is at queues nothing at all.
+        let (ra, _cache) = readahead(4096);
+        for i in 0..8 {
+            assert_eq!(ra.advance(req(i).0, req(i).1, req(i).1), None, "request {i}");
         }
     }
 

@@ -235,12 +235,18 @@ impl DataStore {
     /// runs; a sequential reader's next blocks are read ahead meanwhile
     /// (`readahead.rs`).
     pub fn read(&self, at: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.read_ahead_to(at, buf, u64::MAX)
+    }
+
+    /// `read`, reading ahead no further than block `limit` (exclusive):
+    /// the end of the reader's file there (see `Fs::read`).
+    pub fn read_ahead_to(&self, at: u64, buf: &mut [u8], limit: u64) -> io::Result<()> {
         if self.cache.capacity_bytes() == 0 {
             return self.read_uncached(at, buf);
         }
         let want_end = (at + buf.len() as u64).div_ceil(BLOCK_SIZE);
         if let Some(ra) = &self.readahead {
-            ra.note(at / BLOCK_SIZE, want_end);
+            ra.note(at / BLOCK_SIZE, want_end, limit);
         }
         let mut done = 0usize;
         while done < buf.len() {
