@@ -305,7 +305,9 @@ impl<P: Pmem> Fs<P> {
         runs(map, off, n as u64, |rel, at, len| {
             let part = &mut buf[rel as usize..(rel + len) as usize];
             match at {
-                Some(at) if failed.is_ok() => failed = self.data_read_ahead_to(at, part, ahead_limit),
+                Some(at) if failed.is_ok() => {
+                    failed = self.data_read_ahead_to(at, part, ahead_limit, off == 0 && rel == 0)
+                }
                 Some(_) => {}
                 None => part.fill(0),
             }
