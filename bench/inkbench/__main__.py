@@ -41,6 +41,9 @@ def parse_args(argv):
     ap.add_argument("--out", help="output directory (default bench/results/MODE-DATE)")
     ap.add_argument("--inkfs-bin", help="inkfs binary (default: build with cargo)")
     ap.add_argument("--work-bin", help="inkbench-work binary (default: build with cargo)")
+    ap.add_argument("--base-bin", help="a directory holding another build's inkfs (and libinkfs_preload.so): "
+                    "contenders named base.NAME (e.g. base.inkfs-hybrid) run with it, interleaved with "
+                    "this build's NAME, for A/B runs against a baseline build")
     ap.add_argument("--no-build", action="store_true", help="use binaries from the target dir as they are")
     ap.add_argument("--engine-bench", action="store_true",
                     help="also run `cargo bench -p inkfs --bench engine -- --quick` and include its table")
@@ -70,6 +73,11 @@ def binaries(a) -> dict:
             raise CmdError(f"{p} not found: build it (cargo build --release -p inkfs-cli -p inkfs-bench)")
     # The preload library (inkfs-preload contenders): next to the binaries.
     bins["preload"] = os.path.join(os.path.dirname(bins["inkfs"]), "libinkfs_preload.so")
+    if a.base_bin:
+        base = os.path.abspath(a.base_bin)
+        if not os.access(os.path.join(base, "inkfs"), os.X_OK):
+            raise CmdError(f"--base-bin {base}: no inkfs binary there")
+        bins["base"] = base
     return bins
 
 

@@ -471,9 +471,26 @@ HYBRID_NAMES = ["inkfs-hybrid", "inkfs-hybrid-sync", "inkfs-hybrid-posix", "ext4
 # Issue 16's: the workloads' programs under the preload library (not run by
 # default: name them with --contenders).
 PRELOAD_NAMES = ["inkfs-preload", "inkfs-preload-sync", "inkfs-hybrid-preload", "inkfs-hybrid-preload-sync"]
+# base.NAME: NAME run with the build given by --base-bin.
+BASE_PREFIX = "base."
 
 
 def make(name: str, work: str, size: int, bins: dict) -> Contender:
+    if name.startswith(BASE_PREFIX):
+        # base.NAME: NAME with the baseline build's inkfs and preload
+        # library (--base-bin DIR), for A/B runs interleaved in one run.
+        inner = name[len(BASE_PREFIX):]
+        if "base" not in bins:
+            raise CmdError(f"{name}: a base. contender needs --base-bin DIR")
+        if not inner.startswith("inkfs-") or inner.startswith("inkfs-lib"):
+            raise ValueError(f"{name}: only inkfs mounts take a baseline build")
+        base_bins = dict(bins, inkfs=os.path.join(bins["base"], "inkfs"),
+                         preload=os.path.join(bins["base"], "libinkfs_preload.so"))
+        c = make(inner, work, size, base_bins)
+        c.name = name
+        c.mnt = os.path.join(work, "mnt", name)
+        c.describe = f"{c.describe} (baseline build: {bins['base']})"
+        return c
     if name == "tmpfs":
         return Tmpfs(work, size, bins)
     if name == "ext4":

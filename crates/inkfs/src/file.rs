@@ -7,6 +7,7 @@
 
 use crate::blockdev::dev::{self as blockdev_pages, Page};
 use crate::blockdev::engine::DEV_BYTES_BASE;
+use crate::blockdev::readahead::WINDOW_MAX_BLOCKS;
 use crate::blockdev::Side;
 use crate::error::{errno, Error, Result};
 use crate::filemap::FileMap;
@@ -225,6 +226,40 @@ fn runs(map: &FileMap, pos: u64, n: u64, mut f: impl FnMut(u64, Option<u64>, u64
     }
 }
 
+/// How far a hybrid pool's readahead may go after a read whose last page
+/// is `last` (`blockdev/readahead.rs`): to the end of the device blocks
+/// that follow it in the file's mapping, contiguous on the device, within
+/// the file's `size`; the walk stops `WINDOW_MAX_BLOCKS` on (readahead
+/// never goes further ahead). 0, nothing, when `last` is not on the
+/// device. Readahead follows device blocks: without this bound it ran on
+/// past the end of the file into whatever the device holds next, another
+/// file's blocks or free ones (wasted bandwidth and cache, never wrong
+/// data: the cache's stamps keep a fill that raced a write out).
+fn readahead_limit(map: &FileMap, last: u64, size: u64) -> u64 {
+    let Some(e) = map.find(last) else {
+        return 0;
+    };
+    if Side::of(e.block) != Side::Dev {
+        return 0;
+    }
+    let file_end = size.div_ceil(BLOCK_SIZE);
+    let stop = file_end.min(last.saturating_add(1 + WINDOW_MAX_BLOCKS));
+    // `dev_end` is the device block of file page `page` while the run
+    // lasts.
+    let (mut page, mut dev_end) = (e.end(), e.block + e.pages);
+    while page < stop {
+        match map.find(page) {
+            Some(n) if n.block + (page - n.page) == dev_end => {
+                dev_end = n.block + n.pages;
+                page = n.end();
+            }
+            _ => break,
+        }
+    }
+    // Mapped pages past the end of file are not the file's to read.
+    dev_end - page.saturating_sub(file_end)
+}
+
 /// The pages `[lo, hi)` from the first to the last mapped page of `[first,
 /// end)`, if any is mapped. A punch logs hole entries for these only: the
 /// rest is a hole already, and a punch far past the end of file (up to
@@ -262,11 +297,17 @@ impl<P: Pmem> Fs<P> {
         let Some(map) = st.file() else {
             return errno(libc::EINVAL);
         };
+        let ahead_limit = match self.data {
+            Some(_) => readahead_limit(map, (off + n as u64 - 1) / BLOCK_SIZE, size),
+            None => 0,
+        };
         let mut failed = Ok(());
         runs(map, off, n as u64, |rel, at, len| {
             let part = &mut buf[rel as usize..(rel + len) as usize];
             match at {
-                Some(at) if failed.is_ok() => failed = self.data_read(at, part),
+                Some(at) if failed.is_ok() => {
+                    failed = self.data_read_ahead_to(at, part, ahead_limit, off == 0 && rel == 0)
+                }
                 Some(_) => {}
                 None => part.fill(0),
             }

@@ -590,3 +590,132 @@ fn fsck_repairs_stale_bytes_past_eof_on_the_device() {
     let r = check(false);
     assert!(r.problems.is_empty(), "{:?}", r.problems);
 }
+
+/// A device whose reads take a millisecond, as a disk's do: a reader's
+/// own misses are slow enough for the readahead threads to get ahead of
+/// it (on a memory device the reader reads every block itself first).
+#[derive(Debug)]
+struct SlowReads(Arc<MemDev>);
+
+impl BlockDev for SlowReads {
+    fn size_bytes(&self) -> u64 {
+        self.0.size_bytes()
+    }
+    fn read_at(&self, off: u64, buf: &mut [inkfs::blockdev::Page]) -> std::io::Result<()> {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        self.0.read_at(off, buf)
+    }
+    fn write_at(&self, off: u64, data: &[inkfs::blockdev::Page]) -> std::io::Result<()> {
+        self.0.write_at(off, data)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+    fn describe(&self) -> String {
+        "memory, slow reads (tests)".into()
+    }
+}
+
+/// Reads a file sequentially on a fresh mount (cold cache) in 32 KiB
+/// requests, waits for the readahead to go quiet, and returns the device
+/// bytes read and the bytes read ahead.
+fn cold_sequential_read(
+    pm: SimPool,
+    dev: Arc<MemDev>,
+    ino: u64,
+    size: usize,
+) -> (SimPool, u64, u64) {
+    let mut o = opts(Mode::Strict, Arc::new(SlowReads(dev)));
+    o.data_cache_bytes = Some(4 << 20); // readahead up to 1 MiB ahead
+    let fs = Fs::mount(pm, o).unwrap();
+    let fh = fs.open(ino).unwrap();
+    let mut buf = vec![0u8; 32 << 10];
+    let mut off = 0;
+    while off < size {
+        let n = fs.read(&fh, off as u64, &mut buf).unwrap();
+        assert!(n > 0, "short file at {off}");
+        off += n;
+    }
+    assert_eq!(fs.read(&fh, off as u64, &mut buf).unwrap(), 0);
+    // Readahead runs on threads: wait until nothing more arrives.
+    let mut last = fs.data_stats().unwrap();
+    let quiet = std::time::Instant::now();
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let s = fs.data_stats().unwrap();
+        if s == last || quiet.elapsed() > std::time::Duration::from_secs(5) {
+            break;
+        }
+        last = s;
+    }
+    fs.release(fh);
+    let s = fs.data_stats().unwrap();
+    (fs.unmount().unwrap(), s.bytes_read, s.readahead_bytes)
+}
+
+/// Readahead follows device blocks; a file's last reads must not read on
+/// into the blocks that follow it on the device (the next file's, or the
+/// file's own blocks freed by a truncate).
+#[test]
+fn readahead_stays_within_the_file_and_its_truncated_size() {
+    let pm = SimPool::new(POOL);
+    let dev: Arc<MemDev> = Arc::new(MemDev::new(DEV));
+    format(&pm, &*dev, 4096);
+    let fs = Fs::mount(pm, opts(Mode::Strict, dev.clone())).unwrap();
+    // A then B, written one after the other: B's blocks follow A's.
+    let (a, fa) = fs.create(1, b"a", 0o644, 0, 0).unwrap();
+    let (_, fb) = fs.create(1, b"b", 0o644, 0, 0).unwrap();
+    let a_size = 1 << 20;
+    for (fh, n, seed) in [(&fa, a_size, 1u8), (&fb, 2 << 20, 2u8)] {
+        let data = pattern(n, seed);
+        for (i, chunk) in data.chunks(64 << 10).enumerate() {
+            fs.write(fh, (i * (64 << 10)) as u64, chunk).unwrap();
+        }
+    }
+    let a_ext = fs.fiemap(a.ino, 0, u64::MAX).unwrap();
+    let b_ext = fs
+        .fiemap(fs.lookup(1, b"b").unwrap().ino, 0, u64::MAX)
+        .unwrap();
+    let a_end = a_ext.iter().map(|e| e.physical + e.length).max().unwrap();
+    assert!(
+        b_ext.iter().any(|e| e.physical == a_end),
+        "the test needs B's blocks right after A's: {a_ext:?} {b_ext:?}"
+    );
+    fs.release(fa);
+    fs.release(fb);
+    let pm = fs.unmount().unwrap();
+
+    let (pm, read, ahead) = cold_sequential_read(pm, dev.clone(), a.ino, a_size);
+    assert!(ahead > 0, "A is long enough to be read ahead");
+    assert!(
+        read <= a_size as u64,
+        "read {read} bytes of the device for a file of {a_size}"
+    );
+
+    // Truncated to 600,000 bytes: its old tail is free blocks now.
+    let fs = Fs::mount(pm, opts(Mode::Strict, dev.clone())).unwrap();
+    let cut = 600_000usize;
+    fs.setattr(
+        a.ino,
+        &SetAttr {
+            size: Some(cut as u64),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let pm = fs.unmount().unwrap();
+    let (pm, read, ahead) = cold_sequential_read(pm, dev.clone(), a.ino, cut);
+    assert!(ahead > 0);
+    let cut_pages = cut.div_ceil(4096) as u64 * 4096;
+    assert!(
+        read <= cut_pages,
+        "read {read} bytes of the device for a file of {cut}"
+    );
+    // And the bytes are the file's.
+    let fs = Fs::mount(pm, opts(Mode::Strict, dev)).unwrap();
+    let fh = fs.open(a.ino).unwrap();
+    let mut back = vec![0u8; cut + 10];
+    assert_eq!(fs.read(&fh, 0, &mut back).unwrap(), cut);
+    assert!(back[..cut] == pattern(a_size, 1)[..cut]);
+    fs.release(fh);
+}

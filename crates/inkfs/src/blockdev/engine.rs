@@ -46,6 +46,26 @@ impl<P: Pmem> Fs<P> {
             .map_err(io_errno)
     }
 
+    /// `data_read` for `Fs::read`: a device read here reads ahead no
+    /// further than block `ahead_limit` (the end of the file's device
+    /// blocks that follow, `readahead_limit`); `file_start`: the read is
+    /// at offset 0 of its file.
+    pub(crate) fn data_read_ahead_to(
+        &self,
+        at: u64,
+        buf: &mut [u8],
+        ahead_limit: u64,
+        file_start: bool,
+    ) -> Result<()> {
+        if at < DEV_BYTES_BASE {
+            self.pm.read(at, buf);
+            return Ok(());
+        }
+        self.store_or_corrupt(at / BLOCK_SIZE)?
+            .read_ahead_to(at, buf, ahead_limit, file_start)
+            .map_err(io_errno)
+    }
+
     /// Where the new pages of a write of `bytes` go (always PM without a
     /// data device): `Placement::choose` with PM's free space.
     pub(crate) fn place(&self, bytes: u64) -> Side {

@@ -154,11 +154,22 @@ impl Readahead {
     }
 
     /// A reader asks for blocks `[start, end)`: follow its stream, and
-    /// queue the next window once it has read past half of the last one.
-    pub fn note(&self, start: u64, end: u64) {
-        let Some((from, to)) = self.advance(start, end) else {
+    /// queue the next window once it has read past half of the last one,
+    /// never at or past block `limit` (the end of what the reader's file
+    /// holds on the device there: `Fs::read`'s bound; `u64::MAX` for none).
+    ///
+    /// A request at the start of its file (`file_start`) is taken for
+    /// sequential at once, as the kernel's page cache takes a read at
+    /// offset 0: a file read whole from the start would otherwise make
+    /// its first four requests the reader's own device reads, one at a
+    /// time (a quarter of a 4 MiB file). Bounded by `limit` as any other:
+    /// a reader of only a file's head wastes at most four requests' worth
+    /// of that file.
+    pub fn note(&self, start: u64, end: u64, limit: u64, file_start: bool) {
+        let Some((from, to)) = self.advance(start, end, limit, file_start) else {
             return;
         };
+        debug_assert!(to <= limit, "readahead past its bound: {from}..{to}, limit {limit}");
         let to = to.min(self.shared.end_block);
         if from >= to {
             return;
@@ -175,8 +186,11 @@ impl Readahead {
         self.shared.queued.notify_all();
     }
 
-    /// The stream table's part of `note`: the range to read ahead, if any.
-    fn advance(&self, start: u64, end: u64) -> Option<(u64, u64)> {
+    /// The stream table's part of `note`: the range to read ahead, if any,
+    /// ending at `limit` at most. A stream held back by its limit has
+    /// queued nothing past it: its next request (in the next file, say)
+    /// reads ahead from there.
+    fn advance(&self, start: u64, end: u64, limit: u64, file_start: bool) -> Option<(u64, u64)> {
         // Advice only: a reader never waits for the table (a reader
         // running at the same moment holds it for a few loads). Its
         // stream still moves on at its next request.
@@ -188,39 +202,56 @@ impl Readahead {
         let (streams, clock) = &mut *guard;
         *clock += 1;
         let found = streams
-            .iter_mut()
-            .find(|s| s.next != 0 && start + SLACK_BLOCKS >= s.next && start <= s.next + SLACK_BLOCKS);
-        let Some(s) = found else {
-            // A new stream (or a random read): nothing ahead yet; its next
-            // request, if it continues this one, starts the readahead.
-            let victim = streams
-                .iter_mut()
-                .min_by_key(|s| s.used)
-                .expect("a table of streams");
-            *victim = Stream {
-                next: end,
-                ahead: end,
-                used: *clock,
-                hits: 0,
-                window: 0,
-            };
-            return None;
+            .iter()
+            .position(|s| s.next != 0 && start + SLACK_BLOCKS >= s.next && start <= s.next + SLACK_BLOCKS);
+        let s = match found {
+            Some(i) => {
+                let s = &mut streams[i];
+                s.hits = s.hits.saturating_add(1);
+                s.next = s.next.max(end);
+                s.ahead = s.ahead.max(s.next);
+                s
+            }
+            None => {
+                // A new stream (or a random read): nothing ahead yet; its
+                // next request, if it continues this one, starts the
+                // readahead. A file's first request starts it now.
+                let victim = streams
+                    .iter_mut()
+                    .min_by_key(|s| s.used)
+                    .expect("a table of streams");
+                *victim = Stream {
+                    next: end,
+                    ahead: end,
+                    used: *clock,
+                    hits: if file_start { HITS_BEFORE_READAHEAD } else { 0 },
+                    window: 0,
+                };
+                if !file_start {
+                    return None;
+                }
+                victim
+            }
         };
         s.used = *clock;
-        s.hits = s.hits.saturating_add(1);
-        s.next = s.next.max(end);
-        s.ahead = s.ahead.max(s.next);
         if s.hits < HITS_BEFORE_READAHEAD || (s.window > 0 && s.ahead - s.next >= s.window / 2) {
             return None;
         }
-        s.window = if s.window == 0 {
+        let window = if s.window == 0 {
             (4 * (end - start)).clamp(CHUNK_BLOCKS, self.window_blocks)
         } else {
             (s.window * 2).min(self.window_blocks)
         };
         let from = s.ahead;
-        s.ahead = s.next + s.window;
-        Some((from, s.ahead))
+        let to = (s.next + window).min(limit);
+        if to <= from {
+            // Nothing of the file left to read ahead: the window stays as
+            // it was, for the stream's next file.
+            return None;
+        }
+        s.window = window;
+        s.ahead = to;
+        Some((from, to))
     }
 
     fn start_workers(&self) {
@@ -458,19 +489,19 @@ mod tests {
         let b0 = DEV_BLOCK_BASE + 100;
         let req = |i: u64| (b0 + 32 * i, b0 + 32 * i + 32);
         for i in 0..3 {
-            assert_eq!(ra.advance(req(i).0, req(i).1), None, "request {i}");
+            assert_eq!(ra.advance(req(i).0, req(i).1, u64::MAX, false), None, "request {i}");
         }
         // The fourth in a row: four requests ahead.
-        assert_eq!(ra.advance(req(3).0, req(3).1), Some((req(4).0, req(4).0 + 128)));
+        assert_eq!(ra.advance(req(3).0, req(3).1, u64::MAX, false), Some((req(4).0, req(4).0 + 128)));
         // Within the first half of that: nothing more.
-        assert_eq!(ra.advance(req(4).0, req(4).1), None);
+        assert_eq!(ra.advance(req(4).0, req(4).1, u64::MAX, false), None);
         // Out of order by a request: still the stream.
-        assert_eq!(ra.advance(req(6).0, req(6).1), Some((req(4).0 + 128, req(7).0 + 256)));
-        assert_eq!(ra.advance(req(5).0, req(5).1), None);
+        assert_eq!(ra.advance(req(6).0, req(6).1, u64::MAX, false), Some((req(4).0 + 128, req(7).0 + 256)));
+        assert_eq!(ra.advance(req(5).0, req(5).1, u64::MAX, false), None);
         // The window doubles up to a quarter of the cache.
         let mut last = 256;
         for i in 7..200u64 {
-            if let Some((from, to)) = ra.advance(req(i).0, req(i).1) {
+            if let Some((from, to)) = ra.advance(req(i).0, req(i).1, u64::MAX, false) {
                 assert!(to - req(i).1 > last || to - req(i).1 == w, "request {i}: {from}..{to}");
                 last = to - req(i).1;
             }
@@ -483,12 +514,12 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             let b = DEV_BLOCK_BASE + x % (1 << 18);
-            assert_eq!(ra.advance(b, b + 32), None, "random {i}");
+            assert_eq!(ra.advance(b, b + 32, u64::MAX, false), None, "random {i}");
         }
         // The workers fill the cache.
         let b1 = DEV_BLOCK_BASE + 5000;
         for i in 0..4 {
-            ra.note(b1 + i * 32, b1 + i * 32 + 32);
+            ra.note(b1 + i * 32, b1 + i * 32 + 32, u64::MAX, false);
         }
         let t = std::time::Instant::now();
         while !cache.contains(b1 + 128 + 127) && t.elapsed() < std::time::Duration::from_secs(5) {
@@ -517,7 +548,7 @@ mod tests {
             let ra = Readahead::new(dev.clone(), cache.clone(), blocks, Default::default(), mode).unwrap();
             let b0 = DEV_BLOCK_BASE;
             for i in 0..4 {
-                ra.note(b0 + i * 32, b0 + i * 32 + 32);
+                ra.note(b0 + i * 32, b0 + i * 32 + 32, u64::MAX, false);
             }
             // Four requests' worth ahead: blocks 128..256.
             let t = std::time::Instant::now();
@@ -534,6 +565,48 @@ mod tests {
             }
             drop(ra); // the threads stop, with nothing in flight
         }
+    }
+
+    #[test]
+    fn a_stream_is_read_ahead_up_to_its_limit_and_on_past_it_later() {
+        let (ra, _cache) = readahead(4096);
+        let b0 = DEV_BLOCK_BASE + 100;
+        let req = |i: u64| (b0 + 32 * i, b0 + 32 * i + 32);
+        // The file ends 40 blocks past the fourth request.
+        let limit = req(3).1 + 40;
+        for i in 0..3 {
+            assert_eq!(ra.advance(req(i).0, req(i).1, limit, false), None);
+        }
+        assert_eq!(ra.advance(req(3).0, req(3).1, limit, false), Some((req(3).1, limit)));
+        // Up to the limit already: nothing, however far the stream goes.
+        assert_eq!(ra.advance(req(4).0, req(4).1, limit, false), None);
+        assert_eq!(ra.advance(req(5).0, limit, limit, false), None);
+        // The next file's blocks follow: read ahead from past its first
+        // request on.
+        let next = ra.advance(limit, limit + 32, u64::MAX, false).expect("the stream goes on");
+        assert_eq!(next.0, limit + 32);
+        assert!(next.1 > limit + 32);
+        // A reader of a file whose end it is at queues nothing at all.
+        let (ra, _cache) = readahead(4096);
+        for i in 0..8 {
+            assert_eq!(ra.advance(req(i).0, req(i).1, req(i).1, false), None, "request {i}");
+        }
+    }
+
+    #[test]
+    fn a_files_first_request_is_read_ahead_at_once() {
+        let (ra, _cache) = readahead(4096);
+        let b0 = DEV_BLOCK_BASE + 100;
+        // Four requests' worth, bounded by the file.
+        assert_eq!(ra.advance(b0, b0 + 32, b0 + 1000, true), Some((b0 + 32, b0 + 32 + 128)));
+        // Its next request is the stream's; within the first half: nothing.
+        assert_eq!(ra.advance(b0 + 32, b0 + 64, b0 + 1000, false), None);
+        // A file no larger than its first request: nothing to read ahead.
+        let b1 = DEV_BLOCK_BASE + 5000;
+        assert_eq!(ra.advance(b1, b1 + 32, b1 + 32, true), None);
+        // Not at the start of a file: a new stream waits for three more.
+        let b2 = DEV_BLOCK_BASE + 9000;
+        assert_eq!(ra.advance(b2, b2 + 32, u64::MAX, false), None);
     }
 
     #[test]

@@ -235,12 +235,19 @@ impl DataStore {
     /// runs; a sequential reader's next blocks are read ahead meanwhile
     /// (`readahead.rs`).
     pub fn read(&self, at: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.read_ahead_to(at, buf, u64::MAX, false)
+    }
+
+    /// `read`, reading ahead no further than block `limit` (exclusive):
+    /// the end of the reader's file there (see `Fs::read`); `file_start`:
+    /// the read is at the start of its file (`Readahead::note`).
+    pub fn read_ahead_to(&self, at: u64, buf: &mut [u8], limit: u64, file_start: bool) -> io::Result<()> {
         if self.cache.capacity_bytes() == 0 {
             return self.read_uncached(at, buf);
         }
         let want_end = (at + buf.len() as u64).div_ceil(BLOCK_SIZE);
         if let Some(ra) = &self.readahead {
-            ra.note(at / BLOCK_SIZE, want_end);
+            ra.note(at / BLOCK_SIZE, want_end, limit, file_start);
         }
         let mut done = 0usize;
         while done < buf.len() {
