@@ -270,28 +270,32 @@ impl<P: Pmem> Fs<P> {
         if !self.is_client() {
             return errno(libc::EINVAL);
         }
-        for &(start, len) in ranges {
-            self.add_free_on_side(start, len)
-                .map_err(|e| Error::Corrupt(format!("reserved blocks {start}+{len}: {e:?}")))?;
-        }
         // This process's writes go there next: map the pages now, a chunk
         // at a time and each chunk once, instead of a page fault inside
         // each of those writes (the server mapped its own pages; this
-        // mapping is new).
+        // mapping is new). Before the blocks are free to take: the reserve
+        // thread adds them while other threads write, and a write that took
+        // one first would fault its page in itself.
         if let Some(side) = &self.client {
             for &(start, len) in ranges {
                 if start >= DEV_BLOCK_BASE {
                     continue;
                 }
-                let end = start + len;
+                // Clipped to the pool: a range outside it is refused below,
+                // once nothing was mapped for it.
+                let end = start.saturating_add(len).min(self.geo.total_blocks);
                 for c in start / MAP_CHUNK_BLOCKS..end.div_ceil(MAP_CHUNK_BLOCKS) {
-                    if side.first_map(c) {
-                        let first = (c * MAP_CHUNK_BLOCKS).max(self.geo.first_data_block);
-                        let last = ((c + 1) * MAP_CHUNK_BLOCKS).min(self.geo.total_blocks);
+                    let first = (c * MAP_CHUNK_BLOCKS).max(self.geo.first_data_block);
+                    let last = ((c + 1) * MAP_CHUNK_BLOCKS).min(self.geo.total_blocks);
+                    if first < last && side.first_map(c) {
                         self.pm.map_ahead(first * BLOCK_SIZE, (last - first) * BLOCK_SIZE);
                     }
                 }
             }
+        }
+        for &(start, len) in ranges {
+            self.add_free_on_side(start, len)
+                .map_err(|e| Error::Corrupt(format!("reserved blocks {start}+{len}: {e:?}")))?;
         }
         Ok(())
     }
