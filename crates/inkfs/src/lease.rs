@@ -26,6 +26,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::alloc::grant;
 use crate::error::{errno, Error, Result};
 use crate::format::{BLOCK_SIZE, DEV_BLOCK_BASE, LOG_CHUNK_ID_MIN};
 pub use crate::blockset::RangeSet;
@@ -553,11 +554,15 @@ impl<P: Pmem> Fs<P> {
     }
 
     /// Take up to `want` free blocks, in at most `ranges_max` ranges, from
-    /// this (the server's) allocator for a client's reservation; empty when
-    /// none is free.
+    /// this (the server's) allocator for a client's reservation, and no
+    /// more than the guard allows (`alloc::grant`: never the server's
+    /// keep, at most half of the free blocks above it); empty when none
+    /// may be taken.
     pub fn reserve_blocks(&self, want: u64, ranges_max: usize) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
-        let mut left = want;
+        let grantable =
+            grant::grantable_blocks(self.blocks.free_blocks(), self.blocks.capacity_blocks());
+        let mut left = want.min(grantable);
         while left > 0 && out.len() < ranges_max {
             match self.blocks.alloc(self.lane(), left) {
                 Some((start, len)) => {
@@ -582,8 +587,21 @@ impl<P: Pmem> Fs<P> {
         got
     }
 
-    /// Blocks a client gave back (unused, or freed by its writes): into
-    /// the limbo, since readers may still hold them.
+    /// Blocks of a client's reservation it gave back unused (`unused`
+    /// message; the mount's lease table checked they were reserved for
+    /// it): free at once. No reader can hold one: a block reaches a reader
+    /// only through a committed log entry, and a block committed by the
+    /// client is never in its allocator again (displaced or cut, it goes
+    /// to the freed list, `return`, the limbo).
+    pub fn free_unused_blocks(&self, ranges: &[(u64, u64)]) {
+        for &(start, len) in ranges {
+            debug_assert!(start < LOG_CHUNK_ID_MIN, "a log chunk reserved: {start:#x}");
+            self.free_now(start, len);
+        }
+    }
+
+    /// Blocks a client gave back (freed by its writes, or left at its
+    /// death): into the limbo, since readers may still hold them.
     pub fn return_blocks(&self, ranges: &[(u64, u64)]) {
         for &(start, len) in ranges {
             self.free_blocks(start, len);

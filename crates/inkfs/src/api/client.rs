@@ -848,7 +848,7 @@ impl Client {
     /// Send the blocks this client freed to the server.
     fn send_freed(&self) -> Result<()> {
         let freed = self.shared.fs.fs.take_client_freed();
-        self.shared.send_ranges(&freed)
+        self.shared.send_ranges(&freed, &[])
     }
 }
 
@@ -863,8 +863,15 @@ impl Drop for Client {
             }
             return;
         }
-        // The server settles this client's leases and reservation at the
-        // end of the session, as at its death.
+        // The reservation's unused blocks first, to be freed at once (at
+        // the session's end they would go through the server's limbo);
+        // a refill landing after this stays booked as this client's and
+        // goes with the rest. The server settles this client's leases and
+        // the rest at the end of the session, as at its death.
+        let fs = &self.shared.fs.fs;
+        let _ = self
+            .shared
+            .send_ranges(&fs.take_client_freed(), &fs.drain_reservation());
         let _ = self.conn.shutdown(std::net::Shutdown::Both);
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -1001,13 +1008,18 @@ impl Shared {
             .map_err(|_| Error::Errno(libc::EIO))
     }
 
-    /// `return` lines for `ranges`, all in one write (one system call).
-    fn send_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
-        if ranges.is_empty() {
+    /// `return` lines for the blocks it freed and `unused` lines for the
+    /// reservation it gives back unused, all in one write (one system
+    /// call).
+    fn send_ranges(&self, freed: &[(u64, u64)], unused: &[(u64, u64)]) -> Result<()> {
+        if freed.is_empty() && unused.is_empty() {
             return Ok(());
         }
         let mut lines = String::new();
-        for m in Msg::split(ranges, Msg::Return) {
+        for m in Msg::split(freed, Msg::Return) {
+            m.write_line(&mut lines);
+        }
+        for m in Msg::split(unused, Msg::Unused) {
             m.write_line(&mut lines);
         }
         self.sent.fetch_add(1, SeqCst);
@@ -1062,11 +1074,18 @@ impl Shared {
     fn give_back(&self, ino: u64, gen: u64, recalled: bool) {
         let fs = &self.fs.fs;
         fs.client_release_inode(ino);
-        let mut back = fs.take_client_freed();
-        if recalled && self.held.load(SeqCst) == 0 {
-            back.extend(fs.drain_reservation());
-        }
-        let _ = self.send_ranges(&back);
+        let freed = fs.take_client_freed();
+        // Blocks it never used go back apart from those it freed: the
+        // server frees them at once instead of through its limbo (no
+        // reader can have seen a block no commit referred to). Until the
+        // server reads the message they are still booked as this client's
+        // reservation: a death before that returns them with the rest.
+        let unused = if recalled && self.held.load(SeqCst) == 0 {
+            fs.drain_reservation()
+        } else {
+            Vec::new()
+        };
+        let _ = self.send_ranges(&freed, &unused);
         let _ = self.send(&Msg::Released(ino, gen));
     }
 }
