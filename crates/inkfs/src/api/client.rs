@@ -848,7 +848,7 @@ impl Client {
     /// Send the blocks this client freed to the server.
     fn send_freed(&self) -> Result<()> {
         let freed = self.shared.fs.fs.take_client_freed();
-        self.shared.send_ranges(&freed, &[])
+        self.shared.send_ranges(&freed, None, &[])
     }
 }
 
@@ -871,7 +871,7 @@ impl Drop for Client {
         let fs = &self.shared.fs.fs;
         let _ = self
             .shared
-            .send_ranges(&fs.take_client_freed(), &fs.drain_reservation());
+            .send_ranges(&fs.take_client_freed(), None, &fs.drain_reservation());
         let _ = self.conn.shutdown(std::net::Shutdown::Both);
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -1008,15 +1008,23 @@ impl Shared {
             .map_err(|_| Error::Errno(libc::EIO))
     }
 
-    /// `return` lines for the blocks it freed and `unused` lines for the
-    /// reservation it gives back unused, all in one write (one system
-    /// call).
-    fn send_ranges(&self, freed: &[(u64, u64)], unused: &[(u64, u64)]) -> Result<()> {
-        if freed.is_empty() && unused.is_empty() {
+    /// `return` lines for the blocks it freed, then `then` (a `released`),
+    /// then `unused` lines for the reservation it gives back unused, all in
+    /// one write (one system call).
+    fn send_ranges(
+        &self,
+        freed: &[(u64, u64)],
+        then: Option<&Msg>,
+        unused: &[(u64, u64)],
+    ) -> Result<()> {
+        if freed.is_empty() && then.is_none() && unused.is_empty() {
             return Ok(());
         }
         let mut lines = String::new();
         for m in Msg::split(freed, Msg::Return) {
+            m.write_line(&mut lines);
+        }
+        if let Some(m) = then {
             m.write_line(&mut lines);
         }
         for m in Msg::split(unused, Msg::Unused) {
@@ -1080,13 +1088,15 @@ impl Shared {
         // reader can have seen a block no commit referred to). Until the
         // server reads the message they are still booked as this client's
         // reservation: a death before that returns them with the rest.
+        // After the `released`, in the same write: the server has settled
+        // the inode by then, so a block the inode refers to has left the
+        // books and no wrong `unused` line could free it.
         let unused = if recalled && self.held.load(SeqCst) == 0 {
             fs.drain_reservation()
         } else {
             Vec::new()
         };
-        let _ = self.send_ranges(&freed, &unused);
-        let _ = self.send(&Msg::Released(ino, gen));
+        let _ = self.send_ranges(&freed, Some(&Msg::Released(ino, gen)), &unused);
     }
 }
 
