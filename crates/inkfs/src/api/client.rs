@@ -531,6 +531,28 @@ impl Client {
         self.shared.lease_cell(ino)
     }
 
+    /// The lease cell of `file`'s inode as `file` keeps it for this
+    /// client (set at its first write here): a write then skips the
+    /// table's shard lock and the `Arc`'s count. Sound because a cell
+    /// stays in the table for the client's life (a recall changes what
+    /// it holds, never which cell it is), and keyed by this client's id:
+    /// a forked child's copy of the file, used through the child's own
+    /// client, finds the parent's id there and looks its cell up in the
+    /// table. None when the file belongs to another client.
+    fn file_cell<'f>(&self, file: &'f File) -> Option<&'f Mutex<LeaseState>> {
+        let id = self.id();
+        let (owner, cell) = file.client_cell().get_or_init(|| {
+            let cell: Arc<dyn std::any::Any + Send + Sync> = self.lease_cell(file.ino());
+            (id, cell)
+        });
+        if *owner != id {
+            return None;
+        }
+        let cell = (**cell).downcast_ref::<Mutex<LeaseState>>();
+        debug_assert!(cell.is_some());
+        cell
+    }
+
     /// Run `op`, which writes inode `ino` (open as `file`, if it is;
     /// `bytes` of data), under its write lease: asked for first if this
     /// client does not hold it; more reservation asked for when it finds
@@ -543,8 +565,15 @@ impl Client {
         op: impl Fn(&Filesystem<MappedPool>) -> Result<R>,
     ) -> Result<R> {
         debug_assert!(file.is_none_or(|f| f.ino() == ino));
-        let cell = self.lease_cell(ino);
-        let mut held = lock(&cell);
+        let looked_up;
+        let cell = match file.and_then(|f| self.file_cell(f)) {
+            Some(c) => c,
+            None => {
+                looked_up = self.lease_cell(ino);
+                &*looked_up
+            }
+        };
+        let mut held = lock(cell);
         if self.shared.closed.load(SeqCst) {
             // The server ended the session (it took every lease back
             // first): nothing may be written any more.
