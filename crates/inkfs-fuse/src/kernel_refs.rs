@@ -56,6 +56,19 @@
 //! unknown precedes the reply that handed the directory, and every
 //! request under it reads the changed state.
 //!
+//! A count above zero does not mean the kernel has the inode yet: the
+//! reply is counted before it is sent, and the kernel makes its inode
+//! (`fuse_iget`) after it got the reply. An invalidation sent between the
+//! two finds no inode (ENOENT) and does nothing, and the reply then
+//! installs attributes read before the change. So an invalidation of a
+//! client's change that the kernel answers ENOENT is sent again while
+//! `knows` still says yes, until it lands or the count falls to zero
+//! (`crate::inval`, "An inode the kernel is still taking in", argues it
+//! against the kernel's `attr_version`): a count of a reply not taken in
+//! lasts until its FORGET, which comes only after the kernel took the
+//! reply in; and `knows` answering no at the end records a skip like any
+//! other, for the replies racing it.
+//!
 //! Ownership: the mount server's (one table per mount, shared by the FUSE
 //! handlers and the attach service's request threads); DRAM only. At a
 //! crash of the server the pins vanish with it and recovery frees the

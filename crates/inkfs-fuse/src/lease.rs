@@ -16,7 +16,8 @@
 //! - **Grant** (a thread per client, so that the client's session keeps
 //!   reading answers meanwhile): wait until no request uses the inode,
 //!   recall it from another holder, note the blocks the inode refers to,
-//!   invalidate the kernel's caches of it (pages and attributes), and grant
+//!   invalidate the kernel's caches of it (pages and attributes; none if
+//!   the kernel holds no reference to it: `Leases::prepare`), and grant
 //!   only if no request touched it since; else start again.
 //! - **Settling** (at `released`, or at the holder's death): the server's
 //!   cached inode catches up from its own tail; the blocks it referred to
@@ -351,8 +352,16 @@ impl Leases {
         }
         let refs = engine.lease_refs(ino).map_err(|e| e.errno())?;
         // Pages and attributes, at once: no request uses the inode, so the
-        // kernel waits on nothing of ours for it.
-        self.inval.changed_now(Change::Data {
+        // kernel waits on nothing of ours for it. None if the kernel holds
+        // no reference to the inode (a file a client made, that the kernel
+        // never looked up): every reply that used the inode before the
+        // grant began (`busy` back at 0) counted it before it ended, so no
+        // count means the kernel forgot all of them; a reply using it from
+        // now on marks it `touched` (the grant starts again, and decides
+        // again), and after the grant recalls the lease. A reply counted
+        // and not yet taken in: the invalidation is sent until it lands
+        // (crate::inval).
+        self.inval.client_changed(Change::Data {
             ino,
             off: 0,
             len: 0,

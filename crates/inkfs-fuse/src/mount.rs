@@ -596,7 +596,7 @@ pub fn serve_session<F: Filesystem>(
     config: &Config,
     poll: Option<Arc<crate::stats::Counter>>,
     notify: &mut Notify,
-    on_ready: impl FnOnce(fuser::Notifier),
+    on_ready: impl FnOnce(crate::inval::KernelSink),
 ) -> i32 {
     let session = match Session::new(fs, mountpoint, config) {
         Ok(s) => s,
@@ -612,7 +612,14 @@ pub fn serve_session<F: Filesystem>(
             .ok()
     });
     unmount_on_signal(mountpoint.to_path_buf());
-    on_ready(session.notifier());
+    // A duplicate of the session's device, for the invalidations whose
+    // ENOENT matters (crate::inval): it lives as long as the notifier,
+    // which holds the device too.
+    let dev = std::os::fd::AsFd::as_fd(&session)
+        .try_clone_to_owned()
+        .map_err(|e| eprintln!("inkfs: duplicating /dev/fuse: {e} (invalidations sent once)"))
+        .ok();
+    on_ready(crate::inval::KernelSink::new(session.notifier(), dev));
     let daemon = notify.daemonised();
     notify.ready();
     if daemon {
@@ -695,6 +702,7 @@ pub fn run_engine(
     adapter.set_leases(leases.clone());
     let leases_held = Arc::downgrade(&leases);
     let refs = adapter.kernel_refs();
+    inval.track(refs.clone());
     let refs_held = Arc::downgrade(&refs);
     let attach = AttachService::new(&engine, cfg.mode, leases, refs, stats.clone())
         .map_err(|e| eprintln!("inkfs: attach: {e} (continuing without)"))
@@ -738,6 +746,23 @@ pub fn run_engine(
                     "cache invalidations refused",
                     failed,
                 ));
+                let (retried, unreached) = inval.landings();
+                lines.push(
+                    Field::count(
+                        "invalidations_retried",
+                        "cache invalidations sent again",
+                        retried,
+                    )
+                    .explained("the kernel was taking the inode in from a reply"),
+                );
+                lines.push(
+                    Field::count(
+                        "invalidations_unreached",
+                        "cache invalidations given up",
+                        unreached,
+                    )
+                    .explained("should stay 0"),
+                );
             }
             if let Some(engine) = engine.upgrade() {
                 let s = engine.statfs();

@@ -8,10 +8,12 @@
 //! inode it uses until the engine call returns (so no lease is granted on
 //! an inode while the request changes its log). Then, before the answer,
 //! the kernel is told every name and attribute the request changed
-//! ([`Invalidator::changed_now`]): when the program gets its answer, the
-//! mount shows the change. Only what the kernel can hold is told
-//! (`needed`): nothing of an inode it has no count of, no name under a
-//! directory it has no count of (`crate::kernel_refs` says why that is
+//! ([`Invalidator::client_changed`]): when the program gets its answer,
+//! the mount shows the change (an invalidation the kernel answers ENOENT
+//! while a reply handing it the inode is on its way is sent again until
+//! it lands: crate::inval). Only what the kernel can hold is told
+//! (`Invalidator::needed`): nothing of an inode it has no count of, no
+//! name under a directory it has no count of (`crate::kernel_refs` says why that is
 //! enough, and how a reply racing the change gets the new state). A
 //! library's untar makes its directories and files through here, unseen by
 //! the kernel: none of its changes is sent. Waiting for the kernel here is safe: it may wait
@@ -89,8 +91,8 @@ pub fn serve(
             }
             // After the engine call: a skip is decided on the changed
             // state (kernel_refs.rs).
-            for c in m.changes.into_iter().filter_map(|c| needed(refs, c)) {
-                inval.changed_now(c);
+            for c in m.changes {
+                inval.client_changed(c);
             }
             Done {
                 seq: req.seq,
@@ -110,27 +112,6 @@ pub fn serve(
     };
     stats.record(op_stat(&req.op), t, done.errno == 0);
     done
-}
-
-/// What of `change`, made by a client just before, the kernel may hold
-/// (None: nothing). Decided by the kernel's counts (`KernelRefs::knows`):
-/// an inode it does not know has no attributes or pages in it; a
-/// directory it does not know has no names (positive or negative) nor a
-/// listing cached under it. A removed name under an unknown directory
-/// leaves the removed inode's attributes (its link count), should the
-/// kernel still know it by another way.
-fn needed(refs: &KernelRefs, change: Change) -> Option<Change> {
-    match change {
-        Change::Attr { ino } | Change::Data { ino, .. } => refs.knows(ino).then_some(change),
-        Change::Entry { parent, .. } => refs.knows(parent).then_some(change),
-        Change::Deleted { parent, child, .. } => {
-            if refs.knows(parent) {
-                Some(change)
-            } else {
-                refs.knows(child).then_some(Change::Attr { ino: child })
-            }
-        }
-    }
 }
 
 fn op_stat(op: &Op) -> stats::Op {
