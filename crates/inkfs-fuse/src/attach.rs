@@ -455,6 +455,7 @@ fn serve_leases(
                 let _ = crate::lease::send(holder, &reserve(inner, holder, n, Side::Dev));
             }
             Some(Msg::Return(ranges)) => inner.leases.take_back(holder, &ranges),
+            Some(Msg::Unused(ranges)) => inner.leases.take_back_unused(holder, &ranges),
             // On the worker: freeing recalls leases, whose `released`
             // this thread must stay free to read.
             Some(Msg::Unheld(_)) if worker.is_some() => {

@@ -508,6 +508,40 @@ impl Leases {
         engine.return_blocks(&ok);
     }
 
+    /// Blocks of its reservation the client gives back unused: those
+    /// still reserved for it leave its books and are free at once (no
+    /// reader can hold a block never committed: `Fs::free_unused_blocks`);
+    /// anything else is ignored, loudly (a block it committed belongs to
+    /// an inode or the limbo, and freeing it now would corrupt). Under
+    /// the books' lock, so the client's death (`leave`) cannot return the
+    /// same blocks again.
+    pub fn take_back_unused(&self, holder: &Holder, ranges: &[(u64, u64)]) {
+        let Some(engine) = self.engine.upgrade() else {
+            return;
+        };
+        let mut ok = Vec::new();
+        let mut refused = Vec::new();
+        {
+            let mut books = lock(&holder.books);
+            for &(start, len) in ranges {
+                let mut rest = RangeSet::from_ranges(&[(start, len)]);
+                for (s, l) in books.reserved.intersect(start, len) {
+                    books.reserved.remove(s, l);
+                    rest.remove(s, l);
+                    ok.push((s, l));
+                }
+                refused.extend(rest.ranges());
+            }
+        }
+        if !refused.is_empty() {
+            eprintln!(
+                "inkfs: client {} gave back as unused blocks not reserved for it ({refused:?}): ignored",
+                holder.id
+            );
+        }
+        engine.free_unused_blocks(&ok);
+    }
+
     /// The client's session ended: it is dead to the table (no grant to it
     /// any more, a recall of its leases settles them at once), and every
     /// lease it holds is settled. Its threads on the server (worker, ring)

@@ -106,6 +106,15 @@ fn lease_child() {
             }
             ["alive"] => format!("alive {}", client.server_alive()),
             ["sent"] => format!("sent {}", client.messages_sent()),
+            ["waited"] => format!("waited {}", client.refills_waited_for()),
+            // Until the refill ahead of need in flight (if any) has landed.
+            ["settle"] => {
+                let t = std::time::Instant::now();
+                while client.refilling() && t.elapsed() < std::time::Duration::from_secs(10) {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                format!("settle {}", client.refilling())
+            }
             // N overwrites of the first 4 KiB, each followed by fdatasync.
             ["syncloop", ..] => {
                 let f = file.as_ref().expect("open first");
@@ -154,6 +163,16 @@ fn lease_child() {
                     }
                 };
                 format!("fill {at} {errno}")
+            }
+            ["pin"] => {
+                // A call that never ends: the pin (and the server's limbo
+                // behind it) stays until the kill.
+                client.call(|_| {
+                    println!("@pinned");
+                    loop {
+                        std::thread::sleep(std::time::Duration::from_secs(60));
+                    }
+                })
             }
             ["quit"] => break,
             _ => format!("unknown {line}"),
@@ -907,6 +926,74 @@ fn a_write_and_fdatasync_loop_sends_the_server_nothing() {
     }
 }
 
+/// Appends that go through the client's reservation several times over
+/// find it refilled ahead of need by the reserve thread: only the first
+/// write (the reservation empty at attach) waits for the server. The
+/// blocks reserved ahead are the client's like any reservation: at its
+/// death (SIGKILL) the server takes them back, and once the file is gone
+/// the pool's free space is what it was before the client attached.
+#[test]
+fn appends_find_the_reservation_refilled_ahead_and_a_death_returns_it() {
+    require_root();
+    let pool = Pool::new("lease-ahead", 128);
+    let m = Mounted::new(&pool, "mode=strict");
+    std::fs::write(m.p("f"), b"").unwrap();
+    let before = free_blocks(m.path());
+    let mut c = ClientProc::start(m.path());
+    assert_eq!(c.ask("open f append"), "open ok");
+    assert_eq!(c.ask("appendloop 256 4096 7"), "appendloop 0");
+    let first: usize = c
+        .ask("waited")
+        .trim_start_matches("waited ")
+        .parse()
+        .unwrap();
+    assert!(first <= 1, "waited {first} times for the first reservation");
+    // 3 reservations' worth (1024 blocks each), in steps of a quarter of
+    // one, each after the refill asked for in the step before has landed:
+    // a step wakes the thread with 512 blocks at most left, more than the
+    // rest of the step takes, so no write runs dry however late the
+    // thread runs, unless it does not refill at all.
+    for step in 0..12 {
+        assert_eq!(c.ask("settle"), "settle false", "step {step}");
+        assert_eq!(
+            c.ask("appendloop 256 4096 7"),
+            "appendloop 0",
+            "step {step}"
+        );
+    }
+    assert_eq!(
+        c.ask("waited"),
+        format!("waited {first}"),
+        "a write ran dry"
+    );
+    assert_eq!(c.ask("settle"), "settle false");
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(c.pid(), libc::SIGKILL) };
+    drop(c);
+    eventually("the client reaped", || {
+        stat_u64(m.path(), "clients_attached") == 0
+    });
+    std::fs::remove_file(m.p("f")).unwrap();
+    // The removal's space comes back once the server has freed the inode.
+    // (A few blocks of slack: the removal's entry may take a new page of
+    // the root's log; a reservation kept would be hundreds.)
+    eventually("the reservation and the file's blocks back", || {
+        free_blocks(m.path()) + 8 >= before
+    });
+    drop(m);
+    fsck_clean(&pool);
+}
+
+/// Free blocks of the mount's file system (statvfs).
+fn free_blocks(mnt: &Path) -> u64 {
+    let c = std::ffi::CString::new(mnt.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: all-zero is a valid statvfs; the kernel fills it.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a statvfs to fill.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    st.f_bfree
+}
+
 /// A client overwriting one block again and again fills its log with dead
 /// entries, which it cannot collect (compaction commits through the
 /// server's journal): it gives the lease back when compaction is due, the
@@ -970,6 +1057,110 @@ fn a_client_dropped_while_holding_a_lease_does_not_get_its_process_killed() {
         std::fs::write(m.p(&name), b"through the mount").expect("write");
     }
     assert_eq!(stat_u64(m.path(), "leases_held"), 0);
+    drop(m);
+    fsck_clean(&pool);
+}
+
+/// The server's guard on reservations: four clients on a small pool
+/// whose appends ask for reservations together (2048 blocks at a first
+/// dry write, 1024 more ahead of need: more than the pool's 8,000 free
+/// blocks in all) leave the server room for its own operations: creates
+/// and writes through the mount, made while the clients hold their
+/// reservations, get no ENOSPC. A client killed mid-append and the others
+/// detaching give their blocks back: once the files are gone the free
+/// count is what it was, and fsck finds the pool clean.
+#[test]
+fn clients_reserving_at_once_leave_the_server_room_and_a_kill_returns_theirs() {
+    require_root();
+    let pool = Pool::new("lease-guard", 32);
+    let m = Mounted::new(&pool, "mode=strict");
+    let before = free_blocks(m.path());
+    let mut cs: Vec<ClientProc> = (0..4)
+        .map(|i| {
+            std::fs::write(m.p(&format!("c{i}")), b"").unwrap();
+            let mut c = ClientProc::start(m.path());
+            assert_eq!(c.ask(&format!("open c{i} append")), "open ok");
+            c
+        })
+        .collect();
+    // All at once: 2 MiB each, in 64 KiB appends.
+    for (i, c) in cs.iter_mut().enumerate() {
+        c.tell(&format!("appendloop 32 65536 {}", i + 1));
+    }
+    for (i, c) in cs.iter_mut().enumerate() {
+        assert_eq!(c.answer(), "appendloop 0", "client {i}");
+        assert_eq!(c.ask("settle"), "settle false", "client {i}");
+    }
+    // The clients hold their reservations; the mount's own creates and
+    // writes find room.
+    std::fs::create_dir(m.p("d")).unwrap();
+    for k in 0..400 {
+        std::fs::write(m.p(&format!("d/f{k}")), [k as u8; 100])
+            .unwrap_or_else(|e| panic!("create {k} through the mount: {e}"));
+    }
+    std::fs::write(m.p("big"), vec![7u8; 512 << 10]).expect("512 KiB through the mount");
+    assert!(free_blocks(m.path()) > 0);
+    // One client killed mid-append, the others detach.
+    let mut dead = cs.remove(0);
+    dead.tell("appendloop 64 65536 9");
+    std::thread::sleep(Duration::from_millis(3));
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(dead.pid(), libc::SIGKILL) };
+    drop(dead);
+    for c in cs {
+        c.quit();
+    }
+    eventually("the clients reaped", || {
+        stat_u64(m.path(), "clients_attached") == 0
+    });
+    for i in 0..4 {
+        std::fs::remove_file(m.p(&format!("c{i}"))).unwrap();
+    }
+    std::fs::remove_file(m.p("big")).unwrap();
+    std::fs::remove_dir_all(m.p("d")).unwrap();
+    // A few blocks of slack: the root's and d's log pages.
+    eventually("every reservation and the files' blocks back", || {
+        free_blocks(m.path()) + 16 >= before
+    });
+    drop(m);
+    fsck_clean(&pool);
+}
+
+/// A client's unused reservation given back at a recall is free at once,
+/// not held in the server's limbo like blocks a reader may hold: with
+/// another client pinned in a call (the limbo cannot drain), the recall
+/// puts the reservation back in the free count (2048 blocks asked at the
+/// first write, a few used), and the limbo does not grow by it.
+#[test]
+fn an_unused_reservation_given_back_is_free_at_once() {
+    require_root();
+    let pool = Pool::new("lease-unused", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    std::fs::write(m.p("f"), b"").unwrap();
+    let mut c = ClientProc::start(m.path());
+    assert_eq!(c.ask("open f append"), "open ok");
+    assert_eq!(c.ask("appendloop 16 4096 3"), "appendloop 0");
+    assert_eq!(c.ask("settle"), "settle false");
+    let mut pinned = ClientProc::start(m.path());
+    assert_eq!(pinned.ask("pin"), "pinned");
+    let free = free_blocks(m.path());
+    let limbo = stat_u64(m.path(), "limbo_blocks");
+    // A write through the mount recalls the lease: the client holds no
+    // other, so its reservation (over 1000 unused blocks) goes back.
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(m.p("f"))
+        .unwrap();
+    f.write_all(&[1u8; 4096]).unwrap();
+    drop(f);
+    eventually("the unused reservation free at once", || {
+        free_blocks(m.path()) >= free + 1000
+    });
+    // What the client freed (its file's preallocation) may wait there.
+    let grown = stat_u64(m.path(), "limbo_blocks").saturating_sub(limbo);
+    assert!(grown < 1000, "{grown} blocks went to the limbo");
+    drop(pinned);
+    c.quit();
     drop(m);
     fsck_clean(&pool);
 }

@@ -26,6 +26,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::alloc::grant;
 use crate::error::{errno, Error, Result};
 use crate::format::{BLOCK_SIZE, DEV_BLOCK_BASE, LOG_CHUNK_ID_MIN};
 pub use crate::blockset::RangeSet;
@@ -270,28 +271,32 @@ impl<P: Pmem> Fs<P> {
         if !self.is_client() {
             return errno(libc::EINVAL);
         }
-        for &(start, len) in ranges {
-            self.add_free_on_side(start, len)
-                .map_err(|e| Error::Corrupt(format!("reserved blocks {start}+{len}: {e:?}")))?;
-        }
         // This process's writes go there next: map the pages now, a chunk
         // at a time and each chunk once, instead of a page fault inside
         // each of those writes (the server mapped its own pages; this
-        // mapping is new).
+        // mapping is new). Before the blocks are free to take: the reserve
+        // thread adds them while other threads write, and a write that took
+        // one first would fault its page in itself.
         if let Some(side) = &self.client {
             for &(start, len) in ranges {
                 if start >= DEV_BLOCK_BASE {
                     continue;
                 }
-                let end = start + len;
+                // Clipped to the pool: a range outside it is refused below,
+                // once nothing was mapped for it.
+                let end = start.saturating_add(len).min(self.geo.total_blocks);
                 for c in start / MAP_CHUNK_BLOCKS..end.div_ceil(MAP_CHUNK_BLOCKS) {
-                    if side.first_map(c) {
-                        let first = (c * MAP_CHUNK_BLOCKS).max(self.geo.first_data_block);
-                        let last = ((c + 1) * MAP_CHUNK_BLOCKS).min(self.geo.total_blocks);
+                    let first = (c * MAP_CHUNK_BLOCKS).max(self.geo.first_data_block);
+                    let last = ((c + 1) * MAP_CHUNK_BLOCKS).min(self.geo.total_blocks);
+                    if first < last && side.first_map(c) {
                         self.pm.map_ahead(first * BLOCK_SIZE, (last - first) * BLOCK_SIZE);
                     }
                 }
             }
+        }
+        for &(start, len) in ranges {
+            self.add_free_on_side(start, len)
+                .map_err(|e| Error::Corrupt(format!("reserved blocks {start}+{len}: {e:?}")))?;
         }
         Ok(())
     }
@@ -549,11 +554,15 @@ impl<P: Pmem> Fs<P> {
     }
 
     /// Take up to `want` free blocks, in at most `ranges_max` ranges, from
-    /// this (the server's) allocator for a client's reservation; empty when
-    /// none is free.
+    /// this (the server's) allocator for a client's reservation, and no
+    /// more than the guard allows (`alloc::grant`: never the server's
+    /// keep, at most half of the free blocks above it); empty when none
+    /// may be taken.
     pub fn reserve_blocks(&self, want: u64, ranges_max: usize) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
-        let mut left = want;
+        let grantable =
+            grant::grantable_blocks(self.blocks.free_blocks(), self.blocks.capacity_blocks());
+        let mut left = want.min(grantable);
         while left > 0 && out.len() < ranges_max {
             match self.blocks.alloc(self.lane(), left) {
                 Some((start, len)) => {
@@ -578,8 +587,21 @@ impl<P: Pmem> Fs<P> {
         got
     }
 
-    /// Blocks a client gave back (unused, or freed by its writes): into
-    /// the limbo, since readers may still hold them.
+    /// Blocks of a client's reservation it gave back unused (`unused`
+    /// message; the mount's lease table checked they were reserved for
+    /// it): free at once. No reader can hold one: a block reaches a reader
+    /// only through a committed log entry, and a block committed by the
+    /// client is never in its allocator again (displaced or cut, it goes
+    /// to the freed list, `return`, the limbo).
+    pub fn free_unused_blocks(&self, ranges: &[(u64, u64)]) {
+        for &(start, len) in ranges {
+            debug_assert!(start < LOG_CHUNK_ID_MIN, "a log chunk reserved: {start:#x}");
+            self.free_now(start, len);
+        }
+    }
+
+    /// Blocks a client gave back (freed by its writes, or left at its
+    /// death): into the limbo, since readers may still hold them.
     pub fn return_blocks(&self, ranges: &[(u64, u64)]) {
         for &(start, len) in ranges {
             self.free_blocks(start, len);

@@ -35,6 +35,8 @@
 //!   other lanes;
 //! - `save.rs`: the on-media side: the free lists written into the lanes'
 //!   save areas at a clean unmount and read back at mount (docs/FORMAT.md);
+//! - `grant.rs`: how many blocks the server may grant a client's
+//!   reservation (the server's keep, and half of the rest at most);
 //! - `chunks.rs`: log chunks, the small first pages of logs carved four
 //!   to a block, and which lane keeps a partly used chunk block;
 //! - `slots.rs`: the inode-slot allocator;
@@ -47,6 +49,7 @@
 
 mod blocks;
 mod chunks;
+pub mod grant;
 mod lane;
 mod policy;
 mod range_set;

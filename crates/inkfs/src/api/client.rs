@@ -49,7 +49,8 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -80,6 +81,11 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Blocks asked for at a time for the reservation (4 MiB); a write that
 /// needs more asks for what it needs.
 const RESERVE_BLOCKS: u64 = 1024;
+/// Below this many free PM blocks in the reservation, a write wakes the
+/// reserve thread to ask for [`RESERVE_BLOCKS`] more, so the write that
+/// would have run dry finds them there instead of waiting for the server
+/// (a round trip, and populating the new blocks' pages: ~1.3 ms).
+const REFILL_AHEAD_BELOW: u64 = RESERVE_BLOCKS / 2;
 /// A write that found no space asks for more this many times before it
 /// reports ENOSPC.
 const RESERVE_TRIES: u32 = 3;
@@ -151,6 +157,32 @@ struct Shared {
     /// Writes to the session so far (each a system call the server answers
     /// or reads): what a served write or fsync should not cost.
     sent: AtomicUsize,
+    /// The reservation's refill ahead of need (`Shared::refill_ahead`).
+    refill: Refill,
+}
+
+/// The reserve thread and its one pending request. A write that leaves
+/// the reservation low sets `pending` and unparks the thread (once per
+/// refill, not per write); the thread asks the server on the session,
+/// adds what it got, and clears `pending`. The blocks are this client's
+/// from the moment the server sends them, exactly as a write's own
+/// reservation: the server takes them back at the session's end or the
+/// client's death, whether or not the thread added them yet.
+#[derive(Default)]
+struct Refill {
+    pending: AtomicBool,
+    thread: std::sync::OnceLock<std::thread::Thread>,
+    /// Refills a write waited for (it found the reservation empty).
+    waited: AtomicUsize,
+}
+
+impl Refill {
+    /// The session is closed (set before): the reserve thread ends.
+    fn stop(&self) {
+        if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+    }
 }
 
 /// Shards of the lease table.
@@ -261,6 +293,7 @@ impl Client {
             refilling: Mutex::new(()),
             refills: AtomicU64::new(0),
             sent: AtomicUsize::new(0),
+            refill: Refill::default(),
         });
         let threads = start_threads(&shared, clone_high(&conn)?)?;
         let use_ring = std::env::var_os(CHANNEL_ENV).is_none_or(|v| v != "session");
@@ -342,6 +375,18 @@ impl Client {
     /// for the server, which a served write or fsync avoids.
     pub fn messages_sent(&self) -> usize {
         self.shared.sent.load(SeqCst)
+    }
+
+    /// Reservation refills a write of this client waited for, having found
+    /// no space (the reserve thread's refills ahead of need are not).
+    pub fn refills_waited_for(&self) -> usize {
+        self.shared.refill.waited.load(Relaxed)
+    }
+
+    /// Whether a refill ahead of need is on its way (asked for and not yet
+    /// added to the reservation).
+    pub fn refilling(&self) -> bool {
+        self.shared.refill.pending.load(SeqCst)
     }
 
     /// Run `f` on the engine with this client's epoch pinned: the blocks
@@ -486,6 +531,28 @@ impl Client {
         self.shared.lease_cell(ino)
     }
 
+    /// The lease cell of `file`'s inode as `file` keeps it for this
+    /// client (set at its first write here): a write then skips the
+    /// table's shard lock and the `Arc`'s count. Sound because a cell
+    /// stays in the table for the client's life (a recall changes what
+    /// it holds, never which cell it is), and keyed by this client's id:
+    /// a forked child's copy of the file, used through the child's own
+    /// client, finds the parent's id there and looks its cell up in the
+    /// table. None when the file belongs to another client.
+    fn file_cell<'f>(&self, file: &'f File) -> Option<&'f Mutex<LeaseState>> {
+        let id = self.id();
+        let (owner, cell) = file.client_cell().get_or_init(|| {
+            let cell: Arc<dyn std::any::Any + Send + Sync> = self.lease_cell(file.ino());
+            (id, cell)
+        });
+        if *owner != id {
+            return None;
+        }
+        let cell = (**cell).downcast_ref::<Mutex<LeaseState>>();
+        debug_assert!(cell.is_some());
+        cell
+    }
+
     /// Run `op`, which writes inode `ino` (open as `file`, if it is;
     /// `bytes` of data), under its write lease: asked for first if this
     /// client does not hold it; more reservation asked for when it finds
@@ -498,8 +565,15 @@ impl Client {
         op: impl Fn(&Filesystem<MappedPool>) -> Result<R>,
     ) -> Result<R> {
         debug_assert!(file.is_none_or(|f| f.ino() == ino));
-        let cell = self.lease_cell(ino);
-        let mut held = lock(&cell);
+        let looked_up;
+        let cell = match file.and_then(|f| self.file_cell(f)) {
+            Some(c) => c,
+            None => {
+                looked_up = self.lease_cell(ino);
+                &*looked_up
+            }
+        };
+        let mut held = lock(cell);
         if self.shared.closed.load(SeqCst) {
             // The server ended the session (it took every lease back
             // first): nothing may be written any more.
@@ -548,6 +622,9 @@ impl Client {
                 held.recalled = held.recalled.max(gen);
                 held.drop_lease(&self.shared.held);
                 self.shared.give_back(ino, gen, false);
+            }
+            if r.is_ok() {
+                self.shared.refill_ahead_if_low();
             }
             match r {
                 Err(e) if e.errno() == libc::ENOSPC && tries < RESERVE_TRIES => {
@@ -749,13 +826,15 @@ impl Client {
     /// blocks of is marked full in the engine, whose writes then spill to
     /// the other (as the server's own do).
     /// `seen`: the reservations received before the write that found no
-    /// space; if another thread's came since, the write tries again
+    /// space; if another's came since (a thread's that ran out too, or
+    /// the reserve thread's refill ahead of need), the write tries again
     /// without asking.
     fn refill(&self, bytes: u64, tries: u32, seen: u64) -> Result<()> {
         let _one = lock(&self.shared.refilling);
         if self.shared.refills.load(SeqCst) != seen {
             return Ok(());
         }
+        self.shared.refill.waited.fetch_add(1, Relaxed);
         let fs = &self.shared.fs.fs;
         let blocks = blocks_for(bytes);
         let want = blocks.max(RESERVE_BLOCKS) << tries;
@@ -784,24 +863,12 @@ impl Client {
     /// device is full). A side that gave fewer than asked for is full for
     /// this client until a later request gets all it asks for.
     fn reserve(&self, side: Side, want: u64) -> Result<()> {
-        let fs = &self.shared.fs.fs;
         let ask = match side {
             Side::Pm => Msg::Reserve(want),
             Side::Dev => Msg::ReserveDev(want),
         };
         match self.ask(&ask)? {
-            Msg::Blocks(ranges) => {
-                // Fewer than asked for: the server had no more on that side.
-                let got: u64 = ranges
-                    .iter()
-                    .filter(|&&(start, _)| Side::of(start) == side)
-                    .map(|r| r.1)
-                    .sum();
-                fs.set_client_side_full(side, got < want);
-                let r = fs.add_reservation(&ranges);
-                self.shared.refills.fetch_add(1, SeqCst);
-                r
-            }
+            Msg::Blocks(ranges) => self.shared.add_granted(side, want, &ranges),
             Msg::NoSpace => errno(libc::ENOSPC),
             other => Err(protocol_error(&other)),
         }
@@ -810,7 +877,7 @@ impl Client {
     /// Send the blocks this client freed to the server.
     fn send_freed(&self) -> Result<()> {
         let freed = self.shared.fs.fs.take_client_freed();
-        self.shared.send_ranges(&freed)
+        self.shared.send_ranges(&freed, None, &[])
     }
 }
 
@@ -825,8 +892,15 @@ impl Drop for Client {
             }
             return;
         }
-        // The server settles this client's leases and reservation at the
-        // end of the session, as at its death.
+        // The reservation's unused blocks first, to be freed at once (at
+        // the session's end they would go through the server's limbo);
+        // a refill landing after this stays booked as this client's and
+        // goes with the rest. The server settles this client's leases and
+        // the rest at the end of the session, as at its death.
+        let fs = &self.shared.fs.fs;
+        let _ = self
+            .shared
+            .send_ranges(&fs.take_client_freed(), None, &fs.drain_reservation());
         let _ = self.conn.shutdown(std::net::Shutdown::Both);
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -873,6 +947,78 @@ impl Shared {
         lock(self.lease_shard(ino)).entry(ino).or_default().clone()
     }
 
+    /// Blocks the server granted for `want` on `side` (a request of the
+    /// write that ran dry or of the reserve thread, under `refilling`):
+    /// into the reservation, and counted. A side that gave fewer than
+    /// asked for is full for this client until a later request gets all
+    /// it asks for.
+    fn add_granted(&self, side: Side, want: u64, ranges: &[(u64, u64)]) -> Result<()> {
+        let got: u64 = ranges
+            .iter()
+            .filter(|&&(start, _)| Side::of(start) == side)
+            .map(|r| r.1)
+            .sum();
+        self.fs.fs.set_client_side_full(side, got < want);
+        let r = self.fs.fs.add_reservation(ranges);
+        self.refills.fetch_add(1, SeqCst);
+        r
+    }
+
+    /// After a write: if the PM reservation is low, wake the reserve
+    /// thread (unless it is already on its way). A few relaxed loads per
+    /// write; the unpark (a futex wake if the thread sleeps) once per
+    /// refill. Hybrid pools refill as before, when a write runs dry (which
+    /// side to ask for depends on the write).
+    fn refill_ahead_if_low(&self) {
+        let fs = &self.fs.fs;
+        if self.refill.pending.load(Relaxed)
+            || fs.is_hybrid()
+            || fs.reservation_free().0 >= REFILL_AHEAD_BELOW
+            || self.refill.pending.swap(true, SeqCst)
+        {
+            return;
+        }
+        if let Some(t) = self.refill.thread.get() {
+            t.unpark();
+        }
+    }
+
+    /// The reserve thread: one refill per wake-up with `pending` set, on
+    /// the session (a ring is a writing thread's; the session's requests
+    /// go one at a time under `asking`), until the session ends. What the
+    /// server could not give is left for the write that runs dry to ask
+    /// for and report (ENOSPC).
+    fn refill_ahead(&self) {
+        // The reader's unpark at the session's end comes after `closed`
+        // is set: checked before each park, a wake-up is never missed
+        // (an unpark before the park makes it return at once).
+        while !self.closed.load(SeqCst) {
+            std::thread::park();
+            if !self.refill.pending.load(SeqCst) {
+                continue;
+            }
+            {
+                // The one refill path: a write that ran dry meanwhile
+                // waits for these blocks instead of asking too.
+                let _one = lock(&self.refilling);
+                // Another refill may have landed since the wake-up.
+                if self.fs.fs.reservation_free().0 < REFILL_AHEAD_BELOW {
+                    let answer = {
+                        let _session = lock(&self.asking);
+                        self.request(Msg::Reserve(RESERVE_BLOCKS))
+                    };
+                    if let Ok(Msg::Blocks(ranges)) = answer {
+                        // Only fails on ranges outside the pool (a server
+                        // bug); the writes then ask for their own, which
+                        // report it.
+                        let _ = self.add_granted(Side::Pm, RESERVE_BLOCKS, &ranges);
+                    }
+                }
+            }
+            self.refill.pending.store(false, SeqCst);
+        }
+    }
+
     /// A namespace request's answer granted the lease of `ino` (grant
     /// `gen`): held unless it was recalled meanwhile.
     fn granted_with_answer(&self, ino: u64, gen: u64) {
@@ -891,13 +1037,26 @@ impl Shared {
             .map_err(|_| Error::Errno(libc::EIO))
     }
 
-    /// `return` lines for `ranges`, all in one write (one system call).
-    fn send_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
-        if ranges.is_empty() {
+    /// `return` lines for the blocks it freed, then `then` (a `released`),
+    /// then `unused` lines for the reservation it gives back unused, all in
+    /// one write (one system call).
+    fn send_ranges(
+        &self,
+        freed: &[(u64, u64)],
+        then: Option<&Msg>,
+        unused: &[(u64, u64)],
+    ) -> Result<()> {
+        if freed.is_empty() && then.is_none() && unused.is_empty() {
             return Ok(());
         }
         let mut lines = String::new();
-        for m in Msg::split(ranges, Msg::Return) {
+        for m in Msg::split(freed, Msg::Return) {
+            m.write_line(&mut lines);
+        }
+        if let Some(m) = then {
+            m.write_line(&mut lines);
+        }
+        for m in Msg::split(unused, Msg::Unused) {
             m.write_line(&mut lines);
         }
         self.sent.fetch_add(1, SeqCst);
@@ -952,12 +1111,21 @@ impl Shared {
     fn give_back(&self, ino: u64, gen: u64, recalled: bool) {
         let fs = &self.fs.fs;
         fs.client_release_inode(ino);
-        let mut back = fs.take_client_freed();
-        if recalled && self.held.load(SeqCst) == 0 {
-            back.extend(fs.drain_reservation());
-        }
-        let _ = self.send_ranges(&back);
-        let _ = self.send(&Msg::Released(ino, gen));
+        let freed = fs.take_client_freed();
+        // Blocks it never used go back apart from those it freed: the
+        // server frees them at once instead of through its limbo (no
+        // reader can have seen a block no commit referred to). Until the
+        // server reads the message they are still booked as this client's
+        // reservation: a death before that returns them with the rest.
+        // After the `released`, in the same write: the server has settled
+        // the inode by then, so a block the inode refers to has left the
+        // books and no wrong `unused` line could free it.
+        let unused = if recalled && self.held.load(SeqCst) == 0 {
+            fs.drain_reservation()
+        } else {
+            Vec::new()
+        };
+        let _ = self.send_ranges(&freed, Some(&Msg::Released(ino, gen)), &unused);
     }
 }
 
@@ -1024,6 +1192,12 @@ fn start_threads(
             }
         })?;
     let s = shared.clone();
+    let reserver = std::thread::Builder::new()
+        .name("inkfs-reserve".into())
+        .spawn(move || s.refill_ahead())?;
+    // Set once, before any write can look.
+    let _ = shared.refill.thread.set(reserver.thread().clone());
+    let s = shared.clone();
     let reader = std::thread::Builder::new()
         .name("inkfs-session".into())
         .spawn(move || {
@@ -1032,8 +1206,18 @@ fn start_threads(
             s.fs.fs.client_leases_changed();
             s.closed.store(true, SeqCst);
             s.answered.notify_all();
-        })?;
-    Ok(vec![reader, recaller])
+            s.refill.stop();
+        });
+    let reader = match reader {
+        Ok(r) => r,
+        Err(e) => {
+            // No session reader: the reserve thread would wait forever.
+            shared.closed.store(true, SeqCst);
+            shared.refill.stop();
+            return Err(e.into());
+        }
+    };
+    Ok(vec![reader, recaller, reserver])
 }
 
 fn read_session(s: &Shared, conn: &UnixStream, recalls: &std::sync::mpsc::Sender<(u64, u64)>) {

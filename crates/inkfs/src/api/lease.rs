@@ -68,7 +68,11 @@ pub enum Msg {
     NoSpace,
     /// Inode, grant number.
     Recall(u64, u64),
+    /// Blocks the client freed (displaced or cut from a file, or a
+    /// preallocation it dropped): readers may hold them (the limbo).
     Return(Vec<(u64, u64)>),
+    /// Blocks of the client's reservation it never used: free at once.
+    Unused(Vec<(u64, u64)>),
     /// Inode, grant number.
     Released(u64, u64),
     /// A namespace request (`super::ns`).
@@ -118,6 +122,10 @@ impl Msg {
                 ranges(out, "return", r);
                 Ok(())
             }
+            Msg::Unused(r) => {
+                ranges(out, "unused", r);
+                Ok(())
+            }
             Msg::Released(i, g) => writeln!(out, "released {i} {g}"),
             Msg::Ns(r) => {
                 out.push_str(&r.line());
@@ -164,6 +172,7 @@ impl Msg {
             "nospace" => Msg::NoSpace,
             "recall" => Msg::Recall(num(w.next())?, num(w.next())?),
             "return" => Msg::Return(ranges(w)?),
+            "unused" => Msg::Unused(ranges(w)?),
             "released" => Msg::Released(num(w.next())?, num(w.next())?),
             "ns" => Msg::Ns(super::ns::Request::parse(w)?),
             "done" => Msg::Done(super::ns::Done::parse(w)?),
@@ -234,6 +243,12 @@ impl<P: Pmem> Filesystem<P> {
         self.fs.collect_log(ino)
     }
 
+    /// Blocks of a client's reservation it never used: free at once
+    /// (`Fs::free_unused_blocks`).
+    pub fn free_unused_blocks(&self, ranges: &[(u64, u64)]) {
+        self.fs.free_unused_blocks(ranges)
+    }
+
     /// Blocks a client gave back or left: to the limbo.
     pub fn return_blocks(&self, ranges: &[(u64, u64)]) {
         self.fs.return_blocks(ranges)
@@ -257,6 +272,7 @@ mod tests {
             Msg::Recall(9, 4),
             Msg::Return(vec![]),
             Msg::Return(vec![(5, 5)]),
+            Msg::Unused(vec![(9, 2), (30, 1)]),
             Msg::Released(9, 4),
             Msg::Unheld(9),
             Msg::Lane(3),
@@ -272,6 +288,7 @@ mod tests {
             "lease x",
             "blocks 1+0",
             "blocks 1-2",
+            "unused 7+0",
             "grant 1",
             "recall 5",
             "released 5",
