@@ -44,6 +44,10 @@ const READ_RUN_MAX: u64 = 256;
 /// How long a reader waits for a block another read is loading (the
 /// readahead's, another reader's) before it reads the block itself.
 const LOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// Times a reader looks again at a block whose claim another read won
+/// before it reads the block alone (a block cached and evicted again at
+/// each look: a cache far too small for its readers).
+const CLAIM_RETRIES: u32 = 3;
 /// Bounce buffers of an engine whose reads bypass the cache (each made on
 /// first use: a client engine, one thread's, makes one).
 const BOUNCE_BUFFERS: usize = 4;
@@ -250,6 +254,8 @@ impl DataStore {
             ra.note(at / BLOCK_SIZE, want_end, limit, file_start);
         }
         let mut done = 0usize;
+        // Misses of the current block whose claim another read won.
+        let mut lost = 0u32;
         while done < buf.len() {
             let pos = at + done as u64;
             let block = pos / BLOCK_SIZE;
@@ -260,9 +266,17 @@ impl DataStore {
                 || (self.cache.wait_load(block, LOAD_WAIT) && self.cache.get(block, off, part))
             {
                 done += n;
+                lost = 0;
                 continue;
             }
-            done += self.read_run(block, off, want_end, &mut buf[done..])?;
+            let alone = lost >= CLAIM_RETRIES;
+            match self.read_run(block, off, want_end, &mut buf[done..], alone)? {
+                0 => lost += 1,
+                took => {
+                    done += took;
+                    lost = 0;
+                }
+            }
         }
         Ok(())
     }
@@ -270,8 +284,19 @@ impl DataStore {
     /// A miss at `block`: one device read from it towards `want_end` (the
     /// blocks no other read is loading), kept in the cache; the request's
     /// part (from byte `off` of `block`) is copied to `out`. Returns the
-    /// bytes copied.
-    fn read_run(&self, block: u64, off: usize, want_end: u64, out: &mut [u8]) -> io::Result<usize> {
+    /// bytes copied: 0 when another read claimed `block` since the caller
+    /// looked (the readahead, between the caller's miss and this claim),
+    /// so that the caller finds it cached or waits for that read rather
+    /// than reading the block twice; with `alone`, the block is then read
+    /// alone, uncached.
+    fn read_run(
+        &self,
+        block: u64,
+        off: usize,
+        want_end: u64,
+        out: &mut [u8],
+        alone: bool,
+    ) -> io::Result<usize> {
         let end_block = DEV_BLOCK_BASE + self.dev_blocks;
         let max = (want_end - block)
             .min(READ_RUN_MAX)
@@ -280,7 +305,11 @@ impl DataStore {
         let mut stamps = [0u64; READ_RUN_MAX as usize];
         self.bounce.with(|bounce| {
             let claimed = self.cache.begin_load(block, &mut stamps[..max]);
-            // 0: cached or claimed since we looked; read it alone, uncached.
+            if claimed == 0 && !alone {
+                return Ok(0);
+            }
+            // 0 (with `alone`): still cached or claimed by others each time
+            // we looked; read it alone, uncached.
             let run = claimed.max(1);
             let pages = &mut bounce[..run];
             let read = self.dev.read_at(Self::dev_offset(block), pages);
