@@ -544,16 +544,20 @@ impl InkFuse {
         let t = clock::now();
         match f() {
             Ok(v) => {
-                reply.ok(v);
                 self.done(op, t, true);
+                reply.ok(v);
             }
             Err(e) => {
-                reply.fail(errno(e));
                 self.done(op, t, false);
+                reply.fail(errno(e));
             }
         }
     }
 
+    /// Count a request, before its reply goes out: a caller that reads
+    /// the statistics once its call returned finds it counted (the tests
+    /// do, at once; counted after the reply, the woken caller could run
+    /// before this thread did). Its time excludes the reply's write.
     #[inline]
     fn done(&self, op: Op, t: Tick, ok: bool) {
         self.stats.record(op, t, ok);
@@ -676,16 +680,16 @@ impl Filesystem for InkFuse {
                 // dentry, so the cache cannot hide a file; tools that probe
                 // for absent files (SQLite's journal and WAL, git, PATH and
                 // include searches) stop paying a round trip per probe.
-                reply.entry(&TTL, &negative_attr(), Generation(0));
                 self.done(Op::lookup, t, false);
+                reply.entry(&TTL, &negative_attr(), Generation(0));
             }
             Ok(a) => {
-                reply.entry(&TTL, &file_attr(&a), Generation(a.generation));
                 self.done(Op::lookup, t, true);
+                reply.entry(&TTL, &file_attr(&a), Generation(a.generation));
             }
             Err(e) => {
-                reply.error(errno(e));
                 self.done(Op::lookup, t, false);
+                reply.error(errno(e));
             }
         }
     }
@@ -916,8 +920,8 @@ impl Filesystem for InkFuse {
             return;
         };
         if let Err(e) = direct {
-            reply.error(errno(e));
             self.done(Op::read, t, false);
+            reply.error(errno(e));
             return;
         }
         BUF.with(|buf| {
@@ -928,12 +932,12 @@ impl Filesystem for InkFuse {
             match self.with_file(fh, |f| self.fs.read(f, offset, &mut buf[..size])) {
                 Ok(n) => {
                     self.stats.bytes_read.add(n as u64);
-                    reply.data(&buf[..n]);
                     self.done(Op::read, t, true);
+                    reply.data(&buf[..n]);
                 }
                 Err(e) => {
-                    reply.error(errno(e));
                     self.done(Op::read, t, false);
+                    reply.error(errno(e));
                 }
             }
         });
@@ -991,8 +995,8 @@ impl Filesystem for InkFuse {
         // a file's dirty mmap pages back at close first, as before. Not
         // counted as an error: it is the answer.
         let t = clock::now();
-        reply.error(Errno::ENOSYS);
         self.done(Op::flush, t, true);
+        reply.error(Errno::ENOSYS);
     }
 
     fn release(
@@ -1027,8 +1031,8 @@ impl Filesystem for InkFuse {
             // FSYNC, and reports their errors, so msync and fsync of a
             // mapped file keep their meaning.
             let t = clock::now();
-            reply.error(Errno::ENOSYS);
             self.done(Op::fsync, t, true);
+            reply.error(Errno::ENOSYS);
             return;
         }
         self.answer(Op::fsync, reply, || {
@@ -1046,8 +1050,8 @@ impl Filesystem for InkFuse {
             // directory or is told to (`crate::inval`). Not an error: it is
             // the answer.
             let t = clock::now();
-            reply.error(Errno::ENOSYS);
             self.done(Op::opendir, t, true);
+            reply.error(Errno::ENOSYS);
             return;
         }
         let cred = self.cred(req);
@@ -1078,12 +1082,12 @@ impl Filesystem for InkFuse {
         });
         match r {
             Ok(()) => {
-                reply.ok();
                 self.done(Op::readdir, t, true);
+                reply.ok();
             }
             Err(e) => {
-                reply.error(errno(e));
                 self.done(Op::readdir, t, false);
+                reply.error(errno(e));
             }
         }
     }
@@ -1109,8 +1113,8 @@ impl Filesystem for InkFuse {
             })
         });
         if let Err(e) = r {
-            reply.error(errno(e));
             self.done(Op::readdirplus, t, false);
+            reply.error(errno(e));
             return;
         }
         for e in batch {
@@ -1170,8 +1174,8 @@ impl Filesystem for InkFuse {
                 break;
             }
         }
-        reply.ok();
         self.done(Op::readdirplus, t, true);
+        reply.ok();
     }
 
     fn releasedir(
@@ -1200,8 +1204,8 @@ impl Filesystem for InkFuse {
             // Directory changes are durable on return in every mode; in
             // these modes nothing else is pending either (see `fsync`).
             let t = clock::now();
-            reply.error(Errno::ENOSYS);
             self.done(Op::fsyncdir, t, true);
+            reply.error(Errno::ENOSYS);
             return;
         }
         self.answer(Op::fsyncdir, reply, || {
@@ -1218,6 +1222,7 @@ impl Filesystem for InkFuse {
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let t = clock::now();
         let s = self.fs.statfs();
+        self.done(Op::statfs, t, true);
         reply.statfs(
             s.blocks,
             s.blocks_free,
@@ -1228,7 +1233,6 @@ impl Filesystem for InkFuse {
             s.name_max,
             s.block_size,
         );
-        self.done(Op::statfs, t, true);
     }
 
     fn setxattr(
@@ -1350,8 +1354,8 @@ impl Filesystem for InkFuse {
             // in its cache. ENOSYS: it stops asking and answers itself,
             // every byte up to its size being data, as POSIX allows.
             let t = clock::now();
-            reply.error(Errno::ENOSYS);
             self.done(Op::lseek, t, true);
+            reply.error(Errno::ENOSYS);
             return;
         }
         self.answer(Op::lseek, reply, || {
@@ -1430,12 +1434,12 @@ impl Filesystem for InkFuse {
                     // neither of an ioctl.
                     self.inval.changed(Change::Attr { ino: ino.0 });
                 }
-                reply.ioctl(0, &data);
                 self.done(Op::ioctl, t, true);
+                reply.ioctl(0, &data);
             }
             Err(e) => {
-                reply.error(errno(e));
                 self.done(Op::ioctl, t, false);
+                reply.error(errno(e));
             }
         }
     }
