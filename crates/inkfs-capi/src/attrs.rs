@@ -371,7 +371,7 @@ fn statfs_of(m: &Mount) -> libc::statfs {
     st.f_frsize = s.block_size.into();
     st.f_blocks = s.blocks;
     st.f_bfree = s.blocks_free;
-    st.f_bavail = s.blocks_free;
+    st.f_bavail = s.blocks_avail;
     st.f_files = s.files;
     st.f_ffree = s.files_free;
     st.f_namelen = s.name_max.into();

@@ -1226,7 +1226,7 @@ impl Filesystem for InkFuse {
         reply.statfs(
             s.blocks,
             s.blocks_free,
-            s.blocks_free,
+            s.blocks_avail,
             s.files,
             s.files_free,
             s.block_size,

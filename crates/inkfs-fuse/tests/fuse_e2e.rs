@@ -324,6 +324,13 @@ fn posix_walk(root: &Path) {
     // statfs
     let st = nix_statfs(root);
     assert!(st.0 > 0 && st.1 > 0 && st.1 <= st.0, "statfs blocks {st:?}");
+    // Available leaves out the server's keep (alloc::grant): 1/64 of the
+    // pool, 256 blocks at least here.
+    let keep = st.1 - st.2.min(st.1);
+    assert!(
+        st.2 < st.1 && (256..=16_384).contains(&keep),
+        "statfs free/available {st:?}"
+    );
 
     // mmap, shared and writable
     write_mapped(&m.p("mapped"), 4096, b"mapped!");
@@ -340,13 +347,14 @@ impl Root<'_> {
     }
 }
 
-fn nix_statfs(p: &Path) -> (u64, u64) {
+/// statvfs's (blocks, free, available).
+fn nix_statfs(p: &Path) -> (u64, u64, u64) {
     let c = cpath(p);
     // SAFETY: statvfs is plain data filled by the call.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: valid path and out-pointer.
     assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
-    (st.f_blocks, st.f_bfree)
+    (st.f_blocks, st.f_bfree, st.f_bavail)
 }
 
 #[test]

@@ -885,10 +885,12 @@ impl<P: Pmem> Fs<P> {
         // would be carved into. An upper bound, as on other file systems
         // that make inodes on demand: records and names take space too.
         let files_free = free * LOG_CHUNKS_PER_BLOCK + self.blocks.free_chunks();
+        let keep = crate::alloc::grant::server_keep_blocks(self.blocks.capacity_blocks());
         StatFs {
             block_size: BLOCK_SIZE as u32,
             blocks: data_blocks + dev_blocks,
             blocks_free: free + dev_free,
+            blocks_avail: free.saturating_sub(keep) + dev_free,
             files: used_inodes + files_free,
             files_free,
             name_max: NAME_MAX as u32,

@@ -371,6 +371,12 @@ pub struct StatFs {
     /// the data device's), and those free: what df shows.
     pub blocks: u64,
     pub blocks_free: u64,
+    /// Of `blocks_free`, those any writer can count on (statfs's
+    /// `f_bavail`): PM's free blocks above the server's keep, which no
+    /// reservation of the kernel-free path is granted (`alloc::grant`;
+    /// the server's own writes through the mount may still use it, as
+    /// ext4's reserved blocks serve root), and the data device's.
+    pub blocks_avail: u64,
     pub files: u64,
     pub files_free: u64,
     pub name_max: u32,

@@ -670,3 +670,21 @@ fn fiemap_reports_extents_as_linux_does() {
     assert_eq!(errno_of(fs.fiemap(12345, 0, 1)), libc::ENOENT);
     fs.release(fh);
 }
+
+/// statfs's available blocks (df's "Avail", `f_bavail`) leave out the
+/// server's keep, which no reservation of the kernel-free path is granted
+/// (alloc::grant): a library writer meets ENOSPC there. The free count
+/// still holds it.
+#[test]
+fn available_blocks_leave_out_the_servers_keep() {
+    let fs = fresh(Mode::Strict, 64 << 20);
+    let st = fs.statfs();
+    let keep = inkfs::alloc::grant::server_keep_blocks(st.blocks);
+    assert!(keep >= inkfs::alloc::grant::SERVER_KEEP_MIN_BLOCKS.min(st.blocks / 2));
+    assert_eq!(st.blocks_avail, st.blocks_free - keep, "{st:?}");
+    // Space taken comes off both alike.
+    file(&fs, R, b"f", &pattern(64 << 10, 3));
+    let after = fs.statfs();
+    assert!(after.blocks_free < st.blocks_free);
+    assert_eq!(after.blocks_avail, after.blocks_free - keep, "{after:?}");
+}

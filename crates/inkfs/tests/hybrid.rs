@@ -69,6 +69,15 @@ fn large_writes_go_to_the_device_small_ones_stay_on_pm() {
             st.data_blocks_free + 70 <= st.data_blocks,
             "{mode:?}: 300 KB should be on the device: {st:?}"
         );
+        // Available: PM's free blocks above the server's keep, and all of
+        // the device's (no reservation is granted on it).
+        let pm_free = st.blocks_free - st.data_blocks_free;
+        let keep = inkfs::alloc::grant::server_keep_blocks(st.blocks - st.data_blocks);
+        assert_eq!(
+            st.blocks_avail,
+            pm_free - keep + st.data_blocks_free,
+            "{st:?}"
+        );
         let ext = fs.fiemap(big.ino, 0, u64::MAX).unwrap();
         assert!(!ext.is_empty());
         let mut want = data.clone();
