@@ -541,16 +541,10 @@ impl Client {
     /// table. None when the file belongs to another client.
     fn file_cell<'f>(&self, file: &'f File) -> Option<&'f Mutex<LeaseState>> {
         let id = self.id();
-        let (owner, cell) = file.client_cell().get_or_init(|| {
-            let cell: Arc<dyn std::any::Any + Send + Sync> = self.lease_cell(file.ino());
-            (id, cell)
-        });
-        if *owner != id {
-            return None;
-        }
-        let cell = (**cell).downcast_ref::<Mutex<LeaseState>>();
-        debug_assert!(cell.is_some());
-        cell
+        let (owner, cell) = file
+            .client_cell()
+            .get_or_init(|| (id, self.lease_cell(file.ino())));
+        (*owner == id).then_some(&**cell)
     }
 
     /// Run `op`, which writes inode `ino` (open as `file`, if it is;
@@ -908,9 +902,13 @@ impl Drop for Client {
     }
 }
 
+/// One inode's cell in a client's lease table, shared with the files
+/// that keep it (`File::client_cell`).
+pub(crate) type LeaseCell = Arc<Mutex<LeaseState>>;
+
 /// This client's view of one inode's write lease.
-#[derive(Default)]
-struct LeaseState {
+#[derive(Default, Debug)]
+pub(crate) struct LeaseState {
     held: bool,
     /// The grant held (when `held`).
     gen: u64,

@@ -151,19 +151,16 @@ pub struct File {
     /// A kernel-free client's lease cell of this file's inode, with the
     /// client's id: set at the first write through the client, so later
     /// writes lock the cell without finding it in the client's table
-    /// (`client::Client`; opaque here).
-    client_cell: std::sync::OnceLock<(u64, LeaseCell)>,
+    /// (`client::Client`).
+    client_cell: std::sync::OnceLock<(u64, client::LeaseCell)>,
 }
-
-/// What [`File`] keeps for a client (its type is the client's).
-type LeaseCell = std::sync::Arc<dyn std::any::Any + Send + Sync>;
 
 impl File {
     pub fn ino(&self) -> u64 {
         self.handle.ino()
     }
     /// The client cell slot (`client::Client`'s cache of its lease cell).
-    pub(crate) fn client_cell(&self) -> &std::sync::OnceLock<(u64, LeaseCell)> {
+    pub(crate) fn client_cell(&self) -> &std::sync::OnceLock<(u64, client::LeaseCell)> {
         &self.client_cell
     }
     pub fn kind(&self) -> FileKind {

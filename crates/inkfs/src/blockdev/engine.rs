@@ -37,13 +37,7 @@ impl<P: Pmem> Fs<P> {
     /// Read the file bytes at byte address `at` (a block number times
     /// `BLOCK_SIZE`, plus an offset), on PM or on the device.
     pub(crate) fn data_read(&self, at: u64, buf: &mut [u8]) -> Result<()> {
-        if at < DEV_BYTES_BASE {
-            self.pm.read(at, buf);
-            return Ok(());
-        }
-        self.store_or_corrupt(at / BLOCK_SIZE)?
-            .read(at, buf)
-            .map_err(io_errno)
+        self.data_read_ahead_to(at, buf, u64::MAX, false)
     }
 
     /// `data_read` for `Fs::read`: a device read here reads ahead no
