@@ -291,8 +291,7 @@ fn lookups_racing_skipped_invalidations_leave_no_stale_mode() {
 /// in a new directory: the files whose old mode shows through the mount
 /// after it.
 fn chmods_crossing_stats(m: &Mounted, stats: &Path, round: usize) -> Vec<usize> {
-    use std::io::{BufRead, BufReader, Write};
-    use std::process::{Command, Stdio};
+    use std::io::Write;
     const N: usize = 400;
     let dir = format!("r{round}");
     let script = format!(
@@ -307,21 +306,7 @@ fn chmods_crossing_stats(m: &Mounted, stats: &Path, round: usize) -> Vec<usize> 
          \x20   os.chmod(d + '/f%d' % i, 0o600)\n"
     );
     let before = c(&counts(stats), "ns_local");
-    let mut child = Command::new(PYTHON)
-        .arg("-c")
-        .arg(&script)
-        .arg(m.p(&dir))
-        .env("LD_PRELOAD", lib())
-        .env("INKFS_PRELOAD_STATS", stats)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read");
-    assert_eq!(line, "ready\n", "the script failed");
+    let mut child = python_when_ready(&script, &m.p(&dir), stats);
     child
         .stdin
         .take()

@@ -469,26 +469,11 @@ sys.stdin.read()
 /// of the mount (one attach, one slot).
 #[test]
 fn many_threads_are_served_through_one_client() {
-    use std::io::{BufRead, BufReader, Write};
-    use std::process::{Command, Stdio};
+    use std::io::Write;
     let pool = Pool::new("ns-many-threads", 64);
     let m = Mounted::new(&pool, "mode=strict");
     let stats = stats_file("many-threads");
-    let mut child = Command::new(PYTHON)
-        .arg("-c")
-        .arg(PY_MANY_THREADS)
-        .arg(m.path())
-        .env("LD_PRELOAD", lib())
-        .env("INKFS_PRELOAD_STATS", stats.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read");
-    assert_eq!(line, "ready\n", "the script failed");
+    let mut child = python_when_ready(PY_MANY_THREADS, m.path(), stats.path());
     let report = stats_json(m.path()).expect("statistics");
     assert_eq!(report["clients_attached"].as_u64(), Some(1), "{report}");
     child

@@ -89,3 +89,27 @@ pub fn preloaded(script: &str, stats: &Path, ns: u64) {
     let n = counts(stats);
     assert_eq!(c(&n, "ns_local") - before, ns, "{script} not served: {n:?}");
 }
+
+/// A python `script` (with `arg`) under the library, its counters to
+/// `stats`, once it printed `ready`: it waits there for the caller, who
+/// writes its stdin (a go-ahead line) or closes it.
+pub fn python_when_ready(script: &str, arg: &Path, stats: &Path) -> std::process::Child {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut child = Command::new(PYTHON)
+        .arg("-c")
+        .arg(script)
+        .arg(arg)
+        .env("LD_PRELOAD", lib())
+        .env("INKFS_PRELOAD_STATS", stats)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    assert_eq!(line, "ready\n", "the script failed");
+    child
+}
