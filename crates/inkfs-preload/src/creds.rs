@@ -6,7 +6,8 @@
 //! allocation; a namespace call needs them once or twice, so an untar
 //! made some 13 such calls per file. They change only through calls this
 //! library interposes: the set*id family, setgroups and initgroups, umask,
-//! and `syscall(2)` with one of those numbers. Each of those, once the
+//! unshare and setns (a user namespace maps the ids anew), and
+//! `syscall(2)` with one of those numbers. Each of those, once the
 //! kernel has made the change, bumps one process-wide generation; each
 //! thread keeps its own copy tagged with the generation it read before
 //! asking the kernel, and reads them again when the tag is old.
@@ -258,8 +259,21 @@ pub unsafe extern "C" fn initgroups(user: *const std::ffi::c_char, group: gid_t)
     changing(|| unsafe { real::initgroups(user, group) })
 }
 
+/// A new or joined user namespace shows the ids through its own map.
+#[no_mangle]
+pub unsafe extern "C" fn unshare(flags: c_int) -> c_int {
+    // SAFETY: no memory involved.
+    changing(|| unsafe { real::unshare(flags) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn setns(fd: c_int, nstype: c_int) -> c_int {
+    // SAFETY: no memory involved.
+    changing(|| unsafe { real::setns(fd, nstype) })
+}
+
 /// The system call numbers that change a thread's credentials.
-const CREDENTIAL_CALLS: [c_long; 10] = [
+const CREDENTIAL_CALLS: [c_long; 12] = [
     libc::SYS_setuid,
     libc::SYS_setgid,
     libc::SYS_setreuid,
@@ -270,6 +284,8 @@ const CREDENTIAL_CALLS: [c_long; 10] = [
     libc::SYS_setfsgid,
     libc::SYS_setgroups,
     libc::SYS_umask,
+    libc::SYS_unshare,
+    libc::SYS_setns,
 ];
 
 /// syscall(2): a raw credential change (Samba changes one thread's ids

@@ -119,6 +119,8 @@ mod fns {
         setfsgid(gid: libc::gid_t) -> c_int, -1;
         setgroups(n: size_t, list: *const libc::gid_t) -> c_int, -1;
         initgroups(user: *const c_char, group: libc::gid_t) -> c_int, -1;
+        unshare(flags: c_int) -> c_int, -1;
+        setns(fd: c_int, nstype: c_int) -> c_int, -1;
         mkdirat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int, -1;
         mknodat(dirfd: c_int, path: *const c_char, mode: mode_t, dev: libc::dev_t) -> c_int, -1;
         symlinkat(target: *const c_char, dirfd: c_int, path: *const c_char) -> c_int, -1;
