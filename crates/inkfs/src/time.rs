@@ -15,9 +15,9 @@ pub fn now_ns() -> i64 {
     // cannot fail with a valid pointer and clock).
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
     debug_assert_eq!(rc, 0, "clock_gettime(CLOCK_REALTIME)");
-    (ts.tv_sec as i64)
+    ts.tv_sec
         .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as i64)
+        .saturating_add(ts.tv_nsec)
 }
 
 /// `unix_ns` as an ISO 8601 UTC time to the second ("2026-11-22T10:31:07Z"),
