@@ -1075,3 +1075,77 @@ fn threads_write_one_file_at_once() {
     assert_eq!(c(&n, "write_local"), 2400, "{n:?}");
     assert_eq!(c(&n, "write_kernel"), 0, "{n:?}");
 }
+
+/// N 4 KiB O_APPEND writes, each followed by fdatasync (issue 16's
+/// durable append), then exit.
+const PY_DURABLE_APPENDS: &str = r#"
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+rec = b"x" * 4096
+for i in range(int(sys.argv[2])):
+    os.write(fd, rec)
+    os.fdatasync(fd)
+os.close(fd)
+"#;
+
+/// The system calls a preloaded run of [`PY_DURABLE_APPENDS`] makes (all
+/// its threads: strace -f), from strace's summary.
+fn syscalls_of_appends(script: &Path, file: &Path, n: u32, stats: &Path) -> u64 {
+    let out = tempfile::NamedTempFile::new().expect("strace output");
+    let st = Command::new("strace")
+        .args(["-f", "-c", "-o"])
+        .arg(out.path())
+        .arg(PYTHON)
+        .arg(script)
+        .arg(file)
+        .arg(n.to_string())
+        .env("LD_PRELOAD", lib())
+        .env("INKFS_PRELOAD_STATS", stats)
+        .status()
+        .expect("strace (Debian package strace) runs");
+    assert!(st.success(), "the preloaded appends failed under strace");
+    let text = std::fs::read_to_string(out.path()).expect("strace summary");
+    // "100.00    0.001234           1      1234        56 total": calls is
+    // the fourth column (errors, the fifth, may be empty).
+    let total = text
+        .lines()
+        .find(|l| l.trim_end().ends_with(" total"))
+        .unwrap_or_else(|| panic!("no total in strace's summary: {text}"));
+    total
+        .split_whitespace()
+        .nth(3)
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("no call count in {total:?}"))
+}
+
+/// The served durable append makes no system call (issue 16: none on the
+/// data path): a run of 2050 write + fdatasync pairs makes about as many
+/// calls as a run of 50 (the difference is the reservation's refills
+/// ahead, a few calls per 1024 blocks, and the process's own start-up
+/// noise), where the kernel path would make 4000 more.
+#[test]
+fn a_served_durable_append_makes_no_system_call() {
+    let pool = Pool::new("preload-nosyscall", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let py = dir.path().join("appends.py");
+    std::fs::write(&py, PY_DURABLE_APPENDS).expect("script");
+    let stats = stats_file("nosyscall");
+    let few = syscalls_of_appends(&py, &m.p("few"), 50, stats.path());
+    let many = syscalls_of_appends(&py, &m.p("many"), 2050, stats.path());
+    let n = counts(stats.path());
+    assert_eq!(c(&n, "write_local"), 2100, "{n:?}");
+    assert_eq!(c(&n, "sync_local"), 2100, "{n:?}");
+    assert_eq!(c(&n, "write_kernel"), 0, "{n:?}");
+    let extra = many.saturating_sub(few);
+    assert!(
+        extra < 100,
+        "2000 more served appends made {extra} more system calls ({few} → {many})"
+    );
+    assert_eq!(
+        std::fs::metadata(m.p("many")).expect("stat").len(),
+        2050 * 4096
+    );
+    drop(m);
+    fsck_clean(&pool);
+}

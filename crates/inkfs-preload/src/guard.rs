@@ -39,10 +39,7 @@ pub fn inside() -> bool {
 /// panicked, the thread was already inside, or the library is not loaded
 /// yet (the caller then does the real call).
 pub fn run<R>(f: impl FnOnce() -> R) -> Option<R> {
-    if !LOADED.load(Ordering::Acquire) {
-        return None;
-    }
-    run_always(f)
+    serve_with(|pool| pool.then(f))?
 }
 
 /// Serve a call: `f(true)` under [`run`] (the pool may be used), or
@@ -50,21 +47,41 @@ pub fn run<R>(f: impl FnOnce() -> R) -> Option<R> {
 /// handler that interrupted it: no client, nothing that locks or
 /// allocates). `None` when [`run`] gives none: the caller does the real
 /// call.
+#[inline]
 pub fn serve<R>(f: impl FnOnce(bool) -> R) -> Option<R> {
-    if inside() {
-        return Some(f(false));
-    }
-    run(|| f(true))
+    serve_with(f)
+}
+
+/// [`serve`] and [`run`] in one look at the thread's flag: in a preloaded
+/// library each thread-local access is a call of `__tls_get_addr`, and
+/// the flag's three (the check, the set and the clear) and [`inside`]'s
+/// own were four of them at every served write and fdatasync. `f(false)`
+/// on a thread already inside; `None` before the constructor is done.
+#[inline]
+fn serve_with<R>(f: impl FnOnce(bool) -> R) -> Option<R> {
+    INSIDE.with(|inside| {
+        if inside.get() {
+            return Some(f(false));
+        }
+        if !LOADED.load(Ordering::Acquire) {
+            return None;
+        }
+        enter(inside, || f(true))
+    })
+}
+
+/// `f` with `inside` (this thread's flag, clear) set, panics caught.
+#[inline]
+fn enter<R>(inside: &Cell<bool>, f: impl FnOnce() -> R) -> Option<R> {
+    debug_assert!(!inside.get(), "served calls do not nest");
+    inside.set(true);
+    let r = catch_unwind(AssertUnwindSafe(f));
+    inside.set(false);
+    r.ok()
 }
 
 /// [`run`], also before the constructor is done (the constructor's own
 /// work).
 pub fn run_always<R>(f: impl FnOnce() -> R) -> Option<R> {
-    if inside() {
-        return None;
-    }
-    INSIDE.with(|c| c.set(true));
-    let r = catch_unwind(AssertUnwindSafe(f));
-    INSIDE.with(|c| c.set(false));
-    r.ok()
+    INSIDE.with(|inside| if inside.get() { None } else { enter(inside, f) })
 }

@@ -10,7 +10,7 @@
 //! read served from the pool from one the kernel served.
 
 use std::io::Write;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 pub static READ_LOCAL: AtomicU64 = AtomicU64::new(0);
 pub static READ_KERNEL: AtomicU64 = AtomicU64::new(0);
@@ -69,8 +69,21 @@ pub const ENV: &str = "INKFS_PRELOAD_STATS";
 static PATH: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
 static PATH_LEN: AtomicUsize = AtomicUsize::new(0);
 
+/// Whether a stats file was named at load: only then are calls counted.
+/// Set once by [`init`] (the constructor, before any call is served), read
+/// by every counted call; a forked child inherits it, an exec'd program
+/// sets it again from its environment.
+static COUNTING: AtomicBool = AtomicBool::new(false);
+
+/// Count one call in `c`, if this process reports its counts. Without a
+/// stats file nobody reads them, and the count was a locked add on a line
+/// every thread of the process shares, at each served write and fdatasync:
+/// one plain load of a flag that never changes after load instead.
+#[inline]
 pub fn bump(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
+    if COUNTING.load(Ordering::Relaxed) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// In a forked child: its counts start at 0 (the parent reports its own).
@@ -97,6 +110,7 @@ pub fn init() {
         w.store(u64::from_ne_bytes(chunk), Ordering::Relaxed);
     }
     PATH_LEN.store(b.len(), Ordering::Release);
+    COUNTING.store(true, Ordering::Relaxed);
 }
 
 /// At exit: append this process's line.

@@ -17,9 +17,9 @@
 //! client's write past the end would leave the kernel's size short: a
 //! page fault there is a SIGBUS).
 //!
-//! Hence: a served fsync/fdatasync asks the client (which hands the blocks
-//! it freed back to the server, as `Client::fsync` does) and makes no
-//! kernel call, unless this process has a shared mapping of the inode
+//! Hence: a served fsync/fdatasync makes no kernel call and, in strict
+//! and sync mode (`Client::fsync_is_noop`), does nothing but these
+//! checks, unless this process has a shared mapping of the inode
 //! (noted by the `mmap` interposer below), in which case the kernel's
 //! fsync runs as without the library. sync_file_range is the same, with
 //! nothing to ask of the client. A shared mapping made by another process
@@ -141,8 +141,21 @@ fn pool_fsync(idx: usize, ofd: &Ofd, datasync: bool) -> Option<c_int> {
         return None;
     }
     let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
-    // The inode's writing client: the blocks it freed go back with this.
     let lease = m.checkout()?;
+    if lease.client().fsync_is_noop() {
+        // Strict and sync mode: every write through the client returned
+        // with its commit fenced, and every write through the kernel went
+        // to the server synchronously (no writeback cache), which
+        // committed it as durably before answering; a shared mapping's
+        // pages, the one thing the kernel may hold, took the kernel path
+        // above. Nothing is left to make durable, and the engine's fsync
+        // would not look at the file: no look-up of its handle either
+        // (the open-file entry's read lock, and its open at a first use).
+        stats::bump(&stats::SYNC_LOCAL);
+        return Some(0);
+    }
+    // A pool whose fsync writes (posix mode, which the server refuses to
+    // clients today): the inode's writing client does it.
     lease
         .with_file(idx, ofd, |c, f| c.fsync(f, datasync))?
         .ok()?;
@@ -151,10 +164,8 @@ fn pool_fsync(idx: usize, ofd: &Ofd, datasync: bool) -> Option<c_int> {
 }
 
 fn served_fsync(fd: c_int, datasync: bool) -> Option<c_int> {
-    if guard::inside() {
-        return None;
-    }
     match route(fd, Op::Write) {
+        // `run` gives None on a thread already inside the library.
         Route::Served(idx, ofd) => guard::run(|| pool_fsync(idx, ofd, datasync)).flatten(),
         Route::Kernel => None,
     }

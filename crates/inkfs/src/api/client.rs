@@ -520,10 +520,18 @@ impl Client {
     /// fdatasync's own time). A posix-mode pool (refused at attach) would
     /// write the log: pinned as any call.
     pub fn fsync(&self, file: &File, datasync: bool) -> Result<()> {
-        if self.shared.fs.fsync_is_noop() {
+        if self.fsync_is_noop() {
             return self.shared.fs.fsync(file, datasync);
         }
         self.call(|fs| fs.fsync(file, datasync))
+    }
+
+    /// Whether [`Client::fsync`] has nothing to do on this client's pool
+    /// (strict and sync mode: every write returned durable), whatever the
+    /// file: a front end may answer fsync without finding the file's
+    /// handle.
+    pub fn fsync_is_noop(&self) -> bool {
+        self.shared.fs.fsync_is_noop()
     }
 
     /// The lease cell of `ino`.
