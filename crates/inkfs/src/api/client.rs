@@ -281,6 +281,9 @@ impl Client {
         // Blocks this client's overwrites displace are kept for the same
         // file's next overwrites once no other reader can hold them.
         fs.client_use_epochs(epochs.clone(), grant.slot);
+        // A hybrid pool: device writes announced, the cache checked (it
+        // keeps nothing before this; attaching read no device block).
+        fs.data_use_stamps(epochs.clone());
         let shared = Arc::new(Shared {
             fs: Filesystem { fs },
             out: Mutex::new(clone_high(&conn)?),
