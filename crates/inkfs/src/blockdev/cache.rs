@@ -194,6 +194,13 @@ impl DataCache {
         let _ = self.stamps.set(table);
     }
 
+    /// Whether a device read may be kept here now: a cache, and the
+    /// stamps when it needs them (a client's before `use_stamps` keeps
+    /// nothing, so its reads bypass it and nothing is read ahead).
+    pub fn keeps(&self) -> bool {
+        self.capacity_pages != 0 && (!self.needs_stamps || self.stamps.get().is_some())
+    }
+
     /// The shared write stamps, if in use.
     pub fn write_stamps(&self) -> Option<&WriteStamps> {
         self.stamps.get().map(|t| (**t).as_ref().dev_writes())
