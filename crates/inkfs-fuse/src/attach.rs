@@ -297,7 +297,9 @@ impl Lanes {
 /// the session ends.
 fn serve_ring(inner: &Inner, holder: &Arc<Holder>, ring: inkfs::api::ring::Ring<'_>) {
     let mut last = 0;
-    while let Some((seq, bytes)) = ring.next_request(last) {
+    // One buffer for every request's bytes and one for every answer.
+    let (mut bytes, mut out) = (Vec::new(), String::new());
+    while let Some(seq) = ring.next_request_into(last, &mut bytes) {
         last = seq;
         let msg = std::str::from_utf8(&bytes)
             .ok()
@@ -327,7 +329,9 @@ fn serve_ring(inner: &Inner, holder: &Arc<Holder>, ring: inkfs::api::ring::Ring<
             // sense; it gets one it cannot take for another's.
             _ => Msg::Denied(0, libc::EINVAL),
         };
-        ring.answer(seq, answer.line().as_bytes());
+        out.clear();
+        answer.write_line(&mut out);
+        ring.answer(seq, out.as_bytes());
     }
 }
 

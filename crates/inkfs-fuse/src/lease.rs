@@ -55,6 +55,9 @@ thread_local! {
     /// The inodes the current FUSE request holds busy (None: not in a
     /// request).
     static SCOPE: RefCell<Option<Vec<u64>>> = const { RefCell::new(None) };
+    /// The last request's list, emptied, for the next one (no allocation
+    /// per request).
+    static SPARE: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
     /// This thread is the table's own (granting, settling): the engine's
     /// uses of inodes recall nothing.
     static SILENT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -106,6 +109,14 @@ impl Entry {
 struct Shard {
     map: Mutex<HashMap<u64, Entry>>,
     changed: Condvar,
+    /// Threads waiting on `changed` now. Changed and read only with `map`
+    /// locked (Relaxed is enough: the lock orders it), so a change made
+    /// under the lock that finds it 0 has no waiter to wake: one that
+    /// looked at its entry before the change counted itself before it let
+    /// the lock go. A request's end (`Leases::unbusy`, twice per ring
+    /// request) then makes no system call: std's `notify_all` always
+    /// makes one (bench/results-notes/srvcpu.md).
+    waiting: AtomicUsize,
 }
 
 impl Shard {
@@ -115,10 +126,31 @@ impl Shard {
         &self,
         map: MutexGuard<'a, HashMap<u64, Entry>>,
     ) -> MutexGuard<'a, HashMap<u64, Entry>> {
-        self.changed
-            .wait_timeout(map, Duration::from_millis(100))
+        self.wait_for(map, Duration::from_millis(100))
+    }
+
+    /// Wait for a change, at most `timeout`, counted in `waiting`.
+    fn wait_for<'a>(
+        &self,
+        map: MutexGuard<'a, HashMap<u64, Entry>>,
+        timeout: Duration,
+    ) -> MutexGuard<'a, HashMap<u64, Entry>> {
+        self.waiting.fetch_add(1, Relaxed);
+        let map = self
+            .changed
+            .wait_timeout(map, timeout)
             .unwrap_or_else(|e| e.into_inner())
-            .0
+            .0;
+        self.waiting.fetch_sub(1, Relaxed);
+        map
+    }
+
+    /// Wake the waiters of a change made under `_map`, the shard's lock
+    /// (held: see `waiting`), if there are any.
+    fn wake_waiters(&self, _map: &MutexGuard<'_, HashMap<u64, Entry>>) {
+        if self.waiting.load(Relaxed) != 0 {
+            self.changed.notify_all();
+        }
     }
 }
 
@@ -150,6 +182,7 @@ impl Leases {
                 .map(|_| Shard {
                     map: Mutex::default(),
                     changed: Condvar::new(),
+                    waiting: AtomicUsize::new(0),
                 })
                 .collect(),
         });
@@ -178,7 +211,7 @@ impl Leases {
                 map.remove(&ino);
             }
         }
-        shard.changed.notify_all();
+        shard.wake_waiters(&map);
     }
 
     /// A client attached: its books, with the pid to kill it by.
@@ -204,7 +237,9 @@ impl Leases {
         if self.attached.load(Relaxed) == 0 {
             return Scope { leases: None };
         }
-        SCOPE.with(|s| *s.borrow_mut() = Some(Vec::new()));
+        let list = SPARE.take();
+        debug_assert!(list.is_empty());
+        SCOPE.set(Some(list));
         Scope {
             leases: Some(self.clone()),
         }
@@ -260,11 +295,7 @@ impl Leases {
             } else {
                 until - now
             };
-            map = shard
-                .changed
-                .wait_timeout(map, wait)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            map = shard.wait_for(map, wait);
         }
     }
 
@@ -317,19 +348,19 @@ impl Leases {
                     if e.idle() {
                         map.remove(&ino);
                     }
-                    shard.changed.notify_all();
+                    shard.wake_waiters(&map);
                     return Err(errno);
                 }
             };
             if e.touched || e.busy > 0 || e.holder.is_some() {
                 // A request used it meanwhile: its answer may have filled
                 // the kernel's caches after the invalidation.
-                shard.changed.notify_all();
+                shard.wake_waiters(&map);
                 continue;
             }
             if holder.dead.load(SeqCst) {
                 map.remove(&ino);
-                shard.changed.notify_all();
+                shard.wake_waiters(&map);
                 return Err(libc::ESHUTDOWN);
             }
             e.holder = Some(holder.clone());
@@ -418,7 +449,7 @@ impl Leases {
         if e.idle() {
             map.remove(&ino);
         }
-        shard.changed.notify_all();
+        shard.wake_waiters(&map);
         drop(map);
         engine.return_blocks(&freed.ranges());
         if collect {
@@ -553,6 +584,9 @@ impl Leases {
         for ino in leased {
             self.settle(holder, ino, None);
         }
+        // Every waiter, unconditionally: `dead` was stored without the
+        // shards' locks, so a waiter may be between its look at it and
+        // its count in `waiting` (rare: once per session).
         for s in &self.shards {
             s.changed.notify_all();
         }
@@ -653,10 +687,12 @@ impl Drop for Scope {
         let Some(leases) = self.leases.take() else {
             return;
         };
-        let held = SCOPE.with(|s| s.borrow_mut().take()).unwrap_or_default();
-        for ino in held {
+        let mut held = SCOPE.take().unwrap_or_default();
+        for &ino in &held {
             leases.unbusy(ino);
         }
+        held.clear();
+        SPARE.set(held);
     }
 }
 
@@ -719,4 +755,53 @@ fn pidfd_open(pid: i32) -> Option<OwnedFd> {
     }
     // SAFETY: a descriptor the kernel just gave us, owned by nothing else.
     Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shard() -> Shard {
+        Shard {
+            map: Mutex::default(),
+            changed: Condvar::new(),
+            waiting: AtomicUsize::new(0),
+        }
+    }
+
+    /// A waiter counted in `waiting` is woken by a change made under the
+    /// lock (long before its timeout), and a change with nobody waiting
+    /// finds the count 0 (so it makes no system call).
+    #[test]
+    fn a_change_wakes_the_counted_waiter_and_only_then_notifies() {
+        let s = Arc::new(shard());
+        {
+            let map = lock(&s.map);
+            assert_eq!(s.waiting.load(Relaxed), 0);
+            s.wake_waiters(&map);
+        }
+        let waiter = {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                let mut map = lock(&s.map);
+                while !map.contains_key(&7) {
+                    map = s.wait_for(map, Duration::from_secs(20));
+                }
+                t.elapsed()
+            })
+        };
+        // Until the waiter counted itself (under the lock, before waiting).
+        while s.waiting.load(Relaxed) == 0 {
+            std::thread::yield_now();
+        }
+        {
+            let mut map = lock(&s.map);
+            map.insert(7, Entry::default());
+            s.wake_waiters(&map);
+        }
+        let waited = waiter.join().unwrap();
+        assert!(waited < Duration::from_secs(10), "not woken: {waited:?}");
+        assert_eq!(s.waiting.load(Relaxed), 0);
+    }
 }

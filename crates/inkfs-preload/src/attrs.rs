@@ -59,7 +59,7 @@ fn set_attr_fd(fd: c_int, set: SetAttr) -> Option<c_int> {
     }
     let r = guard::run(|| {
         let m = mounts::by_index(ofd.mount.load(Ordering::Relaxed) as usize)?;
-        let cred = path::credentials(false);
+        let cred = crate::creds::get(crate::creds::Ids::Effective)?;
         let kind = if ofd.is_dir() {
             FileKind::Dir
         } else {
@@ -95,7 +95,7 @@ fn set_attr_at_kind(
     let r = guard::run(|| {
         // SAFETY: the program's path string.
         let bytes = unsafe { path::bytes(p) }?;
-        let cred = path::credentials(false);
+        let cred = crate::creds::get(crate::creds::Ids::Effective)?;
         if let Some(n) = crate::lazy::fd_link(bytes).filter(|_| follow) {
             // `/proc/self/fd/N` of a served descriptor (GNU tar chmods the
             // directories it made so, through an O_PATH descriptor): its

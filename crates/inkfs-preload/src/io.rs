@@ -655,7 +655,7 @@ fn pool_truncate(idx: usize, ofd: &Ofd, len: off64_t) -> Option<c_int> {
     let lease = m.checkout()?;
     // The caller's ids: the engine drops set-user-ID and set-group-ID bits
     // as Linux does for them.
-    let cred = crate::path::credentials(false);
+    let cred = crate::creds::get(crate::creds::Ids::Effective)?;
     lease
         .with_file(idx, ofd, |c, f| c.truncate(&cred, f, len as u64))?
         .ok()?;

@@ -259,7 +259,7 @@ pub fn open(dirfd: c_int, bytes: &[u8], flags: c_int, mode: libc::mode_t) -> Opt
     let cred = if creating {
         names::creator()?
     } else {
-        path::credentials(false)
+        crate::creds::get(crate::creds::Ids::Effective)?
     };
     let lease = t.mount.checkout()?;
     if lease.client().session_closed() {
@@ -300,7 +300,7 @@ pub fn open(dirfd: c_int, bytes: &[u8], flags: c_int, mode: libc::mode_t) -> Opt
 /// kernel's answer for what the walk hands over: a symlink to follow, a
 /// missing name, `..` above the start...).
 fn open_dir(t: &path::Target<'_>, mi: usize, dirfd: c_int, flags: c_int) -> Option<c_int> {
-    let cred = path::credentials(false);
+    let cred = crate::creds::get(crate::creds::Ids::Effective)?;
     let lease = t.mount.checkout()?;
     if lease.client().session_closed() {
         t.mount.alive(&lease);

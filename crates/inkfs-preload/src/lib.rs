@@ -28,6 +28,7 @@
 
 pub mod attr;
 pub mod attrs;
+pub mod creds;
 pub mod dir;
 pub mod fds;
 pub mod guard;
@@ -61,7 +62,7 @@ extern "C" fn on_load() {
             std::panic::set_hook(Box::new(|_| {}));
         }
         stats::init();
-        names::init();
+        creds::init();
         lazy::init();
         // The mount table now, not at the first call that needs it: that
         // call may come from inside the program's allocator (jemalloc, in

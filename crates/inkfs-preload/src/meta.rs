@@ -38,7 +38,11 @@ fn path_attr(
         if !t.mount.alive(&lease) {
             return None;
         }
-        let cred = path::credentials(real_ids);
+        let cred = crate::creds::get(if real_ids {
+            crate::creds::Ids::Real
+        } else {
+            crate::creds::Ids::Effective
+        })?;
         lease.client().call(|fs| path::walk(fs, &cred, &t, follow))
     })();
     match got {
@@ -217,7 +221,11 @@ pub unsafe extern "C" fn faccessat(
             if mode == libc::F_OK {
                 return Some(());
             }
-            let cred = path::credentials(real_ids);
+            let cred = crate::creds::get(if real_ids {
+                crate::creds::Ids::Real
+            } else {
+                crate::creds::Ids::Effective
+            })?;
             let lease = m.checkout()?;
             lease
                 .client()

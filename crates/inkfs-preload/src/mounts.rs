@@ -190,8 +190,10 @@ impl Lease<'_> {
             // the entry's flags, which F_SETFL may change.
             let acc = ofd.flags.load(Ordering::Relaxed) as i32 & libc::O_ACCMODE;
             client.open(&root, ino, OpenFlags::new(acc)).map(|mut f| {
-                // SAFETY: geteuid cannot fail.
-                f.set_drops_setid(unsafe { libc::geteuid() } != 0);
+                // The caller's ids now (cached: creds.rs); unknown ones
+                // (never: only the umask can be) drop the bits.
+                let euid = crate::creds::get(crate::creds::Ids::Effective).map(|c| c.uid);
+                f.set_drops_setid(euid != Some(0));
                 f
             })
         };
@@ -298,8 +300,10 @@ impl Mount {
     /// mount without allow_other admits only its owner): paths are not
     /// resolved here for anyone else.
     pub fn admits_caller(&self) -> bool {
-        // SAFETY: geteuid cannot fail.
-        self.allow_other || self.owner == Some(unsafe { libc::geteuid() })
+        self.allow_other
+            || self.owner.is_some_and(|o| {
+                crate::creds::get(crate::creds::Ids::Effective).is_some_and(|c| c.uid == o)
+            })
     }
 
     /// Whether an attach was refused (or the server left): nothing on

@@ -16,53 +16,21 @@
 //! errno.
 
 use std::ffi::{c_char, c_int, c_uint};
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use inkfs::api::ns::Op;
 use inkfs::api::Credentials;
 use libc::mode_t;
+use std::rc::Rc;
 
+use crate::creds::{self, Ids};
 use crate::mounts::Mount;
 use crate::path::{self, CwdBuf, Target};
 use crate::{guard, real, stats};
 
-/// The process's umask (u32::MAX until read): the kernel applies it to
-/// what the mount creates; the server applies the one a request states.
-static UMASK: AtomicU32 = AtomicU32::new(u32::MAX);
-
-/// At load: the umask, from /proc/self/status (reading it with umask(2)
-/// would change it for a moment under other threads).
-pub fn init() {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return;
-    };
-    let mask = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Umask:"))
-        .and_then(|v| u32::from_str_radix(v.trim(), 8).ok());
-    if let Some(m) = mask {
-        UMASK.store(m & 0o777, Ordering::Relaxed);
-    }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn umask(mask: mode_t) -> mode_t {
-    // SAFETY: no memory involved.
-    let old = unsafe { real::umask(mask) };
-    UMASK.store(mask & 0o777, Ordering::Relaxed);
-    old
-}
-
 /// The credentials a creation is made with: the effective ids, the
 /// groups, the umask. `None` if the umask is unknown.
-pub(crate) fn creator() -> Option<Credentials> {
-    let mask = UMASK.load(Ordering::Relaxed);
-    if mask == u32::MAX {
-        return None;
-    }
-    let mut c = path::credentials(false);
-    c.umask = mask;
-    Some(c)
+pub(crate) fn creator() -> Option<Rc<Credentials>> {
+    creds::get(Ids::Creator)
 }
 
 pub(crate) fn set_errno(e: c_int) {
@@ -95,7 +63,7 @@ fn one_name(
     dirfd: c_int,
     p: *const c_char,
     slash_ok: bool,
-    cred: impl FnOnce() -> Option<Credentials>,
+    cred: impl FnOnce() -> Option<Rc<Credentials>>,
     op: impl FnOnce(u64, Vec<u8>) -> Op,
 ) -> Option<c_int> {
     if guard::inside() {
@@ -237,7 +205,7 @@ pub unsafe extern "C" fn unlinkat(dirfd: c_int, p: *const c_char, flags: c_int) 
             dirfd,
             p,
             rmdir,
-            || Some(path::credentials(false)),
+            || creds::get(Ids::Effective),
             |dir, name| {
                 if rmdir {
                     Op::Rmdir { dir, name }
@@ -302,7 +270,7 @@ pub unsafe extern "C" fn renameat2(
 ) -> c_int {
     if !guard::inside() {
         let served = guard::run(|| {
-            let cred = path::credentials(false);
+            let cred = creds::get(Ids::Effective)?;
             let (m, (dir, name), (to_dir, to)) = two_names(d1, p1, d2, p2, &cred)?;
             let op = Op::Rename {
                 dir,
@@ -359,7 +327,7 @@ pub unsafe extern "C" fn linkat(
     if flags & !libc::AT_SYMLINK_FOLLOW == 0 && !guard::inside() {
         let follow = flags & libc::AT_SYMLINK_FOLLOW != 0;
         let served = guard::run(|| {
-            let cred = path::credentials(false);
+            let cred = creds::get(Ids::Effective)?;
             // SAFETY: the program's path strings.
             let (b1, b2) = unsafe { (path::bytes(p1)?, path::bytes(p2)?) };
             let (mut c1, mut c2): (CwdBuf, CwdBuf) =

@@ -279,36 +279,6 @@ pub fn walk_parent<'a>(
     Some((dir, name))
 }
 
-/// The credentials the kernel checks a path walk with: the effective ids
-/// (`real_ids`: the real ones, as access(2) does) and the supplementary
-/// groups. No umask: nothing is created here.
-pub fn credentials(real_ids: bool) -> Credentials {
-    // SAFETY: these id calls cannot fail and touch no memory of ours.
-    let (uid, gid) = unsafe {
-        if real_ids {
-            (libc::getuid(), libc::getgid())
-        } else {
-            (libc::geteuid(), libc::getegid())
-        }
-    };
-    let mut groups = vec![0 as libc::gid_t; 64];
-    // SAFETY: the buffer holds `groups.len()` ids.
-    let mut k = unsafe { libc::getgroups(groups.len() as c_int, groups.as_mut_ptr()) };
-    if k < 0 {
-        // SAFETY: size query, then a buffer of that size.
-        let need = unsafe { libc::getgroups(0, std::ptr::null_mut()) }.max(0) as usize;
-        groups.resize(need, 0);
-        k = unsafe { libc::getgroups(groups.len() as c_int, groups.as_mut_ptr()) };
-    }
-    groups.truncate(k.max(0) as usize);
-    Credentials {
-        uid,
-        gid,
-        groups,
-        umask: 0,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::normalize;

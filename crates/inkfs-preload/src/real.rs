@@ -107,6 +107,20 @@ mod fns {
         splice(inp: c_int, off_in: *mut off64_t, out: c_int, off_out: *mut off64_t, n: size_t, flags: c_uint) -> ssize_t, -1;
         getcwd(buf: *mut c_char, n: size_t) -> *mut c_char, std::ptr::null_mut();
         umask(mask: mode_t) -> mode_t, 0o022;
+        setuid(uid: libc::uid_t) -> c_int, -1;
+        setgid(gid: libc::gid_t) -> c_int, -1;
+        seteuid(uid: libc::uid_t) -> c_int, -1;
+        setegid(gid: libc::gid_t) -> c_int, -1;
+        setreuid(r: libc::uid_t, e: libc::uid_t) -> c_int, -1;
+        setregid(r: libc::gid_t, e: libc::gid_t) -> c_int, -1;
+        setresuid(r: libc::uid_t, e: libc::uid_t, s: libc::uid_t) -> c_int, -1;
+        setresgid(r: libc::gid_t, e: libc::gid_t, s: libc::gid_t) -> c_int, -1;
+        setfsuid(uid: libc::uid_t) -> c_int, -1;
+        setfsgid(gid: libc::gid_t) -> c_int, -1;
+        setgroups(n: size_t, list: *const libc::gid_t) -> c_int, -1;
+        initgroups(user: *const c_char, group: libc::gid_t) -> c_int, -1;
+        unshare(flags: c_int) -> c_int, -1;
+        setns(fd: c_int, nstype: c_int) -> c_int, -1;
         mkdirat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int, -1;
         mknodat(dirfd: c_int, path: *const c_char, mode: mode_t, dev: libc::dev_t) -> c_int, -1;
         symlinkat(target: *const c_char, dirfd: c_int, path: *const c_char) -> c_int, -1;
@@ -136,6 +150,29 @@ pub use fns::*;
 // The variadic ones: called with their one optional argument.
 static OPENAT: AtomicUsize = AtomicUsize::new(0);
 static FCNTL: AtomicUsize = AtomicUsize::new(0);
+static SYSCALL: AtomicUsize = AtomicUsize::new(0);
+
+/// syscall(2) with all six arguments (what the caller did not give is
+/// passed on unread by the kernel).
+#[allow(clippy::missing_safety_doc, clippy::too_many_arguments)]
+pub unsafe fn syscall(
+    n: c_long,
+    a1: c_long,
+    a2: c_long,
+    a3: c_long,
+    a4: c_long,
+    a5: c_long,
+    a6: c_long,
+) -> c_long {
+    let p = next(&SYSCALL, "syscall\0");
+    if p == 0 {
+        set_errno(libc::ENOSYS);
+        return -1;
+    }
+    // SAFETY: libc's syscall, variadic in its arguments.
+    let f: unsafe extern "C" fn(c_long, ...) -> c_long = unsafe { std::mem::transmute(p) };
+    unsafe { f(n, a1, a2, a3, a4, a5, a6) }
+}
 
 #[allow(clippy::missing_safety_doc)]
 pub unsafe fn openat(dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t) -> c_int {

@@ -806,7 +806,7 @@ impl<P: Pmem> Fs<P> {
         ) {
             Ok(summary) => {
                 for p in summary.pages {
-                    self.free_blocks(p, 1);
+                    self.free_blocks_batched(p, 1);
                 }
             }
             // The log was readable when the inode was loaded: damaged since.
@@ -818,15 +818,20 @@ impl<P: Pmem> Fs<P> {
         }
         match &mut st.body {
             Body::File(map) => {
-                let extents: Vec<_> = map.iter().collect();
-                for e in extents {
-                    self.free_blocks(e.block, e.pages);
+                for e in map.iter() {
+                    self.free_blocks_batched(e.block, e.pages);
                 }
                 *map = Default::default();
             }
-            Body::Symlink { block, .. } if *block != 0 => self.free_blocks(*block, 1),
+            Body::Symlink { block, .. } if *block != 0 => {
+                self.free_blocks_batched(*block, 1);
+            }
             _ => {}
         }
+        // One look at the readers' pins for the whole inode, not one per
+        // range (an unlink's largest cost after the removal itself:
+        // bench/results-notes/srvcpu.md).
+        self.reclaim_limbo();
         // Out of the cache before the slot can be handed out again, or this
         // removal could evict the slot's next inode.
         self.cache.remove(inode.ino);
@@ -837,25 +842,34 @@ impl<P: Pmem> Fs<P> {
     /// Free `len` blocks from `start`, or (`len` 1) one log page by its
     /// page id, a chunk's included (`format::log_page_id`).
     pub(crate) fn free_blocks(&self, start: u64, len: u64) {
+        if self.free_blocks_batched(start, len) {
+            self.reclaim_limbo();
+        }
+    }
+
+    /// [`Fs::free_blocks`] without the limbo's reclaim: true when the
+    /// blocks went to the limbo, and the caller reclaims once after its
+    /// last free ([`Fs::reclaim_limbo`]; later is always safe: a block
+    /// leaves the limbo only once no pin older than its hold remains).
+    fn free_blocks_batched(&self, start: u64, len: u64) -> bool {
         if start >= LOG_CHUNK_ID_MIN && self.is_client() {
             // A client frees no log chunk: it creates no inode and
             // collects no log (the server does both). Leak rather than
             // send the server an id as a block range.
             debug_assert!(false, "a client freeing log chunk {start:#x}");
-            return;
+            return false;
         }
         if self.client_free(start, len) {
             // A client's: the server holds them (lease.rs).
-            return;
+            return false;
         }
         if let Some(table) = self.epoch_table() {
             // Readers in other processes may still be reading them.
             self.limbo.hold(table, start, len);
-            self.limbo
-                .reclaim(table, |start, len| self.free_now(start, len));
-            return;
+            return true;
         }
         self.free_now(start, len);
+        false
     }
 
     pub(crate) fn free_now(&self, start: u64, len: u64) {

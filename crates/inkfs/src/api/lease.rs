@@ -132,7 +132,7 @@ impl Msg {
                 Ok(())
             }
             Msg::Done(d) => {
-                out.push_str(&d.line());
+                d.write_line(out);
                 Ok(())
             }
             Msg::Unheld(i) => writeln!(out, "unheld {i}"),

@@ -134,15 +134,28 @@ fn hex(b: &[u8]) -> String {
     s
 }
 
+/// The value of one hex digit (either case).
+fn nibble(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
+}
+
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    let h = s.strip_prefix('x')?;
+    let h = s.strip_prefix('x')?.as_bytes();
     if h.len() % 2 != 0 {
         return None;
     }
-    (0..h.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(h.get(i..i + 2)?, 16).ok())
-        .collect()
+    // Two digits a byte, looked up directly: this runs on the server's
+    // ring thread for every name of every request.
+    let mut out = Vec::with_capacity(h.len() / 2);
+    for pair in h.chunks_exact(2) {
+        out.push(nibble(pair[0])? << 4 | nibble(pair[1])?);
+    }
+    Some(out)
 }
 
 fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
@@ -358,10 +371,21 @@ impl Request {
 
 impl Done {
     pub fn line(&self) -> String {
-        format!(
-            "done {} {} {} {} {}\n",
+        let mut out = String::new();
+        self.write_line(&mut out);
+        out
+    }
+
+    /// Append the line (with its newline) to `out` (the server's ring
+    /// thread reuses one buffer for every answer).
+    pub fn write_line(&self, out: &mut String) {
+        use std::fmt::Write;
+        // Writing to a String cannot fail.
+        let _ = writeln!(
+            out,
+            "done {} {} {} {} {}",
             self.seq, self.errno, self.ino, self.igen, self.gen
-        )
+        );
     }
 
     /// Parse the words after "done".
@@ -485,6 +509,8 @@ mod tests {
             "1 0:0:0:- unlink 1 x0",
             "1 0:0:0:- unlink 1 abc",
             "1 0:0:0:- unlink 1 x61 extra",
+            "1 0:0:0:- unlink 1 x+f",
+            "1 0:0:0:- unlink 1 x6g",
             "1 0:0:1000:- unlink 1 x61",
             "1 0:0 unlink 1 x61",
             "1 0:0:0:- frob 1 x61",

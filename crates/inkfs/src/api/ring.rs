@@ -472,12 +472,20 @@ impl<'a> Ring<'a> {
 
     /// Copy `len` bytes (clamped to the area) out of an area.
     fn take(&self, answer: bool, len: u32) -> Vec<u8> {
+        let mut v = Vec::new();
+        self.take_into(answer, len, &mut v);
+        v
+    }
+
+    /// [`Ring::take`] into `v` (its old bytes dropped, its allocation
+    /// kept: the server's thread reuses one buffer for every request).
+    fn take_into(&self, answer: bool, len: u32, v: &mut Vec<u8>) {
         let n = (len as usize).min(AREA_BYTES);
-        let mut v = vec![0u8; n];
+        v.clear();
+        v.resize(n, 0);
         // SAFETY: as in `put`; a copy, so the other side changing the
         // area afterwards changes nothing we hold.
         unsafe { std::ptr::copy_nonoverlapping(self.area(answer), v.as_mut_ptr(), n) };
-        v
     }
 
     // ---- the client's side ---------------------------------------------
@@ -535,6 +543,14 @@ impl<'a> Ring<'a> {
     /// Wait for the next request after number `last`: its number and its
     /// bytes, or `None` once [`Ring::close`] was called.
     pub fn next_request(&self, last: u32) -> Option<(u32, Vec<u8>)> {
+        let mut bytes = Vec::new();
+        self.next_request_into(last, &mut bytes)
+            .map(|seq| (seq, bytes))
+    }
+
+    /// [`Ring::next_request`], its bytes copied into `bytes` (replacing
+    /// what it held; no allocation once it is large enough).
+    pub fn next_request_into(&self, last: u32, bytes: &mut Vec<u8>) -> Option<u32> {
         let h = self.header();
         let ready = || h.req.load(Acquire) != last || h.closed.load(Acquire) != 0;
         if !ready() {
@@ -555,7 +571,8 @@ impl<'a> Ring<'a> {
             if r != last {
                 // Where the client finds this thread while it works.
                 h.server_cpu.store(cpu(), Relaxed);
-                return Some((r, self.take(false, h.req_len.load(Acquire))));
+                self.take_into(false, h.req_len.load(Acquire), bytes);
+                return Some(r);
             }
             h.server_sleeps.store(1, SeqCst);
             if h.req.load(SeqCst) == last && h.closed.load(SeqCst) == 0 {
