@@ -54,11 +54,13 @@ const _: () = assert!(
             + READERS_MAX * PINS_PER_SLOT * 8
             + READERS_MAX * 4
             + READERS_MAX * HOLDS_PER_SLOT * 8
+            + 2 * crate::blockdev::stamps::BUCKETS * 8
 );
 /// The table's layout, as the attach protocol names it: a client built
 /// with another layout is refused rather than pinning the wrong word.
-/// 2: the holds. 3: pin words per slot (a thread each).
-pub const TABLE_LAYOUT: u32 = 3;
+/// 2: the holds. 3: pin words per slot (a thread each). 4: the data
+/// device's write stamps (blockdev/stamps.rs).
+pub const TABLE_LAYOUT: u32 = 4;
 
 /// The global epoch and one slot per reader.
 #[repr(C)]
@@ -77,6 +79,9 @@ pub struct EpochTable {
     holds_top: [AtomicU32; READERS_MAX],
     /// Per slot: inode numbers held (0: a free entry).
     holds: [[AtomicU64; HOLDS_PER_SLOT]; READERS_MAX],
+    /// Announced writes of a hybrid pool's data device, which the DRAM
+    /// caches of its blocks in every process check.
+    dev_writes: crate::blockdev::stamps::WriteStamps,
 }
 
 impl Default for EpochTable {
@@ -89,6 +94,7 @@ impl Default for EpochTable {
             pinned: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
             holds_top: std::array::from_fn(|_| AtomicU32::new(0)),
             holds: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+            dev_writes: Default::default(),
         }
     }
 }
@@ -117,6 +123,11 @@ impl EpochTable {
     /// every field is valid at 0 but the global epoch, which starts at 1.
     pub fn start_zeroed(&self) {
         self.global.store(1, SeqCst);
+    }
+
+    /// The data device's write stamps (blockdev/stamps.rs).
+    pub fn dev_writes(&self) -> &crate::blockdev::stamps::WriteStamps {
+        &self.dev_writes
     }
 
     /// A slot for a new reader, or None when all are taken.

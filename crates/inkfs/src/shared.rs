@@ -120,6 +120,7 @@ impl<P: Pmem> Fs<P> {
                 &sb,
                 sb.lane_count,
                 threshold,
+                crate::blockdev::attach::client_cache(),
             )?),
         };
         let geo = Geometry::of(&sb);
@@ -151,6 +152,11 @@ impl<P: Pmem> Fs<P> {
     /// hold them. The first table given stays for the engine's life.
     pub fn share_epochs<T: AsRef<EpochTable> + Send + Sync + 'static>(&self, table: Arc<T>) {
         let _ = self.epochs.set(table);
+        if let Some(t) = self.epochs.get() {
+            // From the first client on, its device writes and the
+            // server's are announced to each other's caches.
+            self.data_use_stamps(t.clone());
+        }
         self.set_shared(true);
     }
 

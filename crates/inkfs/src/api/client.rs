@@ -174,6 +174,9 @@ struct Refill {
     thread: std::sync::OnceLock<std::thread::Thread>,
     /// Refills a write waited for (it found the reservation empty).
     waited: AtomicUsize,
+    /// A write of this client went to the data device (a hybrid pool):
+    /// the device side is refilled ahead too from then on.
+    dev_writer: AtomicBool,
 }
 
 impl Refill {
@@ -281,6 +284,9 @@ impl Client {
         // Blocks this client's overwrites displace are kept for the same
         // file's next overwrites once no other reader can hold them.
         fs.client_use_epochs(epochs.clone(), grant.slot);
+        // A hybrid pool: device writes announced, the cache checked (it
+        // keeps nothing before this; attaching read no device block).
+        fs.data_use_stamps(epochs.clone());
         let shared = Arc::new(Shared {
             fs: Filesystem { fs },
             out: Mutex::new(clone_high(&conn)?),
@@ -626,7 +632,7 @@ impl Client {
                 self.shared.give_back(ino, gen, false);
             }
             if r.is_ok() {
-                self.shared.refill_ahead_if_low();
+                self.shared.refill_ahead_if_low(bytes);
             }
             match r {
                 Err(e) if e.errno() == libc::ENOSPC && tries < RESERVE_TRIES => {
@@ -970,16 +976,19 @@ impl Shared {
         r
     }
 
-    /// After a write: if the PM reservation is low, wake the reserve
-    /// thread (unless it is already on its way). A few relaxed loads per
-    /// write; the unpark (a futex wake if the thread sleeps) once per
-    /// refill. Hybrid pools refill as before, when a write runs dry (which
-    /// side to ask for depends on the write).
-    fn refill_ahead_if_low(&self) {
+    /// After a write of `bytes`: if a side of the reservation is low,
+    /// wake the reserve thread (unless it is already on its way). A few
+    /// relaxed loads per write; the unpark (a futex wake if the thread
+    /// sleeps) once per refill. On a hybrid pool the device side counts
+    /// once a write was placed there (a client that writes only small
+    /// files never holds device blocks ahead of need).
+    fn refill_ahead_if_low(&self, bytes: u64) {
         let fs = &self.fs.fs;
+        if fs.is_hybrid() && !self.refill.dev_writer.load(Relaxed) && fs.place(bytes) == Side::Dev {
+            self.refill.dev_writer.store(true, Relaxed);
+        }
         if self.refill.pending.load(Relaxed)
-            || fs.is_hybrid()
-            || fs.reservation_free().0 >= REFILL_AHEAD_BELOW
+            || self.low_sides() == [false, false]
             || self.refill.pending.swap(true, SeqCst)
         {
             return;
@@ -987,6 +996,24 @@ impl Shared {
         if let Some(t) = self.refill.thread.get() {
             t.unpark();
         }
+    }
+
+    /// Which sides of the reservation (PM, device) to refill ahead: fewer
+    /// than [`REFILL_AHEAD_BELOW`] free blocks, and not a side the server
+    /// said is full (the writes spill to the other; one that runs dry
+    /// asks, and finds out whether it still is). The device only for a
+    /// client that writes there.
+    fn low_sides(&self) -> [bool; 2] {
+        let fs = &self.fs.fs;
+        let (pm_free, dev_free) = fs.reservation_free();
+        let hybrid = fs.is_hybrid();
+        [
+            pm_free < REFILL_AHEAD_BELOW && !(hybrid && fs.client_side_full(Side::Pm)),
+            hybrid
+                && self.refill.dev_writer.load(Relaxed)
+                && dev_free < REFILL_AHEAD_BELOW
+                && !fs.client_side_full(Side::Dev),
+        ]
     }
 
     /// The reserve thread: one refill per wake-up with `pending` set, on
@@ -1008,16 +1035,25 @@ impl Shared {
                 // waits for these blocks instead of asking too.
                 let _one = lock(&self.refilling);
                 // Another refill may have landed since the wake-up.
-                if self.fs.fs.reservation_free().0 < REFILL_AHEAD_BELOW {
+                let low = self.low_sides();
+                for (side, ask) in [
+                    (Side::Pm, Msg::Reserve(RESERVE_BLOCKS)),
+                    (Side::Dev, Msg::ReserveDev(RESERVE_BLOCKS)),
+                ] {
+                    if !low[side as usize] {
+                        continue;
+                    }
                     let answer = {
                         let _session = lock(&self.asking);
-                        self.request(Msg::Reserve(RESERVE_BLOCKS))
+                        self.request(ask)
                     };
                     if let Ok(Msg::Blocks(ranges)) = answer {
                         // Only fails on ranges outside the pool (a server
                         // bug); the writes then ask for their own, which
-                        // report it.
-                        let _ = self.add_granted(Side::Pm, RESERVE_BLOCKS, &ranges);
+                        // report it. A device request the server answers
+                        // with PM blocks (the device full) marks the
+                        // device full here, as a write's own does.
+                        let _ = self.add_granted(side, RESERVE_BLOCKS, &ranges);
                     }
                 }
             }

@@ -7,6 +7,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
 
+use super::cache::DataCache;
 use super::dev::{BlockDev, FileDev};
 use super::layout;
 use super::store::{DataStore, Placement};
@@ -14,7 +15,7 @@ use crate::alloc::BlockAllocator;
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::pmem::Pmem;
-use crate::types::{DataDevice, MountOptions, DATA_CACHE_DEFAULT_BYTES};
+use crate::types::{DataDevice, MountOptions, ReadaheadMode, DATA_CACHE_DEFAULT_BYTES};
 
 /// The data device of the pool whose superblock is `sb`, opened and
 /// checked; None for a pool without one. Nothing is written.
@@ -89,14 +90,17 @@ pub fn store(
 /// mounted (a client of the kernel-free path, docs/KERNEL-FREE.md): `dev`
 /// is the device that process handed over, checked against the pool's
 /// superblock here. Its allocator holds nothing until the owner reserves
-/// blocks for it; no DRAM cache (the owner and other clients write the
-/// device behind its back: every read goes to the device); the placement
-/// threshold is the owner's mount's (`threshold_bytes`).
+/// blocks for it; its DRAM cache (`cache`: bytes and readahead) keeps
+/// nothing until the engine is given the shared write stamps
+/// (`Fs::data_use_stamps`: the owner and other clients write the device
+/// behind its back); the placement threshold is the owner's mount's
+/// (`threshold_bytes`).
 pub fn client_store(
     dev: Arc<dyn BlockDev>,
     sb: &Superblock,
     lanes: u32,
     threshold_bytes: u64,
+    cache: (u64, ReadaheadMode),
 ) -> Result<DataStore> {
     layout::verify(&*dev, sb)
         .map_err(|why| Error::BadPool(format!("data device {}: {why}", dev.describe())))?;
@@ -109,7 +113,38 @@ pub fn client_store(
         threshold_bytes,
         unit_blocks: sb.data_unit_blocks.max(1) as u64,
     };
-    Ok(DataStore::new(dev, blocks, sb.data_blocks, policy, 0))
+    Ok(DataStore::with_cache(
+        dev,
+        blocks,
+        sb.data_blocks,
+        policy,
+        DataCache::for_client(cache.0),
+        cache.1,
+    ))
+}
+
+/// A client's DRAM cache of device blocks when `CLIENT_CACHE_ENV` does
+/// not say: small beside the server's (every attached process has one),
+/// and enough for the largest readahead window (a quarter of the cache).
+pub const CLIENT_CACHE_DEFAULT_MIB: u64 = 32;
+/// The size of a client's cache of device blocks, in MiB (0: no cache
+/// and no readahead, every read from the device).
+pub const CLIENT_CACHE_ENV: &str = "INKFS_CLIENT_DATA_CACHE_MIB";
+/// How a client reads ahead: `threads` (the default), `uring`, `off`.
+pub const CLIENT_READAHEAD_ENV: &str = "INKFS_CLIENT_READAHEAD";
+
+/// A client's cache size (bytes) and readahead, from the environment;
+/// a value that does not parse is the default.
+pub fn client_cache() -> (u64, ReadaheadMode) {
+    let mib = std::env::var(CLIENT_CACHE_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(CLIENT_CACHE_DEFAULT_MIB);
+    let mode = std::env::var(CLIENT_READAHEAD_ENV)
+        .ok()
+        .and_then(|v| ReadaheadMode::parse(v.trim()))
+        .unwrap_or_default();
+    (mib.saturating_mul(1 << 20), mode)
 }
 
 /// How mkfs lays out a hybrid pool's data device.

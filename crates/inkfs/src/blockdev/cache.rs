@@ -23,12 +23,26 @@
 //! before anyone reads the file through the server again. `forget` moves
 //! the stamp too, so a fill that read the device before the client's
 //! write and arrives after the forget is dropped.
+//!
+//! Once the pool is shared with other processes (the server's first
+//! client, or this engine is a client), every process announces its device
+//! writes in the shared write stamps (`stamps.rs`), and this cache checks
+//! them: a block is kept under the stamp its bucket showed before the
+//! device read (nothing kept while a write of the bucket is in flight),
+//! and served only while the bucket shows it still. That is what keeps a
+//! client's cache coherent with the server's and other clients' in-place
+//! overwrites and reuse of freed blocks (a posix overwrite in place logs
+//! nothing a reader could see); the server's `forget` at lease changes
+//! stays as well. A client's cache (`DataCache::for_client`) keeps nothing
+//! until it has the stamps.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::dev::Page;
+use super::stamps::WriteStamps;
+use crate::epoch::SharedTable;
 use crate::format::BLOCK_SIZE;
 
 const SHARDS: usize = 16;
@@ -36,14 +50,20 @@ const SHARDS: usize = 16;
 const RUN_SHIFT: u32 = 4;
 /// A slot whose block was forgotten (no block number is this large).
 const NO_BLOCK: u64 = u64::MAX;
+/// A load begun while a write of its bucket was in flight: not kept.
+const NO_STAMP: u64 = u64::MAX;
+
+// The cache's runs are the stamps' buckets' runs: one stamp per run.
+const _: () = assert!(RUN_SHIFT == super::stamps::RUN_SHIFT);
 
 // Block numbers are the engine's own: no SipHash for them.
 type BlockMap<V> = crate::inthash::IntMap<V>;
-type BlockSet = crate::inthash::IntSet;
 
 struct Slot {
     block: u64,
     referenced: bool,
+    /// The write stamp the contents were read or written under.
+    stamp: u64,
 }
 
 struct Shard {
@@ -54,8 +74,9 @@ struct Shard {
     hand: usize,
     /// Bumped by every `put` (a write).
     stamp: u64,
-    /// Blocks a device read is filling now (`begin_load`).
-    loading: BlockSet,
+    /// Blocks a device read is filling now (`begin_load`), with the write
+    /// stamp taken before it (`NO_STAMP`: not to be kept).
+    loading: BlockMap<u64>,
 }
 
 impl Shard {
@@ -66,6 +87,7 @@ impl Shard {
             self.slots.push(Slot {
                 block,
                 referenced: false,
+                stamp: 0,
             });
             self.pages.push(Page::zeroed());
             return self.slots.len() - 1;
@@ -82,7 +104,8 @@ impl Shard {
         }
     }
 
-    fn store(&mut self, block: u64, data: &[u8]) {
+    fn store(&mut self, block: u64, data: &[u8], stamp: u64) {
+        debug_assert_ne!(stamp, NO_STAMP);
         let i = match self.map.get(&block) {
             Some(&i) => i as usize,
             None => {
@@ -93,6 +116,7 @@ impl Shard {
         };
         self.pages[i].0.copy_from_slice(data);
         self.slots[i].referenced = true;
+        self.slots[i].stamp = stamp;
     }
 
     /// Drop `block` if cached; its slot is the next victim's to reuse.
@@ -113,6 +137,10 @@ pub struct DataCache {
     pub(crate) hits: AtomicU64,
     pub(crate) misses: AtomicU64,
     capacity_pages: u64,
+    /// The shared write stamps, once other processes share the device.
+    stamps: OnceLock<SharedTable>,
+    /// Keep nothing until `stamps` is set (a client's cache).
+    needs_stamps: bool,
 }
 
 impl DataCache {
@@ -135,7 +163,7 @@ impl DataCache {
                         capacity: per_shard,
                         hand: 0,
                         stamp: 0,
-                        loading: BlockSet::default(),
+                        loading: BlockMap::default(),
                     })
                 })
                 .collect(),
@@ -143,6 +171,49 @@ impl DataCache {
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             capacity_pages: per_shard as u64 * SHARDS as u64,
+            stamps: OnceLock::new(),
+            needs_stamps: false,
+        }
+    }
+
+    /// A cache in a client of the kernel-free path: it keeps and serves
+    /// nothing until `use_stamps` (other processes write the device).
+    pub fn for_client(bytes: u64) -> DataCache {
+        DataCache {
+            needs_stamps: true,
+            ..DataCache::new(bytes)
+        }
+    }
+
+    /// Check the shared write stamps from now on (the first table given
+    /// stays). Copies kept before were read when no other process wrote
+    /// the device (a server before its first client) or not kept at all
+    /// (a client's cache), so they stand under stamp 0, which a fresh
+    /// table shows until the first write.
+    pub fn use_stamps(&self, table: SharedTable) {
+        let _ = self.stamps.set(table);
+    }
+
+    /// Whether a device read may be kept here now: a cache, and the
+    /// stamps when it needs them (a client's before `use_stamps` keeps
+    /// nothing, so its reads bypass it and nothing is read ahead).
+    pub fn keeps(&self) -> bool {
+        self.capacity_pages != 0 && (!self.needs_stamps || self.stamps.get().is_some())
+    }
+
+    /// The shared write stamps, if in use.
+    pub fn write_stamps(&self) -> Option<&WriteStamps> {
+        self.stamps.get().map(|t| (**t).as_ref().dev_writes())
+    }
+
+    /// The stamp a device read of `block` begun now is kept under:
+    /// `NO_STAMP` while a write is in flight, or when the stamps are
+    /// needed and not yet given.
+    fn stamp_now(&self, block: u64) -> u64 {
+        match self.write_stamps() {
+            Some(w) => w.stamp(block).unwrap_or(NO_STAMP),
+            None if self.needs_stamps => NO_STAMP,
+            None => 0,
         }
     }
 
@@ -174,10 +245,13 @@ impl DataCache {
             let mut s = self.shard(b);
             // The rest of this shard's run under one lock.
             let run_end = (((b >> RUN_SHIFT) + 1) << RUN_SHIFT).min(start + stamps.len() as u64);
+            // Before the device read: one bucket per run.
+            let dev_stamp = self.stamp_now(b);
             for x in b..run_end {
-                if s.map.contains_key(&x) || !s.loading.insert(x) {
+                if s.map.contains_key(&x) || s.loading.contains_key(&x) {
                     return n;
                 }
+                s.loading.insert(x, dev_stamp);
                 stamps[n] = s.stamp;
                 n += 1;
             }
@@ -198,10 +272,10 @@ impl DataCache {
             let run_end = (((b >> RUN_SHIFT) + 1) << RUN_SHIFT).min(start + stamps.len() as u64);
             for x in b..run_end {
                 let k = (x - start) as usize;
-                s.loading.remove(&x);
+                let dev_stamp = s.loading.remove(&x).unwrap_or(NO_STAMP);
                 if let Some(p) = pages {
-                    if s.stamp == stamps[k] && !s.map.contains_key(&x) {
-                        s.store(x, &p[k].0);
+                    if s.stamp == stamps[k] && dev_stamp != NO_STAMP && !s.map.contains_key(&x) {
+                        s.store(x, &p[k].0, dev_stamp);
                     }
                 }
             }
@@ -216,11 +290,11 @@ impl DataCache {
     pub fn wait_load(&self, block: u64, limit: Duration) -> bool {
         let shard = Self::shard_index(block);
         let mut s = self.shard(block);
-        if !s.loading.contains(&block) {
+        if !s.loading.contains_key(&block) {
             return false;
         }
         let end = Instant::now() + limit;
-        while s.loading.contains(&block) {
+        while s.loading.contains_key(&block) {
             let now = Instant::now();
             if now >= end {
                 break;
@@ -239,8 +313,14 @@ impl DataCache {
         if self.capacity_pages == 0 {
             return false;
         }
+        let stamps = self.write_stamps();
         let mut s = self.shard(block);
         let hit = match s.map.get(&block) {
+            // Another process wrote the block's bucket since: drop it.
+            Some(&i) if stamps.is_some_and(|w| !w.current(block, s.slots[i as usize].stamp)) => {
+                s.forget(block);
+                false
+            }
             Some(&i) => {
                 let i = i as usize;
                 out.copy_from_slice(&s.pages[i].0[at..at + out.len()]);
@@ -255,19 +335,34 @@ impl DataCache {
         hit
     }
 
+    /// Whether `block` is cached (and current: see `get`).
     pub fn contains(&self, block: u64) -> bool {
-        self.capacity_pages != 0 && self.shard(block).map.contains_key(&block)
+        if self.capacity_pages == 0 {
+            return false;
+        }
+        let stamps = self.write_stamps();
+        let s = self.shard(block);
+        s.map.get(&block).is_some_and(|&i| {
+            stamps.is_none_or(|w| w.current(block, s.slots[i as usize].stamp))
+        })
     }
 
 
-    /// `block` now holds `data` on the device (written): cache it.
+    /// `block` now holds `data` on the device (written, and the write
+    /// ended in the stamps): cache it, unless another write of its bucket
+    /// is in flight (then drop any copy).
     pub fn put(&self, block: u64, data: &Page) {
         if self.capacity_pages == 0 {
             return;
         }
+        let dev_stamp = self.stamp_now(block);
         let mut s = self.shard(block);
         s.stamp += 1;
-        s.store(block, &data.0);
+        if dev_stamp == NO_STAMP {
+            s.forget(block);
+        } else {
+            s.store(block, &data.0, dev_stamp);
+        }
     }
 
     /// Drop every block of `ranges` (start, len) from the cache, and move

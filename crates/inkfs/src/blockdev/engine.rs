@@ -181,6 +181,16 @@ impl<P: Pmem> Fs<P> {
         }
     }
 
+    /// Announce this engine's device writes in, and check its DRAM cache
+    /// of device blocks against, the shared write stamps of `table` (the
+    /// epoch table every process of the pool maps: stamps.rs). A client
+    /// calls it before its first read; the owner when it shares the pool.
+    pub fn data_use_stamps(&self, table: crate::epoch::SharedTable) {
+        if let Some(d) = &self.data {
+            d.use_stamps(table);
+        }
+    }
+
     /// Counters of the block side since mount (None: no data device).
     pub fn data_stats(&self) -> Option<super::DataStats> {
         self.data.as_ref().map(|d| d.stats())

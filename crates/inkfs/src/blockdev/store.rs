@@ -139,7 +139,20 @@ impl DataStore {
         cache_bytes: u64,
         readahead: ReadaheadMode,
     ) -> DataStore {
-        let cache = Arc::new(DataCache::new(cache_bytes));
+        Self::with_cache(dev, blocks, dev_blocks, policy, DataCache::new(cache_bytes), readahead)
+    }
+
+    /// `with_readahead` with the cache given (a client's:
+    /// `DataCache::for_client`).
+    pub fn with_cache(
+        dev: Arc<dyn BlockDev>,
+        blocks: BlockAllocator,
+        dev_blocks: u64,
+        policy: Placement,
+        cache: DataCache,
+        readahead: ReadaheadMode,
+    ) -> DataStore {
+        let cache = Arc::new(cache);
         let bytes_read = Arc::new(AtomicU64::new(0));
         let readahead = match readahead {
             ReadaheadMode::Off => None,
@@ -206,7 +219,25 @@ impl DataStore {
             "device write {block}+{} outside the data blocks",
             pages.len()
         );
-        self.dev.write_at(Self::dev_offset(block), pages)?;
+        let n = pages.len() as u64;
+        // Announced to every process's cache (stamps.rs): begun before
+        // the device sees it, ended once it returned, failed or not.
+        let stamps = self.cache.write_stamps();
+        if let Some(w) = stamps {
+            w.begin_write(block, n);
+        }
+        let wrote = self.dev.write_at(Self::dev_offset(block), pages);
+        match (stamps, self.cache.write_stamps()) {
+            (Some(w), _) => w.end_write(block, n),
+            // The pool was shared while this write ran (the server's first
+            // client): a copy a client read meanwhile must not outlive it.
+            (None, Some(w)) => {
+                w.begin_write(block, n);
+                w.end_write(block, n);
+            }
+            (None, None) => {}
+        }
+        wrote?;
         self.flusher.wrote();
         self.bytes_written
             .fetch_add(pages.len() as u64 * BLOCK_SIZE, Ordering::Relaxed);
@@ -214,6 +245,13 @@ impl DataStore {
             self.cache.put(block + i as u64, p);
         }
         Ok(())
+    }
+
+    /// Announce this store's device writes in, and check its cache
+    /// against, the shared write stamps of `table` from now on (the pool
+    /// is shared: cache.rs, stamps.rs).
+    pub fn use_stamps(&self, table: crate::epoch::SharedTable) {
+        self.cache.use_stamps(table);
     }
 
     /// Make every completed write durable (group commit).
@@ -246,7 +284,7 @@ impl DataStore {
     /// the end of the reader's file there (see `Fs::read`); `file_start`:
     /// the read is at the start of its file (`Readahead::note`).
     pub fn read_ahead_to(&self, at: u64, buf: &mut [u8], limit: u64, file_start: bool) -> io::Result<()> {
-        if self.cache.capacity_bytes() == 0 {
+        if !self.cache.keeps() {
             return self.read_uncached(at, buf);
         }
         let want_end = (at + buf.len() as u64).div_ceil(BLOCK_SIZE);
@@ -460,6 +498,131 @@ mod tests {
         assert_eq!(r.stats().readahead_bytes, 0);
         // Each miss read its own block only (a page drawn twice hits).
         assert!(r.stats().bytes_read <= 40 * BLOCK_SIZE, "{:?}", r.stats());
+    }
+
+    /// Two stores over one device, as two processes (a client and the
+    /// server, or two clients): one writes in place what the other has
+    /// cached and read ahead.
+    fn two_processes(shared: bool) -> (DataStore, DataStore, u64) {
+        let blocks = 1024;
+        let dev = Arc::new(MemDev::new(blocks * BLOCK_SIZE));
+        let first = DEV_BLOCK_BASE + dev_first_data_block(blocks);
+        let policy = Placement {
+            threshold_bytes: 8192,
+            unit_blocks: 4,
+        };
+        let all_used = || BlockAllocator::new_all_used(2, first, DEV_BLOCK_BASE + blocks);
+        let cache = |client| if client { DataCache::for_client(8 << 20) } else { DataCache::new(8 << 20) };
+        let mk = |client| DataStore::with_cache(dev.clone(), all_used(), blocks, policy, cache(client), ReadaheadMode::Threads);
+        let (writer, reader) = (mk(false), mk(shared));
+        if shared {
+            let table: crate::epoch::SharedTable = crate::epoch::EpochTable::new_shared();
+            writer.use_stamps(table.clone());
+            reader.use_stamps(table);
+        }
+        (writer, reader, first)
+    }
+
+    fn fill(v: u8, n: usize) -> Vec<Page> {
+        let mut p = dev::pages(n);
+        p.iter_mut().for_each(|x| x.0.fill(v));
+        p
+    }
+
+    #[test]
+    fn another_stores_write_in_place_is_never_hidden_by_a_cached_copy() {
+        let (w, r, first) = two_processes(true);
+        w.write(first, &fill(1, 256)).unwrap();
+        let mut buf = vec![0u8; 256 * BLOCK_SIZE as usize];
+        // Read twice from the start: cached, and read ahead.
+        for _ in 0..2 {
+            r.read_ahead_to(first * BLOCK_SIZE, &mut buf, first + 256, true).unwrap();
+            assert!(buf.iter().all(|&b| b == 1));
+        }
+        assert!(r.stats().cache_hits > 0, "{:?}", r.stats());
+        // In place, one block in the middle and a run at the end.
+        w.write(first + 100, &fill(2, 1)).unwrap();
+        w.write(first + 240, &fill(3, 16)).unwrap();
+        let hits = r.stats().cache_hits;
+        r.read(first * BLOCK_SIZE, &mut buf).unwrap();
+        for (i, p) in buf.chunks(BLOCK_SIZE as usize).enumerate() {
+            let want = match i {
+                100 => 2,
+                240.. => 3,
+                _ => 1,
+            };
+            assert!(p.iter().all(|&b| b == want), "block {i}: {} for {want}", p[0]);
+        }
+        assert!(r.stats().cache_hits > hits, "the untouched runs still hit");
+    }
+
+    #[test]
+    fn without_shared_stamps_the_copy_is_stale_and_a_client_keeps_nothing() {
+        // The control: a cache that does not check (a server's before
+        // its first client) serves the old bytes after another's write.
+        let (w, r, first) = two_processes(false);
+        w.write(first, &fill(1, 4)).unwrap();
+        let mut buf = vec![0u8; 4 * BLOCK_SIZE as usize];
+        r.read(first * BLOCK_SIZE, &mut buf).unwrap();
+        w.write(first, &fill(2, 4)).unwrap();
+        r.read(first * BLOCK_SIZE, &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == 1), "the stale copy this file's stamps exist for");
+        // A client's cache with no stamps given keeps nothing.
+        let dev = Arc::new(MemDev::new(128 * BLOCK_SIZE));
+        let first = DEV_BLOCK_BASE + dev_first_data_block(128);
+        let c = DataStore::with_cache(
+            dev,
+            BlockAllocator::new_all_used(2, first, DEV_BLOCK_BASE + 128),
+            128,
+            Placement {
+                threshold_bytes: 8192,
+                unit_blocks: 4,
+            },
+            DataCache::for_client(1 << 20),
+            ReadaheadMode::Off,
+        );
+        for _ in 0..3 {
+            c.read(first * BLOCK_SIZE, &mut buf).unwrap();
+        }
+        assert_eq!(c.stats().cache_hits + c.stats().cache_misses, 0, "it bypasses the cache");
+        assert_eq!(c.stats().bytes_read, 3 * 4 * BLOCK_SIZE);
+    }
+
+    #[test]
+    fn a_reader_racing_in_place_writes_sees_each_finished_one() {
+        // The writer overwrites blocks [0, 64) in place with version v,
+        // then publishes v; the reader, reading whole (cached, read
+        // ahead), must never see a block older than the version published
+        // before its read began.
+        let (w, r, first) = two_processes(true);
+        let w = Arc::new(w);
+        let published = Arc::new(AtomicU64::new(0));
+        w.write(first, &fill(0, 64)).unwrap();
+        let writer = {
+            let (w, published) = (w.clone(), published.clone());
+            std::thread::spawn(move || {
+                for v in 1..=200u8 {
+                    w.write(first + (v as u64 % 4) * 16, &fill(v, 16)).unwrap();
+                    w.write(first, &fill(v, 64)).unwrap();
+                    published.store(v as u64, Ordering::SeqCst);
+                }
+            })
+        };
+        let mut buf = vec![0u8; 64 * BLOCK_SIZE as usize];
+        let mut rounds = 0u64;
+        loop {
+            let before = published.load(Ordering::SeqCst);
+            r.read_ahead_to(first * BLOCK_SIZE, &mut buf, first + 64, true).unwrap();
+            for (i, p) in buf.chunks(BLOCK_SIZE as usize).enumerate() {
+                assert!(p[0] as u64 >= before, "block {i}: version {} after {before} was published", p[0]);
+            }
+            rounds += 1;
+            if before == 200 {
+                break;
+            }
+        }
+        writer.join().unwrap();
+        assert!(rounds > 1);
     }
 
     #[test]
