@@ -541,21 +541,29 @@ const CACHE_SHARDS: usize = 64;
 /// meet on a lock. Handles hold `Arc<Inode>` directly, so reads and writes
 /// never touch this map.
 pub struct InodeCache {
-    shards: Vec<RwLock<HashMap<u64, Arc<Inode>>>>,
+    shards: Vec<RwLock<InoMap>>,
 }
+
+/// One shard: keyed by inode numbers, which the engine hands out (no
+/// caller picks them, so no flooding to resist), hashed by foldhash
+/// rather than std's SipHash: every step of a path walk looks an inode up
+/// here. Its fixed seed, not its per-process random one: with that one
+/// (seeded on first use) the preload library's attach was refused, every
+/// call going to the kernel (seen, cause not traced).
+type InoMap = HashMap<u64, Arc<Inode>, foldhash::fast::FixedState>;
 
 impl Default for InodeCache {
     fn default() -> Self {
         InodeCache {
             shards: (0..CACHE_SHARDS)
-                .map(|_| RwLock::new(HashMap::new()))
+                .map(|_| RwLock::new(InoMap::default()))
                 .collect(),
         }
     }
 }
 
 impl InodeCache {
-    fn shard(&self, ino: u64) -> &RwLock<HashMap<u64, Arc<Inode>>> {
+    fn shard(&self, ino: u64) -> &RwLock<InoMap> {
         &self.shards[(ino as usize) % CACHE_SHARDS]
     }
 

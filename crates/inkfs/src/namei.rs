@@ -118,6 +118,36 @@ impl<P: Pmem> Fs<P> {
         let dir = self.dir_inode(parent)?;
         let st = read(&dir.state);
         live(&st)?;
+        Self::child_ino(parent, &st, name)
+    }
+
+    /// [`Fs::lookup_ino`] after `check` passed on `parent`'s attributes
+    /// (the caller's search permission), with one load of `parent` for
+    /// both: a path walk's every step, so the directory's cache lookup
+    /// and revalidation are not paid twice. Errors in the order of a
+    /// `getattr` + check + `lookup_ino`: gone, `check`'s, ENAMETOOLONG,
+    /// ENOTDIR.
+    pub fn lookup_ino_checked(
+        &self,
+        parent: u64,
+        name: &[u8],
+        check: impl FnOnce(&Attr) -> Result<()>,
+    ) -> Result<u64> {
+        let dir = self.iget(parent)?;
+        let st = read(&dir.state);
+        live(&st)?;
+        check(&self.attr_of(&dir, &st))?;
+        if name.len() > NAME_MAX {
+            return errno(libc::ENAMETOOLONG);
+        }
+        if dir.kind != FileKind::Dir {
+            return errno(libc::ENOTDIR);
+        }
+        Self::child_ino(parent, &st, name)
+    }
+
+    /// `name`'s inode number in the directory `parent` whose state is `st`.
+    fn child_ino(parent: u64, st: &InodeState, name: &[u8]) -> Result<u64> {
         if name == b"." {
             return Ok(parent);
         }

@@ -254,3 +254,43 @@ fn permission_table_through_the_api() {
     let report = inkfs::fsck::check(&pm, &Default::default()).unwrap();
     assert!(report.is_clean(), "{:?}", report.problems);
 }
+
+/// A lookup's errors, in the order the walk checks them: a gone
+/// directory (ENOENT), the search check on it (ENOTDIR for a file, EACCES
+/// without search permission, before a name's length), then the name
+/// (ENAMETOOLONG, ENOENT). The check and the lookup run on one load of
+/// the directory (namei.rs, `lookup_ino_checked`).
+#[test]
+fn lookup_errors_come_in_the_walks_order() {
+    let pm = SimPool::new(8 << 20);
+    Fs::format(&pm, &FormatOptions::default()).unwrap();
+    let fs = Fs::mount(pm, MountOptions::default()).unwrap();
+    let root = Credentials::root();
+    let other = cred(Who::Other);
+    let errno = |r: inkfs::Result<inkfs::api::Attr>| match r {
+        Ok(a) => panic!("lookup succeeded: {a:?}"),
+        Err(inkfs::Error::Errno(e)) => e,
+        Err(e) => panic!("not an errno: {e:?}"),
+    };
+    let closed = fs.mkdir(&root, ROOT_INO, b"closed", 0o700).unwrap().ino;
+    let open = fs.mkdir(&root, ROOT_INO, b"open", 0o711).unwrap().ino;
+    let flags = OpenFlags::new(libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL);
+    let (f, h) = fs.create(&root, open, b"f", 0o644, flags).unwrap();
+    fs.release(h);
+    let gone = fs.mkdir(&root, ROOT_INO, b"gone", 0o755).unwrap().ino;
+    fs.rmdir(&root, ROOT_INO, b"gone").unwrap();
+    let long = vec![b'n'; 256];
+
+    assert_eq!(fs.lookup(&other, open, b"f").unwrap().ino, f.ino);
+    assert_eq!(errno(fs.lookup(&other, closed, b"x")), libc::EACCES);
+    assert_eq!(errno(fs.lookup(&other, closed, &long)), libc::EACCES);
+    assert_eq!(errno(fs.lookup(&root, closed, &long)), libc::ENAMETOOLONG);
+    assert_eq!(errno(fs.lookup(&root, closed, b"x")), libc::ENOENT);
+    assert_eq!(errno(fs.lookup(&other, f.ino, b"x")), libc::ENOTDIR);
+    assert_eq!(errno(fs.lookup(&root, f.ino, &long)), libc::ENOTDIR);
+    assert_eq!(errno(fs.lookup(&root, gone, b"x")), libc::ENOENT);
+    // "." and ".." are names like others once the check passed.
+    assert_eq!(fs.lookup(&other, open, b".").unwrap().ino, open);
+    assert_eq!(fs.lookup(&other, open, b"..").unwrap().ino, ROOT_INO);
+    assert_eq!(errno(fs.lookup(&other, closed, b".")), libc::EACCES);
+}

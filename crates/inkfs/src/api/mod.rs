@@ -431,8 +431,10 @@ impl<P: Pmem> Filesystem<P> {
 
     /// `name` in directory `dir`: search permission on `dir`.
     pub fn lookup(&self, cred: &Credentials, dir: u64, name: &[u8]) -> Result<Attr> {
-        self.may_search(cred, dir)?;
-        self.fs.lookup(dir, name)
+        let child = self
+            .fs
+            .lookup_ino_checked(dir, name, |a| perm::may_lookup(cred, a))?;
+        self.fs.getattr(child)
     }
 
     /// Attributes by inode number (stat of a name already looked up, or
@@ -915,12 +917,6 @@ impl<P: Pmem> Filesystem<P> {
 
     pub fn removexattr(&self, cred: &Credentials, ino: u64, name: &[u8]) -> Result<()> {
         self.fs.removexattr_as(Actor::Caller(cred), ino, name)
-    }
-
-    /// Search permission on directory `dir` (one step of a path walk).
-    fn may_search(&self, cred: &Credentials, dir: u64) -> Result<()> {
-        let a = self.fs.getattr(dir)?;
-        perm::may_lookup(cred, &a)
     }
 }
 
