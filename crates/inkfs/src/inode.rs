@@ -1,7 +1,7 @@
 //! Inodes: the persistent record in a lane's inode table, the DRAM state
 //! rebuilt from the inode's log, and the cache that holds loaded inodes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -545,12 +545,10 @@ pub struct InodeCache {
 }
 
 /// One shard: keyed by inode numbers, which the engine hands out (no
-/// caller picks them, so no flooding to resist), hashed by foldhash
-/// rather than std's SipHash: every step of a path walk looks an inode up
-/// here. Its fixed seed, not its per-process random one: with that one
-/// (seeded on first use) the preload library's attach was refused, every
-/// call going to the kernel (seen, cause not traced).
-type InoMap = HashMap<u64, Arc<Inode>, foldhash::fast::FixedState>;
+/// caller picks them, so no flooding to resist), hashed by the engine's
+/// integer hasher rather than std's SipHash: every step of a path walk
+/// looks an inode up here.
+type InoMap = crate::inthash::IntMap<Arc<Inode>>;
 
 impl Default for InodeCache {
     fn default() -> Self {
