@@ -457,15 +457,22 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_sequential_reader_is_read_ahead_a_random_one_is_not() {
-        let blocks = 4096;
+    /// A memory device of `blocks`, its first data block, and the
+    /// placement the readahead tests use.
+    fn memdev(blocks: u64) -> (Arc<MemDev>, u64, Placement) {
         let dev = Arc::new(MemDev::new(blocks * BLOCK_SIZE));
         let first = DEV_BLOCK_BASE + dev_first_data_block(blocks);
         let policy = Placement {
             threshold_bytes: 8192,
             unit_blocks: 4,
         };
+        (dev, first, policy)
+    }
+
+    #[test]
+    fn a_sequential_reader_is_read_ahead_a_random_one_is_not() {
+        let blocks = 4096;
+        let (dev, first, policy) = memdev(blocks);
         let all_used = || BlockAllocator::new_all_used(2, first, DEV_BLOCK_BASE + blocks);
         // Written through one store; read through another with a cold
         // cache (16 MiB: a 4 MiB window).
@@ -505,12 +512,7 @@ mod tests {
     /// cached and read ahead.
     fn two_processes(shared: bool) -> (DataStore, DataStore, u64) {
         let blocks = 1024;
-        let dev = Arc::new(MemDev::new(blocks * BLOCK_SIZE));
-        let first = DEV_BLOCK_BASE + dev_first_data_block(blocks);
-        let policy = Placement {
-            threshold_bytes: 8192,
-            unit_blocks: 4,
-        };
+        let (dev, first, policy) = memdev(blocks);
         let all_used = || BlockAllocator::new_all_used(2, first, DEV_BLOCK_BASE + blocks);
         let cache = |client| if client { DataCache::for_client(8 << 20) } else { DataCache::new(8 << 20) };
         let mk = |client| DataStore::with_cache(dev.clone(), all_used(), blocks, policy, cache(client), ReadaheadMode::Threads);
