@@ -10,6 +10,9 @@
 //! Every directory holds a file `f` of a size of its own, so a relative
 //! stat answered from a stale directory is a success with the wrong size,
 //! not a miss the kernel would then answer.
+//!
+//! And a path stat after the server's death (the library no longer asks
+//! its socket at every stat) is the kernel's.
 
 mod common;
 
@@ -199,7 +202,7 @@ fn build(dir: &std::path::Path) {
     std::fs::set_permissions(dir.join("locked"), std::fs::Permissions::from_mode(0o700)).unwrap();
 }
 
-fn run(dir: &std::path::Path, stats: Option<&std::path::Path>) -> String {
+fn run_script(dir: &std::path::Path, stats: Option<&std::path::Path>) -> String {
     let mut c = std::process::Command::new(PYTHON);
     c.arg("-c").arg(SCRIPT).arg(dir).env_remove("LD_PRELOAD");
     if let Some(s) = stats {
@@ -220,9 +223,9 @@ fn relative_paths_follow_every_change_of_the_current_directory() {
     std::fs::set_permissions(stats.path(), std::fs::Permissions::from_mode(0o666)).unwrap();
 
     build(&m.p("t"));
-    let kernel = run(&m.p("t"), None);
+    let kernel = run_script(&m.p("t"), None);
     build(&m.p("t"));
-    let library = run(&m.p("t"), Some(stats.path()));
+    let library = run_script(&m.p("t"), Some(stats.path()));
     let (k, l): (Vec<&str>, Vec<&str>) = (kernel.lines().collect(), library.lines().collect());
     for (i, (a, b)) in k.iter().zip(&l).enumerate() {
         assert_eq!(
@@ -257,4 +260,75 @@ fn relative_paths_follow_every_change_of_the_current_directory() {
         c(&n, "stat_local") >= 40,
         "relative stats not served: {n:?}"
     );
+}
+
+/// Stats a path on each line it reads: its size, or the errno.
+const STAT_LOOP: &str = r#"
+import os, sys
+for line in sys.stdin:
+    p = line.strip()
+    try:
+        print(p.rsplit("/", 1)[1], os.stat(p).st_size, flush=True)
+    except OSError as e:
+        print(p.rsplit("/", 1)[1], "errno", e.errno, flush=True)
+"#;
+
+/// A path stat after the server died and its mount point was unmounted
+/// is the kernel's answer (the directory under the mount point), not the
+/// pool's, even for a process that was stopped meanwhile: the library's
+/// periodic check of the server's socket (crates/inkfs-preload/src/
+/// mounts.rs, `Mount::serving`) sees the death at the first call after
+/// the process resumes, whether or not the session's reader thread ran
+/// first.
+#[test]
+fn a_path_stat_after_the_servers_death_is_the_kernels() {
+    use std::io::{BufRead, BufReader, Write};
+    require_root();
+    let pool = Pool::new("cwd-dead", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    std::fs::write(m.p("f"), b"12345").unwrap();
+    let stats = stats_file("cwd-dead");
+    let mut child = std::process::Command::new(PYTHON)
+        .arg("-c")
+        .arg(STAT_LOOP)
+        .env("LD_PRELOAD", lib())
+        .env("INKFS_PRELOAD_STATS", stats.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python");
+    let mut to = child.stdin.take().expect("stdin");
+    let mut from = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut ask = |p: &std::path::Path| {
+        writeln!(to, "{}", p.display()).expect("ask");
+        let mut line = String::new();
+        from.read_line(&mut line).expect("answer");
+        line.trim().to_string()
+    };
+    let f = m.p("f");
+    assert_eq!(ask(&f), "f 5", "served from the pool while the server runs");
+
+    // Stopped while the server dies and its mount goes away.
+    // SAFETY: signals to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) };
+    let dir = m.kill9();
+    run(std::process::Command::new("umount").arg(dir.path()));
+    // Longer than the library's interval between two checks of the
+    // socket (4 ms on a clock of 4 ms ticks).
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
+    assert_eq!(
+        ask(&f),
+        "f errno 2",
+        "the directory under the mount point has no f: the pool answered"
+    );
+    drop(to);
+    assert!(child.wait().expect("wait").success());
+    let n = counts(stats.path());
+    assert!(
+        c(&n, "stat_local") >= 1,
+        "the first stat was not served: {n:?}"
+    );
+    drop(dir);
 }
