@@ -296,8 +296,8 @@ const CREDENTIAL_CALLS: [c_long; 12] = [
 const CWD_CALLS: [c_long; 3] = [libc::SYS_chdir, libc::SYS_fchdir, libc::SYS_setns];
 
 /// syscall(2): a raw credential change (Samba changes one thread's ids
-/// so) marks the credentials changed, a raw chdir the current directory. Variadic in C: every argument is
-/// passed on (the x86-64 ABI reads them from the same registers and stack
+/// so) marks the credentials changed, a raw chdir the current directory
+/// (cwd.rs). Variadic in C: every argument is passed on (the x86-64 ABI reads them from the same registers and stack
 /// slot whether or not the caller gave them, and the kernel ignores what
 /// a call does not take).
 #[no_mangle]

@@ -129,6 +129,19 @@ fn servable(m: &Mount) -> bool {
     !m.has_submounts
 }
 
+/// The generation now: read before [`current`], and given to
+/// [`unchanged_since`] after a call that must see the same directory.
+pub fn generation() -> u64 {
+    GENERATION.load(SeqCst)
+}
+
+/// Whether no change of the current directory began since `generation`
+/// was read (so a getcwd made meanwhile names the directory
+/// [`current`] answered then).
+pub fn unchanged_since(generation: u64) -> bool {
+    CHANGING.load(SeqCst) == 0 && GENERATION.load(SeqCst) == generation
+}
+
 /// Run `f`, which may change the current directory: no copy is used
 /// while it runs, and none made before its end is kept. Keeps `f`'s
 /// errno (atomics only around it).

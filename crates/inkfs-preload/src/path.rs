@@ -22,11 +22,12 @@ use crate::{real, table};
 const MAX_PARTS: usize = 128;
 
 /// A path located on a mount: resolve `parts[0]` then `parts[1]` from
-/// `start` (the current directory's inode if `from_cwd`).
+/// `start` (the current directory's inode if `from_cwd` holds the
+/// generation of cwd.rs it was read at).
 pub struct Target<'a> {
     pub mount: &'static Mount,
     start: u64,
-    from_cwd: bool,
+    from_cwd: Option<u64>,
     parts: [&'a [u8]; 2],
 }
 
@@ -37,13 +38,14 @@ impl Target<'_> {
     /// directory's path, if the library kept it).
     pub fn absolute(&self, dir_path: impl FnOnce() -> Option<&'static [u8]>) -> Option<Box<[u8]>> {
         let mut v: Vec<u8> = Vec::with_capacity(libc::PATH_MAX as usize);
-        if self.from_cwd {
+        if let Some(generation) = self.from_cwd {
             // The kernel's name of the same inode now (a rename since the
-            // copy was made shows here).
+            // copy was made shows here), unless another thread changed
+            // directory since the walk started there.
             let mut buf: CwdBuf = [0; libc::PATH_MAX as usize];
             let here = getcwd(&mut buf)?;
             let (_, m, _) = mounts::locate_abs(here)?;
-            if !std::ptr::eq(m, self.mount) {
+            if !std::ptr::eq(m, self.mount) || !cwd::unchanged_since(generation) {
                 return None;
             }
             v.extend_from_slice(here);
@@ -126,20 +128,21 @@ fn locate_any<'a>(dirfd: c_int, path: &'a [u8], cwd: &'a mut CwdBuf) -> Option<T
         return Some(Target {
             mount,
             start: ROOT_INO,
-            from_cwd: false,
+            from_cwd: None,
             parts: [rest, b""],
         });
     }
     if dirfd == libc::AT_FDCWD {
         // From the current directory's inode, as the kernel walks; its
         // path only when the copy is not known (cwd.rs).
+        let generation = cwd::generation();
         match cwd::current() {
             Cwd::Off => return None,
             Cwd::At { mount, ino } => {
                 return Some(Target {
                     mount: mounts::by_index(mount)?,
                     start: ino,
-                    from_cwd: true,
+                    from_cwd: Some(generation),
                     parts: [b"", path],
                 });
             }
@@ -149,7 +152,7 @@ fn locate_any<'a>(dirfd: c_int, path: &'a [u8], cwd: &'a mut CwdBuf) -> Option<T
         return Some(Target {
             mount,
             start: ROOT_INO,
-            from_cwd: false,
+            from_cwd: None,
             parts: [rest, path],
         });
     }
@@ -164,7 +167,7 @@ fn locate_any<'a>(dirfd: c_int, path: &'a [u8], cwd: &'a mut CwdBuf) -> Option<T
     Some(Target {
         mount,
         start: ofd.ino.load(std::sync::atomic::Ordering::Relaxed),
-        from_cwd: false,
+        from_cwd: None,
         parts: [b"", path],
     })
 }
