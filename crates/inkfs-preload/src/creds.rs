@@ -268,10 +268,12 @@ pub unsafe extern "C" fn unshare(flags: c_int) -> c_int {
     changing(|| unsafe { real::unshare(flags) })
 }
 
+/// Joining a mount namespace also moves the current directory to its
+/// root (cwd.rs).
 #[no_mangle]
 pub unsafe extern "C" fn setns(fd: c_int, nstype: c_int) -> c_int {
     // SAFETY: no memory involved.
-    changing(|| unsafe { real::setns(fd, nstype) })
+    crate::cwd::changing(|| changing(|| unsafe { real::setns(fd, nstype) }))
 }
 
 /// The system call numbers that change a thread's credentials.
@@ -290,9 +292,12 @@ const CREDENTIAL_CALLS: [c_long; 12] = [
     libc::SYS_setns,
 ];
 
+/// The system call numbers that change the current directory (cwd.rs).
+const CWD_CALLS: [c_long; 3] = [libc::SYS_chdir, libc::SYS_fchdir, libc::SYS_setns];
+
 /// syscall(2): a raw credential change (Samba changes one thread's ids
-/// so) marks the credentials changed. Variadic in C: every argument is
-/// passed on (the x86-64 ABI reads them from the same registers and stack
+/// so) marks the credentials changed, a raw chdir the current directory
+/// (cwd.rs). Variadic in C: every argument is passed on (the x86-64 ABI reads them from the same registers and stack
 /// slot whether or not the caller gave them, and the kernel ignores what
 /// a call does not take).
 #[no_mangle]
@@ -308,6 +313,23 @@ pub unsafe extern "C" fn syscall(
 ) -> c_long {
     // SAFETY: the program's call, passed on as it made it.
     let call = || unsafe { real::syscall(n, a1, a2, a3, a4, a5, a6) };
+    if CWD_CALLS.contains(&n) {
+        // A directory placeholder gets its kernel file first, as fchdir's.
+        let a1 = if n == libc::SYS_fchdir {
+            c_long::from(crate::lazy::kernel(a1 as c_int))
+        } else {
+            a1
+        };
+        // SAFETY: as above, the descriptor materialized.
+        let call = || unsafe { real::syscall(n, a1, a2, a3, a4, a5, a6) };
+        return crate::cwd::changing(|| {
+            if n == libc::SYS_setns {
+                changing(call)
+            } else {
+                call()
+            }
+        });
+    }
     if !CREDENTIAL_CALLS.contains(&n) {
         return call();
     }

@@ -1,6 +1,6 @@
 //! Calls that need the kernel's file of a descriptor, which the library
 //! does not serve: a placeholder (lazy.rs) is materialized first, then the
-//! real call runs on it. fchdir (a directory's placeholder), flock,
+//! real call runs on it (fchdir, which does too, is cwd.rs's): flock,
 //! lockf, ioctl,
 //! fallocate/posix_fallocate, readahead, syncfs, xattrs by descriptor.
 //! posix_fadvise of a placeholder is answered 0 (advice: the pool needs
@@ -45,7 +45,6 @@ macro_rules! on_kernel_file {
 }
 
 on_kernel_file! {
-    fchdir(fd: c_int) -> c_int, -1;
     flock(fd: c_int, op: c_int) -> c_int, -1;
     lockf(fd: c_int, cmd: c_int, len: libc::off_t) -> c_int, -1;
     lockf64(fd: c_int, cmd: c_int, len: off64_t) -> c_int, -1;

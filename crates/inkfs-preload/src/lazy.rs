@@ -271,22 +271,24 @@ pub fn open(dirfd: c_int, bytes: &[u8], flags: c_int, mode: libc::mode_t) -> Opt
         let (dir, name) = path::walk_parent(fs, &cred, &t, false)?;
         Some((dir, name, fs.lookup(&cred, dir, name)))
     })?;
-    let path = t.absolute(|| path_of(table::local(dirfd)?.0))?;
+    // The path kept to materialize by, for an answer that makes a
+    // descriptor (a miss needs none: no getcwd for it).
+    let path = || t.absolute(|| path_of(table::local(dirfd)?.0));
     match found {
         Ok(a) => {
             if creating && flags & libc::O_EXCL != 0 {
                 return Some(fail(libc::EEXIST));
             }
             if a.kind == FileKind::Dir && dirs && !creating {
-                return directory(t.mount, mi, a.ino, a.generation, flags, &cred, path);
+                return directory(t.mount, mi, a.ino, a.generation, flags, &cred, path()?);
             }
             if a.kind != FileKind::File {
                 return None;
             }
-            existing(t.mount, mi, a.ino, a.generation, flags, &cred, path)
+            existing(t.mount, mi, a.ino, a.generation, flags, &cred, path()?)
         }
         Err(e) if e.errno() == libc::ENOENT && creating => {
-            create(t.mount, mi, dir, name, flags, mode, &cred, path)
+            create(t.mount, mi, dir, name, flags, mode, &cred, path()?)
         }
         // The pool is the truth: no such name (the kernel would say so,
         // one request later).

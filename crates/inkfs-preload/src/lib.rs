@@ -29,6 +29,7 @@
 pub mod attr;
 pub mod attrs;
 pub mod creds;
+pub mod cwd;
 pub mod dir;
 pub mod fds;
 pub mod guard;

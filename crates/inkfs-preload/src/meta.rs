@@ -35,7 +35,7 @@ fn path_attr(
     let t = path::locate(dirfd, p, &mut cwd)?;
     let got = (|| {
         let lease = t.mount.checkout()?;
-        if !t.mount.alive(&lease) {
+        if !t.mount.serving(&lease) {
             return None;
         }
         let cred = crate::creds::get(if real_ids {

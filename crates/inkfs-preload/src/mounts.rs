@@ -22,7 +22,7 @@
 //! generation) until the index is reused.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{OnceLock, RwLock};
 
 use inkfs::api::client::Client;
@@ -69,6 +69,27 @@ pub struct Mount {
     /// A real statx of the mount's root, for the fields a statx answer
     /// copies (mask, attributes, mount id).
     pub root_statx: OnceLock<Option<libc::statx>>,
+    /// When a path call last asked the server's socket (`serving`), in
+    /// CLOCK_MONOTONIC_COARSE nanoseconds.
+    socket_checked: AtomicU64,
+}
+
+/// How often a path call asks the server's socket whether it is still
+/// there (`Mount::serving`), at most.
+const SOCKET_CHECK_EVERY_NS: u64 = 4_000_000;
+
+/// CLOCK_MONOTONIC_COARSE in nanoseconds: read from the vDSO, no system
+/// call.
+fn coarse_now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes the timespec given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
 }
 
 /// The attached client and the engine handles it opened, by open-file
@@ -323,6 +344,29 @@ impl Mount {
         false
     }
 
+    /// Whether the mount's server still serves this process, for a path
+    /// call (stat, access, readlink): the session's closed flag, which
+    /// its reader sets at the socket's end of file (no system call), and
+    /// the socket itself at most every `SOCKET_CHECK_EVERY_NS` (a
+    /// process stopped while its server died sees it at its first call
+    /// after, whether or not its reader ran first). A dead server makes
+    /// the mount kernel-only (docs/KERNEL-FREE.md, "Built: relative
+    /// paths from the current directory's inode", says what a call in
+    /// the window in between answers).
+    pub fn serving(&self, lease: &Lease<'_>) -> bool {
+        if lease.client().session_closed() {
+            self.refused.store(true, Ordering::Relaxed);
+            return false;
+        }
+        let now = coarse_now_ns();
+        let last = self.socket_checked.load(Ordering::Relaxed);
+        if now.wrapping_sub(last) < SOCKET_CHECK_EVERY_NS {
+            return true;
+        }
+        self.socket_checked.store(now, Ordering::Relaxed);
+        self.alive(lease)
+    }
+
     /// After fork, in the child: the parent's client is the parent's (its
     /// slot, its session). Forget it without running its destructor (its
     /// mappings and descriptors are copies; exec or exit closes them) and
@@ -424,6 +468,7 @@ fn read_mounts() -> Vec<Mount> {
             attached: AtomicU32::new(0),
             attach_waiters: AtomicU32::new(0),
             root_statx: OnceLock::new(),
+            socket_checked: AtomicU64::new(0),
         });
     }
     out

@@ -14,6 +14,7 @@ use std::ffi::{c_char, c_int, CStr};
 use inkfs::api::{Attr, Credentials, FileKind, Filesystem, ROOT_INO};
 use inkfs::pmem::MappedPool;
 
+use crate::cwd::{self, Cwd};
 use crate::mounts::{self, Mount};
 use crate::{real, table};
 
@@ -21,10 +22,12 @@ use crate::{real, table};
 const MAX_PARTS: usize = 128;
 
 /// A path located on a mount: resolve `parts[0]` then `parts[1]` from
-/// `start`.
+/// `start` (the current directory's inode if `from_cwd` holds the
+/// generation of cwd.rs it was read at).
 pub struct Target<'a> {
     pub mount: &'static Mount,
     start: u64,
+    from_cwd: Option<u64>,
     parts: [&'a [u8]; 2],
 }
 
@@ -35,7 +38,18 @@ impl Target<'_> {
     /// directory's path, if the library kept it).
     pub fn absolute(&self, dir_path: impl FnOnce() -> Option<&'static [u8]>) -> Option<Box<[u8]>> {
         let mut v: Vec<u8> = Vec::with_capacity(libc::PATH_MAX as usize);
-        if self.start == ROOT_INO {
+        if let Some(generation) = self.from_cwd {
+            // The kernel's name of the same inode now (a rename since the
+            // copy was made shows here), unless another thread changed
+            // directory since the walk started there.
+            let mut buf: CwdBuf = [0; libc::PATH_MAX as usize];
+            let here = getcwd(&mut buf)?;
+            let (_, m, _) = mounts::locate_abs(here)?;
+            if !std::ptr::eq(m, self.mount) || !cwd::unchanged_since(generation) {
+                return None;
+            }
+            v.extend_from_slice(here);
+        } else if self.start == ROOT_INO {
             v.extend_from_slice(&self.mount.path);
         } else {
             v.extend_from_slice(dir_path()?);
@@ -114,20 +128,31 @@ fn locate_any<'a>(dirfd: c_int, path: &'a [u8], cwd: &'a mut CwdBuf) -> Option<T
         return Some(Target {
             mount,
             start: ROOT_INO,
+            from_cwd: None,
             parts: [rest, b""],
         });
     }
     if dirfd == libc::AT_FDCWD {
-        // SAFETY: the buffer is ours and its length is given.
-        let p = unsafe { real::getcwd(cwd.as_mut_ptr().cast(), cwd.len()) };
-        if p.is_null() {
-            return None;
+        // From the current directory's inode, as the kernel walks; its
+        // path only when the copy is not known (cwd.rs).
+        let generation = cwd::generation();
+        match cwd::current() {
+            Cwd::Off => return None,
+            Cwd::At { mount, ino } => {
+                return Some(Target {
+                    mount: mounts::by_index(mount)?,
+                    start: ino,
+                    from_cwd: Some(generation),
+                    parts: [b"", path],
+                });
+            }
+            Cwd::Unknown => {}
         }
-        let len = cwd.iter().position(|&b| b == 0)?;
-        let (_, mount, rest) = mounts::locate_abs(&cwd[..len])?;
+        let (_, mount, rest) = mounts::locate_abs(getcwd(cwd)?)?;
         return Some(Target {
             mount,
             start: ROOT_INO,
+            from_cwd: None,
             parts: [rest, path],
         });
     }
@@ -142,8 +167,20 @@ fn locate_any<'a>(dirfd: c_int, path: &'a [u8], cwd: &'a mut CwdBuf) -> Option<T
     Some(Target {
         mount,
         start: ofd.ino.load(std::sync::atomic::Ordering::Relaxed),
+        from_cwd: None,
         parts: [b"", path],
     })
+}
+
+/// The kernel's path of the current directory, in `buf`.
+fn getcwd(buf: &mut CwdBuf) -> Option<&[u8]> {
+    // SAFETY: the buffer is ours and its length is given.
+    let p = unsafe { real::getcwd(buf.as_mut_ptr().cast(), buf.len()) };
+    if p.is_null() {
+        return None;
+    }
+    let len = buf.iter().position(|&b| b == 0)?;
+    Some(&buf[..len])
 }
 
 /// The components of `t`'s path, "." dropped: `None` past [`MAX_PARTS`].
@@ -175,7 +212,8 @@ fn dir_only(t: &Target<'_>) -> bool {
 /// for none: the start itself), or `Err` for "ask the kernel" (a symlink
 /// on the way, or the last one with `follow`, `..` above the mount's
 /// root, any error). `..` above the start is the start's parent in the
-/// pool (a directory descriptor's: `openat(fd, "..")`).
+/// pool (a directory descriptor's: `openat(fd, "..")`; the current
+/// directory's: `stat("..")`).
 fn resolve(
     fs: &Filesystem<MappedPool>,
     cred: &Credentials,

@@ -47,6 +47,7 @@ pub unsafe extern "C" fn fork() -> pid_t {
     } else if pid == 0 {
         mounts::after_fork();
         lazy::after_fork();
+        crate::cwd::after_fork();
         stats::reset();
     }
     pid

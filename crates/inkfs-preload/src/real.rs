@@ -106,6 +106,17 @@ mod fns {
         copy_file_range(inp: c_int, off_in: *mut off64_t, out: c_int, off_out: *mut off64_t, n: size_t, flags: c_uint) -> ssize_t, -1;
         splice(inp: c_int, off_in: *mut off64_t, out: c_int, off_out: *mut off64_t, n: size_t, flags: c_uint) -> ssize_t, -1;
         getcwd(buf: *mut c_char, n: size_t) -> *mut c_char, std::ptr::null_mut();
+        chdir(path: *const c_char) -> c_int, -1;
+        fchdir(fd: c_int) -> c_int, -1;
+        daemon(nochdir: c_int, noclose: c_int) -> c_int, -1;
+        fts_read(fts: *mut c_void) -> *mut c_void, std::ptr::null_mut();
+        fts64_read(fts: *mut c_void) -> *mut c_void, std::ptr::null_mut();
+        fts_children(fts: *mut c_void, options: c_int) -> *mut c_void, std::ptr::null_mut();
+        fts64_children(fts: *mut c_void, options: c_int) -> *mut c_void, std::ptr::null_mut();
+        fts_close(fts: *mut c_void) -> c_int, -1;
+        fts64_close(fts: *mut c_void) -> c_int, -1;
+        nftw(dir: *const c_char, f: *const c_void, fds: c_int, flags: c_int) -> c_int, -1;
+        nftw64(dir: *const c_char, f: *const c_void, fds: c_int, flags: c_int) -> c_int, -1;
         umask(mask: mode_t) -> mode_t, 0o022;
         setuid(uid: libc::uid_t) -> c_int, -1;
         setgid(gid: libc::gid_t) -> c_int, -1;
