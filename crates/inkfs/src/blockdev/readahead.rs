@@ -17,6 +17,12 @@
 //! waits for the read already in flight (`DataCache::wait_load`) instead of
 //! issuing its own.
 //!
+//! Chunks are 2 MiB ([`CHUNK_BLOCKS`]) and each is read into a buffer of
+//! one huge page (`hugebuf.rs`), then copied into the cache: this
+//! project's virtio disk reads 2.5-3x faster into huge pages than into
+//! 4 KiB ones, whatever the request size or depth. A window is queued in
+//! whole chunks (rounded up, within the reader's file).
+//!
 //! Bounded by the cache: the window is at most a quarter of it (blocks
 //! read ahead must survive until the reader gets to them), and no readahead
 //! runs without a cache. The queue is bounded too: readahead is advice, a
