@@ -20,6 +20,7 @@
 //! - `cache.rs`: the DRAM cache of device blocks;
 //! - `bounce.rs`: aligned buffers for reads that bypass the cache;
 //! - `readahead.rs`: reads ahead of sequential readers, on threads;
+//! - `hugebuf.rs`: readahead's read buffers, on transparent huge pages;
 //! - `stamps.rs`: every process's device writes announced in shared
 //!   memory, which keeps each process's cache coherent with the others';
 //! - `store.rs`: the block side of a mounted pool (device, allocator,
@@ -43,7 +44,7 @@ macro_rules! internal {
     )*};
 }
 
-internal!(attach, bounce, cache, engine, flush, layout, readahead, stamps, store);
+internal!(attach, bounce, cache, engine, flush, hugebuf, layout, readahead, stamps, store);
 
 pub use attach::{HybridFormat, DATA_THRESHOLD_DEFAULT, DATA_UNIT_DEFAULT_BLOCKS};
 pub use dev::{BlockDev, FileDev, Page};
