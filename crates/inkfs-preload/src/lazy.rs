@@ -22,7 +22,7 @@
 //! process's.
 //!
 //! What this process keeps of each such open file (its path, its hold) is
-//! private memory indexed by the open-file entry ([`INFO`]): a forked
+//! private memory indexed by the open-file entry (`INFO`): a forked
 //! child drops its copy of the holds (they are its parent's).
 
 use std::ffi::c_int;
@@ -357,7 +357,7 @@ fn directory(
 /// glibc's fdopendir checks the descriptor with its own fstat and fcntl,
 /// inside glibc where the library does not see them, and on the
 /// placeholder (/dev/null) that fails with ENOTDIR. So for the length of
-/// that call the number names a real directory (`/`, [`DIR_FD`]), and the
+/// that call the number names a real directory (`/`, `DIR_FD`), and the
 /// placeholder again before the DIR is handed out; glibc made the number
 /// close-on-exec (fdopendir does), and the placeholder is made so too.
 /// The DIR's listing is the library's (dir.rs finds it by its number).

@@ -1,7 +1,7 @@
 //! The descriptor table: which of the process's descriptors the library
 //! serves, and their open-file state.
 //!
-//! Two levels, as in the kernel. [`FDS`] maps a descriptor number to an
+//! Two levels, as in the kernel. `FDS` maps a descriptor number to an
 //! entry of the open-file table; it is private memory (a static), so a
 //! forked child gets its own copy, as it gets its own descriptor table. The
 //! open-file table itself ([`Ofd`], the library's "open file description":
