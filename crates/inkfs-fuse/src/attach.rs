@@ -465,11 +465,14 @@ fn serve_leases(
             Some(Msg::Unheld(_)) if worker.is_some() => {
                 let _ = tx.send(Work::Unheld);
             }
-            Some(Msg::Released(ino, gen)) => inner.leases.settle(holder, ino, Some(gen)),
+            Some(Msg::Released(ino, gen)) => inner.leases.released(holder, ino, gen),
             Some(Msg::Lane(k)) if (k as usize) < RINGS => lanes.start(k as usize),
             // Anything else from a client is ignored.
             _ => {}
         }
+        // Counted after acting on it: a lease given back with a request
+        // waits for the `return`s written before it (Leases::settle_given).
+        holder.line_read();
     }
     drop(tx);
     worker
@@ -557,6 +560,7 @@ fn admit(inner: &Inner, conn: &UnixStream) -> Result<(Grant, GrantFds, i32), Str
             slot,
             mode: inner.mode,
             data_threshold,
+            gives: true,
         },
         GrantFds { pool, data },
         peer.pid,

@@ -73,6 +73,47 @@ pub struct Holder {
     pidfd: Option<OwnedFd>,
     books: Mutex<Books>,
     dead: AtomicBool,
+    /// Lines of its session the session's reader has acted on, for a
+    /// lease given back with a request (`Leases::settle_given`).
+    lines: Mutex<u64>,
+    lines_read: Condvar,
+    /// Threads waiting on `lines_read` now (changed with `lines` locked,
+    /// as a shard's `waiting`: the reader wakes nobody when it is 0).
+    lines_waiting: AtomicUsize,
+}
+
+impl Holder {
+    /// The session's reader has acted on one more line.
+    pub fn line_read(&self) {
+        let mut n = lock(&self.lines);
+        *n += 1;
+        if self.lines_waiting.load(Relaxed) != 0 {
+            self.lines_read.notify_all();
+        }
+    }
+
+    /// Wait until the session's reader has acted on `want` lines: false if
+    /// they did not come within [`RECALL_TIMEOUT`] (a client that named
+    /// lines it never wrote) or the session ended.
+    fn wait_lines(&self, want: u64) -> bool {
+        let deadline = Instant::now() + RECALL_TIMEOUT;
+        let mut n = lock(&self.lines);
+        while *n < want {
+            let now = Instant::now();
+            if self.dead.load(SeqCst) || now >= deadline {
+                return false;
+            }
+            self.lines_waiting.fetch_add(1, Relaxed);
+            let wait = (deadline - now).min(Duration::from_millis(100));
+            n = self
+                .lines_read
+                .wait_timeout(n, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            self.lines_waiting.fetch_sub(1, Relaxed);
+        }
+        true
+    }
 }
 
 #[derive(Default)]
@@ -164,6 +205,11 @@ pub struct Leases {
     /// The next grant's number.
     next_gen: AtomicU64,
     shards: Vec<Shard>,
+    /// Leases given back by `released` on a session (a recall's answer,
+    /// or a give-back ahead of a removal by an older client), and with a
+    /// removal request (`Leases::settle_given`): for `inkfs stat`.
+    released: AtomicU64,
+    given: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -178,6 +224,8 @@ impl Leases {
             attached: AtomicUsize::new(0),
             closing: AtomicBool::new(false),
             next_gen: AtomicU64::new(1),
+            released: AtomicU64::new(0),
+            given: AtomicU64::new(0),
             shards: (0..SHARDS)
                 .map(|_| Shard {
                     map: Mutex::default(),
@@ -223,6 +271,9 @@ impl Leases {
             pidfd: pidfd_open(pid),
             books: Mutex::default(),
             dead: AtomicBool::new(false),
+            lines: Mutex::new(0),
+            lines_read: Condvar::new(),
+            lines_waiting: AtomicUsize::new(0),
         })
     }
 
@@ -398,6 +449,34 @@ impl Leases {
             len: 0,
         });
         Ok(RangeSet::from_ranges(&refs))
+    }
+
+    /// A `released` line of the holder's session: settle it.
+    pub fn released(&self, holder: &Holder, ino: u64, gen: u64) {
+        self.released.fetch_add(1, Relaxed);
+        self.settle(holder, ino, Some(gen));
+    }
+
+    /// Leases the holder gave back with a removal request
+    /// (`inkfs::api::ns::Give`), before the request's engine call (whose
+    /// recall then finds nothing to recall): each is settled as at its
+    /// `released`, once the session's reader has acted on the lines the
+    /// client had written when it gave the lease back: the `return`s of
+    /// the blocks it freed are among them, and are taken back under the
+    /// lease, as when they came before a `released`. A client that named
+    /// lines it never wrote has its lease settled after
+    /// [`RECALL_TIMEOUT`] anyway.
+    pub fn settle_given(&self, holder: &Holder, gives: &[inkfs::api::ns::Give]) {
+        for g in gives {
+            let _ = holder.wait_lines(g.lines);
+            self.given.fetch_add(1, Relaxed);
+            self.settle(holder, g.ino, Some(g.gen));
+        }
+    }
+
+    /// Leases given back so far: (by `released`, with requests).
+    pub fn give_backs(&self) -> (u64, u64) {
+        (self.released.load(Relaxed), self.given.load(Relaxed))
     }
 
     /// The holder gave `ino`'s grant `gen` back (`None`: it died, every
@@ -803,5 +882,46 @@ mod tests {
         let waited = waiter.join().unwrap();
         assert!(waited < Duration::from_secs(10), "not woken: {waited:?}");
         assert_eq!(s.waiting.load(Relaxed), 0);
+    }
+
+    fn holder() -> Arc<Holder> {
+        let (out, _) = UnixStream::pair().unwrap();
+        Arc::new(Holder {
+            id: 1,
+            out: Mutex::new(out),
+            pidfd: None,
+            books: Mutex::default(),
+            dead: AtomicBool::new(false),
+            lines: Mutex::new(0),
+            lines_read: Condvar::new(),
+            lines_waiting: AtomicUsize::new(0),
+        })
+    }
+
+    /// A lease given back with a request is settled only once the session's
+    /// reader has acted on the lines the client wrote before it (its
+    /// `return`s), and a session's end stops the wait.
+    #[test]
+    fn a_give_waits_for_the_session_lines_written_before_it() {
+        let h = holder();
+        let waiter = {
+            let h = h.clone();
+            std::thread::spawn(move || h.wait_lines(3))
+        };
+        h.line_read();
+        h.line_read();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!waiter.is_finished(), "settled before the third line");
+        h.line_read();
+        assert!(waiter.join().unwrap());
+        // Lines already read: no wait.
+        assert!(h.wait_lines(2));
+        let waiter = {
+            let h = h.clone();
+            std::thread::spawn(move || h.wait_lines(9))
+        };
+        h.dead.store(true, SeqCst);
+        assert!(!waiter.join().unwrap(), "a dead session's lines never come");
+        assert_eq!(h.lines_waiting.load(Relaxed), 0);
     }
 }

@@ -869,6 +869,23 @@ pub fn run_engine(
                     Field::count("leases_held", "write leases held", l.held() as u64)
                         .explained("files attached clients write themselves now"),
                 );
+                let (released, given) = l.give_backs();
+                lines.push(
+                    Field::count(
+                        "leases_released",
+                        "write leases given back by `released`",
+                        released,
+                    )
+                    .explained("on a client's session: recalls' answers"),
+                );
+                lines.push(
+                    Field::count(
+                        "leases_given_with_requests",
+                        "write leases given back with a removal",
+                        given,
+                    )
+                    .explained("no message of their own"),
+                );
             }
             stats.report(&lines, json)
         };

@@ -69,6 +69,9 @@ pub fn serve(
     req: &Request,
 ) -> Done {
     let t = crate::clock::now();
+    // Leases given back with the request first: its engine call would
+    // recall them (lease.rs).
+    leases.settle_given(holder, &req.give);
     let r = {
         // Hold what the engine uses, as a FUSE request does (lease.rs).
         let _scope = leases.scope();

@@ -660,3 +660,90 @@ fn a_directory_the_kernel_holds_outlives_its_rmdir_under_the_library() {
     let md = held.metadata().expect("fstat");
     assert_eq!((md.mode() & 0o7777, md.nlink()), (0o700, 0));
 }
+
+/// Free blocks and inodes in use on the mount (statfs through the mount:
+/// the server's counts).
+fn space(mnt: &Path) -> (u64, u64) {
+    let c = std::ffi::CString::new(mnt.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: all-zero is a valid statvfs; the kernel fills it.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and our buffer.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    (st.f_bfree, st.f_files - st.f_ffree)
+}
+
+fn report_count(mnt: &Path, key: &str) -> u64 {
+    let r = stats_json(mnt).expect("statistics of the mount");
+    r[key].as_u64().unwrap_or_else(|| panic!("no {key} in {r}"))
+}
+
+/// Removals of files the process wrote give each file's write lease back
+/// with the request itself (docs/KERNEL-FREE.md, "Built: a removal
+/// carries its lease"): no `released` line on the session, one give per
+/// file for unlinks and for both files of a rename over another (then
+/// read, not written: its unlink has no lease to give); the
+/// files rewritten in place first (strict mode's copy-on-write displaces
+/// blocks, whose `return` lines the server reads before it settles the
+/// lease), and after it all the inodes and the space come back and the
+/// pool is clean.
+#[test]
+fn removals_give_the_lease_back_with_the_request() {
+    let pool = Pool::new("ns-give", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    let stats = stats_file("ns-give");
+    let dir = m.p("g");
+    std::fs::create_dir(&dir).expect("mkdir");
+    let (blocks_before, inodes_before) = space(m.path());
+    let (released, given) = (
+        report_count(m.path(), "leases_released"),
+        report_count(m.path(), "leases_given_with_requests"),
+    );
+    let script = format!(
+        "{PYTHON} -c \"import os
+d = '{}'
+for i in range(40):
+    fd = os.open(f'{{d}}/f{{i}}', os.O_CREAT | os.O_WRONLY, 0o644)
+    os.write(fd, b'a' * 20000)
+    os.pwrite(fd, b'b' * 6000, 3000)
+    os.close(fd)
+for i in range(30):
+    os.unlink(f'{{d}}/f{{i}}')
+for i in range(30, 40, 2):
+    os.rename(f'{{d}}/f{{i}}', f'{{d}}/f{{i + 1}}')
+for i in range(31, 40, 2):
+    assert open(f'{{d}}/f{{i}}', 'rb').read(3001)[2999:] == b'ab'
+    os.unlink(f'{{d}}/f{{i}}')
+assert os.listdir(d) == []\"",
+        dir.display()
+    );
+    // 40 creates, 30 unlinks, 5 renames, 5 unlinks.
+    preloaded(&script, stats.path(), 80);
+    // Each unlink's file, both files of each rename; the renamed files'
+    // leases went back with the renames, so their unlinks give none.
+    assert_eq!(
+        report_count(m.path(), "leases_given_with_requests") - given,
+        30 + 2 * 5,
+        "leases given back with the removals"
+    );
+    assert_eq!(
+        report_count(m.path(), "leases_released") - released,
+        0,
+        "no lease given back on the session"
+    );
+    assert_eq!(report_count(m.path(), "leases_held"), 0);
+    let t = std::time::Instant::now();
+    loop {
+        let (blocks, inodes) = space(m.path());
+        // The directory's log may keep a page it grew by.
+        if inodes == inodes_before && blocks_before.saturating_sub(blocks) < 16 {
+            break;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(5),
+            "space not back: blocks {blocks_before} -> {blocks}, inodes {inodes_before} -> {inodes}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    drop(m);
+    fsck_clean(&pool);
+}

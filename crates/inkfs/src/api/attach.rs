@@ -81,6 +81,10 @@ pub struct Grant {
     /// A hybrid pool: the mount's placement threshold in bytes (the grant
     /// carries the data device's descriptor too). None: no data device.
     pub data_threshold: Option<u64>,
+    /// The server takes a write lease given back with a removal request
+    /// (`gives=1`; `super::ns::Give`). An older server's grant has no such
+    /// field: its clients give leases back on the session only.
+    pub gives: bool,
 }
 
 impl Grant {
@@ -89,8 +93,9 @@ impl Grant {
             .data_threshold
             .map(|t| format!(" data={t}"))
             .unwrap_or_default();
+        let gives = if self.gives { " gives=1" } else { "" };
         format!(
-            "ok layout={TABLE_LAYOUT} id={} slot={} mode={}{data}\n",
+            "ok layout={TABLE_LAYOUT} id={} slot={} mode={}{data}{gives}\n",
             self.id,
             self.slot,
             self.mode.name()
@@ -111,12 +116,14 @@ impl Grant {
         }
         let (mut layout, mut id, mut slot, mut mode) = (None, None, None, None);
         let mut data_threshold = None;
+        let mut gives = false;
         for w in words {
             match w.split_once('=') {
                 Some(("layout", v)) => layout = v.parse::<u32>().ok(),
                 Some(("id", v)) => id = v.parse::<u64>().ok(),
                 Some(("slot", v)) => slot = v.parse::<usize>().ok(),
                 Some(("mode", v)) => mode = Mode::parse(v),
+                Some(("gives", v)) => gives = v == "1",
                 Some(("data", v)) => {
                     data_threshold = Some(
                         v.parse::<u64>()
@@ -135,6 +142,7 @@ impl Grant {
                     slot,
                     mode,
                     data_threshold,
+                    gives,
                 })
             }
             (Some(l), ..) if l != TABLE_LAYOUT => Err(format!(
@@ -324,8 +332,12 @@ mod tests {
             slot: 3,
             mode: Mode::Sync,
             data_threshold: None,
+            gives: false,
         };
         assert_eq!(Grant::parse(g.line().trim_end()), Ok(g));
+        let gives = Grant { gives: true, ..g };
+        assert!(gives.line().contains(" gives=1"));
+        assert_eq!(Grant::parse(gives.line().trim_end()), Ok(gives));
         let h = Grant {
             data_threshold: Some(65536),
             ..g
@@ -356,6 +368,7 @@ mod tests {
             slot: 0,
             mode: Mode::Strict,
             data_threshold: None,
+            gives: true,
         };
         use std::os::fd::AsFd;
         send_grant(&a, &g, f.as_fd(), f.as_fd(), f.as_fd(), None).unwrap();

@@ -157,6 +157,13 @@ struct Shared {
     /// Writes to the session so far (each a system call the server answers
     /// or reads): what a served write or fsync should not cost.
     sent: AtomicUsize,
+    /// Lines written to the session so far (counted under `out`, after
+    /// each write): a lease given back with a removal request names how
+    /// many the server must have read first (`ns::Give`).
+    lines: AtomicU64,
+    /// The server takes leases given back with removal requests (its
+    /// grant said `gives=1`).
+    gives: bool,
     /// The reservation's refill ahead of need (`Shared::refill_ahead`).
     refill: Refill,
 }
@@ -299,6 +306,8 @@ impl Client {
             refilling: Mutex::new(()),
             refills: AtomicU64::new(0),
             sent: AtomicUsize::new(0),
+            lines: AtomicU64::new(0),
+            gives: grant.gives,
             refill: Refill::default(),
         });
         let threads = start_threads(&shared, clone_high(&conn)?)?;
@@ -655,17 +664,18 @@ impl Client {
     /// closed): make the call through the mount instead.
     pub fn ns(&self, cred: &Credentials, op: ns::Op) -> Result<ns::Done> {
         let seq = self.seq.fetch_add(1, SeqCst) + 1;
-        let req = ns::Request {
+        let mut req = ns::Request {
             seq,
             cred: cred.clone(),
             op,
+            give: Vec::new(),
         };
         if !req.fits() {
             return errno(libc::E2BIG);
         }
         let create = matches!(req.op, ns::Op::Create { .. });
         match &req.op {
-            ns::Op::Unlink { dir, name } => self.give_back_before_free(*dir, name),
+            ns::Op::Unlink { dir, name } => req.give.extend(self.give_back_before_free(*dir, name)),
             // A rename uses the file it moves (its ctime) and the one at
             // the new name (replaced, or moved too by an exchange), even
             // when it is refused: git renames the lock file it just wrote
@@ -677,8 +687,9 @@ impl Client {
                 to,
                 ..
             } => {
-                self.give_back_before_free(*dir, name);
-                self.give_back_before_free(*to_dir, to);
+                let from = self.give_back_before_free(*dir, name);
+                let to = self.give_back_before_free(*to_dir, to);
+                req.give.extend(from.into_iter().chain(to));
             }
             _ => {}
         }
@@ -706,25 +717,33 @@ impl Client {
     /// webproxy's and fileserver's deletes, took 0.5 ms at the median with
     /// 100 threads on 2 cores). A request that fails gave it back for
     /// nothing: the next write asks for it again.
-    fn give_back_before_free(&self, dir: u64, name: &[u8]) {
-        let Ok(a) = self.call(|fs| fs.lookup(&Credentials::root(), dir, name)) else {
-            return;
-        };
+    ///
+    /// With a server that takes them (`Grant::gives`), the lease goes back
+    /// with the request itself (the returned [`ns::Give`]): no `released`
+    /// on the session, which the server's session thread had to read and
+    /// settle while the request's thread waited for it (an unlink cost
+    /// 2.4-3× a create, bench/results-notes/nsdesign.md).
+    fn give_back_before_free(&self, dir: u64, name: &[u8]) -> Option<ns::Give> {
+        let a = self
+            .call(|fs| fs.lookup(&Credentials::root(), dir, name))
+            .ok()?;
         if a.kind != FileKind::File {
-            return;
+            return None;
         }
-        let Some(cell) = lock(self.shared.lease_shard(a.ino)).get(&a.ino).cloned() else {
-            return;
-        };
+        let cell = lock(self.shared.lease_shard(a.ino)).get(&a.ino).cloned()?;
         // After the writes in flight, as a recall.
         let mut held = lock(&cell);
         if !held.held {
-            return;
+            return None;
         }
         let gen = held.gen;
         held.recalled = held.recalled.max(gen);
         held.drop_lease(&self.shared.held);
+        if self.shared.gives {
+            return Some(self.shared.give_with_request(a.ino, gen));
+        }
         self.shared.give_back(a.ino, gen, false);
+        None
     }
 
     /// chmod, chown, utimens of inode `ino` by this client, in the inode's
@@ -1074,9 +1093,50 @@ impl Shared {
     fn send(&self, msg: &Msg) -> Result<()> {
         self.sent.fetch_add(1, SeqCst);
         let out = lock(&self.out);
-        (&*out)
-            .write_all(msg.line().as_bytes())
-            .map_err(|_| Error::Errno(libc::EIO))
+        self.write_lines(&out, &msg.line())
+    }
+
+    /// Write `lines` to the session (`out`, locked by the caller) and count
+    /// them.
+    fn write_lines(&self, out: &UnixStream, lines: &str) -> Result<()> {
+        let mut w = out;
+        w.write_all(lines.as_bytes())
+            .map_err(|_| Error::Errno(libc::EIO))?;
+        let n = lines.bytes().filter(|&b| b == b'\n').count() as u64;
+        self.lines.fetch_add(n, SeqCst);
+        Ok(())
+    }
+
+    /// Give `ino`'s lease (grant `gen`, dropped by the caller under its
+    /// cell's lock) back with the removal request about to be sent: the
+    /// blocks this client freed go first, in `return` lines on the
+    /// session, as before a `released`, and the give names the lines
+    /// written so far, read under the same lock, so that every `return`
+    /// written before (this thread's and any other's) is among them. A
+    /// thread that took freed blocks out before this one and writes them
+    /// after is not waited for; the server then frees those of the
+    /// inode's blocks at the settle, and ignores them, loudly, when they
+    /// arrive (each block freed once).
+    fn give_with_request(&self, ino: u64, gen: u64) -> ns::Give {
+        let fs = &self.fs.fs;
+        fs.client_release_inode(ino);
+        let freed = fs.take_client_freed();
+        let mut lines = String::new();
+        for m in Msg::split(&freed, Msg::Return) {
+            m.write_line(&mut lines);
+        }
+        let out = lock(&self.out);
+        if !lines.is_empty() {
+            self.sent.fetch_add(1, SeqCst);
+            // A failed write: the session is closing, and so the request
+            // fails as well.
+            let _ = self.write_lines(&out, &lines);
+        }
+        ns::Give {
+            ino,
+            gen,
+            lines: self.lines.load(SeqCst),
+        }
     }
 
     /// `return` lines for the blocks it freed, then `then` (a `released`),
@@ -1103,9 +1163,7 @@ impl Shared {
         }
         self.sent.fetch_add(1, SeqCst);
         let out = lock(&self.out);
-        (&*out)
-            .write_all(lines.as_bytes())
-            .map_err(|_| Error::Errno(libc::EIO))
+        self.write_lines(&out, &lines)
     }
 
     /// Send a request and wait for its answer (EIO if the server is gone).

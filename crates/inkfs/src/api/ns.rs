@@ -13,6 +13,11 @@
 //!   setattr INO MODE UID GID ATIME MTIME   ("-": unchanged; a time is
 //!                                           "now" or nanoseconds)
 //!   setxattr INO NAME VALUE FLAGS     removexattr INO NAME
+//!   ... give=INO:GEN:LINES            (after any removal's arguments, at most
+//!                                      two: unlink, rmdir, rename) the write
+//!                                      lease of INO, grant GEN, given back
+//!                                      with the request, once the server has
+//!                                      read LINES lines of the session
 //! server: done SEQ ERRNO INO IGEN GEN ERRNO 0: made; INO the inode made or
 //!                                      changed, IGEN its generation; GEN the
 //!                                      grant number of a write lease that
@@ -109,6 +114,28 @@ pub struct Request {
     pub seq: u64,
     pub cred: Credentials,
     pub op: Op,
+    /// Write leases the client gives back with the request (a removal's:
+    /// the files it names), instead of by `released` on the session
+    /// (docs/KERNEL-FREE.md, "Built: a removal carries its lease").
+    pub give: Vec<Give>,
+}
+
+/// Gives at most in one request (a rename's two names).
+pub const GIVES_MAX: usize = 2;
+
+/// A write lease given back with a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Give {
+    pub ino: u64,
+    /// The grant given back (the server ignores it if it is not the one
+    /// it holds for this client, as it ignores a stale `released`).
+    pub gen: u64,
+    /// The lines the client had written on its session when it gave the
+    /// lease back (the `return` lines of the blocks it freed among them):
+    /// the server settles the lease once its session reader has read as
+    /// many, so those blocks are taken back under the lease, as when
+    /// `released` follows them on the session.
+    pub lines: u64,
 }
 
 /// The server's answer.
@@ -183,6 +210,17 @@ fn parse_time(s: &str) -> Option<Option<TimeSet>> {
         "now" => Some(Some(TimeSet::Now)),
         _ => s.parse().ok().map(|ns| Some(TimeSet::At(ns))),
     }
+}
+
+/// `give=INO:GEN:LINES`.
+fn parse_give(word: &str) -> Option<Give> {
+    let mut f = word.strip_prefix("give=")?.split(':');
+    let g = Give {
+        ino: f.next()?.parse().ok()?,
+        gen: f.next()?.parse().ok()?,
+        lines: f.next()?.parse().ok()?,
+    };
+    f.next().is_none().then_some(g)
 }
 
 fn cred_word(c: &Credentials) -> String {
@@ -282,7 +320,12 @@ impl Request {
             } => format!("setxattr {ino} {} {} {flags}", hex(name), hex(value)),
             Op::Removexattr { ino, name } => format!("removexattr {ino} {}", hex(name)),
         };
-        format!("ns {} {} {args}\n", self.seq, cred_word(&self.cred))
+        let mut line = format!("ns {} {} {args}", self.seq, cred_word(&self.cred));
+        for g in &self.give {
+            line.push_str(&format!(" give={}:{}:{}", g.ino, g.gen, g.lines));
+        }
+        line.push('\n');
+        line
     }
 
     /// Parse the words after "ns" (None: malformed).
@@ -362,10 +405,17 @@ impl Request {
             },
             _ => return None,
         };
-        if w.next().is_some() {
+        let give = w.map(parse_give).collect::<Option<Vec<Give>>>()?;
+        let removes = matches!(op, Op::Unlink { .. } | Op::Rmdir { .. } | Op::Rename { .. });
+        if give.len() > GIVES_MAX || (!give.is_empty() && !removes) {
             return None;
         }
-        Some(Request { seq, cred, op })
+        Some(Request {
+            seq,
+            cred,
+            op,
+            give,
+        })
     }
 }
 
@@ -406,6 +456,32 @@ mod tests {
     use super::*;
 
     fn round(op: Op) {
+        let gives: &[Give] = match op {
+            Op::Unlink { .. } => &[Give {
+                ino: 7,
+                gen: 3,
+                lines: 12,
+            }],
+            Op::Rename { .. } => &[
+                Give {
+                    ino: 7,
+                    gen: 3,
+                    lines: 12,
+                },
+                Give {
+                    ino: u64::MAX,
+                    gen: 1,
+                    lines: 0,
+                },
+            ],
+            _ => &[],
+        };
+        for give in [&[][..], gives] {
+            round_with(op.clone(), give.to_vec());
+        }
+    }
+
+    fn round_with(op: Op, give: Vec<Give>) {
         let r = Request {
             seq: 9,
             cred: Credentials {
@@ -415,6 +491,7 @@ mod tests {
                 umask: 0o022,
             },
             op,
+            give,
         };
         let line = r.line();
         assert!(line.len() <= REQUEST_MAX, "{}", line.len());
@@ -515,6 +592,13 @@ mod tests {
             "1 0:0 unlink 1 x61",
             "1 0:0:0:- frob 1 x61",
             "1 0:0:0:- setattr 1 - - - later -",
+            // A give only after a removal, whole, at most two.
+            "1 0:0:0:- mkdir 1 x61 448 give=5:1:0",
+            "1 0:0:0:- unlink 1 x61 give=5:1",
+            "1 0:0:0:- unlink 1 x61 give=5:1:0:2",
+            "1 0:0:0:- unlink 1 x61 give=5:-1:0",
+            "1 0:0:0:- unlink 1 x61 gift=5:1:0",
+            "1 0:0:0:- unlink 1 x61 give=5:1:0 give=6:1:0 give=7:1:0",
         ] {
             assert_eq!(Request::parse(bad.split_ascii_whitespace()), None, "{bad}");
         }
