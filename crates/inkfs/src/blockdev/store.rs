@@ -484,9 +484,27 @@ mod tests {
         w.write(first, &pages).unwrap();
         let s = DataStore::new(dev.clone(), all_used(), blocks, policy, 16 << 20);
         let mut buf = vec![0u8; 32 * BLOCK_SIZE as usize];
-        for i in 0..40u64 {
-            s.read((first + i * 32) * BLOCK_SIZE, &mut buf).unwrap();
+        let read_run = |i: u64, buf: &mut [u8]| {
+            s.read((first + i * 32) * BLOCK_SIZE, buf).unwrap();
             assert!(buf.chunks(4096).enumerate().all(|(k, p)| p.iter().all(|&b| b == (i * 32 + k as u64) as u8)));
+        };
+        for i in 0..40u64 {
+            read_run(i, &mut buf);
+        }
+        // The readahead threads run when the scheduler lets them: on a
+        // loaded machine the 40 reads above can end before any of them
+        // ran (their first huge-page fault may even compact memory). Give
+        // them time, then read on: the stream's next runs must be hits.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while s.stats().readahead_bytes == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        for i in 40..64u64 {
+            if s.stats().cache_hits > 0 {
+                break;
+            }
+            read_run(i, &mut buf);
+            std::thread::sleep(std::time::Duration::from_millis(2));
         }
         let st = s.stats();
         assert!(st.readahead_bytes > 0, "{st:?}");
