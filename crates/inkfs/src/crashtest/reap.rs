@@ -288,7 +288,7 @@ fn run(
             for img in trace.crash_images(point, max_images, seed) {
                 report.states += 1;
                 if let Err(why) = check_image(img.image, mode, sync_overwrite, &files, p) {
-                    return Err(format!("point {point} {}: {why}", img.description));
+                    return Err(format!("{}: {why}", img.description));
                 }
             }
         }
