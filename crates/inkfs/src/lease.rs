@@ -21,14 +21,16 @@
 //! **Server.** A [`LeaseHook`] is told before the engine uses any inode
 //! (`revalidate`): the mount recalls a lease there. After a recall (or the
 //! holder's death) the server catches its cached inode up from its own
-//! tail and settles the blocks ([`Fs::lease_refs`], and `RangeSet`).
+//! tail and settles the blocks ([`Fs::lease_refs`], and `RangeSet`),
+//! having first made the tail it adopted durable (a holder killed between
+//! its tail store and that line's write-back leaves it only visible).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::alloc::grant;
 use crate::error::{errno, Error, Result};
-use crate::format::{BLOCK_SIZE, DEV_BLOCK_BASE, LOG_CHUNK_ID_MIN};
+use crate::format::{BLOCK_SIZE, DEV_BLOCK_BASE, INODE_TAIL_FIELD, LOG_CHUNK_ID_MIN};
 pub use crate::blockset::RangeSet;
 use crate::epoch::SharedTable;
 use crate::fs::{FileHandle, Fs};
@@ -502,8 +504,11 @@ impl<P: Pmem> Fs<P> {
     /// its log pages (head to tail) and its file's data blocks. For a
     /// lease: before the grant (what the holder may displace) and after the
     /// recall (what it keeps). Call with the lease hook silent for `ino`
-    /// (the mount's lease table does). EINVAL unless a regular file;
-    /// ENOENT if it is gone or unlinked (an orphan).
+    /// (the mount's lease table does). The record's tail line is written
+    /// back and fenced before it returns (one flush, one fence): the caller
+    /// frees what the adopted tail displaced, or grants the inode, only
+    /// once that tail is durable. EINVAL unless a regular file; ENOENT if
+    /// it is gone or unlinked (an orphan).
     pub fn lease_refs(&self, ino: u64) -> Result<Vec<(u64, u64)>> {
         let mut inode = self.iget(ino)?;
         // The server does not check records at each use (only its lease
@@ -514,6 +519,16 @@ impl<P: Pmem> Fs<P> {
             }
             inode = self.iget_cached(ino)?;
         }
+        // What was just adopted must be durable before anything is built
+        // on it. A holder killed between a commit's tail store and that
+        // line's write-back leaves the tail visible but not durable (all
+        // it names was fenced before the store: the tail is the only such
+        // line); the settle then frees the blocks it displaced, and their
+        // reuse, once durable, would leave a power cut's recovery with
+        // the old tail naming another file's blocks. Written back here,
+        // at each grant and settle: one line, one fence.
+        self.pm.flush(inode.rec_off + INODE_TAIL_FIELD, 8);
+        self.pm.fence();
         if inode.kind != FileKind::File {
             return errno(libc::EINVAL);
         }

@@ -55,3 +55,37 @@ fn judge(what: &str, report: &LeaseReport, t: std::time::Instant) {
     );
     assert!(report.states >= report.points, "{report:?}");
 }
+
+/// A client killed at each store of an operation under its lease, reaped
+/// by the owner, which then reuses the blocks the settle freed
+/// (`inkfs::crashtest::reap`). `INKFS_CRASHTEST_REAP_IMAGES` sets the
+/// images per crash point (16).
+#[test]
+fn crash_exploration_client_killed_and_reaped() {
+    let t = std::time::Instant::now();
+    let images = std::env::var("INKFS_CRASHTEST_REAP_IMAGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16);
+    let r = inkfs::crashtest::reap::explore_reaping(images, 0xace);
+    eprintln!(
+        "crash_reap: {} runs ({} killed inside the operation, {} adopted a tail and freed blocks, \
+         {} reused freed blocks): {} crash states at {} points in {:.1}s; {} violations",
+        r.runs,
+        r.kills,
+        r.adopted,
+        r.reused,
+        r.states,
+        r.points,
+        t.elapsed().as_secs_f64(),
+        r.violations.len()
+    );
+    for v in r.violations.iter().take(10) {
+        eprintln!("{v}");
+    }
+    assert!(r.violations.is_empty(), "{} violations", r.violations.len());
+    // The case the reap must get right happened: a kill after a tail
+    // store whose displaced blocks the owner then reused.
+    assert!(r.adopted > 0 && r.reused > 0, "{r:?}");
+    assert!(r.states >= r.points && r.kills > 0, "{r:?}");
+}

@@ -53,10 +53,10 @@ pub struct LeaseReport {
 }
 
 /// Pool size: room for the reservation and a few files.
-const POOL_BYTES: u64 = 2 << 20;
+pub(super) const POOL_BYTES: u64 = 2 << 20;
 /// Blocks reserved for the client at each grant.
-const RESERVE: u64 = 64;
-const ROOT: u64 = crate::format::ROOT_INO;
+pub(super) const RESERVE: u64 = 64;
+pub(super) const ROOT: u64 = crate::format::ROOT_INO;
 
 #[derive(Clone, Copy, Debug)]
 enum Op {
@@ -118,7 +118,7 @@ fn explore(hybrid: bool, max_images: usize, seed: u64) -> LeaseReport {
 }
 
 /// A fresh simulated pool, hybrid (with a data device behind it) or not.
-fn new_pool(hybrid: bool) -> Result<SimPool, String> {
+pub(super) fn new_pool(hybrid: bool) -> Result<SimPool, String> {
     let e = |err: crate::Error| format!("format: {err}");
     if !hybrid {
         let pool = SimPool::new(POOL_BYTES);
@@ -143,7 +143,7 @@ fn new_pool(hybrid: bool) -> Result<SimPool, String> {
 }
 
 /// Mount options in `mode`, naming the pool's simulated device if any.
-fn mount_options(pool: &SimPool, mode: Mode) -> MountOptions {
+pub(super) fn mount_options(pool: &SimPool, mode: Mode) -> MountOptions {
     MountOptions {
         mode,
         data: device_of(pool).map(DataDevice::Open),
@@ -282,7 +282,7 @@ fn explore_mode(
     Ok(())
 }
 
-fn write_model(model: &mut Vec<u8>, off: u64, len: usize, b: u8) {
+pub(super) fn write_model(model: &mut Vec<u8>, off: u64, len: usize, b: u8) {
     let (off, end) = (off as usize, off as usize + len);
     if model.len() < end {
         model.resize(end, 0);
@@ -327,7 +327,7 @@ fn recall(
     Ok(())
 }
 
-fn read_all<P: Pmem>(fs: &Fs<P>, ino: u64) -> Result<Vec<u8>, String> {
+pub(super) fn read_all<P: Pmem>(fs: &Fs<P>, ino: u64) -> Result<Vec<u8>, String> {
     let fh = fs.open(ino).map_err(|e| format!("open: {e}"))?;
     let size = fs.fgetattr(&fh).map_err(|e| format!("getattr: {e}"))?.size as usize;
     let mut buf = vec![0u8; size];
@@ -360,7 +360,7 @@ fn check_image(
         || got == t.after
         || (mode == Mode::Sync
             && matches!(t.op, Op::Write(..) | Op::OwnerWrite(..))
-            && mixed(&got, t));
+            && mixed(&got, &t.before, &t.after));
     if !ok {
         return Err(format!(
             "file of {} bytes: neither the state before ({} bytes) nor after ({} bytes)",
@@ -379,18 +379,16 @@ fn check_image(
 /// Sync mode's overwrite in flight: the size one of the two, each byte the
 /// old or the new one (past the old end: the new one or zero, never
 /// invented).
-fn mixed(got: &[u8], t: &Traced) -> bool {
-    if got.len() != t.before.len() && got.len() != t.after.len() {
+pub(super) fn mixed(got: &[u8], before: &[u8], after: &[u8]) -> bool {
+    if got.len() != before.len() && got.len() != after.len() {
         return false;
     }
     got.iter().enumerate().all(|(i, &b)| {
-        t.before.get(i).is_some_and(|&o| o == b)
-            || t.after.get(i).is_some_and(|&n| n == b)
-            || b == 0
+        before.get(i).is_some_and(|&o| o == b) || after.get(i).is_some_and(|&n| n == b) || b == 0
     })
 }
 
-fn fsck(pm: &SimPool, no_notes: bool) -> Result<(), String> {
+pub(super) fn fsck(pm: &SimPool, no_notes: bool) -> Result<(), String> {
     let opts = crate::fsck::FsckOptions {
         data: device_of(pm).map(DataDevice::Open),
         ..Default::default()

@@ -26,7 +26,7 @@ pub use cpu::{detect_flush_method, FlushMethod};
 pub use lock::{probe as probe_pool, Holder, PoolBusy, PoolFile, FINISHING_WAIT};
 pub use map::{MappedPool, OpenOptions as PoolOpenOptions};
 #[cfg(any(test, feature = "crashtest"))]
-pub use sim::{CrashImage, CrashImages, SimDevice, SimPool, SimTrace};
+pub use sim::{CrashImage, CrashImages, Killed, SimDevice, SimPool, SimTrace};
 
 /// A cache line: the unit in which the hardware writes back to media.
 pub const CACHE_LINE: u64 = 64;

@@ -28,6 +28,7 @@
 //! and its event log, never a copy per fence.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{BackendInfo, BackendKind, FlushMethod, Pmem, CACHE_LINE};
@@ -213,7 +214,21 @@ pub struct SimPool {
     size_bytes: u64,
     dev_bytes: u64,
     state: Arc<Mutex<SimState>>,
+    /// This handle's kill switch ([`SimPool::kill_after_stores`]): stores
+    /// it may still make, [`ALIVE`] when off, [`DEAD`] once it fired.
+    kill_left: AtomicU64,
 }
+
+/// [`SimPool::kill_after_stores`] is off.
+const ALIVE: u64 = u64::MAX;
+/// The handle's process was killed: its stores, flushes and fences no
+/// longer reach the media.
+const DEAD: u64 = u64::MAX - 1;
+
+/// The payload a handle unwinds with when its kill switch fires
+/// ([`SimPool::kill_after_stores`]).
+#[derive(Debug)]
+pub struct Killed;
 
 /// The block device behind a [`SimPool`] (see the module documentation):
 /// a hybrid pool's data device under the crash model of
@@ -239,6 +254,53 @@ impl SimPool {
             size_bytes: self.size_bytes,
             dev_bytes: self.dev_bytes,
             state: self.state.clone(),
+            kill_left: AtomicU64::new(ALIVE),
+        }
+    }
+
+    /// Kill this handle's process after its next `stores` stores (a
+    /// client SIGKILLed at any instruction, docs/CRASHTEST.md "A client
+    /// killed"): the store, flush or fence after them unwinds with
+    /// [`Killed`] instead (`std::panic::resume_unwind`: no panic hook, no
+    /// message), and from then on this handle's stores, flushes and fences
+    /// are dropped (what its destructors would do never happens). Other
+    /// handles of the pool are unaffected; what the killed one stored
+    /// stays as a store left it (visible, durable only if written back and
+    /// fenced).
+    pub fn kill_after_stores(&self, stores: u64) {
+        debug_assert!(stores < DEAD);
+        self.kill_left
+            .store(stores.min(DEAD - 1), Ordering::Relaxed);
+    }
+
+    /// Kill this handle's process now, between two of its calls: from
+    /// now on its stores, flushes and fences are dropped.
+    pub fn kill(&self) {
+        self.kill_left.store(DEAD, Ordering::Relaxed);
+    }
+
+    /// Whether this handle's kill switch fired.
+    pub fn killed(&self) -> bool {
+        self.kill_left.load(Ordering::Relaxed) == DEAD
+    }
+
+    /// Before a store (`store`) or a flush or fence of this handle: false
+    /// if it must be dropped (the process is dead); unwinds when the kill
+    /// switch fires now.
+    fn alive(&self, store: bool) -> bool {
+        match self.kill_left.load(Ordering::Relaxed) {
+            ALIVE => true,
+            DEAD => false,
+            0 => {
+                self.kill_left.store(DEAD, Ordering::Relaxed);
+                std::panic::resume_unwind(Box::new(Killed))
+            }
+            left => {
+                if store {
+                    self.kill_left.store(left - 1, Ordering::Relaxed);
+                }
+                true
+            }
         }
     }
 
@@ -285,6 +347,7 @@ impl SimPool {
                 torn_stores: false,
                 trace: None,
             })),
+            kill_left: AtomicU64::new(ALIVE),
         }
     }
 
@@ -495,7 +558,9 @@ impl Pmem for SimPool {
 
     fn write(&self, off: u64, data: &[u8]) {
         self.check(off, data.len() as u64);
-        self.lock().store(off, data, false);
+        if self.alive(true) {
+            self.lock().store(off, data, false);
+        }
     }
 
     fn write_u64(&self, off: u64, value: u64) {
@@ -505,12 +570,17 @@ impl Pmem for SimPool {
 
     fn copy_nt(&self, off: u64, data: &[u8]) {
         self.check(off, data.len() as u64);
-        self.lock().store(off, data, true);
+        if self.alive(true) {
+            self.lock().store(off, data, true);
+        }
     }
 
     fn zero_nt(&self, off: u64, len: u64) {
         static ZEROS: [u8; 4096] = [0; 4096];
         self.check(off, len);
+        if !self.alive(true) {
+            return;
+        }
         let mut state = self.lock();
         let mut done = 0;
         while done < len {
@@ -522,7 +592,7 @@ impl Pmem for SimPool {
 
     fn flush(&self, off: u64, len: u64) {
         self.check(off, len);
-        if len == 0 {
+        if len == 0 || !self.alive(false) {
             return;
         }
         let mut state = self.lock();
@@ -532,12 +602,17 @@ impl Pmem for SimPool {
     }
 
     fn fence(&self) {
-        self.lock().fence();
+        if self.alive(false) {
+            self.lock().fence();
+        }
     }
 
     /// Like msync + fence: every pending line of the pool (not of its
     /// device) is written back, then fenced.
     fn sync_all(&self) -> std::io::Result<()> {
+        if !self.alive(false) {
+            return Ok(());
+        }
         let mut state = self.lock();
         let first_dev = state.dev_first_line;
         for line in state.media.pending_sorted() {
