@@ -203,14 +203,7 @@ fn build(dir: &std::path::Path) {
 }
 
 fn run_script(dir: &std::path::Path, stats: Option<&std::path::Path>) -> String {
-    let mut c = std::process::Command::new(PYTHON);
-    c.arg("-c").arg(SCRIPT).arg(dir).env_remove("LD_PRELOAD");
-    if let Some(s) = stats {
-        c.env("LD_PRELOAD", lib()).env("INKFS_PRELOAD_STATS", s);
-    }
-    let o = c.output().expect("python");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout).unwrap()
+    run_python(SCRIPT, dir, stats)
 }
 
 #[test]

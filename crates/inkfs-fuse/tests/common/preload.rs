@@ -113,3 +113,17 @@ pub fn python_when_ready(script: &str, arg: &Path, stats: &Path) -> std::process
     assert_eq!(line, "ready\n", "the script failed");
     child
 }
+
+/// Python program `script` run on `dir` (its argument) and its standard
+/// output: through the kernel when `stats` is None, else with the library
+/// in, counting into `stats`. Fails the test if the program fails.
+pub fn run_python(script: &str, dir: &Path, stats: Option<&Path>) -> String {
+    let mut c = Command::new(PYTHON);
+    c.arg("-c").arg(script).arg(dir).env_remove("LD_PRELOAD");
+    if let Some(s) = stats {
+        c.env("LD_PRELOAD", lib()).env("INKFS_PRELOAD_STATS", s);
+    }
+    let o = c.output().expect("python");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
+}

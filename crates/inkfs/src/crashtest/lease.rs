@@ -257,17 +257,7 @@ fn explore_mode(
 
     let last = traced.len() - 1;
     for (i, t) in traced.iter().enumerate() {
-        // Point k is just before the trace's fence k: an operation's own
-        // are those before each of its fences. Just before the next
-        // operation's first fence, that one's first stores may be there
-        // too: the point is the next operation's (its state before is this
-        // one's after). The end of the trace is the last operation's.
-        let end = if i == last {
-            t.fences.1 + 1
-        } else {
-            t.fences.1
-        };
-        for point in t.fences.0..end.min(trace.fence_count() + 1) {
+        for point in points_of(t.fences, i == last, trace.fence_count()) {
             report.points += 1;
             for img in trace.crash_images(point, max_images, seed) {
                 report.states += 1;
@@ -335,6 +325,21 @@ pub(super) fn read_all<P: Pmem>(fs: &Fs<P>, ino: u64) -> Result<Vec<u8>, String>
     fs.release(fh);
     buf.truncate(n.map_err(|e| format!("read: {e}"))?);
     Ok(buf)
+}
+
+/// The crash points of one traced step whose fences are `fences` (first,
+/// end): point k is just before the trace's fence k, so a step's own are
+/// those before each of its fences. Just before the next step's first
+/// fence, that one's first stores may be there too: the point is the next
+/// step's (its state before is this one's after). The end of the trace
+/// (after its last fence) is the `last` step's.
+pub(super) fn points_of(
+    fences: (usize, usize),
+    last: bool,
+    fence_count: usize,
+) -> std::ops::Range<usize> {
+    let end = if last { fences.1 + 1 } else { fences.1 };
+    fences.0..end.min(fence_count + 1)
 }
 
 /// One crash image: fsck, recovery, the file one of the allowed states, a

@@ -276,14 +276,7 @@ fn run(
     };
     let last = phases.len() - 1;
     for (i, p) in phases.iter().enumerate() {
-        // As in `super::lease`: point k is just before fence k, and the
-        // point just before a phase's first fence is that phase's.
-        let end = if i == last {
-            p.fences.1 + 1
-        } else {
-            p.fences.1
-        };
-        for point in p.fences.0..end.min(trace.fence_count() + 1) {
+        for point in super::lease::points_of(p.fences, i == last, trace.fence_count()) {
             report.points += 1;
             for img in trace.crash_images(point, max_images, seed) {
                 report.states += 1;
