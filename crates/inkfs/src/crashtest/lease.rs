@@ -36,9 +36,9 @@ use std::sync::Arc;
 
 use crate::blockdev::BlockDev;
 use crate::crashtest::workload::{DEV_BYTES, HYBRID_THRESHOLD, HYBRID_UNIT_BLOCKS};
-use crate::fs::Fs;
+use crate::fs::{FileHandle, Fs};
 use crate::pmem::{Pmem, SimPool};
-use crate::types::{DataDevice, FormatOptions, Mode, MountOptions, SetAttr};
+use crate::types::{Attr, DataDevice, FormatOptions, Mode, MountOptions, SetAttr};
 
 /// What one exploration found.
 #[derive(Debug, Default)]
@@ -142,6 +142,46 @@ pub(super) fn new_pool(hybrid: bool) -> Result<SimPool, String> {
     Ok(pool)
 }
 
+/// The owner's side of an exploration before any lease: the pool mounted
+/// in `mode`, a second handle on it for the client, file `f` of
+/// `f_bytes` bytes of 9 (its handle kept open) and file `g`, 8 KiB of 8,
+/// which no operation touches.
+pub(super) struct OwnerFiles {
+    pub owner: Fs<SimPool>,
+    pub client_view: SimPool,
+    pub f: (Attr, FileHandle),
+    pub g: Attr,
+}
+
+pub(super) fn owner_with_files(
+    hybrid: bool,
+    mode: Mode,
+    f_bytes: usize,
+) -> Result<OwnerFiles, String> {
+    let e = |what: &'static str| move |err: crate::Error| format!("{what}: {err}");
+    let pool = new_pool(hybrid)?;
+    let opts = mount_options(&pool, mode);
+    let client_view = pool.share();
+    let owner = Fs::mount(pool, opts).map_err(e("mount"))?;
+    let (fa, ofh) = owner
+        .create(ROOT, b"f", 0o644, 0, 0)
+        .map_err(e("create f"))?;
+    owner
+        .write(&ofh, 0, &vec![9u8; f_bytes])
+        .map_err(e("write f"))?;
+    let (ga, gfh) = owner
+        .create(ROOT, b"g", 0o644, 0, 0)
+        .map_err(e("create g"))?;
+    owner.write(&gfh, 0, &[8u8; 8192]).map_err(e("write g"))?;
+    owner.release(gfh);
+    Ok(OwnerFiles {
+        owner,
+        client_view,
+        f: (fa, ofh),
+        g: ga,
+    })
+}
+
 /// Mount options in `mode`, naming the pool's simulated device if any.
 pub(super) fn mount_options(pool: &SimPool, mode: Mode) -> MountOptions {
     MountOptions {
@@ -163,19 +203,12 @@ fn explore_mode(
     report: &mut LeaseReport,
 ) -> Result<(), String> {
     let e = |what: &'static str| move |err: crate::Error| format!("{what}: {err}");
-    let pool = new_pool(hybrid)?;
-    let opts = mount_options(&pool, mode);
-    let client_view = pool.share();
-    let owner = Fs::mount(pool, opts).map_err(e("mount"))?;
-    let (fa, ofh) = owner
-        .create(ROOT, b"f", 0o644, 0, 0)
-        .map_err(e("create f"))?;
-    owner.write(&ofh, 0, &[9u8; 5000]).map_err(e("write f"))?;
-    let (ga, gfh) = owner
-        .create(ROOT, b"g", 0o644, 0, 0)
-        .map_err(e("create g"))?;
-    owner.write(&gfh, 0, &[8u8; 8192]).map_err(e("write g"))?;
-    owner.release(gfh);
+    let OwnerFiles {
+        owner,
+        client_view,
+        f: (fa, ofh),
+        g: ga,
+    } = owner_with_files(hybrid, mode, 5000)?;
     // The client's own handle on the device, as the server hands its
     // descriptor over.
     let client_dev = device_of(&client_view).map(|d| (d, HYBRID_THRESHOLD as u64));

@@ -28,7 +28,9 @@
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
-use super::lease::{fsck, mixed, mount_options, new_pool, read_all, write_model, RESERVE, ROOT};
+use super::lease::{
+    fsck, mixed, mount_options, owner_with_files, read_all, write_model, OwnerFiles, RESERVE, ROOT,
+};
 use crate::format::BLOCK_SIZE;
 use crate::fs::Fs;
 use crate::lease::RangeSet;
@@ -138,22 +140,13 @@ fn run(
     report: &mut ReapReport,
 ) -> Result<bool, String> {
     let e = |what: &'static str| move |err: crate::Error| format!("{what}: {err}");
-    let pool = new_pool(false)?;
-    let opts = mount_options(&pool, mode);
-    let client_view = pool.share();
-    let owner = Fs::mount(pool, opts).map_err(e("mount"))?;
-    let (fa, ofh) = owner
-        .create(ROOT, b"f", 0o644, 0, 0)
-        .map_err(e("create f"))?;
-    owner
-        .write(&ofh, 0, &[9u8; F_BYTES])
-        .map_err(e("write f"))?;
+    let OwnerFiles {
+        owner,
+        client_view,
+        f: (fa, ofh),
+        g: ga,
+    } = owner_with_files(false, mode, F_BYTES)?;
     owner.release(ofh);
-    let (ga, gfh) = owner
-        .create(ROOT, b"g", 0o644, 0, 0)
-        .map_err(e("create g"))?;
-    owner.write(&gfh, 0, &[8u8; 8192]).map_err(e("write g"))?;
-    owner.release(gfh);
     let (ha, hfh) = owner
         .create(ROOT, b"h", 0o644, 0, 0)
         .map_err(e("create h"))?;
