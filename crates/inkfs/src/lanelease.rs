@@ -329,8 +329,15 @@ impl<P: Pmem> Fs<P> {
     ///    killed between its link store and that line's write-back leaves
     ///    the link visible, not durable), fence: the journal's records
     ///    may target records in those blocks;
-    /// 2. the lane's journal is replayed (a committed transaction) or
-    ///    discarded, with the mount's own recovery code;
+    /// 2. the lane's journal block is written back as the client left it,
+    ///    fence, then replayed (a committed transaction) or discarded with
+    ///    the mount's own recovery code: a client killed after its commit
+    ///    word's store, before that line's write-back, leaves a commit
+    ///    only visible, and the replay's stores could otherwise persist
+    ///    without it (found by the kill variant of the crash simulator:
+    ///    a name whose inode is FREE); one killed after the clearing
+    ///    store leaves a cleared word that a power cut could undo, and
+    ///    replay the old transaction over what the owner changes next;
     /// 3. `dirs` and the handed-out slots' records written back, fence;
     ///    each directory caught up;
     /// 4. each handed-out slot read: LIVE stays in use (its log and data
@@ -352,7 +359,8 @@ impl<P: Pmem> Fs<P> {
         // 1. The chain.
         let added = self.walk_lane_chain(lane, grant.table_end, true)?;
         self.pm.fence();
-        // 2. The journal.
+        // 2. The journal: durable as the client left it, then replayed.
+        journal::persist_block(&self.pm, lane);
         let state = journal::recover(&self.pm, &self.geo, lane, false, |off| {
             self.tables.is_record_field(&self.pm, off).unwrap_or(false)
         })?;
