@@ -130,11 +130,13 @@ fn crash_exploration_namespace_client_killed_and_lane_reaped() {
         .unwrap_or(8);
     let r = inkfs::crashtest::nslease::explore_namespace_reaping(images, 0xace);
     eprintln!(
-        "crash_nsreap: {} runs ({} killed inside the creates, {} adopted a create): \
-         {} crash states at {} points in {:.1}s; {} violations",
+        "crash_nsreap: {} runs ({} killed inside the creates, {} adopted a create, \
+         {} built on a chain the client grew): {} crash states at {} points in {:.1}s; \
+         {} violations",
         r.steps,
         r.kills,
         r.adopted,
+        r.chain_built_on,
         r.states,
         r.points,
         t.elapsed().as_secs_f64(),
@@ -148,4 +150,7 @@ fn crash_exploration_namespace_client_killed_and_lane_reaped() {
         r.kills > 0 && r.adopted > 0 && r.states >= r.points,
         "{r:?}"
     );
+    // The owner created in the block a killed client had added to the
+    // lane's chain (its link must be durable by then).
+    assert!(r.chain_built_on > 0, "{r:?}");
 }

@@ -17,12 +17,16 @@
 //! in flight, each file the bytes the model gives it (a write in flight:
 //! before or after it); after a clean unmount fsck reports nothing.
 //!
-//! **The kill variant** ([`explore_namespace_reaping`]): the client is
-//! killed after each of its stores (`SimPool::kill_after_stores`) during
-//! two creates and a write; the owner reaps the lane (`Fs::reap_lane`),
+//! **The kill variant** ([`explore_namespace_reaping`]): the lane's first
+//! table block is filled but for two slots (the owner's creates, with the
+//! other lanes leased away), then the client is killed after each of its
+//! stores (`SimPool::kill_after_stores`) during three creates (the third
+//! grows the lane's chain) and a write; the owner reaps the lane
+//! (`Fs::reap_lane`),
 //! its books are compared with a recovery scan of the memory as it is
 //! (every slot and block accounted), and it then creates and removes in
-//! `d`. Images at every fence from the reap on: the names are a prefix of
+//! `d` (its create in the leased lane, in the block the chain gained).
+//! Images at every fence from the reap on: the names are a prefix of
 //! the client's creates no longer than what the reap adopted, and from the
 //! owner's first change on exactly what it adopted (the reap's stores are
 //! durable before the owner builds on them).
@@ -49,6 +53,10 @@ pub struct NsLeaseReport {
     /// those whose reap adopted at least one create.
     pub kills: u64,
     pub adopted: u64,
+    /// Kill variant: runs in which the client had grown the lane's chain
+    /// and the owner's create after the reap took a slot in the added
+    /// block.
+    pub chain_built_on: u64,
     pub violations: Vec<String>,
 }
 
@@ -339,8 +347,9 @@ fn check_image(
 }
 
 /// The kill variant's client operations, in order (names created, the
-/// write of `c1` between them).
-const KILL_CREATES: [&str; 2] = ["c1", "c2"];
+/// write of `c1` between them). The lane's first table block has room
+/// for the first two only: the third grows the chain.
+const KILL_CREATES: [&str; 3] = ["c1", "c2", "c3"];
 /// `c1`'s bytes once written.
 const KILL_WRITE: usize = 4096;
 /// Bound on the kill points (the operations have far fewer stores).
@@ -373,6 +382,30 @@ pub fn explore_namespace_reaping(max_images: usize, seed: u64) -> NsLeaseReport 
     report
 }
 
+/// Run `f` with every lane but `lane` leased away (and given back after
+/// it, untouched): the owner's creates in it take `lane`'s slots.
+fn on_lane<T>(owner: &Fs<SimPool>, lane: u32, f: impl FnOnce() -> T) -> Result<T, String> {
+    let e = |what: &'static str| move |err: crate::Error| format!("{what}: {err}");
+    let others: Vec<LaneGrant> = (0..owner.geometry().lane_count)
+        .filter(|&l| l != lane)
+        .map(|l| owner.lease_lane(l, 0))
+        .collect::<crate::Result<_>>()
+        .map_err(e("lease the other lanes"))?;
+    let out = f();
+    for g in others {
+        let ret = crate::lanelease::LaneReturn {
+            lane: g.lane,
+            unused_slots: g.slots,
+            table_end: g.table_end,
+            chunks: Vec::new(),
+        };
+        owner
+            .take_back_lane(&ret)
+            .map_err(e("take the other lanes back"))?;
+    }
+    Ok(out)
+}
+
 /// One run: the client killed after `k` stores; true if the kill came
 /// inside its operations.
 fn kill_run(
@@ -389,6 +422,17 @@ fn kill_run(
         d,
     } = setup(mode)?;
     let client = Fs::attach_client(client_view, mode).map_err(e("attach"))?;
+    // The leased lane's first table block filled but for two slots, so
+    // the client's third create grows the chain.
+    let lane = owner.geometry().lane_count - 1;
+    on_lane(&owner, lane, || -> crate::Result<()> {
+        for i in 0..crate::format::INODES_PER_TABLE_BLOCK - 2 {
+            let (_, fh) = owner.create(ROOT, format!("p{i}").as_bytes(), 0o644, 0, 0)?;
+            owner.release(fh);
+        }
+        Ok(())
+    })?
+    .map_err(e("fill the lane's table"))?;
     let (g, reserved) = grant(&owner, &client, d)?;
     client.pmem().kill_after_stores(k);
     let done = catch_unwind(AssertUnwindSafe(|| -> crate::Result<()> {
@@ -396,8 +440,10 @@ fn kill_run(
         let (_, fh) = client.create(d, KILL_CREATES[0].as_bytes(), 0o644, 0, 0)?;
         client.write(&fh, 0, &[5u8; KILL_WRITE])?;
         client.release(fh);
-        let (_, fh) = client.create(d, KILL_CREATES[1].as_bytes(), 0o644, 0, 0)?;
-        client.release(fh);
+        for name in &KILL_CREATES[1..] {
+            let (_, fh) = client.create(d, name.as_bytes(), 0o644, 0, 0)?;
+            client.release(fh);
+        }
         Ok(())
     }));
     let killed = match done {
@@ -416,19 +462,17 @@ fn kill_run(
     owner.pmem().start_trace();
     let f0 = owner.pmem().fence_count();
     let fences = || (owner.pmem().fence_count() - f0) as usize;
-    owner
+    let settled = owner
         .reap_lane(g.lane, &[d], &reserved)
         .map_err(e("reap"))?;
     let reap_end = fences();
     let adopted = dir_model(&owner, d)?;
     let created = adopted.len() - 1;
-    let prefix_ok = adopted
-        .keys()
-        .map(|n| n.as_slice())
-        .eq(std::iter::once(&b"c1"[..])
-            .chain(std::iter::once(&b"c2"[..]))
-            .take(created)
-            .chain(std::iter::once(&b"o1"[..])));
+    let prefix_ok = adopted.keys().map(|n| n.as_slice()).eq(KILL_CREATES
+        .iter()
+        .map(|n| n.as_bytes())
+        .take(created)
+        .chain(std::iter::once(&b"o1"[..])));
     if !prefix_ok {
         return Err(format!(
             "the reap adopted {:?}: not a prefix of the creates",
@@ -450,10 +494,15 @@ fn kill_run(
             owner.statfs()
         ));
     }
-    let (_, fh) = owner
-        .create(d, b"o2", 0o644, 0, 0)
+    // In the leased lane: its slot is in the block the client added to the
+    // chain (the lowest free slot), whose link must be durable by now.
+    let (o2, fh) = on_lane(&owner, lane, || owner.create(d, b"o2", 0o644, 0, 0))?
         .map_err(e("owner create"))?;
     owner.release(fh);
+    let slot = (o2.ino - 1) / owner.geometry().lane_count as u64;
+    if settled.table_blocks_added > 0 && slot >= crate::format::INODES_PER_TABLE_BLOCK {
+        report.chain_built_on += 1;
+    }
     let o2_end = fences();
     owner.unlink(d, b"o1").map_err(e("owner unlink"))?;
     let trace = owner.pmem().stop_trace();
@@ -468,6 +517,7 @@ fn kill_run(
                 let name: &'static str = match n.as_slice() {
                     b"c1" => "c1",
                     b"c2" => "c2",
+                    b"c3" => "c3",
                     b"o1" => "o1",
                     _ => "o2",
                 };
