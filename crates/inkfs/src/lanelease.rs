@@ -253,11 +253,12 @@ impl<P: Pmem> Fs<P> {
         let mut slots = Vec::new();
         for _ in 0..slots_max.min(LANE_SLOTS_MAX) {
             let slot = self.slots.alloc(lane);
-            match self.slot_state(lane, slot) {
-                Ok(SlotState::Free) => slots.push(slot),
-                // The allocator and the table disagree: the slot stays
-                // used (fsck's to look at), and is not handed out.
-                _ => debug_assert!(false, "lane {lane} slot {slot} free but not FREE"),
+            // A slot the allocator calls free whose record is not FREE
+            // (damage: the media disagree with the scan that built the
+            // allocator) stays used, for fsck to look at, and is not
+            // handed out.
+            if let Ok(SlotState::Free) = self.slot_state(lane, slot) {
+                slots.push(slot);
             }
         }
         drop(j);
@@ -347,6 +348,9 @@ impl<P: Pmem> Fs<P> {
     ///    the new table blocks name is returned (into the limbo: readers
     ///    may hold blocks the client displaced), and the chunk blocks with
     ///    chunks free join the owner's maps.
+    ///
+    /// An error (a damaged chain, a record or log that does not load)
+    /// leaves the lane leased: the pool then wants fsck.
     pub fn reap_lane(&self, lane: u32, dirs: &[u64], reservation: &[(u64, u64)]) -> Result<LaneSettled> {
         let Some(o) = self.lane_owners.lanes.get(lane as usize) else {
             return errno(libc::EINVAL);
