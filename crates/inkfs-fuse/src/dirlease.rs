@@ -145,8 +145,15 @@ fn refusal_window() -> Duration {
 /// The names under the root the kernel may hold as negative dentries:
 /// each it was answered "no such name" for (a LOOKUP), or removed through
 /// the kernel (UNLINK, RMDIR, a RENAME's old name), since the root's last
-/// lease. Owned by the mount's `KernelRefs` (the root's count never goes
-/// to zero: the list is dropped only by a grant).
+/// lease and less than `CACHE_TTL` ago (older ones have expired in the
+/// kernel). Owned by the mount's `KernelRefs` (the root's count never
+/// goes to zero: the list is emptied by a grant, and by age).
+///
+/// The zero TTL past the bound applies only while clients are attached
+/// (the caller decides: `InkFuse::lookup`): a mount no client uses keeps
+/// caching every negative name for the hour, as before, and a client's
+/// grant of the root is then refused until an hour after the last name
+/// that did not fit.
 #[derive(Default)]
 pub struct RootNegatives {
     inner: Mutex<Negatives>,
@@ -154,7 +161,8 @@ pub struct RootNegatives {
 
 #[derive(Default)]
 struct Negatives {
-    names: Vec<Box<[u8]>>,
+    /// Each name, and when it was last recorded.
+    names: Vec<(Box<[u8]>, Instant)>,
     /// A name could not be recorded at this instant: the kernel may hold
     /// negative names not listed until `CACHE_TTL` after it.
     overflowed: Option<Instant>,
@@ -167,19 +175,25 @@ impl Negatives {
 }
 
 impl RootNegatives {
-    /// The kernel may cache `name` under the root as negative: false if
-    /// the list is full (the caller answers a negative lookup with a zero
-    /// TTL then, so that no more such dentries are made).
+    /// The kernel may cache `name` under the root as negative from now
+    /// for `CACHE_TTL`: false if the list is full (the kernel may then
+    /// hold a name not listed: the root's lease is refused for the hour;
+    /// the caller may answer a lookup with a zero TTL instead, so that no
+    /// such dentry is made).
     pub fn record(&self, name: &[u8]) -> bool {
         let mut n = lock(&self.inner);
-        if n.names.iter().any(|k| &k[..] == name) {
+        let now = Instant::now();
+        n.names
+            .retain(|(_, at)| now.duration_since(*at) < CACHE_TTL);
+        if let Some(k) = n.names.iter_mut().find(|k| &k.0[..] == name) {
+            k.1 = now;
             return true;
         }
         if n.names.len() >= NEGATIVES_MAX {
-            n.overflowed = Some(Instant::now());
+            n.overflowed = Some(now);
             return false;
         }
-        n.names.push(name.into());
+        n.names.push((name.into(), now));
         true
     }
 
@@ -207,7 +221,12 @@ impl RootNegatives {
             return None;
         }
         n.overflowed = None;
-        Some(std::mem::take(&mut n.names))
+        Some(
+            std::mem::take(&mut n.names)
+                .into_iter()
+                .map(|k| k.0)
+                .collect(),
+        )
     }
 }
 

@@ -417,6 +417,25 @@ impl InkFuse {
         self.leases.as_ref().map(|l| l.scope())
     }
 
+    /// The entry TTL of a negative lookup of `name` under the root: zero
+    /// while clients are attached and the root's list of negative names
+    /// is (or just got) full, so that the kernel makes no dentry a lease
+    /// of the root could not drop; else `TTL`, the name recorded
+    /// (crate::dirlease: a mount no client uses caches as before).
+    fn root_negative_ttl(&self, name: &[u8]) -> Duration {
+        let clients = self.leases.as_ref().is_some_and(|l| l.attached() > 0);
+        let negatives = self.refs.negatives();
+        if clients && negatives.zero_ttl() {
+            // Not recorded: the kernel keeps nothing of it.
+            return Duration::ZERO;
+        }
+        if negatives.record(name) || !clients {
+            TTL
+        } else {
+            Duration::ZERO
+        }
+    }
+
     /// The kernel removed `name` from `dir` through this server: it may
     /// keep a negative dentry of it. Recorded under the root only (the
     /// other directories' are dropped by their entry's invalidation at a
@@ -694,10 +713,9 @@ impl Filesystem for InkFuse {
                 // for absent files (SQLite's journal and WAL, git, PATH and
                 // include searches) stop paying a round trip per probe.
                 // Under the root, each such name is recorded, for a
-                // client's lease of the root to drop (crate::dirlease);
-                // past the record's bound, no more are cached.
-                let ttl = if parent.0 == ROOT && !self.refs.negatives().record(name_bytes(name)) {
-                    Duration::ZERO
+                // client's lease of the root to drop (crate::dirlease).
+                let ttl = if parent.0 == ROOT {
+                    self.root_negative_ttl(name_bytes(name))
                 } else {
                     TTL
                 };

@@ -330,15 +330,21 @@ fn the_grant_carries_the_kernels_view() {
 }
 
 /// Past the root's bound of recorded negative names, the root's lease is
-/// refused (counted by reason) and its negative lookups are answered with
-/// a zero TTL (each stat of a missing name reaches the server). Fails
-/// with either turned off.
+/// refused (counted by reason) and, while a client is attached, its
+/// negative lookups are answered with a zero TTL (each stat of a missing
+/// name reaches the server); with no client attached they are cached as
+/// before. Fails with either turned off.
 #[test]
 fn an_overflowed_root_is_refused_and_uncached() {
     let (_pool, m) = mount("dl-overflow");
+    let last = format!("n{}", inkfs_fuse::dirlease::NEGATIVES_MAX);
     for i in 0..=inkfs_fuse::dirlease::NEGATIVES_MAX {
         assert!(std::fs::symlink_metadata(m.p(&format!("n{i}"))).is_err());
     }
+    // No client attached: past the bound, still cached as before.
+    let l = lookups(m.path());
+    assert!(std::fs::symlink_metadata(m.p(&last)).is_err());
+    assert_eq!(lookups(m.path()), l, "uncached with no client attached");
     let c = Client::attach_mountpoint(m.path(), None).expect("attach");
     let done = create_asking(&c, ROOT_INO, "made");
     assert_eq!(done.errno, 0);
