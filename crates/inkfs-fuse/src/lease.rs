@@ -323,7 +323,21 @@ impl Leases {
     ) -> MutexGuard<'a, HashMap<u64, Entry>> {
         let mut deadline = None::<Instant>;
         let mut killed = false;
+        // A directory's holder killed here: its refusal window starts
+        // again once the lease is settled (the wait for the holder's end
+        // may be long on a loaded machine).
+        let mut killed_dir = false;
         loop {
+            let settled = match map.get(&ino) {
+                None => true,
+                Some(e) => e.holder.is_none(),
+            };
+            if settled {
+                if killed_dir {
+                    self.dirs.timed_out(ino);
+                }
+                return map;
+            }
             let Some(e) = map.get_mut(&ino) else {
                 return map;
             };
@@ -364,6 +378,7 @@ impl Leases {
                     // No grant of it for a while: the directory's users
                     // through the mount just waited the whole timeout.
                     self.dirs.timed_out(ino);
+                    killed_dir = true;
                 }
             }
             let wait = if killed {
