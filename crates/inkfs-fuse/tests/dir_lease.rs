@@ -302,7 +302,7 @@ fn a_grant_drops_the_kernels_negative_names() {
 
 /// What the grant says the kernel holds under D: nothing when it never
 /// looked D up (a directory the client made), the children it counts
-/// once it has.
+/// once it has, "many" past the bound.
 #[test]
 fn the_grant_carries_the_kernels_view() {
     let (_pool, m) = mount("dl-view");
@@ -325,6 +325,13 @@ fn the_grant_carries_the_kernels_view() {
         KernelView::Children(list) => assert_eq!(list, vec![f]),
         other => panic!("{other:?}"),
     }
+    // Past the bound of listed children: "many".
+    // 257 new children (f may be forgotten: the last grant pruned the
+    // unused dentries under D).
+    for i in 0..=inkfs::api::dirlease::KERNEL_CHILDREN_MAX {
+        std::fs::write(m.p(&format!("unseen/c{i}")), b"").unwrap();
+    }
+    assert_eq!(grant(&c, d.ino, "h"), KernelView::Many);
     drop(c);
     m.unmount();
 }
