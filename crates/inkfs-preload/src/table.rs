@@ -14,6 +14,7 @@
 //! Descriptors at or above [`MAX_FD`], and opens past [`MAX_OFD`] open
 //! files, are simply not served (the kernel descriptor works as ever).
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 /// Descriptors below this number can be served.
@@ -77,6 +78,12 @@ impl Ofd {
     pub fn is_path(&self) -> bool {
         self.flags.load(Ordering::Relaxed) as i32 & libc::O_PATH != 0
     }
+}
+
+thread_local! {
+    /// The entry this thread registered last: where its next scan for a
+    /// free entry starts (a hint only; any free entry is right).
+    static LAST: Cell<usize> = const { Cell::new(0) };
 }
 
 /// Descriptor number -> 1 + index of its [`Ofd`] (0: not served).
@@ -165,13 +172,22 @@ pub fn register(
     }
     let slot = usize::try_from(fd).ok().and_then(|f| FDS.get(f))?;
     let table = ofds_or_map()?;
-    for (idx, o) in table.iter().enumerate() {
-        if o.state
-            .compare_exchange(FREE, CLAIMED, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
+    // From the entry this thread took last (usually freed again by its
+    // close: its lines are in this core's cache), reading each state
+    // before claiming it: a scan from entry 0 with a compare-exchange on
+    // every entry was a locked write to each line the other threads' open
+    // files live in (8 % of a 100-thread webserver's samples).
+    let start = LAST.with(Cell::get);
+    for idx in (start..MAX_OFD).chain(0..start) {
+        let o = &table[idx];
+        if o.state.load(Ordering::Relaxed) != FREE
+            || o.state
+                .compare_exchange(FREE, CLAIMED, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
         {
             continue;
         }
+        LAST.with(|l| l.set(idx));
         o.gen.fetch_add(1, Ordering::Relaxed);
         o.refs.store(1, Ordering::Relaxed);
         o.mount.store(mount as u32, Ordering::Relaxed);
