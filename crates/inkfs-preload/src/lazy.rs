@@ -247,7 +247,7 @@ pub fn open(dirfd: c_int, bytes: &[u8], flags: c_int, mode: libc::mode_t) -> Opt
     if want_dir && (creating || !dirs) {
         return None;
     }
-    let mut cwd: CwdBuf = [0; libc::PATH_MAX as usize];
+    let mut cwd = CwdBuf::new();
     let t = path::locate(dirfd, bytes, &mut cwd)?;
     if t.mount.is_refused() {
         return None;
