@@ -182,6 +182,31 @@ impl Lease<'_> {
         }
     }
 
+    /// Keep `file` as the engine's handle of open file `idx` (generation
+    /// `gen`): the handle a served open just made to check the caller's
+    /// permissions, opened with the access mode alone (and what only the
+    /// open itself uses: O_CREAT, O_EXCL, O_TRUNC, O_CLOEXEC...), so
+    /// [`Lease::with_file`] need not open the same inode again at the
+    /// first read or write. The entry's previous handle is released, as
+    /// `open_file` would; if another thread opened this generation's
+    /// handle meanwhile, `file` is released instead.
+    pub fn adopt_file(&self, idx: usize, gen: u32, file: File) {
+        let client = &self.slot.client;
+        let Some(entry) = self.slot.files.get(idx) else {
+            client.release(file);
+            return;
+        };
+        let mut held = entry.write().unwrap_or_else(|e| e.into_inner());
+        if held.as_ref().is_some_and(|(g, _)| *g == gen) {
+            drop(held);
+            client.release(file);
+            return;
+        }
+        if let Some((_, old)) = held.replace((gen, file)) {
+            client.release(old);
+        }
+    }
+
     /// Open the engine's handle of open file `ofd` (generation `gen`)
     /// into `entry`, with the descriptor's access mode, releasing the
     /// handle of the entry's previous user. The kernel checked the

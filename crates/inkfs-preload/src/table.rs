@@ -157,8 +157,9 @@ pub fn local(fd: i32) -> Option<(usize, &'static Ofd)> {
 
 /// A new open file for `fd`: inode `ino` of mount `mount`, `kind` S_IFREG
 /// or S_IFDIR, status flags `flags`, offset 0, `lazy` if `fd` is a
-/// placeholder (lazy.rs). Its index, or `None` if the table is full or `fd`
-/// out of range (the descriptor is then not served).
+/// placeholder (lazy.rs). Its index and generation (`Ofd::gen` for this
+/// use of the entry), or `None` if the table is full or `fd` out of range
+/// (the descriptor is then not served).
 pub fn register(
     fd: i32,
     mount: usize,
@@ -166,7 +167,7 @@ pub fn register(
     kind: u32,
     flags: i32,
     lazy: bool,
-) -> Option<usize> {
+) -> Option<(usize, u32)> {
     if is_std(fd) {
         return None;
     }
@@ -188,7 +189,7 @@ pub fn register(
             continue;
         }
         LAST.with(|l| l.set(idx));
-        o.gen.fetch_add(1, Ordering::Relaxed);
+        let gen = o.gen.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
         o.refs.store(1, Ordering::Relaxed);
         o.mount.store(mount as u32, Ordering::Relaxed);
         o.flags.store(flags as u32, Ordering::Relaxed);
@@ -200,7 +201,7 @@ pub fn register(
         // A stale number of a descriptor closed behind our back would be
         // overwritten here: drop its reference first.
         release_index(slot.swap(idx as u32 + 1, Ordering::AcqRel));
-        return Some(idx);
+        return Some((idx, gen));
     }
     None
 }
