@@ -153,8 +153,9 @@ impl Lease<'_> {
         &self.slot.client
     }
 
-    /// Run `f` with the engine's handle for open file `idx` (opened at
-    /// first use). `None` if the engine cannot open it (the call then
+    /// Run `f` with the engine's handle for open file `idx` (kept from a
+    /// served open's permission check, [`Lease::adopt_file`], or opened
+    /// at first use). `None` if the engine cannot open it (the call then
     /// takes the kernel path).
     pub fn with_file<R>(
         &self,
