@@ -113,6 +113,9 @@ pub struct Fs<P: Pmem> {
     pub(crate) client: Option<crate::lease::ClientSide>,
     /// Orphans only a client's hold keeps (holds.rs).
     pub(crate) held_orphans: Mutex<Vec<u64>>,
+    /// Which lanes are leased to clients, and what was handed out with
+    /// them (lanelease.rs).
+    pub(crate) lane_owners: crate::lanelease::LaneOwners,
 }
 
 /// What a mount (or an attach) puts together before the engine exists.
@@ -334,6 +337,7 @@ impl<P: Pmem> Fs<P> {
             lease_hook: Default::default(),
             client: None,
             held_orphans: Mutex::default(),
+            lane_owners: crate::lanelease::LaneOwners::new(geo.lane_count),
         }
     }
 
@@ -405,7 +409,8 @@ impl<P: Pmem> Fs<P> {
         *lock(&self.sb)
     }
 
-    /// This thread's lane (allocation, inode numbers, journal): assigned
+    /// This thread's lane (allocation, inode numbers, journal), never one
+    /// leased to a client (lanelease.rs): assigned
     /// round-robin on first use, so threads spread without a system call.
     pub(crate) fn lane(&self) -> u32 {
         let raw = THREAD_LANE.with(|l| {
@@ -414,7 +419,11 @@ impl<P: Pmem> Fs<P> {
             }
             l.get()
         });
-        raw % self.geo.lane_count
+        let lane = raw % self.geo.lane_count;
+        if self.lane_owners.is_leased(lane) {
+            return self.lane_not_leased(lane);
+        }
+        lane
     }
 
     /// EROFS for a mutating call on a read-only mount or after
@@ -959,7 +968,10 @@ impl<P: Pmem> Fs<P> {
     /// Commit several 8-byte stores (tails, inode states) atomically
     /// through this lane's journal.
     pub(crate) fn commit_journal(&self, records: &[JournalRecord]) {
-        let mut j = lock(&self.journals[self.lane() as usize]);
+        // A client engine writes only its leased lane's journal
+        // (lanelease.rs, `commit_journal_of_slot`).
+        debug_assert!(!self.is_client(), "a client committing outside its lane");
+        let (_lane, mut j) = self.owner_journal();
         j.commit(&self.pm, records);
     }
 

@@ -372,10 +372,13 @@ impl InodeTables {
     ) -> Result<()> {
         while lt.checked <= index {
             if lt.checked == lt.blocks.len() {
-                // Every block so far is checked: follow the last one's link.
-                if lt.complete {
-                    break;
-                }
+                // Every block so far is checked: follow the last one's link,
+                // read again even when the chain was found complete before:
+                // another engine may have grown it since (a client holding
+                // the lane's lease, lanelease.rs; the owner, seen by an
+                // attached engine). A link only ever goes from 0 to a block
+                // already written and persisted, so a new one is safe to
+                // follow.
                 let last = lt.blocks[lt.blocks.len() - 1];
                 let trailer: TableTrailer = read_pod(pm, last * BLOCK_SIZE + TABLE_TRAILER_OFFSET);
                 if trailer.next_block == 0 {

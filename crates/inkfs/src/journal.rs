@@ -76,6 +76,18 @@ fn apply<P: Pmem + ?Sized>(pm: &P, records: &[JournalRecord]) {
     pm.fence();
 }
 
+/// Write lane `lane`'s journal block back as it reads now, and fence: a
+/// journal taken from a dead client (lanelease.rs), whose commit word may
+/// be visible but not durable (killed between its store and that line's
+/// write-back). Replaying records whose commit is not durable would let a
+/// power cut keep some of them and lose the commit that makes the rest.
+pub fn persist_block<P: Pmem + ?Sized>(pm: &P, lane: u32) {
+    let off = (lane_first_block(lane) + LANE_JOURNAL_BLOCK) * BLOCK_SIZE;
+    let len = std::mem::size_of::<JournalHeader>() as u64 + JOURNAL_MAX_RECORDS as u64 * 16;
+    pm.flush(off, len);
+    pm.fence();
+}
+
 /// What recovery found in one journal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JournalState {

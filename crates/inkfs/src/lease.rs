@@ -85,6 +85,9 @@ pub(crate) struct ClientSide {
     /// back (and when the session ends), which unmarks every inode found
     /// current under a lease ([`Fs::client_mark_current`]).
     lease_count: AtomicU64,
+    /// The lane leased to this client and its directory leases
+    /// (lanelease.rs).
+    pub(crate) lane: crate::lanelease::ClientLane,
 }
 
 /// Blocks mapped ahead at once (2 MiB): a reservation's blocks are mapped

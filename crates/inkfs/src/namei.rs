@@ -171,6 +171,18 @@ impl<P: Pmem> Fs<P> {
         self.create_as(Actor::Engine, parent, name, mode, (uid, gid))
     }
 
+    /// create for a caller with credentials `cred` (as `api::Filesystem`
+    /// makes it): owner, group and mode from them and the directory.
+    pub fn create_cred(
+        &self,
+        cred: &crate::perm::Credentials,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+    ) -> Result<(Attr, FileHandle)> {
+        self.create_as(Actor::Caller(cred), parent, name, mode, (0, 0))
+    }
+
     /// create for `actor`: a caller's owner, group and mode come from its
     /// credentials and the directory (`perm::new_inode_owner`), `owner` only
     /// serves the engine's own calls.
@@ -312,6 +324,10 @@ impl<P: Pmem> Fs<P> {
         if dst.orphan {
             return errno(libc::ENOENT);
         }
+        // A client engine creates only in a directory it holds the lease
+        // of, with a lane leased to it (lanelease.rs): checked under the
+        // directory's lock, which the lease's give-back takes too.
+        self.client_may_create(parent, node.kind)?;
         if is_dot_or_dotdot(name) || dst.dir().is_some_and(|d| d.get(name).is_some()) {
             return errno(libc::EEXIST);
         }
@@ -336,8 +352,10 @@ impl<P: Pmem> Fs<P> {
             }
         };
         let flags = crate::flags::inherited(dst.flags, kind);
-        let lane = self.lane();
-        let slot = self.slots.alloc(lane);
+        // The owner's lane stays its own until the slot's table block is
+        // there (`_lane_use`); a client's is its leased lane.
+        let (lane, slot, _lane_use) = self.new_slot()?;
+        debug_assert!(self.is_client() || !self.lane_leased(lane));
         let ino = lane_slot_to_ino(lane, slot, self.geo.lane_count);
         let mut new_pages = NewPages::default();
         let mut target_block = 0;
@@ -363,7 +381,7 @@ impl<P: Pmem> Fs<P> {
                 if target_block != 0 {
                     self.free_blocks(target_block, 1);
                 }
-                let _ = self.slots.free(lane, slot);
+                self.free_new_slot(lane, slot);
                 return Err(e);
             }
         };
@@ -380,7 +398,7 @@ impl<P: Pmem> Fs<P> {
             if target_block != 0 {
                 self.free_blocks(target_block, 1);
             }
-            let _ = self.slots.free(lane, slot);
+            self.free_new_slot(lane, slot);
             return Err(e);
         }
         let mut st = InodeState::empty(kind, generation, false);
@@ -407,8 +425,9 @@ impl<P: Pmem> Fs<P> {
         // must find this object, not load a second copy from media.
         self.cache.insert(inode.clone());
         // Commit: the child's record (written, state still FREE) turns LIVE
-        // together with the parent's new tail.
-        self.commit_journal(&[
+        // together with the parent's new tail (a client: through its
+        // leased lane's journal).
+        self.commit_journal_of_slot(lane, &[
             rec(rec_off, INODE_STATE_FIELD, INODE_LIVE),
             rec(dir.rec_off, INODE_TAIL_FIELD, dir_cur.tail),
         ]);
@@ -519,8 +538,7 @@ impl<P: Pmem> Fs<P> {
         flags: u32,
         pages: &mut NewPages,
     ) -> Result<NewNode> {
-        let lane = self.lane();
-        let slot = self.slots.alloc(lane);
+        let (lane, slot, _lane_use) = self.new_slot()?;
         let ino = lane_slot_to_ino(lane, slot, self.geo.lane_count);
         let mut no_block = 0;
         match self.prepare_node(

@@ -89,3 +89,68 @@ fn crash_exploration_client_killed_and_reaped() {
     assert!(r.adopted > 0 && r.reused > 0, "{r:?}");
     assert!(r.states >= r.points && r.kills > 0, "{r:?}");
 }
+
+/// A client's creates in a directory under a lane lease, the lane given
+/// back, the owner's own creates and removals there, the lane leased
+/// again (`inkfs::crashtest::nslease`): images at every fence.
+/// `INKFS_CRASHTEST_NSLEASE_IMAGES` sets the images per crash point (32).
+#[test]
+fn crash_exploration_namespace_under_a_lane_lease() {
+    let t = std::time::Instant::now();
+    let images = std::env::var("INKFS_CRASHTEST_NSLEASE_IMAGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(32);
+    let r = inkfs::crashtest::nslease::explore_namespace_leases(images, 0xace);
+    eprintln!(
+        "crash_nslease: {} steps, {} crash states at {} points in {:.1}s; {} violations",
+        r.steps,
+        r.states,
+        r.points,
+        t.elapsed().as_secs_f64(),
+        r.violations.len()
+    );
+    for v in r.violations.iter().take(10) {
+        eprintln!("{v}");
+    }
+    assert!(r.violations.is_empty(), "{} violations", r.violations.len());
+    assert!(r.steps >= 28 && r.states >= r.points, "{r:?}");
+}
+
+/// The client killed after each of its stores during its creates under a
+/// lane lease, the lane reaped by the owner (`Fs::reap_lane`), which then
+/// changes the directory (`inkfs::crashtest::nslease`).
+/// `INKFS_CRASHTEST_NSREAP_IMAGES` sets the images per crash point (8).
+#[test]
+fn crash_exploration_namespace_client_killed_and_lane_reaped() {
+    let t = std::time::Instant::now();
+    let images = std::env::var("INKFS_CRASHTEST_NSREAP_IMAGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8);
+    let r = inkfs::crashtest::nslease::explore_namespace_reaping(images, 0xace);
+    eprintln!(
+        "crash_nsreap: {} runs ({} killed inside the creates, {} adopted a create, \
+         {} built on a chain the client grew): {} crash states at {} points in {:.1}s; \
+         {} violations",
+        r.steps,
+        r.kills,
+        r.adopted,
+        r.chain_built_on,
+        r.states,
+        r.points,
+        t.elapsed().as_secs_f64(),
+        r.violations.len()
+    );
+    for v in r.violations.iter().take(10) {
+        eprintln!("{v}");
+    }
+    assert!(r.violations.is_empty(), "{} violations", r.violations.len());
+    assert!(
+        r.kills > 0 && r.adopted > 0 && r.states >= r.points,
+        "{r:?}"
+    );
+    // The owner created in the block a killed client had added to the
+    // lane's chain (its link must be durable by then).
+    assert!(r.chain_built_on > 0, "{r:?}");
+}

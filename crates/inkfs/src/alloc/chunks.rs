@@ -163,6 +163,21 @@ impl BlockAllocator {
             .collect()
     }
 
+    /// Take every partly used chunk block out of the maps, with its bitmap
+    /// of chunks in use (a client giving its lane lease back: its free
+    /// chunks go to the owner's maps, `add_chunk_block`). The blocks stay
+    /// used for the block lists: their chunks in use belong to live logs.
+    pub fn take_chunk_blocks(&self) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        for l in self.chunks.iter() {
+            let mut partial = lock(&l.partial);
+            out.extend(partial.iter().map(|(&b, &m)| (b, m)));
+            partial.clear();
+            l.publish(&partial);
+        }
+        out
+    }
+
     /// Free chunks in partly used blocks, all lanes (statistics).
     pub fn free_chunks(&self) -> u64 {
         self.chunks

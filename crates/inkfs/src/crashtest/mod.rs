@@ -31,6 +31,7 @@
 
 pub mod expect;
 pub mod lease;
+pub mod nslease;
 pub mod reap;
 pub mod snapshot;
 pub mod workload;

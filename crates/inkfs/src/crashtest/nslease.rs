@@ -1,0 +1,563 @@
+//! A client's creates in a directory under a lane lease, under the crash
+//! simulator (docs/KERNEL-FREE.md, "Stage 5", "What each crash leaves
+//! (stage 5)"; CRASHTEST.md, "Client leases").
+//!
+//! One simulated pool, the owner's mounted engine and a client engine on
+//! a second handle of it (as in [`super::lease`]). The grant is made as
+//! the mount's lease table will make it, without sockets: the owner leases
+//! a lane (`Fs::lease_lane`), reserves blocks, and the client takes the
+//! lane and directory `d`'s lease.
+//!
+//! **The sequence** ([`explore_namespace_leases`]): the client creates
+//! files in `d` and writes them, gives `d` and the lane back
+//! (`Fs::take_back_lane`); the owner creates and removes in `d` itself;
+//! `d` and the lane go to the client again, which creates once more. At
+//! every fence, crash images are checked: fsck finds no error; recovery
+//! mounts the image; `d` holds exactly the names before or after the step
+//! in flight, each file the bytes the model gives it (a write in flight:
+//! before or after it); after a clean unmount fsck reports nothing.
+//!
+//! **The kill variant** ([`explore_namespace_reaping`]): the lane's first
+//! table block is filled but for two slots (the owner's creates, with the
+//! other lanes leased away), then the client is killed after each of its
+//! stores (`SimPool::kill_after_stores`) during three creates (the third
+//! grows the lane's chain) and a write; the owner reaps the lane
+//! (`Fs::reap_lane`),
+//! its books are compared with a recovery scan of the memory as it is
+//! (every slot and block accounted), and it then creates and removes in
+//! `d` (its create in the leased lane, in the block the chain gained).
+//! Images at every fence from the reap on: the names are a prefix of
+//! the client's creates no longer than what the reap adopted, and from the
+//! owner's first change on exactly what it adopted (the reap's stores are
+//! durable before the owner builds on them).
+
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+
+use super::lease::{fsck, mixed, mount_options, new_pool, points_of, read_all, RESERVE, ROOT};
+use crate::fs::Fs;
+use crate::lanelease::LaneGrant;
+use crate::pmem::{Killed, Pmem, SimPool};
+use crate::types::Mode;
+
+/// What one exploration found.
+#[derive(Debug, Default)]
+pub struct NsLeaseReport {
+    /// Crash images checked.
+    pub states: u64,
+    /// Crash points (fences) of the traces.
+    pub points: u64,
+    /// Steps traced (sequence) or runs (kill variant).
+    pub steps: u64,
+    /// Kill variant: runs killed inside the client's operations, and
+    /// those whose reap adopted at least one create.
+    pub kills: u64,
+    pub adopted: u64,
+    /// Kill variant: runs in which the client had grown the lane's chain
+    /// and the owner's create after the reap took a slot in the added
+    /// block.
+    pub chain_built_on: u64,
+    pub violations: Vec<String>,
+}
+
+/// The directory's contents: name to bytes.
+type Model = BTreeMap<&'static str, Vec<u8>>;
+
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    /// The lane, a reservation, `d`'s lease to the client.
+    Grant,
+    Create(&'static str),
+    Write(&'static str, usize, u8),
+    /// `d` and the lane back to the owner.
+    GiveBack,
+    OwnerCreate(&'static str),
+    OwnerUnlink(&'static str),
+}
+
+const STEPS: &[Step] = &[
+    Step::Grant,
+    Step::Create("c1"),
+    Step::Write("c1", 3000, 1),
+    Step::Create("c2"),
+    Step::Create("c3"),
+    Step::Write("c3", 5000, 2),
+    Step::GiveBack,
+    Step::OwnerCreate("o2"),
+    Step::OwnerUnlink("c2"),
+    Step::OwnerUnlink("o1"),
+    Step::Grant,
+    Step::Create("c4"),
+    Step::Write("c4", 100, 3),
+    Step::GiveBack,
+];
+
+/// Slots handed out at each grant.
+const SLOTS: usize = 8;
+
+/// The owner, the client's handle, directory `d` with file `o1` in it.
+struct Setup {
+    owner: Fs<SimPool>,
+    client_view: SimPool,
+    d: u64,
+}
+
+fn setup(mode: Mode) -> Result<Setup, String> {
+    let e = |what: &'static str| move |err: crate::Error| format!("{what}: {err}");
+    let pool = new_pool(false)?;
+    let opts = mount_options(&pool, mode);
+    let client_view = pool.share();
+    let owner = Fs::mount(pool, opts).map_err(e("mount"))?;
+    // In lane 0 whatever this thread's lane is (the runs are the same in
+    // any test thread): the leased lane's slots are the client's alone.
+    let d = on_lane(&owner, 0, || owner.mkdir(ROOT, b"d", 0o755, 0, 0))?
+        .map_err(e("mkdir"))?
+        .ino;
+    let (_, fh) =
+        on_lane(&owner, 0, || owner.create(d, b"o1", 0o644, 0, 0))?.map_err(e("create o1"))?;
+    owner.release(fh);
+    Ok(Setup {
+        owner,
+        client_view,
+        d,
+    })
+}
+
+/// The last lane: leased, blocks reserved, `d`'s lease.
+fn grant(
+    owner: &Fs<SimPool>,
+    client: &Fs<SimPool>,
+    d: u64,
+) -> Result<(LaneGrant, Vec<(u64, u64)>), String> {
+    let lane = owner.geometry().lane_count - 1;
+    let g = owner
+        .lease_lane(lane, SLOTS)
+        .map_err(|e| format!("lease_lane: {e}"))?;
+    client
+        .client_take_lane(&g)
+        .map_err(|e| format!("take lane: {e}"))?;
+    let reserved = owner.reserve_blocks(RESERVE, 64);
+    client
+        .add_reservation(&reserved)
+        .map_err(|e| format!("reservation: {e}"))?;
+    client
+        .client_lease_dir(d)
+        .map_err(|e| format!("lease d: {e}"))?;
+    Ok((g, reserved))
+}
+
+/// `d` and the lane back, what the client freed and did not use too.
+fn give_back(owner: &Fs<SimPool>, client: &Fs<SimPool>, d: u64) -> Result<(), String> {
+    let e = |what: &'static str| move |err: crate::Error| format!("{what}: {err}");
+    client.client_give_back_dir(d);
+    let ret = client
+        .client_give_back_lane()
+        .map_err(e("give back lane"))?;
+    let freed = client.take_client_freed();
+    let unused = client.drain_reservation();
+    owner.free_unused_blocks(&unused);
+    owner.return_blocks(&freed);
+    owner.settle_dir(d).map_err(e("settle d"))?;
+    owner.take_back_lane(&ret).map_err(e("take back lane"))?;
+    Ok(())
+}
+
+/// The client sequence in strict and sync modes, at most `max_images`
+/// images per crash point.
+pub fn explore_namespace_leases(max_images: usize, seed: u64) -> NsLeaseReport {
+    let mut report = NsLeaseReport::default();
+    for mode in [Mode::Strict, Mode::Sync] {
+        if let Err(e) = sequence(mode, max_images, seed, &mut report) {
+            report.violations.push(format!("{mode:?}: {e}"));
+        }
+    }
+    report
+}
+
+struct Traced {
+    step: Step,
+    fences: (usize, usize),
+    before: Model,
+    after: Model,
+}
+
+fn sequence(
+    mode: Mode,
+    max_images: usize,
+    seed: u64,
+    report: &mut NsLeaseReport,
+) -> Result<(), String> {
+    let e = |what: &'static str| move |err: crate::Error| format!("{what}: {err}");
+    let Setup {
+        owner,
+        client_view,
+        d,
+    } = setup(mode)?;
+    let client = Fs::attach_client(client_view, mode).map_err(e("attach"))?;
+    let mut model: Model = [("o1", Vec::new())].into_iter().collect();
+    let mut handles = BTreeMap::new();
+    let f0 = owner.pmem().fence_count();
+    let fences = || (owner.pmem().fence_count() - f0) as usize;
+    owner.pmem().start_trace();
+    let mut traced = Vec::new();
+    for &step in STEPS {
+        let before = model.clone();
+        let start = fences();
+        match step {
+            Step::Grant => {
+                grant(&owner, &client, d)?;
+            }
+            Step::Create(name) => {
+                let _w = client.client_writes();
+                let (_, fh) = client
+                    .create(d, name.as_bytes(), 0o644, 0, 0)
+                    .map_err(e("client create"))?;
+                handles.insert(name, fh);
+                model.insert(name, Vec::new());
+            }
+            Step::Write(name, len, b) => {
+                let _w = client.client_writes();
+                let fh = handles.get(name).ok_or("no handle")?;
+                client
+                    .write(fh, 0, &vec![b; len])
+                    .map_err(e("client write"))?;
+                model.insert(name, vec![b; len]);
+            }
+            Step::GiveBack => {
+                for (_, fh) in std::mem::take(&mut handles) {
+                    client.release(fh);
+                }
+                give_back(&owner, &client, d)?;
+            }
+            Step::OwnerCreate(name) => {
+                let (_, fh) = owner
+                    .create(d, name.as_bytes(), 0o644, 0, 0)
+                    .map_err(e("owner create"))?;
+                owner.release(fh);
+                model.insert(name, Vec::new());
+            }
+            Step::OwnerUnlink(name) => {
+                owner
+                    .unlink(d, name.as_bytes())
+                    .map_err(e("owner unlink"))?;
+                model.remove(name);
+            }
+        }
+        // The holder of d sees the model (the owner catches up when d
+        // comes back).
+        let holder = if client.client_lane().is_some() {
+            &client
+        } else {
+            &owner
+        };
+        if !same(&dir_model(holder, d)?, &model, None) {
+            return Err(format!("{step:?}: the live directory is not the model"));
+        }
+        traced.push(Traced {
+            step,
+            fences: (start, fences()),
+            before,
+            after: model.clone(),
+        });
+    }
+    let trace = owner.pmem().stop_trace();
+    if !same(&dir_model(&owner, d)?, &model, None) {
+        return Err("the owner's directory at the end is not the model".into());
+    }
+    report.steps += traced.len() as u64;
+    let last = traced.len() - 1;
+    for (i, t) in traced.iter().enumerate() {
+        for point in points_of(t.fences, i == last, trace.fence_count()) {
+            report.points += 1;
+            for img in trace.crash_images(point, max_images, seed) {
+                report.states += 1;
+                let sync_write = mode == Mode::Sync && matches!(t.step, Step::Write(..));
+                if let Err(why) =
+                    check_image(img.image, mode, d, &[&t.before, &t.after], sync_write)
+                {
+                    report
+                        .violations
+                        .push(format!("{mode:?} {:?} {}: {why}", t.step, img.description));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The directory as a model: names and bytes.
+fn dir_model<P: Pmem>(fs: &Fs<P>, d: u64) -> Result<Got, String> {
+    let mut names = Vec::new();
+    fs.readdir(d, 0, &mut |e| {
+        if e.name != b"." && e.name != b".." {
+            names.push((e.name.clone(), e.ino));
+        }
+        true
+    })
+    .map_err(|e| format!("readdir: {e}"))?;
+    names
+        .into_iter()
+        .map(|(n, ino)| Ok((n, read_all(fs, ino)?)))
+        .collect()
+}
+
+/// A directory read back, as a model.
+type Got = BTreeMap<Vec<u8>, Vec<u8>>;
+
+/// Whether `got` is `m`: the same names, each with `m`'s bytes (or, for a
+/// sync-mode write in flight, `mixed` between `before`'s and `m`'s).
+fn same(got: &Got, m: &Model, before: Option<&Model>) -> bool {
+    got.len() == m.len()
+        && got.iter().zip(m.iter()).all(|((n, b), (mn, mb))| {
+            n.as_slice() == mn.as_bytes()
+                && (b == mb
+                    || before.is_some_and(|old| {
+                        let old = old.get(mn).map_or(&[][..], |v| v.as_slice());
+                        mixed(b, old, mb)
+                    }))
+        })
+}
+
+/// One crash image: fsck, recovery, `d` one of `allowed` (names exactly;
+/// a sync-mode write in flight, `sync_write`, may mix old and new bytes:
+/// `allowed` is then before and after), a clean unmount that fsck finds
+/// perfect.
+fn check_image(
+    image: Vec<u8>,
+    mode: Mode,
+    d: u64,
+    allowed: &[&Model],
+    sync_write: bool,
+) -> Result<(), String> {
+    let pm = SimPool::from_image(image);
+    fsck(&pm, false)?;
+    let opts = mount_options(&pm, mode);
+    let fs = Fs::mount(pm, opts).map_err(|e| format!("recovery: {e}"))?;
+    let got = dir_model(&fs, d)?;
+    let before = sync_write.then(|| allowed[0]);
+    if !allowed.iter().any(|m| same(&got, m, before)) {
+        let names: Vec<String> = got
+            .iter()
+            .map(|(n, b)| format!("{}({})", String::from_utf8_lossy(n), b.len()))
+            .collect();
+        return Err(format!("d holds {names:?}: none of the states allowed"));
+    }
+    let pm = fs.unmount().map_err(|e| format!("unmount: {e}"))?;
+    fsck(&pm, true)
+}
+
+/// The kill variant's client operations, in order (names created, the
+/// write of `c1` between them). The lane's first table block has room
+/// for the first two only: the third grows the chain.
+const KILL_CREATES: [&str; 3] = ["c1", "c2", "c3"];
+/// `c1`'s bytes once written.
+const KILL_WRITE: usize = 4096;
+/// Bound on the kill points (the operations have far fewer stores).
+const KILLS_MAX: u64 = 400;
+
+/// The client killed after each of its stores, the owner reaping the
+/// lane, then changing `d`; strict and sync modes.
+pub fn explore_namespace_reaping(max_images: usize, seed: u64) -> NsLeaseReport {
+    let mut report = NsLeaseReport::default();
+    for mode in [Mode::Strict, Mode::Sync] {
+        for k in 0..=KILLS_MAX {
+            report.steps += 1;
+            match kill_run(mode, k, max_images, seed, &mut report) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => {
+                    report
+                        .violations
+                        .push(format!("{mode:?} killed after store {k}: {e}"));
+                    break;
+                }
+            }
+            if k == KILLS_MAX {
+                report
+                    .violations
+                    .push(format!("{mode:?}: not done after {k} stores"));
+            }
+        }
+    }
+    report
+}
+
+/// Run `f` with every lane but `lane` leased away (and given back after
+/// it, untouched): the owner's creates in it take `lane`'s slots.
+fn on_lane<T>(owner: &Fs<SimPool>, lane: u32, f: impl FnOnce() -> T) -> Result<T, String> {
+    let e = |what: &'static str| move |err: crate::Error| format!("{what}: {err}");
+    let others: Vec<LaneGrant> = (0..owner.geometry().lane_count)
+        .filter(|&l| l != lane)
+        .map(|l| owner.lease_lane(l, 0))
+        .collect::<crate::Result<_>>()
+        .map_err(e("lease the other lanes"))?;
+    let out = f();
+    for g in others {
+        let ret = crate::lanelease::LaneReturn {
+            lane: g.lane,
+            unused_slots: g.slots,
+            table_end: g.table_end,
+            chunks: Vec::new(),
+        };
+        owner
+            .take_back_lane(&ret)
+            .map_err(e("take the other lanes back"))?;
+    }
+    Ok(out)
+}
+
+/// One run: the client killed after `k` stores; true if the kill came
+/// inside its operations.
+fn kill_run(
+    mode: Mode,
+    k: u64,
+    max_images: usize,
+    seed: u64,
+    report: &mut NsLeaseReport,
+) -> Result<bool, String> {
+    let e = |what: &'static str| move |err: crate::Error| format!("{what}: {err}");
+    let Setup {
+        owner,
+        client_view,
+        d,
+    } = setup(mode)?;
+    let client = Fs::attach_client(client_view, mode).map_err(e("attach"))?;
+    // The leased lane's first table block filled but for two slots, so
+    // the client's third create grows the chain.
+    let lane = owner.geometry().lane_count - 1;
+    on_lane(&owner, lane, || -> crate::Result<()> {
+        for i in 0..crate::format::INODES_PER_TABLE_BLOCK - 2 {
+            let (_, fh) = owner.create(ROOT, format!("p{i}").as_bytes(), 0o644, 0, 0)?;
+            owner.release(fh);
+        }
+        Ok(())
+    })?
+    .map_err(e("fill the lane's table"))?;
+    let (g, reserved) = grant(&owner, &client, d)?;
+    client.pmem().kill_after_stores(k);
+    let done = catch_unwind(AssertUnwindSafe(|| -> crate::Result<()> {
+        let _w = client.client_writes();
+        let (_, fh) = client.create(d, KILL_CREATES[0].as_bytes(), 0o644, 0, 0)?;
+        client.write(&fh, 0, &[5u8; KILL_WRITE])?;
+        client.release(fh);
+        for name in &KILL_CREATES[1..] {
+            let (_, fh) = client.create(d, name.as_bytes(), 0o644, 0, 0)?;
+            client.release(fh);
+        }
+        Ok(())
+    }));
+    let killed = match done {
+        Ok(r) => {
+            r.map_err(|err| format!("the client's operations: {err}"))?;
+            client.pmem().kill();
+            false
+        }
+        Err(payload) if payload.is::<Killed>() => true,
+        Err(payload) => resume_unwind(payload),
+    };
+    drop(client);
+    report.kills += killed as u64;
+
+    // The reap, then the owner's own changes on what it adopted.
+    owner.pmem().start_trace();
+    let f0 = owner.pmem().fence_count();
+    let fences = || (owner.pmem().fence_count() - f0) as usize;
+    let settled = owner
+        .reap_lane(g.lane, &[d], &reserved)
+        .map_err(e("reap"))?;
+    let reap_end = fences();
+    let adopted = dir_model(&owner, d)?;
+    let created = adopted.len() - 1;
+    let prefix_ok = adopted.keys().map(|n| n.as_slice()).eq(KILL_CREATES
+        .iter()
+        .map(|n| n.as_bytes())
+        .take(created)
+        .chain(std::iter::once(&b"o1"[..])));
+    if !prefix_ok {
+        return Err(format!(
+            "the reap adopted {:?}: not a prefix of the creates",
+            adopted.keys()
+        ));
+    }
+    report.adopted += (killed && created > 0) as u64;
+    // Every slot and block accounted: the owner's books are what a
+    // recovery scan of the memory as it is finds.
+    let scan = Fs::mount(
+        SimPool::from_image(owner.pmem().current_image()),
+        mount_options(owner.pmem(), mode),
+    )
+    .map_err(e("scan"))?
+    .statfs();
+    if owner.statfs() != scan {
+        return Err(format!(
+            "after the reap the owner has {:?}, a scan finds {scan:?}",
+            owner.statfs()
+        ));
+    }
+    // In the leased lane: its slot is in the block the client added to the
+    // chain (the lowest free slot), whose link must be durable by now.
+    let (o2, fh) = on_lane(&owner, lane, || owner.create(d, b"o2", 0o644, 0, 0))?
+        .map_err(e("owner create"))?;
+    owner.release(fh);
+    let slot = (o2.ino - 1) / owner.geometry().lane_count as u64;
+    if settled.table_blocks_added > 0 && slot >= crate::format::INODES_PER_TABLE_BLOCK {
+        report.chain_built_on += 1;
+    }
+    let o2_end = fences();
+    owner.unlink(d, b"o1").map_err(e("owner unlink"))?;
+    let trace = owner.pmem().stop_trace();
+
+    // The states allowed: during the reap, any prefix of the creates up to
+    // what it adopted (c1 with its bytes or without: the write may not
+    // have been durable, and the reap adopts it only if it was visible);
+    // then what it adopted, before and after each of the owner's changes.
+    let to_model = |m: &Got| -> Model {
+        m.iter()
+            .map(|(n, b)| {
+                let name: &'static str = match n.as_slice() {
+                    b"c1" => "c1",
+                    b"c2" => "c2",
+                    b"c3" => "c3",
+                    b"o1" => "o1",
+                    _ => "o2",
+                };
+                (name, b.clone())
+            })
+            .collect()
+    };
+    let after_reap = to_model(&adopted);
+    let mut during_reap = Vec::new();
+    for n in 0..=created {
+        for c1 in [Vec::new(), vec![5u8; KILL_WRITE]] {
+            let mut m: Model = [("o1", Vec::new())].into_iter().collect();
+            for name in KILL_CREATES.iter().take(n) {
+                m.insert(name, Vec::new());
+            }
+            if n >= 1 {
+                m.insert("c1", c1);
+            }
+            during_reap.push(m);
+        }
+    }
+    let mut with_o2 = after_reap.clone();
+    with_o2.insert("o2", Vec::new());
+    let mut without_o1 = with_o2.clone();
+    without_o1.remove("o1");
+    let phases: Vec<((usize, usize), Vec<&Model>)> = vec![
+        ((0, reap_end), during_reap.iter().collect()),
+        ((reap_end, o2_end), vec![&after_reap, &with_o2]),
+        ((o2_end, trace.fence_count()), vec![&with_o2, &without_o1]),
+    ];
+    let last = phases.len() - 1;
+    for (i, (fences, allowed)) in phases.iter().enumerate() {
+        for point in points_of(*fences, i == last, trace.fence_count()) {
+            report.points += 1;
+            for img in trace.crash_images(point, max_images, seed) {
+                report.states += 1;
+                check_image(img.image, mode, d, allowed, false)
+                    .map_err(|why| format!("phase {i}, {}: {why}", img.description))?;
+            }
+        }
+    }
+    Ok(killed)
+}

@@ -1,0 +1,719 @@
+//! Lane leases (docs/KERNEL-FREE.md, "Stage 5: creates and removals in a
+//! leased directory", option A; "Built: the engine's namespace under a
+//! lane lease"): the owner hands one of its lanes (the lane's journal, a
+//! batch of its free inode slots, its inode table chain's end) to a client
+//! engine, which then runs the engine's own `make_node` on that lane in a
+//! directory whose lease it holds.
+//!
+//! **Who owns what while lane K is leased.**
+//!
+//! | state | owner | back to the owner |
+//! | --- | --- | --- |
+//! | K's journal block | the client (its engine's `journals[K]`) | `take_back_lane`, or `reap_lane` (replayed or discarded, cleared durably) |
+//! | the slots handed out ([`LaneGrant::slots`]) | the client | unused ones at `take_back_lane`; at `reap_lane` each is read: LIVE stays in use, FREE is freed |
+//! | K's other free slots, and slots of K the owner frees meanwhile | the owner (not handed out: its threads skip K) | – |
+//! | K's inode table chain past [`LaneGrant::table_end`] | the client (grown from its reservation) | walked from the end the owner knew |
+//! | K's block region | the owner (the client allocates from its reservation only) | – |
+//! | the directory D whose lease the client holds: its tail and log | the client | the owner catches D up ([`Fs::settle_dir`]) |
+//!
+//! **The owner's threads and a leased lane.** A thread picks its lane
+//! (`Fs::lane`) among those not leased. An operation that takes a slot of
+//! its lane and may grow the lane's table (`make_node`) holds a
+//! [`LaneUse`] for it: a count of users the lease waits to drain after it
+//! marks the lane leased (Dekker's order: the user counts itself, then
+//! reads the mark; the lease marks, then reads the count). A journal
+//! commit checks the mark again under the journal's mutex, which the lease
+//! takes after marking: a commit that got the mutex first ends before the
+//! lease proceeds, one that gets it later sees the mark and picks another
+//! lane. One lane always stays the owner's.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+
+use crate::blockset::RangeSet;
+use crate::error::{errno, Error, Result};
+use crate::format::*;
+use crate::fs::Fs;
+use crate::inode::{lock, read, write, Body, Inode};
+use crate::journal::{self, Journal, JournalState};
+use crate::log;
+use crate::pmem::{read_pod, Pmem};
+use crate::types::FileKind;
+
+/// Slots at most in one grant (docs/KERNEL-FREE.md: the client asks for
+/// more when it runs low).
+pub const LANE_SLOTS_MAX: usize = 256;
+
+/// The owner's state of one lane, one cache line each (the mark is read
+/// by every `Fs::lane`).
+#[repr(align(128))]
+#[derive(Default)]
+pub(crate) struct LaneOwner {
+    /// Leased to a client: the owner's threads do not use it.
+    leased: AtomicBool,
+    /// Owner's operations holding a [`LaneUse`] of this lane.
+    users: AtomicU32,
+    /// What was handed out with the lease (None: the owner's).
+    grant: Mutex<Option<LaneGrant>>,
+}
+
+/// Every lane's owner state, and the lock that orders grants and
+/// take-backs (not on any read or write path).
+pub(crate) struct LaneOwners {
+    lanes: Box<[LaneOwner]>,
+    admin: Mutex<()>,
+}
+
+impl LaneOwners {
+    pub(crate) fn new(lane_count: u32) -> LaneOwners {
+        LaneOwners {
+            lanes: (0..lane_count.max(1)).map(|_| LaneOwner::default()).collect(),
+            admin: Mutex::new(()),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn is_leased(&self, lane: u32) -> bool {
+        self.lanes
+            .get(lane as usize)
+            .is_some_and(|o| o.leased.load(SeqCst))
+    }
+
+    fn leased_count(&self) -> usize {
+        self.lanes.iter().filter(|o| o.leased.load(SeqCst)).count()
+    }
+}
+
+/// An owner's operation on its lane's slots and table: the lane is not
+/// leased away until it ends.
+pub(crate) struct LaneUse<'a>(&'a LaneOwner);
+
+impl Drop for LaneUse<'_> {
+    fn drop(&mut self) {
+        self.0.users.fetch_sub(1, SeqCst);
+    }
+}
+
+/// What the owner hands a client with lane `lane`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaneGrant {
+    pub lane: u32,
+    /// Free slots of the lane, ascending (their records are FREE or not
+    /// yet in the table).
+    pub slots: Vec<u64>,
+    /// The last block of the lane's inode table chain.
+    pub table_end: u64,
+}
+
+/// What a client gives back with its lane.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LaneReturn {
+    pub lane: u32,
+    /// Slots of the grant it did not use.
+    pub unused_slots: Vec<u64>,
+    /// The chain's last block now.
+    pub table_end: u64,
+    /// Blocks it carved into log chunks that have chunks free, with the
+    /// bitmap of those in use (to the owner's chunk maps).
+    pub chunks: Vec<(u64, u64)>,
+}
+
+/// What the owner found taking a lane back (given back or reaped).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LaneSettled {
+    /// Inodes the client created in the handed-out slots (LIVE).
+    pub live: Vec<u64>,
+    /// Handed-out slots that came back free.
+    pub slots_freed: u64,
+    /// Handed-out slots found ORPHAN, freed (or kept for a client's hold).
+    pub orphans: u64,
+    /// Table blocks the client added to the chain.
+    pub table_blocks_added: u64,
+    /// The lane's journal, reaped: what was in it.
+    pub journal: Option<JournalState>,
+    /// Blocks of the reservation no committed log names, returned (reap).
+    pub blocks_returned: u64,
+}
+
+/// A client engine's lane lease and directory leases.
+#[derive(Default)]
+pub(crate) struct ClientLane {
+    held: Mutex<Option<HeldLane>>,
+    /// Directories whose write lease this client holds (the directory
+    /// lease: the per-inode lease with its directory flag).
+    dirs: Mutex<Vec<u64>>,
+}
+
+struct HeldLane {
+    lane: u32,
+    /// Handed-out slots not used yet, descending (the lowest is popped).
+    slots: Vec<u64>,
+}
+
+/// How a handed-out slot's record was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotState {
+    /// FREE, or beyond the table.
+    Free,
+    Live,
+    Orphan,
+}
+
+impl<P: Pmem> Fs<P> {
+    // -----------------------------------------------------------------
+    // The owner's threads
+    // -----------------------------------------------------------------
+
+    /// A lane not leased, from `lane` on (one always is).
+    #[cold]
+    pub(crate) fn lane_not_leased(&self, lane: u32) -> u32 {
+        let n = self.geo.lane_count;
+        let found = (1..n)
+            .map(|i| (lane + i) % n)
+            .find(|&l| !self.lane_owners.is_leased(l));
+        debug_assert!(found.is_some(), "every lane leased");
+        found.unwrap_or(lane)
+    }
+
+    /// This thread's lane, held against a lease until the guard goes (an
+    /// owner's operation taking a slot and perhaps growing the table).
+    pub(crate) fn use_lane(&self) -> (u32, LaneUse<'_>) {
+        loop {
+            let lane = self.lane();
+            let o = &self.lane_owners.lanes[lane as usize];
+            o.users.fetch_add(1, SeqCst);
+            if !o.leased.load(SeqCst) {
+                return (lane, LaneUse(o));
+            }
+            o.users.fetch_sub(1, SeqCst);
+        }
+    }
+
+    /// Lock a lane's journal that is not leased (the thread's own, or the
+    /// next one if its own got leased meanwhile).
+    pub(crate) fn owner_journal(&self) -> (u32, std::sync::MutexGuard<'_, Journal>) {
+        loop {
+            let lane = self.lane();
+            let j = lock(&self.journals[lane as usize]);
+            // Marked before the lease takes this mutex: seen here if the
+            // lease got the mutex first.
+            if !self.lane_owners.is_leased(lane) {
+                return (lane, j);
+            }
+        }
+    }
+
+    /// Whether lane `lane` is leased to a client now.
+    pub fn lane_leased(&self, lane: u32) -> bool {
+        self.lane_owners.is_leased(lane)
+    }
+
+    // -----------------------------------------------------------------
+    // The owner: grant, take back, reap
+    // -----------------------------------------------------------------
+
+    /// Lease lane `lane` to a client: marked leased (the owner's threads
+    /// pick another), its in-flight operations waited out (their lane use,
+    /// then its journal's mutex), then up to `slots_max` (at most
+    /// [`LANE_SLOTS_MAX`]) of its free slots taken out of the owner's
+    /// allocator and handed out with the table chain's end. EBUSY if the
+    /// lane is leased already or is the last lane the owner has; EINVAL
+    /// for no such lane or on a client engine.
+    pub fn lease_lane(&self, lane: u32, slots_max: usize) -> Result<LaneGrant> {
+        if self.is_client() {
+            return errno(libc::EINVAL);
+        }
+        self.check_writable()?;
+        let Some(o) = self.lane_owners.lanes.get(lane as usize) else {
+            return errno(libc::EINVAL);
+        };
+        let _admin = lock(&self.lane_owners.admin);
+        let mut grant = lock(&o.grant);
+        if grant.is_some() || self.lane_owners.leased_count() + 1 >= self.geo.lane_count as usize {
+            return errno(libc::EBUSY);
+        }
+        o.leased.store(true, SeqCst);
+        while o.users.load(SeqCst) != 0 {
+            std::thread::yield_now();
+        }
+        // Transactions in flight on the lane end before its journal is
+        // the client's.
+        let j = lock(&self.journals[lane as usize]);
+        let end = match self.tables.blocks(&self.pm, lane) {
+            Ok(blocks) => blocks.last().copied(),
+            Err(e) => {
+                o.leased.store(false, SeqCst);
+                return Err(e);
+            }
+        };
+        let Some(table_end) = end else {
+            o.leased.store(false, SeqCst);
+            return Err(Error::Corrupt(format!("lane {lane}: no inode table")));
+        };
+        let mut slots = Vec::new();
+        for _ in 0..slots_max.min(LANE_SLOTS_MAX) {
+            let slot = self.slots.alloc(lane);
+            // A slot the allocator calls free whose record is not FREE
+            // (damage: the media disagree with the scan that built the
+            // allocator) stays used, for fsck to look at, and is not
+            // handed out.
+            if let Ok(SlotState::Free) = self.slot_state(lane, slot) {
+                slots.push(slot);
+            }
+        }
+        drop(j);
+        let g = LaneGrant {
+            lane,
+            slots,
+            table_end,
+        };
+        *grant = Some(g.clone());
+        Ok(g)
+    }
+
+    /// Lane `lane` comes back from a live client (`released lane K`): its
+    /// journal is idle and every transaction it made is durable. Each
+    /// handed-out slot is read: FREE ones return to the owner's list,
+    /// LIVE ones stay in use (the client's creates); the chain is walked
+    /// from the end the owner knew and must end at `ret.table_end`; the
+    /// client's partly used chunk blocks join the owner's maps. EINVAL if
+    /// the lane is not leased or `ret` disagrees with the grant or the
+    /// media (nothing is changed then).
+    pub fn take_back_lane(&self, ret: &LaneReturn) -> Result<LaneSettled> {
+        let lane = ret.lane;
+        let Some(o) = self.lane_owners.lanes.get(lane as usize) else {
+            return errno(libc::EINVAL);
+        };
+        let _admin = lock(&self.lane_owners.admin);
+        let mut guard = lock(&o.grant);
+        let Some(grant) = guard.as_ref() else {
+            return errno(libc::EINVAL);
+        };
+        debug_assert!(o.leased.load(SeqCst));
+        if ret.unused_slots.iter().any(|s| !grant.slots.contains(s)) {
+            return errno(libc::EINVAL);
+        }
+        let added = self.walk_lane_chain(lane, grant.table_end, false)?;
+        let end = added.last().copied().unwrap_or(grant.table_end);
+        if end != ret.table_end {
+            return errno(libc::EINVAL);
+        }
+        let states = self.slot_states(grant)?;
+        let claims_used = states
+            .iter()
+            .any(|&(slot, st)| st != SlotState::Free && ret.unused_slots.contains(&slot));
+        let bad_chunk = ret.chunks.iter().any(|&(b, m)| {
+            !self.geo.is_data_range(b, 1) || m == 0 || m >= LOG_CHUNKS_FULL || self.blocks.is_free(b)
+        });
+        if claims_used || bad_chunk {
+            return errno(libc::EINVAL);
+        }
+        for &(b, m) in &ret.chunks {
+            self.blocks
+                .add_chunk_block(b, m)
+                .map_err(|_| Error::Errno(libc::EINVAL))?;
+        }
+        let mut settled = self.settle_slots(lane, &states);
+        settled.table_blocks_added = added.len() as u64;
+        self.end_lane_lease(o, &mut guard);
+        Ok(settled)
+    }
+
+    /// Lane `lane` back from a dead client (docs/KERNEL-FREE.md, "What
+    /// each crash leaves (stage 5)", the reaping's steps 2 and 4-6), with
+    /// `dirs` the directories it held leases of and `reservation` the
+    /// blocks reserved for it that no file lease's settle found named
+    /// (the rest of its reservation). In this order:
+    ///
+    /// 1. the chain is walked from the end the owner knew and each block
+    ///    the client added, and the link to it, written back (a client
+    ///    killed between its link store and that line's write-back leaves
+    ///    the link visible, not durable), fence: the journal's records
+    ///    may target records in those blocks;
+    /// 2. the lane's journal block is written back as the client left it,
+    ///    fence, then replayed (a committed transaction) or discarded with
+    ///    the mount's own recovery code: a client killed after its commit
+    ///    word's store, before that line's write-back, leaves a commit
+    ///    only visible, and the replay's stores could otherwise persist
+    ///    without it (found by the kill variant of the crash simulator:
+    ///    a name whose inode is FREE); one killed after the clearing
+    ///    store leaves a cleared word that a power cut could undo, and
+    ///    replay the old transaction over what the owner changes next;
+    /// 3. `dirs` and the handed-out slots' records written back, fence;
+    ///    each directory caught up;
+    /// 4. each handed-out slot read: LIVE stays in use (its log and data
+    ///    are named), FREE returns to the owner's list, ORPHAN is freed
+    ///    (or kept for a client's hold);
+    /// 5. the reservation minus what those logs, the directories' logs and
+    ///    the new table blocks name is returned (into the limbo: readers
+    ///    may hold blocks the client displaced), and the chunk blocks with
+    ///    chunks free join the owner's maps.
+    ///
+    /// An error (a damaged chain, a record or log that does not load)
+    /// leaves the lane leased: the pool then wants fsck.
+    pub fn reap_lane(&self, lane: u32, dirs: &[u64], reservation: &[(u64, u64)]) -> Result<LaneSettled> {
+        let Some(o) = self.lane_owners.lanes.get(lane as usize) else {
+            return errno(libc::EINVAL);
+        };
+        let _admin = lock(&self.lane_owners.admin);
+        let mut guard = lock(&o.grant);
+        let Some(grant) = guard.clone() else {
+            return errno(libc::EINVAL);
+        };
+        // 1. The chain.
+        let added = self.walk_lane_chain(lane, grant.table_end, true)?;
+        self.pm.fence();
+        // 2. The journal: durable as the client left it, then replayed.
+        journal::persist_block(&self.pm, lane);
+        let state = journal::recover(&self.pm, &self.geo, lane, false, |off| {
+            self.tables.is_record_field(&self.pm, off).unwrap_or(false)
+        })?;
+        // 3. What the client stored in the records it may have written.
+        let mut dir_inodes = Vec::new();
+        for &d in dirs {
+            let inode = self.iget_cached(d)?;
+            self.pm.flush(inode.rec_off, INODE_RECORD_SIZE);
+            dir_inodes.push(inode);
+        }
+        for &slot in &grant.slots {
+            let ino = lane_slot_to_ino(lane, slot, self.geo.lane_count);
+            if let Some(off) = self.tables.record_offset(&self.pm, ino)? {
+                self.pm.flush(off, INODE_RECORD_SIZE);
+            }
+        }
+        self.pm.fence();
+        for inode in &dir_inodes {
+            if let Err(e) = self.catch_up_now(inode) {
+                if e.errno() != libc::ENOENT {
+                    return Err(e);
+                }
+            }
+        }
+        // 4. The slots; what they and the directories name.
+        let states = self.slot_states(&grant)?;
+        let mut named = RangeSet::new();
+        let mut chunks: std::collections::BTreeMap<u64, u64> = Default::default();
+        let mut name = |id: u64, len: u64| match log_page_id(id) {
+            Some((block, Some(chunk))) => *chunks.entry(block).or_default() |= 1 << chunk,
+            _ => named.insert(id, len),
+        };
+        for &b in &added {
+            name(b, 1);
+        }
+        for &(slot, st) in &states {
+            if st != SlotState::Free {
+                let ino = lane_slot_to_ino(lane, slot, self.geo.lane_count);
+                for (s, l) in self.inode_blocks(&self.iget(ino)?)? {
+                    name(s, l);
+                }
+            }
+        }
+        for inode in &dir_inodes {
+            for (s, l) in self.inode_blocks(inode)? {
+                name(s, l);
+            }
+        }
+        // 5. The reservation's rest.
+        let mut rest = RangeSet::from_ranges(reservation);
+        let named_ranges = named.ranges();
+        for &(s, l) in &named_ranges {
+            rest.remove(s, l);
+        }
+        for (&block, &mask) in &chunks {
+            if !rest.intersect(block, 1).is_empty() {
+                rest.remove(block, 1);
+                // Used for the block lists from now on; its free chunks
+                // are the owner's to hand out.
+                let _ = self.blocks.add_chunk_block(block, mask);
+            }
+        }
+        let mut settled = self.settle_slots(lane, &states);
+        settled.table_blocks_added = added.len() as u64;
+        settled.journal = Some(state);
+        settled.blocks_returned = rest.blocks();
+        self.return_blocks(&rest.ranges());
+        self.end_lane_lease(o, &mut guard);
+        Ok(settled)
+    }
+
+    /// Directory `dir` comes back from a client that held its lease: the
+    /// owner's DRAM view caught up from its cached tail, the record's tail
+    /// line written back, fence (as `lease_refs` does for a file).
+    pub fn settle_dir(&self, dir: u64) -> Result<()> {
+        let inode = self.iget_cached(dir)?;
+        if inode.kind != FileKind::Dir {
+            return errno(libc::ENOTDIR);
+        }
+        self.catch_up_now(&inode)?;
+        self.pm.flush(inode.rec_off + INODE_TAIL_FIELD, 8);
+        self.pm.fence();
+        Ok(())
+    }
+
+    /// Walk `lane`'s chain from `known_end` on: the blocks after it, each
+    /// one's trailer and the link to it written back when `flush`.
+    fn walk_lane_chain(&self, lane: u32, known_end: u64, flush: bool) -> Result<Vec<u64>> {
+        let blocks = self.tables.blocks(&self.pm, lane)?;
+        let Some(at) = blocks.iter().position(|&b| b == known_end) else {
+            return Err(Error::Corrupt(format!(
+                "lane {lane}: table block {known_end} left the chain"
+            )));
+        };
+        if flush {
+            for &b in &blocks[at..] {
+                self.pm.flush(b * BLOCK_SIZE + TABLE_TRAILER_OFFSET, 128);
+            }
+        }
+        Ok(blocks[at + 1..].to_vec())
+    }
+
+    fn slot_state(&self, lane: u32, slot: u64) -> Result<SlotState> {
+        let ino = lane_slot_to_ino(lane, slot, self.geo.lane_count);
+        let Some(off) = self.tables.record_offset(&self.pm, ino)? else {
+            return Ok(SlotState::Free);
+        };
+        let rec: InodeRecord = read_pod(&self.pm, off);
+        Ok(match rec.state {
+            INODE_FREE => SlotState::Free,
+            INODE_ORPHAN => SlotState::Orphan,
+            _ => SlotState::Live,
+        })
+    }
+
+    fn slot_states(&self, grant: &LaneGrant) -> Result<Vec<(u64, SlotState)>> {
+        grant
+            .slots
+            .iter()
+            .map(|&s| Ok((s, self.slot_state(grant.lane, s)?)))
+            .collect()
+    }
+
+    /// Free slots go back to the owner's list, orphans are freed.
+    fn settle_slots(&self, lane: u32, states: &[(u64, SlotState)]) -> LaneSettled {
+        let mut out = LaneSettled::default();
+        for &(slot, st) in states {
+            let ino = lane_slot_to_ino(lane, slot, self.geo.lane_count);
+            match st {
+                SlotState::Free => {
+                    // An inode the owner cached under this number before
+                    // is gone (its removal took it out of the cache).
+                    debug_assert!(self.cache.get(ino).is_none_or(|i| i.is_gone()));
+                    let _ = self.slots.free(lane, slot);
+                    out.slots_freed += 1;
+                }
+                SlotState::Live => out.live.push(ino),
+                SlotState::Orphan => {
+                    out.orphans += 1;
+                    if let Ok(inode) = self.iget(ino) {
+                        let mut st = write(&inode.state);
+                        if !st.gone && st.open_count == 0 {
+                            if self.client_holds(ino) {
+                                self.keep_held_orphan(ino);
+                            } else {
+                                self.free_inode_now(&inode, &mut st);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The blocks and log pages (chunk ids as they are) an inode names.
+    fn inode_blocks(&self, inode: &Arc<Inode>) -> Result<Vec<(u64, u64)>> {
+        let st = read(&inode.state);
+        if st.gone {
+            return Ok(Vec::new());
+        }
+        let mut out: Vec<(u64, u64)> = log::chain_pages(&self.pm, &self.geo, st.log.head, st.log.pages)?
+            .into_iter()
+            .map(|p| (p, 1))
+            .collect();
+        match &st.body {
+            Body::File(map) => out.extend(map.iter().map(|e| (e.block, e.pages))),
+            Body::Symlink { block, .. } if *block != 0 => out.push((*block, 1)),
+            _ => {}
+        }
+        Ok(out)
+    }
+
+    fn end_lane_lease(&self, o: &LaneOwner, grant: &mut Option<LaneGrant>) {
+        let Some(g) = grant.take() else { return };
+        // The client committed with its own sequence numbers.
+        *lock(&self.journals[g.lane as usize]) = Journal::open(&self.pm, g.lane);
+        o.leased.store(false, SeqCst);
+    }
+
+    // -----------------------------------------------------------------
+    // The client
+    // -----------------------------------------------------------------
+
+    /// A client engine takes lane `grant.lane` (see the module comment):
+    /// its journal is re-read, its chain must end where the grant says.
+    /// EINVAL on an engine that is not a client's or holds a lane already.
+    pub fn client_take_lane(&self, grant: &LaneGrant) -> Result<()> {
+        let Some(side) = &self.client else {
+            return errno(libc::EINVAL);
+        };
+        if grant.lane >= self.geo.lane_count {
+            return errno(libc::EINVAL);
+        }
+        let mut held = lock(&side.lane.held);
+        if held.is_some() {
+            return errno(libc::EINVAL);
+        }
+        let end = self.tables.blocks(&self.pm, grant.lane)?.last().copied();
+        if end != Some(grant.table_end) {
+            return Err(Error::Corrupt(format!(
+                "lane {}: the chain ends at {end:?}, the grant says {}",
+                grant.lane, grant.table_end
+            )));
+        }
+        *lock(&self.journals[grant.lane as usize]) = Journal::open(&self.pm, grant.lane);
+        let mut slots = grant.slots.clone();
+        slots.sort_unstable_by(|a, b| b.cmp(a));
+        *held = Some(HeldLane {
+            lane: grant.lane,
+            slots,
+        });
+        Ok(())
+    }
+
+    /// A client engine gives its lane back: the slots it did not use, the
+    /// chain's end, its partly used chunk blocks. EBUSY while it holds a
+    /// directory lease (the lane goes with the last one); EINVAL without a
+    /// lane.
+    pub fn client_give_back_lane(&self) -> Result<LaneReturn> {
+        let Some(side) = &self.client else {
+            return errno(libc::EINVAL);
+        };
+        if !lock(&side.lane.dirs).is_empty() {
+            return errno(libc::EBUSY);
+        }
+        let mut held = lock(&side.lane.held);
+        let Some(h) = held.as_ref() else {
+            return errno(libc::EINVAL);
+        };
+        // No create is between its slot and its commit: each holds its
+        // directory's lock and a directory lease, and none is left.
+        let lane = h.lane;
+        let table_end = self
+            .tables
+            .blocks(&self.pm, lane)?
+            .last()
+            .copied()
+            .ok_or_else(|| Error::Corrupt(format!("lane {lane}: no inode table")))?;
+        let mut unused = held.take().map(|h| h.slots).unwrap_or_default();
+        unused.sort_unstable();
+        Ok(LaneReturn {
+            lane,
+            unused_slots: unused,
+            table_end,
+            chunks: self.blocks.take_chunk_blocks(),
+        })
+    }
+
+    /// The lane this client engine holds.
+    pub fn client_lane(&self) -> Option<u32> {
+        let side = self.client.as_ref()?;
+        lock(&side.lane.held).as_ref().map(|h| h.lane)
+    }
+
+    /// Handed-out slots this client has not used yet.
+    pub fn client_lane_slots(&self) -> usize {
+        self.client
+            .as_ref()
+            .map_or(0, |c| lock(&c.lane.held).as_ref().map_or(0, |h| h.slots.len()))
+    }
+
+    /// A client engine now holds directory `dir`'s lease (granted by the
+    /// owner): its creates in `dir` run here. The directory is caught up
+    /// with its record first.
+    pub fn client_lease_dir(&self, dir: u64) -> Result<()> {
+        let Some(side) = &self.client else {
+            return errno(libc::EINVAL);
+        };
+        let inode = self.iget(dir)?;
+        if inode.kind != FileKind::Dir {
+            return errno(libc::ENOTDIR);
+        }
+        self.catch_up_now(&inode)?;
+        let mut dirs = lock(&side.lane.dirs);
+        if !dirs.contains(&dir) {
+            dirs.push(dir);
+        }
+        Ok(())
+    }
+
+    /// A client engine gives directory `dir`'s lease back: under the
+    /// directory's lock, so a create in flight in it ends first.
+    pub fn client_give_back_dir(&self, dir: u64) {
+        let Some(side) = &self.client else { return };
+        let inode = self.cache.get(dir);
+        let _st = inode.as_ref().map(|i| write(&i.state));
+        lock(&side.lane.dirs).retain(|&d| d != dir);
+        self.client_leases_changed();
+    }
+
+    /// For `make_node` in a client engine: may it create a `kind` in
+    /// `dir` (called under `dir`'s lock)? EROFS without the directory's
+    /// lease or a lane, and for anything but a regular file (the server
+    /// makes those).
+    pub(crate) fn client_may_create(&self, dir: u64, kind: FileKind) -> Result<()> {
+        let Some(side) = &self.client else {
+            return Ok(());
+        };
+        if kind != FileKind::File || !lock(&side.lane.dirs).contains(&dir) {
+            return errno(libc::EROFS);
+        }
+        if lock(&side.lane.held).is_none() {
+            return errno(libc::EROFS);
+        }
+        Ok(())
+    }
+
+    /// A slot for a new inode: the client's from its lane's handed-out
+    /// ones (EAGAIN when none is left: the create goes to the server, or
+    /// the client asks for more), the owner's from its own lane.
+    pub(crate) fn new_slot(&self) -> Result<(u32, u64, Option<LaneUse<'_>>)> {
+        if let Some(side) = &self.client {
+            let mut held = lock(&side.lane.held);
+            let Some(h) = held.as_mut() else {
+                return errno(libc::EROFS);
+            };
+            let Some(slot) = h.slots.pop() else {
+                return errno(libc::EAGAIN);
+            };
+            return Ok((h.lane, slot, None));
+        }
+        let (lane, used) = self.use_lane();
+        let slot = self.slots.alloc(lane);
+        Ok((lane, slot, Some(used)))
+    }
+
+    /// A slot from [`Fs::new_slot`] that was not used.
+    pub(crate) fn free_new_slot(&self, lane: u32, slot: u64) {
+        if let Some(side) = &self.client {
+            if let Some(h) = lock(&side.lane.held).as_mut() {
+                debug_assert_eq!(h.lane, lane);
+                h.slots.push(slot);
+                h.slots.sort_unstable_by(|a, b| b.cmp(a));
+            }
+            return;
+        }
+        let _ = self.slots.free(lane, slot);
+    }
+
+    /// The journal a create commits through: the client's leased lane's,
+    /// the owner's own.
+    pub(crate) fn commit_journal_of_slot(&self, lane: u32, records: &[JournalRecord]) {
+        if self.is_client() {
+            debug_assert_eq!(self.client_lane(), Some(lane));
+            let mut j = lock(&self.journals[lane as usize]);
+            j.commit(&self.pm, records);
+            return;
+        }
+        self.commit_journal(records);
+    }
+}
