@@ -449,6 +449,7 @@ fn serve_leases(
                     ino: 0,
                     igen: 0,
                     gen: 0,
+                    dir: None,
                 };
                 let _ = crate::lease::send(holder, &Msg::Done(done));
             }
@@ -561,6 +562,7 @@ fn admit(inner: &Inner, conn: &UnixStream) -> Result<(Grant, GrantFds, i32), Str
             mode: inner.mode,
             data_threshold,
             gives: true,
+            dirs: true,
         },
         GrantFds { pool, data },
         peer.pid,

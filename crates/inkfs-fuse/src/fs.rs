@@ -162,6 +162,8 @@ pub const OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_KEEP_CACHE;
 /// without asking again (see the module comment).
 pub const CACHE_TTL: Duration = Duration::from_secs(3600);
 const TTL: Duration = CACHE_TTL;
+/// The root's node id.
+const ROOT: u64 = 1;
 /// Largest write the kernel may send in one request.
 pub const MAX_WRITE_BYTES: u32 = 1 << 20;
 /// Entries fetched per readdirplus request (each costs a getattr).
@@ -413,6 +415,36 @@ impl InkFuse {
     #[inline]
     fn hold(&self) -> Option<crate::lease::Scope> {
         self.leases.as_ref().map(|l| l.scope())
+    }
+
+    /// The entry TTL of a negative lookup of `name` under the root: zero
+    /// while clients are attached and the root's list of negative names
+    /// is (or just got) full, so that the kernel makes no dentry a lease
+    /// of the root could not drop; else `TTL`, the name recorded
+    /// (crate::dirlease: a mount no client uses caches as before).
+    fn root_negative_ttl(&self, name: &[u8]) -> Duration {
+        let clients = self.leases.as_ref().is_some_and(|l| l.attached() > 0);
+        let negatives = self.refs.negatives();
+        if clients && negatives.zero_ttl() {
+            // Not recorded: the kernel keeps nothing of it.
+            return Duration::ZERO;
+        }
+        if negatives.record(name) || !clients {
+            TTL
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// The kernel removed `name` from `dir` through this server: it may
+    /// keep a negative dentry of it. Recorded under the root only (the
+    /// other directories' are dropped by their entry's invalidation at a
+    /// lease's grant: crate::dirlease); past the record's bound the root's
+    /// lease is refused for `CACHE_TTL`.
+    fn removed_name(&self, dir: u64, name: &[u8]) {
+        if dir == ROOT {
+            self.refs.negatives().record(name);
+        }
     }
 
     /// A call that may remove the last name of `name` in `dir` (unlink,
@@ -680,8 +712,15 @@ impl Filesystem for InkFuse {
                 // dentry, so the cache cannot hide a file; tools that probe
                 // for absent files (SQLite's journal and WAL, git, PATH and
                 // include searches) stop paying a round trip per probe.
+                // Under the root, each such name is recorded, for a
+                // client's lease of the root to drop (crate::dirlease).
+                let ttl = if parent.0 == ROOT {
+                    self.root_negative_ttl(name_bytes(name))
+                } else {
+                    TTL
+                };
                 self.done(Op::lookup, t, false);
-                reply.entry(&TTL, &negative_attr(), Generation(0));
+                reply.entry(&ttl, &negative_attr(), Generation(0));
             }
             Ok(a) => {
                 self.done(Op::lookup, t, true);
@@ -798,7 +837,9 @@ impl Filesystem for InkFuse {
         self.answer(Op::unlink, reply, || {
             self.removing(&cred, parent.0, name, || {
                 self.fs.unlink(&cred, parent.0, name)
-            })
+            })?;
+            self.removed_name(parent.0, name);
+            Ok(())
         });
     }
 
@@ -808,7 +849,9 @@ impl Filesystem for InkFuse {
         self.answer(Op::rmdir, reply, || {
             self.removing(&cred, parent.0, name, || {
                 self.fs.rmdir(&cred, parent.0, name)
-            })
+            })?;
+            self.removed_name(parent.0, name);
+            Ok(())
         });
     }
 
@@ -852,7 +895,9 @@ impl Filesystem for InkFuse {
                 to: name_bytes(newname),
                 flags: RenameFlags::from_bits(flags.bits())?,
             };
-            self.removing(&cred, newparent.0, r.to, || self.fs.rename(&cred, &r))
+            self.removing(&cred, newparent.0, r.to, || self.fs.rename(&cred, &r))?;
+            self.removed_name(parent.0, r.from);
+            Ok(())
         });
     }
 

@@ -342,6 +342,11 @@ impl Invalidator {
         }
     }
 
+    /// The kernel's counts, once tracked.
+    pub fn refs(&self) -> Option<&Arc<KernelRefs>> {
+        self.refs.get()
+    }
+
     /// Count the kernel's references with `refs` (the mount's table):
     /// before it, every change is sent, and sent once.
     pub fn track(&self, refs: Arc<KernelRefs>) {

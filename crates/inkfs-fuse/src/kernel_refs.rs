@@ -126,6 +126,9 @@ pub struct KernelRefs {
     /// See `KernelRefs::races`.
     rechecked: AtomicU64,
     withdrawn: AtomicU64,
+    /// The names under the root the kernel may hold negative
+    /// (crate::dirlease: a directory lease of the root drops them).
+    negatives: crate::dirlease::RootNegatives,
 }
 
 /// Who removes a name (`KernelRefs::removing`).
@@ -160,6 +163,7 @@ impl Default for KernelRefs {
             mismatches: AtomicU64::new(0),
             rechecked: AtomicU64::new(0),
             withdrawn: AtomicU64::new(0),
+            negatives: Default::default(),
         }
     }
 }
@@ -241,6 +245,18 @@ impl KernelRefs {
         self.skipped.fetch_add(1, Ordering::SeqCst);
         drop(shard);
         false
+    }
+
+    /// Whether the kernel counts `ino` now, with no side effect (a
+    /// directory lease's grant listing D's children: a reply that counts
+    /// one after this answers a request naming D, which the grant sees).
+    pub fn counted(&self, ino: u64) -> bool {
+        ino == ROOT || self.shard(ino).contains_key(&ino)
+    }
+
+    /// The root's negative names (crate::dirlease).
+    pub fn negatives(&self) -> &crate::dirlease::RootNegatives {
+        &self.negatives
     }
 
     /// Invalidations skipped since the mount (`knows` said no), and

@@ -27,6 +27,16 @@
 //!   reservation goes to the limbo too. Then the server collects the log,
 //!   the inode busy meanwhile (no grant while the log is replaced).
 //!
+//! - **Directories** (docs/KERNEL-FREE.md, "Built: directory leases on the
+//!   server"): an entry for a directory's inode number, flagged `dir`,
+//!   granted with a namespace request that asks (`+dir`, crate::ns) by
+//!   [`Leases::grant_dir`] and recalled, settled and timed out as a
+//!   file's. Its grant checks the directory (LIVE, no orphan, not
+//!   immutable), says what the kernel holds under it, and drops the
+//!   kernel's names under it (crate::dirlease); its settling catches the
+//!   server's directory up from its cached tail (no blocks: the client
+//!   writes none in it yet).
+//!
 //! The fast path (no client attached) is one relaxed load.
 
 use std::cell::RefCell;
@@ -38,6 +48,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, O
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
+use inkfs::api::dirlease::{KernelView, Refusal};
 use inkfs::api::lease::{LeaseHook, Msg, RangeSet};
 use inkfs::api::Side;
 
@@ -139,6 +150,8 @@ struct Entry {
     touched: bool,
     /// A recall was sent.
     recalling: bool,
+    /// A directory's lease (or one being prepared).
+    dir: bool,
 }
 
 impl Entry {
@@ -210,6 +223,9 @@ pub struct Leases {
     /// removal request (`Leases::settle_given`): for `inkfs stat`.
     released: AtomicU64,
     given: AtomicU64,
+    /// Directory leases: counters, and the recall timeouts of the last
+    /// second (crate::dirlease).
+    pub(crate) dirs: crate::dirlease::DirBooks,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -226,6 +242,7 @@ impl Leases {
             next_gen: AtomicU64::new(1),
             released: AtomicU64::new(0),
             given: AtomicU64::new(0),
+            dirs: Default::default(),
             shards: (0..SHARDS)
                 .map(|_| Shard {
                     map: Mutex::default(),
@@ -306,7 +323,21 @@ impl Leases {
     ) -> MutexGuard<'a, HashMap<u64, Entry>> {
         let mut deadline = None::<Instant>;
         let mut killed = false;
+        // A directory's holder killed here: its refusal window starts
+        // again once the lease is settled (the wait for the holder's end
+        // may be long on a loaded machine).
+        let mut killed_dir = false;
         loop {
+            let settled = match map.get(&ino) {
+                None => true,
+                Some(e) => e.holder.is_none(),
+            };
+            if settled {
+                if killed_dir {
+                    self.dirs.timed_out(ino);
+                }
+                return map;
+            }
             let Some(e) = map.get_mut(&ino) else {
                 return map;
             };
@@ -323,6 +354,9 @@ impl Leases {
             }
             if !e.recalling {
                 e.recalling = true;
+                if e.dir {
+                    self.dirs.recalled();
+                }
                 // A send that fails finds the session closed, not the
                 // client dead: a process may drop one client and live on
                 // (killing its pid here killed such a process). The
@@ -340,6 +374,12 @@ impl Leases {
                 );
                 kill(&holder);
                 killed = true;
+                if e.dir {
+                    // No grant of it for a while: the directory's users
+                    // through the mount just waited the whole timeout.
+                    self.dirs.timed_out(ino);
+                    killed_dir = true;
+                }
             }
             let wait = if killed {
                 Duration::from_millis(100)
@@ -358,6 +398,36 @@ impl Leases {
     /// lease that comes with a create) a grant it holds already is its
     /// answer.
     pub fn grant(&self, holder: &Arc<Holder>, ino: u64, asked: bool) -> Result<u64, i32> {
+        self.grant_entry(holder, ino, asked, false)
+            .map(|(gen, _)| gen)
+    }
+
+    /// Grant directory `ino`'s lease to `holder`, asked for with a
+    /// namespace request (`+dir`): the grant's number and what the kernel
+    /// held under the directory, or why not (counted).
+    pub fn grant_dir(&self, holder: &Arc<Holder>, ino: u64) -> Result<(u64, KernelView), Refusal> {
+        match self.grant_entry(holder, ino, true, true) {
+            Ok((gen, view)) => {
+                self.dirs.granted();
+                Ok((gen, view.unwrap_or(KernelView::Many)))
+            }
+            Err(e) => {
+                let why = Refusal::from_errno(e);
+                self.dirs.refused(why);
+                Err(why)
+            }
+        }
+    }
+
+    /// [`Leases::grant`] of a file's (`dir` false) or a directory's lease:
+    /// its number and, for a directory, the kernel's view at the grant.
+    fn grant_entry(
+        &self,
+        holder: &Arc<Holder>,
+        ino: u64,
+        asked: bool,
+        dir: bool,
+    ) -> Result<(u64, Option<KernelView>), i32> {
         let _silent = Silent::on();
         let engine = self.engine.upgrade().ok_or(libc::ESHUTDOWN)?;
         let shard = self.shard(ino);
@@ -371,7 +441,7 @@ impl Leases {
                     let e = map.entry(ino).or_default();
                     if e.holder.as_ref().is_some_and(|h| h.id == holder.id) {
                         if !asked {
-                            return Ok(e.gen);
+                            return Ok((e.gen, None));
                         }
                         map = shard.wait_changed(map);
                         continue;
@@ -389,11 +459,15 @@ impl Leases {
                     break;
                 }
             }
-            let prepared = self.prepare(&engine, ino);
+            let prepared = if dir {
+                crate::dirlease::prepare(self, &engine, ino).map(|v| (RangeSet::new(), Some(v)))
+            } else {
+                self.prepare(&engine, ino).map(|b| (b, None))
+            };
             let mut map = lock(&shard.map);
             let e = map.entry(ino).or_default();
             e.granting = false;
-            let before = match prepared {
+            let (before, view) = match prepared {
                 Ok(b) => b,
                 Err(errno) => {
                     if e.idle() {
@@ -418,8 +492,9 @@ impl Leases {
             e.gen = self.next_gen.fetch_add(1, Relaxed);
             e.before = before;
             e.recalling = false;
+            e.dir = dir;
             lock(&holder.books).leases.insert(ino);
-            return Ok(e.gen);
+            return Ok((e.gen, view));
         }
     }
 
@@ -488,8 +563,15 @@ impl Leases {
         let Some(engine) = self.engine.upgrade() else {
             return;
         };
-        let after = engine.lease_refs(ino);
         let shard = self.shard(ino);
+        // A directory's holder wrote no block (this increment): its
+        // directory is caught up, and refers to none of its reservation.
+        let dir = lock(&shard.map).get(&ino).is_some_and(|e| e.dir);
+        let after = if dir {
+            engine.dir_catch_up(ino).map(|()| Vec::new())
+        } else {
+            engine.lease_refs(ino)
+        };
         let mut map = lock(&shard.map);
         let Some(e) = map.get_mut(&ino) else {
             return;
@@ -517,6 +599,7 @@ impl Leases {
         drop(books);
         e.holder = None;
         e.recalling = false;
+        e.dir = false;
         // The holder collected nothing: the log's GC is due now, before
         // anyone leases it again. Busy meanwhile, as under a request: a
         // client granted the lease during the compaction would append to
@@ -704,12 +787,19 @@ impl Leases {
         }
     }
 
-    /// Leases held now (for statistics and tests).
-    pub fn held(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| lock(&s.map).values().filter(|e| e.holder.is_some()).count())
-            .sum()
+    /// Leases held now (for statistics and tests): (files, directories).
+    pub fn held(&self) -> (usize, usize) {
+        let mut n = (0, 0);
+        for s in &self.shards {
+            for e in lock(&s.map).values().filter(|e| e.holder.is_some()) {
+                if e.dir {
+                    n.1 += 1;
+                } else {
+                    n.0 += 1;
+                }
+            }
+        }
+        n
     }
 }
 

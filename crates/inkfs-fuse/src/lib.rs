@@ -25,6 +25,7 @@
 pub mod attach;
 pub mod clock;
 mod creds;
+pub mod dirlease;
 pub mod fileattr;
 pub mod fs;
 pub mod handles;

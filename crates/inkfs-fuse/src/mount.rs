@@ -827,6 +827,19 @@ pub fn run_engine(
                     "inodes the kernel refers to",
                     refs.known(),
                 ));
+                let negatives = refs.negatives();
+                lines.push(
+                    Field::count(
+                        "root_negative_names",
+                        "negative names recorded under the root",
+                        negatives.len() as u64,
+                    )
+                    .explained(if negatives.zero_ttl() {
+                        "overflowed: negative lookups under the root uncached"
+                    } else {
+                        "dropped at a lease of the root"
+                    }),
+                );
                 lines.push(
                     Field::count(
                         "kernel_refs_mismatched",
@@ -865,10 +878,33 @@ pub fn run_engine(
                 ));
             }
             if let Some(l) = leases_held.upgrade() {
+                let (files, dirs) = l.held();
                 lines.push(
-                    Field::count("leases_held", "write leases held", l.held() as u64)
+                    Field::count("leases_held", "write leases held", files as u64)
                         .explained("files attached clients write themselves now"),
                 );
+                lines.push(
+                    Field::count("dir_leases_held", "directory leases held", dirs as u64)
+                        .explained("directories leased to attached clients now"),
+                );
+                let (granted, recalled, refused) = l.dirs.counts();
+                lines.push(Field::count(
+                    "dir_leases_granted",
+                    "directory leases granted",
+                    granted,
+                ));
+                lines.push(Field::count(
+                    "dir_leases_recalled",
+                    "directory leases recalled",
+                    recalled,
+                ));
+                for (why, n) in refused {
+                    lines.push(Field::count(
+                        crate::dirlease::refusal_key(why),
+                        crate::dirlease::refusal_label(why),
+                        n,
+                    ));
+                }
                 let (released, given) = l.give_backs();
                 lines.push(
                     Field::count(

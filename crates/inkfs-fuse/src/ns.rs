@@ -23,6 +23,7 @@
 
 use std::sync::Arc;
 
+use inkfs::api::dirlease::DirAnswer;
 use inkfs::api::ns::{Done, Op, Request};
 use inkfs::api::{self, Credentials, OpenFlags, RenameFlags, XattrFlags};
 
@@ -103,6 +104,7 @@ pub fn serve(
                 ino: m.ino,
                 igen: m.igen,
                 gen: m.gen,
+                dir: None,
             }
         }
         Err(e) => Done {
@@ -111,7 +113,21 @@ pub fn serve(
             ino: 0,
             igen: 0,
             gen: 0,
+            dir: None,
         },
+    };
+    // The directory's lease, asked with the request (`+dir`), whatever
+    // the request's own result: granted once the request's hold on the
+    // directory is over, as a create's file lease (crate::dirlease).
+    let done = match req.dir().filter(|_| req.dir_lease) {
+        Some(dir) => Done {
+            dir: Some(match leases.grant_dir(holder, dir) {
+                Ok((gen, kernel)) => DirAnswer::Granted { gen, kernel },
+                Err(why) => DirAnswer::Refused(why),
+            }),
+            ..done
+        },
+        None => done,
     };
     stats.record(op_stat(&req.op), t, done.errno == 0);
     done

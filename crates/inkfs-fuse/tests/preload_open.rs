@@ -621,3 +621,63 @@ fn a_file_the_kernel_holds_open_outlives_its_unlink_by_the_library() {
         used_inodes(m.path()) == before
     });
 }
+
+/// An existing file opened under the library keeps the engine handle its
+/// open's permission check made (lazy.rs, `keep_handle`) unless its flags
+/// are ones that handle would carry: either way each descriptor's own
+/// status flags decide where its writes go, and an access mode the open
+/// did not ask for is refused, as the kernel does.
+const PY_KEPT_HANDLE: &str = r#"
+import fcntl, os, sys
+p = f"{sys.argv[1]}/k"
+with open(p, "wb") as f:
+    f.write(b"0123456789")
+fd = os.open(p, os.O_RDWR | os.O_CLOEXEC)
+os.pwrite(fd, b"ab", 0)
+fcntl.fcntl(fd, fcntl.F_SETFL, os.O_APPEND)
+os.write(fd, b"E")
+fcntl.fcntl(fd, fcntl.F_SETFL, 0)
+os.lseek(fd, 4, 0)
+os.write(fd, b"M")
+os.close(fd)
+fd = os.open(p, os.O_WRONLY | os.O_APPEND)
+os.write(fd, b"Z")
+fcntl.fcntl(fd, fcntl.F_SETFL, 0)
+os.pwrite(fd, b"q", 9)
+os.close(fd)
+fd = os.open(p, os.O_RDONLY)
+try:
+    os.write(fd, b"x")
+    print("wrote")
+except OSError as e:
+    print("write refused", e.errno)
+print(os.pread(fd, 100, 0))
+os.close(fd)
+"#;
+
+#[test]
+fn a_kept_open_handle_follows_each_descriptors_flags() {
+    let pool = Pool::new("open-kept", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    let work = tempfile::tempdir().expect("tempdir");
+    let py = work.path().join("kept.py");
+    std::fs::write(&py, PY_KEPT_HANDLE).expect("script");
+    let stats = stats_file("open-kept");
+    let out = same(
+        &format!("{PYTHON} {} {}", py.display(), m.path().display()),
+        stats.path(),
+    );
+    assert_eq!(
+        out,
+        format!("write refused {}\nb'ab23M5678qEZ'\n", libc::EBADF)
+    );
+    let n = counts(stats.path());
+    assert!(c(&n, "open_local") >= 4, "the opens were served: {n:?}");
+    assert!(c(&n, "write_local") >= 5, "the writes were served: {n:?}");
+    // The write on the read-only descriptor is the kernel's to refuse.
+    assert_eq!(
+        (c(&n, "write_kernel"), c(&n, "materialized")),
+        (1, 1),
+        "{n:?}"
+    );
+}

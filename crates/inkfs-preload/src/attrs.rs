@@ -109,7 +109,7 @@ fn set_attr_at_kind(
             };
             return set_attr(m, &cred, ofd.ino.load(Ordering::Relaxed), kind, set);
         }
-        let mut cwd: CwdBuf = [0; libc::PATH_MAX as usize];
+        let mut cwd = CwdBuf::new();
         let t = path::locate(dirfd, bytes, &mut cwd)?;
         let a = inode_of(&t, &cred, follow)?;
         if !symlinks && a.kind == FileKind::Symlink {

@@ -76,7 +76,7 @@ pub fn adopt(fd: c_int, path: &[u8], flags: c_int) {
     if m.is_refused() {
         return;
     }
-    let idx = table::register(fd, mi, sx.stx_ino, kind, flags, false);
+    let idx = table::register(fd, mi, sx.stx_ino, kind, flags, false).map(|(idx, _)| idx);
     if let (Some(idx), true) = (idx, kind == libc::S_IFDIR) {
         // A directory's path: placeholders opened relative to it are
         // materialized by it. The kernel's (its symlinks and `..`

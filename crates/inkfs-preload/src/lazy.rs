@@ -247,7 +247,7 @@ pub fn open(dirfd: c_int, bytes: &[u8], flags: c_int, mode: libc::mode_t) -> Opt
     if want_dir && (creating || !dirs) {
         return None;
     }
-    let mut cwd: CwdBuf = [0; libc::PATH_MAX as usize];
+    let mut cwd = CwdBuf::new();
     let t = path::locate(dirfd, bytes, &mut cwd)?;
     if t.mount.is_refused() {
         return None;
@@ -349,7 +349,7 @@ fn directory(
         return None;
     };
     let status = (flags & (STATUS | DIR_STATUS)) | libc::O_LARGEFILE;
-    Some(register(fd, mi, ino, libc::S_IFDIR, status, path, hold))
+    Some(register(fd, mi, ino, libc::S_IFDIR, status, path, hold).0)
 }
 
 /// A DIR for `fd` if it is a directory's placeholder (`None`: not one,
@@ -405,22 +405,62 @@ fn existing(
     // under the lease the process's client holds.
     let lease = m.checkout()?;
     let c = lease.client();
-    match c.open(cred, ino, oflags) {
-        Ok(file) => c.release(file),
+    let file = match c.open(cred, ino, oflags) {
+        Ok(file) => file,
         // The permission rules, the immutable and append-only flags, a
         // truncate with no space: the engine's answer is the kernel's.
         Err(e) if OPEN_ERRORS.contains(&e.errno()) => return Some(fail(e.errno())),
         // Anything else (a lease refused, the server gone, a race with an
         // unlink): the kernel's answer.
         Err(_) => return None,
-    }
-    let hold = c.hold(ino, generation)?;
+    };
+    let Some(hold) = c.hold(ino, generation) else {
+        c.release(file);
+        return None;
+    };
     let Some(fd) = placeholder(flags & libc::O_CLOEXEC != 0) else {
+        c.release(file);
         c.unhold(hold);
         return None;
     };
     let status = (flags & STATUS) | libc::O_LARGEFILE;
-    Some(register(fd, mi, ino, libc::S_IFREG, status, path, hold))
+    let (fd, entry) = register(fd, mi, ino, libc::S_IFREG, status, path, hold);
+    keep_handle(&lease, entry, flags, file);
+    Some(fd)
+}
+
+/// Open flags that change nothing in an engine handle once it is open
+/// (the open acted on them, or they are the descriptor's): a handle
+/// opened with only these beside the access mode is the one
+/// `Lease::with_file` would open for the descriptor.
+const OPEN_ONLY: c_int = libc::O_ACCMODE
+    | libc::O_CREAT
+    | libc::O_EXCL
+    | libc::O_TRUNC
+    | libc::O_CLOEXEC
+    | libc::O_LARGEFILE
+    | libc::O_NOCTTY
+    | libc::O_NOFOLLOW;
+
+/// After a served open of `fd` with `flags`: keep the engine handle
+/// `file` its permission check opened as the open file's handle, when it
+/// is the one the first read or write would open (root's check aside,
+/// which the caller's passed); otherwise release it. Saves an engine
+/// open and release per opened file (webserver: each file is opened,
+/// read whole and closed).
+fn keep_handle(
+    lease: &mounts::Lease<'_>,
+    entry: Option<(usize, u32)>,
+    flags: c_int,
+    file: inkfs::api::File,
+) {
+    // The set-id rule needs no check: the caller's effective uid decided
+    // it, as it decides `open_file`'s (the same cached ids).
+    let same = flags & !OPEN_ONLY == 0 && file.flags().bits() & !OPEN_ONLY == 0;
+    match entry {
+        Some((idx, gen)) if same => lease.adopt_file(idx, gen, file),
+        _ => lease.client().release(file),
+    }
 }
 
 /// A new file (or, raced, one that appeared): made by the server, with
@@ -461,19 +501,12 @@ fn create(
         return None;
     };
     let status = (flags & STATUS) | libc::O_LARGEFILE;
-    Some(register(
-        fd,
-        mi,
-        done.ino,
-        libc::S_IFREG,
-        status,
-        path,
-        hold,
-    ))
+    Some(register(fd, mi, done.ino, libc::S_IFREG, status, path, hold).0)
 }
 
 /// Register placeholder `fd` of inode `ino` (`kind`: S_IFREG or
-/// S_IFDIR) with its status flags, path and hold.
+/// S_IFDIR) with its status flags, path and hold: `fd`, with its open-file
+/// entry and that entry's generation if it is served.
 fn register(
     fd: c_int,
     mi: usize,
@@ -482,9 +515,10 @@ fn register(
     status: c_int,
     path: Box<[u8]>,
     hold: Hold,
-) -> c_int {
-    match table::register(fd, mi, ino, kind, status, true) {
-        Some(idx) => {
+) -> (c_int, Option<(usize, u32)>) {
+    let entry = table::register(fd, mi, ino, kind, status, true);
+    match entry {
+        Some((idx, _)) => {
             set_info(
                 idx,
                 Info {
@@ -518,7 +552,7 @@ fn register(
             }
         }
     }
-    fd
+    (fd, entry)
 }
 
 /// The flags to open a placeholder's file in the kernel with: its status

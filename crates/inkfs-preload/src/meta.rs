@@ -31,7 +31,7 @@ fn path_attr(
         crate::lazy::kernel(n);
         return None;
     }
-    let mut cwd: CwdBuf = [0; libc::PATH_MAX as usize];
+    let mut cwd = CwdBuf::new();
     let t = path::locate(dirfd, p, &mut cwd)?;
     let got = (|| {
         let lease = t.mount.checkout()?;

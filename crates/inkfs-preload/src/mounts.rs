@@ -153,8 +153,9 @@ impl Lease<'_> {
         &self.slot.client
     }
 
-    /// Run `f` with the engine's handle for open file `idx` (opened at
-    /// first use). `None` if the engine cannot open it (the call then
+    /// Run `f` with the engine's handle for open file `idx` (kept from a
+    /// served open's permission check, [`Lease::adopt_file`], or opened
+    /// at first use). `None` if the engine cannot open it (the call then
     /// takes the kernel path).
     pub fn with_file<R>(
         &self,
@@ -179,6 +180,31 @@ impl Lease<'_> {
             Some((g, file)) if *g == gen => Some(f(client, file)),
             // Reused again meanwhile: this call's descriptor is closed.
             _ => None,
+        }
+    }
+
+    /// Keep `file` as the engine's handle of open file `idx` (generation
+    /// `gen`): the handle a served open just made to check the caller's
+    /// permissions, opened with the access mode alone (and what only the
+    /// open itself uses: O_CREAT, O_EXCL, O_TRUNC, O_CLOEXEC...), so
+    /// [`Lease::with_file`] need not open the same inode again at the
+    /// first read or write. The entry's previous handle is released, as
+    /// `open_file` would; if another thread opened this generation's
+    /// handle meanwhile, `file` is released instead.
+    pub fn adopt_file(&self, idx: usize, gen: u32, file: File) {
+        let client = &self.slot.client;
+        let Some(entry) = self.slot.files.get(idx) else {
+            client.release(file);
+            return;
+        };
+        let mut held = entry.write().unwrap_or_else(|e| e.into_inner());
+        if held.as_ref().is_some_and(|(g, _)| *g == gen) {
+            drop(held);
+            client.release(file);
+            return;
+        }
+        if let Some((_, old)) = held.replace((gen, file)) {
+            client.release(old);
         }
     }
 

@@ -72,7 +72,7 @@ fn one_name(
     let r = guard::run(|| {
         // SAFETY: the program's path string.
         let bytes = unsafe { path::bytes(p) }?;
-        let mut cwd: CwdBuf = [0; libc::PATH_MAX as usize];
+        let mut cwd = CwdBuf::new();
         let t = path::locate(dirfd, bytes, &mut cwd)?;
         let cred = cred()?;
         let (dir, name) = parent_of(&t, &cred, slash_ok)?;
@@ -248,8 +248,7 @@ fn two_names(
 ) -> Option<(&'static Mount, NameAt, NameAt)> {
     // SAFETY: the program's path strings.
     let (b1, b2) = unsafe { (path::bytes(p1)?, path::bytes(p2)?) };
-    let (mut c1, mut c2): (CwdBuf, CwdBuf) =
-        ([0; libc::PATH_MAX as usize], [0; libc::PATH_MAX as usize]);
+    let (mut c1, mut c2) = (CwdBuf::new(), CwdBuf::new());
     let t1 = path::locate(d1, b1, &mut c1)?;
     let t2 = path::locate(d2, b2, &mut c2)?;
     if !std::ptr::eq(t1.mount, t2.mount) {
@@ -330,8 +329,7 @@ pub unsafe extern "C" fn linkat(
             let cred = creds::get(Ids::Effective)?;
             // SAFETY: the program's path strings.
             let (b1, b2) = unsafe { (path::bytes(p1)?, path::bytes(p2)?) };
-            let (mut c1, mut c2): (CwdBuf, CwdBuf) =
-                ([0; libc::PATH_MAX as usize], [0; libc::PATH_MAX as usize]);
+            let (mut c1, mut c2) = (CwdBuf::new(), CwdBuf::new());
             let t1 = path::locate(d1, b1, &mut c1)?;
             let t2 = path::locate(d2, b2, &mut c2)?;
             if !std::ptr::eq(t1.mount, t2.mount) {

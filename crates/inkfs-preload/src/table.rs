@@ -14,6 +14,7 @@
 //! Descriptors at or above [`MAX_FD`], and opens past [`MAX_OFD`] open
 //! files, are simply not served (the kernel descriptor works as ever).
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 /// Descriptors below this number can be served.
@@ -77,6 +78,12 @@ impl Ofd {
     pub fn is_path(&self) -> bool {
         self.flags.load(Ordering::Relaxed) as i32 & libc::O_PATH != 0
     }
+}
+
+thread_local! {
+    /// The entry this thread registered last: where its next scan for a
+    /// free entry starts (a hint only; any free entry is right).
+    static LAST: Cell<usize> = const { Cell::new(0) };
 }
 
 /// Descriptor number -> 1 + index of its [`Ofd`] (0: not served).
@@ -150,8 +157,9 @@ pub fn local(fd: i32) -> Option<(usize, &'static Ofd)> {
 
 /// A new open file for `fd`: inode `ino` of mount `mount`, `kind` S_IFREG
 /// or S_IFDIR, status flags `flags`, offset 0, `lazy` if `fd` is a
-/// placeholder (lazy.rs). Its index, or `None` if the table is full or `fd`
-/// out of range (the descriptor is then not served).
+/// placeholder (lazy.rs). Its index and generation (`Ofd::gen` for this
+/// use of the entry), or `None` if the table is full or `fd` out of range
+/// (the descriptor is then not served).
 pub fn register(
     fd: i32,
     mount: usize,
@@ -159,20 +167,29 @@ pub fn register(
     kind: u32,
     flags: i32,
     lazy: bool,
-) -> Option<usize> {
+) -> Option<(usize, u32)> {
     if is_std(fd) {
         return None;
     }
     let slot = usize::try_from(fd).ok().and_then(|f| FDS.get(f))?;
     let table = ofds_or_map()?;
-    for (idx, o) in table.iter().enumerate() {
-        if o.state
-            .compare_exchange(FREE, CLAIMED, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
+    // From the entry this thread took last (usually freed again by its
+    // close: its lines are in this core's cache), reading each state
+    // before claiming it: a scan from entry 0 with a compare-exchange on
+    // every entry was a locked write to each line the other threads' open
+    // files live in (8 % of a 100-thread webserver's samples).
+    let start = LAST.with(Cell::get);
+    for idx in (start..MAX_OFD).chain(0..start) {
+        let o = &table[idx];
+        if o.state.load(Ordering::Relaxed) != FREE
+            || o.state
+                .compare_exchange(FREE, CLAIMED, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
         {
             continue;
         }
-        o.gen.fetch_add(1, Ordering::Relaxed);
+        LAST.with(|l| l.set(idx));
+        let gen = o.gen.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
         o.refs.store(1, Ordering::Relaxed);
         o.mount.store(mount as u32, Ordering::Relaxed);
         o.flags.store(flags as u32, Ordering::Relaxed);
@@ -184,7 +201,7 @@ pub fn register(
         // A stale number of a descriptor closed behind our back would be
         // overwritten here: drop its reference first.
         release_index(slot.swap(idx as u32 + 1, Ordering::AcqRel));
-        return Some(idx);
+        return Some((idx, gen));
     }
     None
 }

@@ -85,6 +85,10 @@ pub struct Grant {
     /// (`gives=1`; `super::ns::Give`). An older server's grant has no such
     /// field: its clients give leases back on the session only.
     pub gives: bool,
+    /// The server grants directory leases with namespace requests that
+    /// ask (`dirs=1`; `super::dirlease`). An older server's grant has no
+    /// such field: its clients never send `+dir`.
+    pub dirs: bool,
 }
 
 impl Grant {
@@ -94,8 +98,9 @@ impl Grant {
             .map(|t| format!(" data={t}"))
             .unwrap_or_default();
         let gives = if self.gives { " gives=1" } else { "" };
+        let dirs = if self.dirs { " dirs=1" } else { "" };
         format!(
-            "ok layout={TABLE_LAYOUT} id={} slot={} mode={}{data}{gives}\n",
+            "ok layout={TABLE_LAYOUT} id={} slot={} mode={}{data}{gives}{dirs}\n",
             self.id,
             self.slot,
             self.mode.name()
@@ -117,6 +122,7 @@ impl Grant {
         let (mut layout, mut id, mut slot, mut mode) = (None, None, None, None);
         let mut data_threshold = None;
         let mut gives = false;
+        let mut dirs = false;
         for w in words {
             match w.split_once('=') {
                 Some(("layout", v)) => layout = v.parse::<u32>().ok(),
@@ -124,6 +130,7 @@ impl Grant {
                 Some(("slot", v)) => slot = v.parse::<usize>().ok(),
                 Some(("mode", v)) => mode = Mode::parse(v),
                 Some(("gives", v)) => gives = v == "1",
+                Some(("dirs", v)) => dirs = v == "1",
                 Some(("data", v)) => {
                     data_threshold = Some(
                         v.parse::<u64>()
@@ -143,6 +150,7 @@ impl Grant {
                     mode,
                     data_threshold,
                     gives,
+                    dirs,
                 })
             }
             (Some(l), ..) if l != TABLE_LAYOUT => Err(format!(
@@ -333,11 +341,21 @@ mod tests {
             mode: Mode::Sync,
             data_threshold: None,
             gives: false,
+            dirs: false,
         };
         assert_eq!(Grant::parse(g.line().trim_end()), Ok(g));
         let gives = Grant { gives: true, ..g };
         assert!(gives.line().contains(" gives=1"));
         assert_eq!(Grant::parse(gives.line().trim_end()), Ok(gives));
+        let dirs = Grant { dirs: true, ..g };
+        assert!(dirs.line().contains(" dirs=1"));
+        assert_eq!(Grant::parse(dirs.line().trim_end()), Ok(dirs));
+        // An older server's grant (no `dirs=`): no directory leases.
+        let old = Grant::parse(&format!(
+            "ok layout={TABLE_LAYOUT} id=1 slot=2 mode=strict gives=1"
+        ))
+        .unwrap();
+        assert!(old.gives && !old.dirs);
         let h = Grant {
             data_threshold: Some(65536),
             ..g
@@ -369,6 +387,7 @@ mod tests {
             mode: Mode::Strict,
             data_threshold: None,
             gives: true,
+            dirs: true,
         };
         use std::os::fd::AsFd;
         send_grant(&a, &g, f.as_fd(), f.as_fd(), f.as_fd(), None).unwrap();

@@ -55,6 +55,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::attach::{self as wire, Answer, Grant};
+use super::dirlease::{DirLeases, KernelView};
 use super::lanes::{Class, PinWords, RingLanes};
 use super::lease::{Msg, LINE_MAX};
 use super::ns;
@@ -164,6 +165,8 @@ struct Shared {
     /// The server takes leases given back with removal requests (its
     /// grant said `gives=1`).
     gives: bool,
+    /// The directory leases it holds (`super::dirlease`).
+    dirs: DirLeases,
     /// The reservation's refill ahead of need (`Shared::refill_ahead`).
     refill: Refill,
 }
@@ -308,6 +311,7 @@ impl Client {
             sent: AtomicUsize::new(0),
             lines: AtomicU64::new(0),
             gives: grant.gives,
+            dirs: DirLeases::default(),
             refill: Refill::default(),
         });
         let threads = start_threads(&shared, clone_high(&conn)?)?;
@@ -383,6 +387,22 @@ impl Client {
     /// Write leases this client holds now.
     pub fn leases_held(&self) -> usize {
         self.shared.held.load(SeqCst)
+    }
+
+    /// Directory leases this client holds now (`super::dirlease`).
+    pub fn dir_leases_held(&self) -> usize {
+        self.shared.dirs.count()
+    }
+
+    /// The grant this client holds on directory `dir`'s lease, and what
+    /// the kernel held under `dir` then.
+    pub fn dir_lease(&self, dir: u64) -> Option<(u64, KernelView)> {
+        self.shared.dirs.held(dir)
+    }
+
+    /// Recalls of directory leases this client answered so far.
+    pub fn dir_recalls(&self) -> u64 {
+        self.shared.dirs.recalls()
     }
 
     /// Messages this client has written to its session so far (requests,
@@ -663,13 +683,29 @@ impl Client {
     /// the request could not be asked (too long for a line, the session
     /// closed): make the call through the mount instead.
     pub fn ns(&self, cred: &Credentials, op: ns::Op) -> Result<ns::Done> {
+        self.ns_asking(cred, op, false)
+    }
+
+    /// [`Client::ns`], asking for the lease of the directory the request
+    /// names first too (`super::dirlease`; nothing asked of a server
+    /// whose grant did not say `dirs=1`): the answer's `dir` says whether
+    /// it was granted, and the client holds it until it is recalled or the
+    /// client detaches.
+    pub fn ns_dir_lease(&self, cred: &Credentials, op: ns::Op) -> Result<ns::Done> {
+        self.ns_asking(cred, op, self.grant.dirs)
+    }
+
+    fn ns_asking(&self, cred: &Credentials, op: ns::Op, ask_dir: bool) -> Result<ns::Done> {
         let seq = self.seq.fetch_add(1, SeqCst) + 1;
         let mut req = ns::Request {
             seq,
             cred: cred.clone(),
             op,
             give: Vec::new(),
+            dir_lease: false,
         };
+        let asked = req.dir().filter(|_| ask_dir);
+        req.dir_lease = asked.is_some();
         if !req.fits() {
             return errno(libc::E2BIG);
         }
@@ -693,7 +729,18 @@ impl Client {
             }
             _ => {}
         }
-        match self.ask(&Msg::Ns(req))? {
+        if let Some(dir) = asked {
+            self.shared.dirs.ask(dir);
+        }
+        let answer = self.ask(&Msg::Ns(req));
+        if let Some(dir) = asked {
+            let d = answer.as_ref().ok().and_then(|m| match m {
+                Msg::Done(d) if d.seq == seq => d.dir.as_ref(),
+                _ => None,
+            });
+            self.shared.dirs.answered(dir, d);
+        }
+        match answer? {
             Msg::Done(d) if d.seq == seq => {
                 if create && d.errno == 0 && d.gen != 0 {
                     self.shared.granted_with_answer(d.ino, d.gen);
@@ -928,6 +975,11 @@ impl Drop for Client {
         let _ = self
             .shared
             .send_ranges(&fs.take_client_freed(), None, &fs.drain_reservation());
+        // Directory leases given back (the session's end would settle them
+        // too): nothing is kept in them yet (`super::dirlease`).
+        for (dir, gen) in self.shared.dirs.drain() {
+            let _ = self.shared.send(&Msg::Released(dir, gen));
+        }
         let _ = self.conn.shutdown(std::net::Shutdown::Both);
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -1190,6 +1242,11 @@ impl Shared {
     /// flight on it is over, give it back with the blocks this client freed
     /// (and, holding no other lease, its unused reservation).
     fn recall(&self, ino: u64, gen: u64) {
+        if self.dirs.recall(ino, gen) {
+            // A directory's lease: nothing written under it to finish yet.
+            let _ = self.send(&Msg::Released(ino, gen));
+            return;
+        }
         let cell = self.lease_cell(ino);
         let mut st = lock(&cell);
         st.recalled = st.recalled.max(gen);

@@ -44,6 +44,7 @@
 
 pub mod attach;
 pub mod client;
+pub mod dirlease;
 pub mod lanes;
 pub mod lease;
 pub mod ns;

@@ -18,10 +18,16 @@
 //!                                      lease of INO, grant GEN, given back
 //!                                      with the request, once the server has
 //!                                      read LINES lines of the session
+//!   ... +dir                          (a request naming a directory first:
+//!                                      its DIR) the directory's lease too
+//!                                      (`super::dirlease`; only to a server
+//!                                      whose grant said `dirs=1`)
 //! server: done SEQ ERRNO INO IGEN GEN ERRNO 0: made; INO the inode made or
 //!                                      changed, IGEN its generation; GEN the
 //!                                      grant number of a write lease that
 //!                                      came with it (0: none)
+//!         ... dir=DGEN:KERNEL          only to a request with `+dir`: the
+//!             dir=0:REASON             directory's grant, or the refusal
 //! client: unheld INO                  a hold of an orphan ended (no answer)
 //! ```
 //!
@@ -30,6 +36,7 @@
 //! are the caller's as it states them: a client maps the pool read-write,
 //! so believing it gives it nothing it does not have (the trust boundary).
 
+use super::dirlease::{DirAnswer, ASK_WORD};
 use crate::perm::Credentials;
 use crate::types::{SetAttr, TimeSet};
 
@@ -118,6 +125,9 @@ pub struct Request {
     /// the files it names), instead of by `released` on the session
     /// (docs/KERNEL-FREE.md, "Built: a removal carries its lease").
     pub give: Vec<Give>,
+    /// `+dir`: the lease of the directory the request names first
+    /// ([`Request::dir`]) is asked for too (`super::dirlease`).
+    pub dir_lease: bool,
 }
 
 /// Gives at most in one request (a rename's two names).
@@ -139,7 +149,7 @@ pub struct Give {
 }
 
 /// The server's answer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Done {
     pub seq: u64,
     /// 0: made.
@@ -150,6 +160,9 @@ pub struct Done {
     pub igen: u64,
     /// The grant number of a write lease granted with it (0: none).
     pub gen: u64,
+    /// The answer to `+dir` (None: not asked; an older server never
+    /// answers it, and says so in its attach grant).
+    pub dir: Option<DirAnswer>,
 }
 
 fn hex(b: &[u8]) -> String {
@@ -264,6 +277,22 @@ fn parse_cred(s: &str) -> Option<Credentials> {
 }
 
 impl Request {
+    /// The directory the request names first: the one `+dir` asks the
+    /// lease of (None: a request by inode, setattr and xattrs).
+    pub fn dir(&self) -> Option<u64> {
+        match &self.op {
+            Op::Create { dir, .. }
+            | Op::Mkdir { dir, .. }
+            | Op::Mknod { dir, .. }
+            | Op::Symlink { dir, .. }
+            | Op::Link { dir, .. }
+            | Op::Unlink { dir, .. }
+            | Op::Rmdir { dir, .. }
+            | Op::Rename { dir, .. } => Some(*dir),
+            Op::Setattr { .. } | Op::Setxattr { .. } | Op::Removexattr { .. } => None,
+        }
+    }
+
     /// Whether the request fits in one line (a target or value longer than
     /// [`BYTES_MAX`], or too many groups, do not: use the mount).
     pub fn fits(&self) -> bool {
@@ -323,6 +352,10 @@ impl Request {
         let mut line = format!("ns {} {} {args}", self.seq, cred_word(&self.cred));
         for g in &self.give {
             line.push_str(&format!(" give={}:{}:{}", g.ino, g.gen, g.lines));
+        }
+        if self.dir_lease {
+            line.push(' ');
+            line.push_str(ASK_WORD);
         }
         line.push('\n');
         line
@@ -405,17 +438,28 @@ impl Request {
             },
             _ => return None,
         };
-        let give = w.map(parse_give).collect::<Option<Vec<Give>>>()?;
+        let mut give = Vec::new();
+        let mut dir_lease = false;
+        for word in w {
+            if word == ASK_WORD && !dir_lease {
+                dir_lease = true;
+            } else {
+                give.push(parse_give(word)?);
+            }
+        }
         let removes = matches!(op, Op::Unlink { .. } | Op::Rmdir { .. } | Op::Rename { .. });
         if give.len() > GIVES_MAX || (!give.is_empty() && !removes) {
             return None;
         }
-        Some(Request {
+        let r = Request {
             seq,
             cred,
             op,
             give,
-        })
+            dir_lease,
+        };
+        // `+dir` only where there is a directory to lease.
+        (!r.dir_lease || r.dir().is_some()).then_some(r)
     }
 }
 
@@ -431,22 +475,31 @@ impl Done {
     pub fn write_line(&self, out: &mut String) {
         use std::fmt::Write;
         // Writing to a String cannot fail.
-        let _ = writeln!(
+        let _ = write!(
             out,
             "done {} {} {} {} {}",
             self.seq, self.errno, self.ino, self.igen, self.gen
         );
+        if let Some(d) = &self.dir {
+            out.push(' ');
+            out.push_str(&d.word());
+        }
+        out.push('\n');
     }
 
     /// Parse the words after "done".
     pub fn parse(mut w: std::str::SplitAsciiWhitespace<'_>) -> Option<Done> {
-        let d = Done {
+        let mut d = Done {
             seq: w.next()?.parse().ok()?,
             errno: w.next()?.parse().ok()?,
             ino: w.next()?.parse().ok()?,
             igen: w.next()?.parse().ok()?,
             gen: w.next()?.parse().ok()?,
+            dir: None,
         };
+        if let Some(word) = w.next() {
+            d.dir = Some(DirAnswer::parse(word)?);
+        }
         (w.next().is_none() && d.errno >= 0).then_some(d)
     }
 }
@@ -477,11 +530,17 @@ mod tests {
             _ => &[],
         };
         for give in [&[][..], gives] {
-            round_with(op.clone(), give.to_vec());
+            round_with(op.clone(), give.to_vec(), false);
+            if !matches!(
+                op,
+                Op::Setattr { .. } | Op::Setxattr { .. } | Op::Removexattr { .. }
+            ) {
+                round_with(op.clone(), give.to_vec(), true);
+            }
         }
     }
 
-    fn round_with(op: Op, give: Vec<Give>) {
+    fn round_with(op: Op, give: Vec<Give>, dir_lease: bool) {
         let r = Request {
             seq: 9,
             cred: Credentials {
@@ -492,6 +551,7 @@ mod tests {
             },
             op,
             give,
+            dir_lease,
         };
         let line = r.line();
         assert!(line.len() <= REQUEST_MAX, "{}", line.len());
@@ -576,11 +636,31 @@ mod tests {
             ino: 0,
             igen: 0,
             gen: 0,
+            dir: None,
         };
         let line = d.line();
+        // An answer to a request without `+dir` is an older server's
+        // line, word for word: an older client takes it.
+        assert_eq!(line, "done 3 17 0 0 0\n");
         let mut w = line.split_ascii_whitespace();
         assert_eq!(w.next(), Some("done"));
-        assert_eq!(Done::parse(w), Some(d));
+        assert_eq!(Done::parse(w), Some(d.clone()));
+        for dir in [
+            DirAnswer::Refused(crate::api::dirlease::Refusal::Gone),
+            DirAnswer::Granted {
+                gen: 4,
+                kernel: crate::api::dirlease::KernelView::Children(vec![9]),
+            },
+        ] {
+            let d = Done {
+                dir: Some(dir),
+                ..d.clone()
+            };
+            let line = d.line();
+            let mut w = line.split_ascii_whitespace();
+            assert_eq!(w.next(), Some("done"));
+            assert_eq!(Done::parse(w), Some(d));
+        }
         for bad in [
             "1 0:0:0:- unlink 1",
             "1 0:0:0:- unlink 1 x0",
@@ -599,10 +679,23 @@ mod tests {
             "1 0:0:0:- unlink 1 x61 give=5:-1:0",
             "1 0:0:0:- unlink 1 x61 gift=5:1:0",
             "1 0:0:0:- unlink 1 x61 give=5:1:0 give=6:1:0 give=7:1:0",
+            // `+dir` once, and only where a directory is named.
+            "1 0:0:0:- unlink 1 x61 +dir +dir",
+            "1 0:0:0:- setattr 1 - - - - - +dir",
+            "1 0:0:0:- removexattr 1 x61 +dir",
+            "1 0:0:0:- unlink 1 x61 +dirs",
         ] {
             assert_eq!(Request::parse(bad.split_ascii_whitespace()), None, "{bad}");
         }
         assert_eq!(Done::parse("1 -5 0 0 0".split_ascii_whitespace()), None);
         assert_eq!(Done::parse("1 0 0 0".split_ascii_whitespace()), None);
+        assert_eq!(
+            Done::parse("1 0 0 0 0 dir=5".split_ascii_whitespace()),
+            None
+        );
+        assert_eq!(
+            Done::parse("1 0 0 0 0 dir=5:many x".split_ascii_whitespace()),
+            None
+        );
     }
 }
