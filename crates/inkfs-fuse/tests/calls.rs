@@ -250,7 +250,7 @@ fn collapse_and_insert_through_the_mount() {
     let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
     assert_eq!(fallocate(punch, 0, 4096), 0);
     // The server counts a request just after answering it: wait for it.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + inkfs::testkit::WAIT_LIMIT;
     while op_count(&m, "fallocate") <= before && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }

@@ -498,7 +498,7 @@ fn unlinking_a_closed_file_leaves_no_error_for_syncfs() {
     assert_eq!(fs::read(m.p("old")).unwrap(), pattern(8, PAGE));
     // The removed files are freed once the kernel forgets them (at once:
     // nothing holds them), so nothing leaks: one file, as before.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + inkfs::testkit::WAIT_LIMIT;
     while free_inodes() != before && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }

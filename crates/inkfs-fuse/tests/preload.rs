@@ -948,7 +948,12 @@ fn redis_server_appends_and_fsyncs_under_the_library() {
     let dir = m.p("r");
     std::fs::create_dir(&dir).expect("mkdir");
     let stats = stats_file("redis");
-    let port = 20000 + std::process::id() % 20000;
+    // A port the kernel says is free now (one derived from the pid could
+    // be another program's, and redis then never answers).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
     let mut server = Command::new("redis-server")
         .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
         .arg("--dir")
@@ -977,7 +982,7 @@ fn redis_server_appends_and_fsyncs_under_the_library() {
     };
     let t = std::time::Instant::now();
     while cli(&["ping"]).stdout != b"PONG\n" {
-        if t.elapsed() > std::time::Duration::from_secs(10) {
+        if t.elapsed() > inkfs::testkit::WAIT_LIMIT {
             let _ = server.kill();
             let _ = server.wait();
             panic!("redis-server never answered (deadlocked at start?)");

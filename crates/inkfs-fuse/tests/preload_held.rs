@@ -36,7 +36,7 @@ fn inodes_used(mnt: &Path) -> u64 {
 /// Wait until `f()` is `want` (the kernel forgets inodes asynchronously,
 /// after the call that let them go returned), then check it.
 fn wait_for(what: &str, want: u64, f: impl Fn() -> u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + inkfs::testkit::WAIT_LIMIT;
     while f() != want && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }

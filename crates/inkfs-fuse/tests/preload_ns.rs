@@ -739,7 +739,7 @@ assert os.listdir(d) == []\"",
             break;
         }
         assert!(
-            t.elapsed() < std::time::Duration::from_secs(5),
+            t.elapsed() < inkfs::testkit::WAIT_LIMIT,
             "space not back: blocks {blocks_before} -> {blocks}, inodes {inodes_before} -> {inodes}"
         );
         std::thread::sleep(std::time::Duration::from_millis(10));

@@ -264,8 +264,9 @@ fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
     let t = Instant::now();
     while !ok() {
         assert!(
-            t.elapsed() < Duration::from_secs(5),
-            "{what}: not within 5 s"
+            t.elapsed() < inkfs::testkit::WAIT_LIMIT,
+            "{what}: not within {:?}",
+            inkfs::testkit::WAIT_LIMIT
         );
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -511,6 +512,8 @@ try:
         os.close(fd)
         os.rename(f"{d}/t{i}", f"{d}/u{i}")
         i += 1
+        if i == 1:
+            print("looping", flush=True)
 except OSError as e:
     print("stopped", i > 0, flush=True)
 "#;
@@ -537,7 +540,11 @@ fn a_killed_server_stops_the_clients_namespace_calls() {
     let mut line = String::new();
     out.read_line(&mut line).expect("ready");
     assert_eq!(line.trim(), "ready");
-    std::thread::sleep(Duration::from_millis(50));
+    // Killed once the loop has run (a fixed 50 ms pause could end before
+    // its first pass on a loaded machine).
+    line.clear();
+    out.read_line(&mut line).expect("looping");
+    assert_eq!(line.trim(), "looping");
     let dir = m.kill9();
     line.clear();
     out.read_line(&mut line).expect("stopped");

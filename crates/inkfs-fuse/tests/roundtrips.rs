@@ -37,7 +37,7 @@ fn inodes_free(mnt: &Path) -> u64 {
 /// Wait until the server's free inode count is `want` (the kernel forgets
 /// inodes asynchronously), then check it.
 fn wait_inodes_free(mnt: &Path, want: u64, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + inkfs::testkit::WAIT_LIMIT;
     while inodes_free(mnt) != want && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -132,7 +132,7 @@ fn opendir_is_asked_where_the_server_checks_permissions() {
     // The kernel sends RELEASEDIR after the close returned, and the server
     // counts a request just after answering it: wait for the counts to
     // meet (the last one was seen behind by one under load).
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + inkfs::testkit::WAIT_LIMIT;
     while count(m.path(), "opendir") != count(m.path(), "releasedir") && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }

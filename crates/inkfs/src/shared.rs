@@ -409,14 +409,18 @@ mod tests {
         assert_ne!(old_tail, new_tail);
         let tail_at = inode.rec_off + INODE_TAIL_FIELD;
         owner.pm.write_u64(tail_at, old_tail);
+        // The clock starts before the owner's thread does: started after
+        // the spawn, a test thread kept off the CPU meanwhile measured less
+        // than the thread's pause and failed under load. The read cannot
+        // succeed before the second store, a pause after `t`.
+        let t = std::time::Instant::now();
         std::thread::scope(|s| {
             s.spawn(|| {
                 std::thread::sleep(std::time::Duration::from_millis(100));
                 owner.pm.write_u64(tail_at, new_tail);
             });
-            let t = std::time::Instant::now();
             assert_eq!(read_all(&reader).unwrap(), [49u8; 4096]);
-            assert!(t.elapsed() >= std::time::Duration::from_millis(90));
+            assert!(t.elapsed() >= std::time::Duration::from_millis(100));
         });
         assert_eq!(reader.error_stats().count, 0, "no error noted");
         owner.release(fh);

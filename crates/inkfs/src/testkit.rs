@@ -1,7 +1,7 @@
 //! Test and benchmark support shared by the engine's unit tests, the crash
 //! simulator and explorer, the integration tests, the benches and
-//! inkbench: one deterministic random generator and one median, instead of
-//! a private copy in each.
+//! inkbench: one deterministic random generator, one median and one way to
+//! wait for what another thread does, instead of a private copy in each.
 //!
 //! Not part of the file system: nothing here depends on the engine, and the
 //! engine's own behaviour never depends on it (only the simulator's choice
@@ -154,9 +154,52 @@ pub fn median(samples: &[f64]) -> f64 {
     sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
 }
 
+/// How long a test waits for something another thread or process does
+/// before it fails: a loaded 2-CPU machine can keep a runnable thread off
+/// the CPU for seconds, and a test that passes never waits it out, so the
+/// limit is generous (a fixed sleep or a short deadline made tests fail
+/// under load: bench/results-notes/flakes.md).
+pub const WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Polls `done` (every millisecond) until it is true; panics naming `what`
+/// once [`WAIT_LIMIT`] has passed without it. For conditions another
+/// thread makes true: a test asserts on what happened, never on how soon.
+pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + WAIT_LIMIT;
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not within {WAIT_LIMIT:?}: {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `wait_until` returns once another thread made the condition true,
+    /// and at once (one look) when it is true already. Its failure after
+    /// `WAIT_LIMIT` is not waited out here.
+    #[test]
+    fn wait_until_waits_for_another_thread() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let flag = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                flag.store(true, Ordering::SeqCst);
+            });
+            wait_until("the flag", || flag.load(Ordering::SeqCst));
+        });
+        let calls = std::cell::Cell::new(0);
+        wait_until("already true", || {
+            calls.set(calls.get() + 1);
+            true
+        });
+        assert_eq!(calls.get(), 1);
+    }
 
     fn first3(mut r: Rng) -> [u64; 3] {
         [r.next_u64(), r.next_u64(), r.next_u64()]

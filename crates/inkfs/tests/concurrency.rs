@@ -22,6 +22,11 @@ use inkfs::Fs;
 type F = Fs<SimPool>;
 
 const WATCHDOG: Duration = Duration::from_secs(60);
+/// Operations the namespace storm makes at least, renames that succeed in
+/// the rename cycles at least: each runs for its time and until it has
+/// made these, so a slow machine gets the same coverage, later.
+const STORM_OPS_MIN: u64 = 1000;
+const CYCLE_RENAMES_MIN: u64 = 100;
 
 fn fresh(mode: Mode, bytes: u64) -> F {
     let pm = SimPool::new(bytes);
@@ -405,7 +410,9 @@ fn namespace_storm(mode: Mode, seed: u64) {
                         }
                     };
                     use libc::*;
-                    while Instant::now() < deadline {
+                    // For the time, and for enough operations however
+                    // slow the machine (1000 in 1.5 s is a speed claim).
+                    while Instant::now() < deadline || ops.load(Ordering::Relaxed) < STORM_OPS_MIN {
                         ops.fetch_add(1, Ordering::Relaxed);
                         let d1 = dirs[rng.below(3) as usize];
                         let d2 = dirs[rng.below(3) as usize];
@@ -468,7 +475,7 @@ fn namespace_storm(mode: Mode, seed: u64) {
         for h in hs {
             h.join().unwrap();
         }
-        assert!(ops.load(Ordering::Relaxed) > 1000);
+        assert!(ops.load(Ordering::Relaxed) >= STORM_OPS_MIN);
         let fs = Arc::try_unwrap(fs).ok().unwrap();
         check_and_remount(fs, mode);
     });
@@ -573,12 +580,19 @@ fn rename_cycles() {
                 }
             }));
         }
+        // For the time, and for enough renames however slow the machine
+        // (the watchdog catches a hang).
         std::thread::sleep(Duration::from_millis(1500));
+        while counts.load(Ordering::Relaxed) <= CYCLE_RENAMES_MIN
+            && !hs.iter().any(|h| h.is_finished())
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         stop.store(true, Ordering::Relaxed);
         for h in hs {
             h.join().unwrap();
         }
-        assert!(counts.load(Ordering::Relaxed) > 100);
+        assert!(counts.load(Ordering::Relaxed) > CYCLE_RENAMES_MIN);
         let fs = Arc::try_unwrap(fs).ok().unwrap();
         let shape = check(&fs, 0);
         // f, g, d and e each exist exactly once.

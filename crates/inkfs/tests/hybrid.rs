@@ -603,22 +603,59 @@ fn fsck_repairs_stale_bytes_past_eof_on_the_device() {
 /// A device whose reads take a millisecond, as a disk's do: a reader's
 /// own misses are slow enough for the readahead threads to get ahead of
 /// it (on a memory device the reader reads every block itself first).
+/// Once the reading thread is named (`reader`, with the moment), its own
+/// reads also wait until a read from another thread (the readahead) has
+/// begun: on a loaded machine the readahead threads could otherwise get no
+/// CPU until the reader had read the whole file itself, and read nothing.
+/// The wait ends `WAIT_LIMIT` after the naming, for all reads at once.
 #[derive(Debug)]
-struct SlowReads(Arc<MemDev>);
+struct SlowReads {
+    dev: Arc<MemDev>,
+    reader: std::sync::Mutex<Option<(std::thread::ThreadId, std::time::Instant)>>,
+    others: std::sync::atomic::AtomicU64,
+}
+
+impl SlowReads {
+    fn new(dev: Arc<MemDev>) -> SlowReads {
+        SlowReads {
+            dev,
+            reader: std::sync::Mutex::new(None),
+            others: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// The calling thread is the reader, from now.
+    fn name_reader(&self) {
+        *self.reader.lock().unwrap() =
+            Some((std::thread::current().id(), std::time::Instant::now()));
+    }
+}
 
 impl BlockDev for SlowReads {
     fn size_bytes(&self) -> u64 {
-        self.0.size_bytes()
+        self.dev.size_bytes()
     }
     fn read_at(&self, off: u64, buf: &mut [inkfs::blockdev::Page]) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let reader = *self.reader.lock().unwrap();
+        if let Some((_, since)) = reader.filter(|(id, _)| *id == std::thread::current().id()) {
+            // Not a panic at the limit: the test's own assertion then says
+            // that nothing was read ahead.
+            let deadline = since + inkfs::testkit::WAIT_LIMIT;
+            while self.others.load(SeqCst) == 0 && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        } else if reader.is_some() {
+            self.others.fetch_add(1, SeqCst);
+        }
         std::thread::sleep(std::time::Duration::from_millis(1));
-        self.0.read_at(off, buf)
+        self.dev.read_at(off, buf)
     }
     fn write_at(&self, off: u64, data: &[inkfs::blockdev::Page]) -> std::io::Result<()> {
-        self.0.write_at(off, data)
+        self.dev.write_at(off, data)
     }
     fn flush(&self) -> std::io::Result<()> {
-        self.0.flush()
+        self.dev.flush()
     }
     fn describe(&self) -> String {
         "memory, slow reads (tests)".into()
@@ -634,11 +671,13 @@ fn cold_sequential_read(
     ino: u64,
     size: usize,
 ) -> (SimPool, u64, u64) {
-    let mut o = opts(Mode::Strict, Arc::new(SlowReads(dev)));
+    let slow = Arc::new(SlowReads::new(dev));
+    let mut o = opts(Mode::Strict, slow.clone());
     o.data_cache_bytes = Some(4 << 20); // readahead up to 1 MiB ahead
     let fs = Fs::mount(pm, o).unwrap();
     let fh = fs.open(ino).unwrap();
     let mut buf = vec![0u8; 32 << 10];
+    slow.name_reader();
     let mut off = 0;
     while off < size {
         let n = fs.read(&fh, off as u64, &mut buf).unwrap();
@@ -646,7 +685,14 @@ fn cold_sequential_read(
         off += n;
     }
     assert_eq!(fs.read(&fh, off as u64, &mut buf).unwrap(), 0);
-    // Readahead runs on threads: wait until nothing more arrives.
+    // Readahead runs on threads: wait until a read ahead is counted (a
+    // worker counts after its read: a pause alone missed it under load),
+    // then until nothing more arrives. The device bytes asserted on are an
+    // upper bound: a read still to come can only be missed, not wrong.
+    let limit = std::time::Instant::now() + inkfs::testkit::WAIT_LIMIT;
+    while fs.data_stats().unwrap().readahead_bytes == 0 && std::time::Instant::now() < limit {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     let mut last = fs.data_stats().unwrap();
     let quiet = std::time::Instant::now();
     loop {

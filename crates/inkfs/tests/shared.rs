@@ -526,6 +526,7 @@ fn a_reader_racing_compactions_never_fails() {
     let (a, fh) = s.owner.create(ROOT, b"f", 0o644, 0, 0).unwrap();
     s.owner.write(&fh, 0, &[0u8; BYTES]).unwrap();
     let stop = std::sync::atomic::AtomicBool::new(false);
+    let reads_seen = std::sync::atomic::AtomicU64::new(0);
     let slot = table.claim().unwrap();
     let (reads, failures) = std::thread::scope(|scope| {
         let reader = scope.spawn(|| {
@@ -539,7 +540,10 @@ fn a_reader_racing_compactions_never_fails() {
                     n
                 });
                 match got {
-                    Ok(n) if n == BYTES && buf.iter().all(|&b| b == buf[0]) => reads += 1,
+                    Ok(n) if n == BYTES && buf.iter().all(|&b| b == buf[0]) => {
+                        reads += 1;
+                        reads_seen.store(reads, std::sync::atomic::Ordering::Relaxed);
+                    }
                     Ok(n) => failures.push(format!("torn read of {n} bytes")),
                     Err(e) => failures.push(e.to_string()),
                 }
@@ -549,7 +553,18 @@ fn a_reader_racing_compactions_never_fails() {
         let start = std::time::Instant::now();
         let mut round = 0u8;
         let mut written = Ok(());
-        while written.is_ok() && start.elapsed() < std::time::Duration::from_millis(1500) {
+        // For the time, and until the race has had its chances (reads
+        // and compactions counted below) however slow the machine: a
+        // fixed time is a speed claim. A reader that never reads again
+        // ends the loop at the wait limit, and the counts then fail.
+        let raced = || {
+            s.owner.gc_stats().compactions > 10
+                && reads_seen.load(std::sync::atomic::Ordering::Relaxed) > 100
+        };
+        while written.is_ok()
+            && (start.elapsed() < std::time::Duration::from_millis(1500) || !raced())
+            && start.elapsed() < inkfs::testkit::WAIT_LIMIT
+        {
             round = round.wrapping_add(1);
             // A reader off its CPU while pinned holds every block freed
             // meanwhile (epochs' nature): let it catch up now and then

@@ -552,11 +552,11 @@ mod tests {
         for i in 0..4 {
             ra.note(b1 + i * 32, b1 + i * 32 + 32, u64::MAX, false);
         }
-        let t = std::time::Instant::now();
+        // A worker fills the cache, then counts the read: wait for the
+        // count (the cache alone raced it under load), then the blocks
+        // must be there.
         let last = b1 + 128 + CHUNK_BLOCKS - 1;
-        while !cache.contains(last) && t.elapsed() < std::time::Duration::from_secs(5) {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+        crate::testkit::wait_until("a chunk read ahead", || ra.ahead_bytes() >= CHUNK_BLOCKS * BLOCK_SIZE);
         assert!(cache.contains(last));
         assert_eq!(ra.ahead_bytes(), CHUNK_BLOCKS * BLOCK_SIZE);
     }
@@ -583,11 +583,8 @@ mod tests {
                 ra.note(b0 + i * 32, b0 + i * 32 + 32, u64::MAX, false);
             }
             // A chunk ahead (the window: a quarter of the cache).
-            let t = std::time::Instant::now();
             let ahead = CHUNK_BLOCKS.min(512);
-            while ra.ahead_bytes() < ahead * BLOCK_SIZE && t.elapsed() < std::time::Duration::from_secs(10) {
-                std::thread::sleep(std::time::Duration::from_millis(2));
-            }
+            crate::testkit::wait_until("a chunk read ahead", || ra.ahead_bytes() >= ahead * BLOCK_SIZE);
             assert_eq!(ra.ahead_bytes(), ahead * BLOCK_SIZE, "{mode:?}");
             assert_eq!(ra.uses_uring(), mode == ReadaheadMode::Uring);
             let mut out = [0u8; BLOCK_SIZE as usize];
@@ -682,10 +679,7 @@ mod tests {
                 ra.note(b0 + 32 * i, b0 + 32 * i + 32, u64::MAX, i == 0);
             }
             // At least three reads, then let any in flight finish.
-            let t = std::time::Instant::now();
-            while ra.ahead_bytes() < 3 * read_blocks * BLOCK_SIZE && t.elapsed() < std::time::Duration::from_secs(10) {
-                std::thread::sleep(std::time::Duration::from_millis(2));
-            }
+            crate::testkit::wait_until("three reads ahead", || ra.ahead_bytes() >= 3 * read_blocks * BLOCK_SIZE);
             std::thread::sleep(std::time::Duration::from_millis(100));
             let reads = lock(&dev.1).clone();
             assert!(reads.len() >= 3, "{cache_pages}: {reads:?}");

@@ -493,20 +493,20 @@ mod tests {
         }
         // The readahead threads run when the scheduler lets them: on a
         // loaded machine the 40 reads above can end before any of them
-        // ran (their first huge-page fault may even compact memory). Give
-        // them time, then read on: the stream's next runs must be hits.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while s.stats().readahead_bytes == 0 && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        for i in 40..64u64 {
-            if s.stats().cache_hits > 0 {
-                break;
-            }
-            read_run(i, &mut buf);
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
+        // ran (their first huge-page fault may even compact memory), and
+        // a fixed pause after them was a guess (it failed under load). The
+        // stream has been queued past where the reader stopped (a window
+        // ahead of it), and only readahead reads there: wait until the
+        // next run's first block is in the cache (and counted: a worker
+        // counts its read after filling the cache), then that run must hit.
+        let next = first + 40 * 32;
+        crate::testkit::wait_until("the readahead reads past the reader", || {
+            s.cache.contains(next) && s.stats().readahead_bytes > 0
+        });
+        let hits = s.stats().cache_hits;
+        read_run(40, &mut buf);
         let st = s.stats();
+        assert!(st.cache_hits > hits, "run 40, read ahead, was not a hit: {st:?}");
         assert!(st.readahead_bytes > 0, "{st:?}");
         assert!(st.cache_hits > 0, "{st:?}");
         // Random reads on a fresh store: no readahead.
