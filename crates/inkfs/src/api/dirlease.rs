@@ -47,7 +47,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::Filesystem;
 use crate::error::{errno, Result};
-use crate::format::{inode_flags::IMMUTABLE, INODE_TAIL_FIELD};
+use crate::format::inode_flags::IMMUTABLE;
 use crate::inode::read;
 use crate::pmem::Pmem;
 use crate::types::{DirEntry, FileKind};
@@ -337,19 +337,10 @@ impl<P: Pmem> Filesystem<P> {
     }
 
     /// Directory `ino` caught up with what its lease holder committed
-    /// (from the server's cached tail), its tail's line written back (as
-    /// `lease_refs` does for a file: a holder killed between its tail
-    /// store and the write-back leaves a tail visible and not durable,
-    /// which nothing may be built on). A directory gone meanwhile: Ok.
+    /// (from the server's cached tail), its tail's line made durable: the
+    /// engine's `Fs::settle_dir`. A directory gone meanwhile: Ok.
     pub fn dir_catch_up(&self, ino: u64) -> Result<()> {
-        let inode = self.fs.iget_cached(ino)?;
-        match self.fs.catch_up_now(&inode) {
-            Err(e) if e.errno() == libc::ENOENT && inode.is_gone() => return Ok(()),
-            r => r?,
-        }
-        self.fs.pm.flush(inode.rec_off + INODE_TAIL_FIELD, 8);
-        self.fs.pm.fence();
-        Ok(())
+        self.fs.settle_dir(ino)
     }
 
     /// Walk directory `ino`'s entries but `.` and `..` (the server's
