@@ -95,10 +95,11 @@ const STEPS: &[Step] = &[
 /// Slots handed out at each grant.
 const SLOTS: usize = 8;
 
-/// The owner, the client's handle, directory `d` with file `o1` in it.
+/// The owner, the client's engine attached to the same pool, directory
+/// `d` with file `o1` in it.
 struct Setup {
     owner: Fs<SimPool>,
-    client_view: SimPool,
+    client: Fs<SimPool>,
     d: u64,
 }
 
@@ -116,11 +117,8 @@ fn setup(mode: Mode) -> Result<Setup, String> {
     let (_, fh) =
         on_lane(&owner, 0, || owner.create(d, b"o1", 0o644, 0, 0))?.map_err(e("create o1"))?;
     owner.release(fh);
-    Ok(Setup {
-        owner,
-        client_view,
-        d,
-    })
+    let client = Fs::attach_client(client_view, mode).map_err(e("attach"))?;
+    Ok(Setup { owner, client, d })
 }
 
 /// The last lane: leased, blocks reserved, `d`'s lease.
@@ -188,12 +186,7 @@ fn sequence(
     report: &mut NsLeaseReport,
 ) -> Result<(), String> {
     let e = |what: &'static str| move |err: crate::Error| format!("{what}: {err}");
-    let Setup {
-        owner,
-        client_view,
-        d,
-    } = setup(mode)?;
-    let client = Fs::attach_client(client_view, mode).map_err(e("attach"))?;
+    let Setup { owner, client, d } = setup(mode)?;
     let mut model: Model = [("o1", Vec::new())].into_iter().collect();
     let mut handles = BTreeMap::new();
     let f0 = owner.pmem().fence_count();
@@ -416,12 +409,7 @@ fn kill_run(
     report: &mut NsLeaseReport,
 ) -> Result<bool, String> {
     let e = |what: &'static str| move |err: crate::Error| format!("{what}: {err}");
-    let Setup {
-        owner,
-        client_view,
-        d,
-    } = setup(mode)?;
-    let client = Fs::attach_client(client_view, mode).map_err(e("attach"))?;
+    let Setup { owner, client, d } = setup(mode)?;
     // The leased lane's first table block filled but for two slots, so
     // the client's third create grows the chain.
     let lane = owner.geometry().lane_count - 1;
