@@ -120,6 +120,7 @@ pub fn refusal_key(why: Refusal) -> &'static str {
         Refusal::Timeout => "dir_leases_refused_timeout",
         Refusal::NoName => "dir_leases_refused_noname",
         Refusal::Shutdown => "dir_leases_refused_shutdown",
+        Refusal::NoLane => "dir_leases_refused_no_lane",
         Refusal::Failed => "dir_leases_refused_failed",
     }
 }
@@ -134,6 +135,7 @@ pub fn refusal_label(why: Refusal) -> &'static str {
         Refusal::Timeout => "directory leases refused: a recall timed out",
         Refusal::NoName => "directory leases refused: name in parent not found",
         Refusal::Shutdown => "directory leases refused: ending",
+        Refusal::NoLane => "directory leases refused: no lane free",
         Refusal::Failed => "directory leases refused: error",
     }
 }

@@ -61,6 +61,9 @@ use super::lease::{Msg, LINE_MAX};
 use super::ns;
 use super::ring::RingSet;
 use super::{File, Filesystem, Follow, OpenFlags, Written, ROOT_INO};
+
+/// Creates under a directory lease, and its give-back.
+mod local;
 use crate::blockdev::{BlockDev, FileDev, Side};
 use crate::error::{errno, Error, Result};
 use crate::fs::Fs;
@@ -697,15 +700,20 @@ impl Client {
 
     fn ns_asking(&self, cred: &Credentials, op: ns::Op, ask_dir: bool) -> Result<ns::Done> {
         let seq = self.seq.fetch_add(1, SeqCst) + 1;
+        if let Some(done) = self.create_under_lease(cred, seq, &op) {
+            return Ok(done);
+        }
         let mut req = ns::Request {
             seq,
             cred: cred.clone(),
             op,
             give: Vec::new(),
             dir_lease: false,
+            lane_lease: false,
         };
         let asked = req.dir().filter(|_| ask_dir);
         req.dir_lease = asked.is_some();
+        req.lane_lease = req.dir_lease && self.grant.lanes;
         if !req.fits() {
             return errno(libc::E2BIG);
         }
@@ -735,10 +743,10 @@ impl Client {
         let answer = self.ask(&Msg::Ns(req));
         if let Some(dir) = asked {
             let d = answer.as_ref().ok().and_then(|m| match m {
-                Msg::Done(d) if d.seq == seq => d.dir.as_ref(),
+                Msg::Done(d) if d.seq == seq => Some(d),
                 _ => None,
             });
-            self.shared.dirs.answered(dir, d);
+            self.dir_answered(dir, d);
         }
         match answer? {
             Msg::Done(d) if d.seq == seq => {
@@ -966,7 +974,12 @@ impl Drop for Client {
             }
             return;
         }
-        // The reservation's unused blocks first, to be freed at once (at
+        // Directory leases given back first, and the lane with the last
+        // (the session's end would reap them: `super::dirlease`).
+        for (dir, gen) in self.shared.dirs.drain() {
+            self.shared.give_back_dir(dir, gen);
+        }
+        // The reservation's unused blocks, to be freed at once (at
         // the session's end they would go through the server's limbo);
         // a refill landing after this stays booked as this client's and
         // goes with the rest. The server settles this client's leases and
@@ -975,11 +988,6 @@ impl Drop for Client {
         let _ = self
             .shared
             .send_ranges(&fs.take_client_freed(), None, &fs.drain_reservation());
-        // Directory leases given back (the session's end would settle them
-        // too): nothing is kept in them yet (`super::dirlease`).
-        for (dir, gen) in self.shared.dirs.drain() {
-            let _ = self.shared.send(&Msg::Released(dir, gen));
-        }
         let _ = self.conn.shutdown(std::net::Shutdown::Both);
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -1243,8 +1251,7 @@ impl Shared {
     /// (and, holding no other lease, its unused reservation).
     fn recall(&self, ino: u64, gen: u64) {
         if self.dirs.recall(ino, gen) {
-            // A directory's lease: nothing written under it to finish yet.
-            let _ = self.send(&Msg::Released(ino, gen));
+            self.give_back_dir(ino, gen);
             return;
         }
         let cell = self.lease_cell(ino);

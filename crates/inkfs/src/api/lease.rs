@@ -21,6 +21,9 @@
 //!                                 back unasked), after the returns
 //! client: lane K                  serve request ring K too (`super::ring`;
 //!                                 no answer)
+//! client: released D DGEN kept=...  a directory's lease back, with the
+//!                                 files kept (`super::lanelease`)
+//! client: released lane K ...     a lane back (`super::lanelease`)
 //! ```
 //!
 //! GEN numbers each grant (unique while the server runs). A lease may also
@@ -83,6 +86,13 @@ pub enum Msg {
     Unheld(u64),
     /// Serve request ring K of the client's set too (`super::ring`).
     Lane(u32),
+    /// A directory's lease given back (inode, grant number) with the
+    /// files created under it that the client keeps writing (inode,
+    /// generation): `super::lanelease`. None kept: the line of
+    /// [`Msg::Released`].
+    ReleasedDir(u64, u64, Vec<(u64, u64)>),
+    /// A lane given back (`super::lanelease`).
+    ReleasedLane(super::lanelease::LaneReturn),
 }
 
 impl Msg {
@@ -137,6 +147,14 @@ impl Msg {
             }
             Msg::Unheld(i) => writeln!(out, "unheld {i}"),
             Msg::Lane(k) => writeln!(out, "lane {k}"),
+            Msg::ReleasedDir(i, g, kept) => writeln!(
+                out,
+                "released {}",
+                super::lanelease::released_dir_words(*i, *g, kept)
+            ),
+            Msg::ReleasedLane(r) => {
+                writeln!(out, "released {}", super::lanelease::released_lane_words(r))
+            }
         };
     }
 
@@ -173,7 +191,24 @@ impl Msg {
             "recall" => Msg::Recall(num(w.next())?, num(w.next())?),
             "return" => Msg::Return(ranges(w)?),
             "unused" => Msg::Unused(ranges(w)?),
-            "released" => Msg::Released(num(w.next())?, num(w.next())?),
+            "released" => {
+                let first = w.next()?;
+                if first == "lane" {
+                    return super::lanelease::parse_released_lane(w).map(Msg::ReleasedLane);
+                }
+                let (ino, gen) = (num(Some(first))?, num(w.next())?);
+                match w.next() {
+                    // An older client's line, or a give-back keeping nothing.
+                    None => Msg::Released(ino, gen),
+                    Some(k) => {
+                        let kept = super::lanelease::parse_kept_word(k)?;
+                        if w.next().is_some() {
+                            return None;
+                        }
+                        Msg::ReleasedDir(ino, gen, kept)
+                    }
+                }
+            }
             "ns" => Msg::Ns(super::ns::Request::parse(w)?),
             "done" => Msg::Done(super::ns::Done::parse(w)?),
             "unheld" => Msg::Unheld(num(w.next())?),
