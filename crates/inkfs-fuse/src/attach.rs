@@ -311,6 +311,7 @@ fn serve_ring(inner: &Inner, holder: &Arc<Holder>, ring: inkfs::api::ring::Ring<
             },
             Some(Msg::Reserve(n)) => reserve(inner, holder, n, Side::Pm),
             Some(Msg::ReserveDev(n)) => reserve(inner, holder, n, Side::Dev),
+            Some(Msg::Slots(k)) => crate::lanes::more_slots(&inner.leases, holder, k),
             Some(Msg::Ns(req)) => {
                 let Some(engine) = inner.engine.upgrade() else {
                     return;
@@ -459,6 +460,10 @@ fn serve_leases(
             }
             Some(Msg::ReserveDev(n)) => {
                 let _ = crate::lease::send(holder, &reserve(inner, holder, n, Side::Dev));
+            }
+            Some(Msg::Slots(k)) => {
+                let _ =
+                    crate::lease::send(holder, &crate::lanes::more_slots(&inner.leases, holder, k));
             }
             Some(Msg::Return(ranges)) => inner.leases.take_back(holder, &ranges),
             Some(Msg::Unused(ranges)) => inner.leases.take_back_unused(holder, &ranges),

@@ -24,7 +24,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use inkfs::api::lanelease::{LaneGrant, LaneReturn, LANE_SLOTS_MAX};
-use inkfs::api::lease::RangeSet;
+use inkfs::api::lease::{Msg, RangeSet};
 
 use crate::lease::{Holder, Leases};
 use crate::Engine;
@@ -40,6 +40,8 @@ pub struct LaneBooks {
     kept: AtomicU64,
     /// Returns the engine refused (the session was ended for it).
     refused: AtomicU64,
+    /// Slots handed out by `slots K` (after the grant's).
+    slots_given: AtomicU64,
 }
 
 impl LaneBooks {
@@ -56,6 +58,11 @@ impl LaneBooks {
             self.kept.load(Relaxed),
             self.refused.load(Relaxed),
         )
+    }
+
+    /// Slots handed out by `slots K` so far.
+    pub fn slots_given(&self) -> u64 {
+        self.slots_given.load(Relaxed)
     }
 }
 
@@ -82,6 +89,26 @@ pub(crate) fn grant(
         }
     }
     Err(())
+}
+
+/// `slots K`: more free slots of the lane leased to `holder`
+/// (`Fs::lease_more_slots`); none if it holds another lane or none, or
+/// the grant's bound is reached.
+pub(crate) fn more_slots(leases: &Leases, holder: &Holder, k: u32) -> Msg {
+    let lane = holder.lane.lock().unwrap_or_else(|e| e.into_inner());
+    let slots = match (leases.engine(), *lane == Some(k)) {
+        (Some(engine), true) => engine
+            .lease_more_slots(k, LANE_SLOTS_MAX)
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    if !slots.is_empty() {
+        leases
+            .lanes
+            .slots_given
+            .fetch_add(slots.len() as u64, Relaxed);
+    }
+    Msg::SlotsGiven(k, slots)
 }
 
 /// A lane just leased with a directory lease that was then refused: back
@@ -129,6 +156,19 @@ pub(crate) fn released(leases: &Leases, holder: &Holder, ret: &LaneReturn) -> Re
     leases.lanes.given_back.fetch_add(1, Relaxed);
     let chunks: Vec<(u64, u64)> = ret.chunks.iter().map(|&(b, _)| (b, 1)).collect();
     holder.unreserve(&chunks);
+    // The table blocks the client added to the chain (from its
+    // reservation; those of the chain before it are in no reservation).
+    match engine.lane_table_blocks(ret.lane) {
+        Ok(blocks) => {
+            let table: Vec<(u64, u64)> = blocks.iter().map(|&b| (b, 1)).collect();
+            holder.unreserve(&table);
+        }
+        Err(e) => {
+            eprintln!("inkfs: lane {}: its table chain: {e}", ret.lane);
+            let all = leases.reserved_of(holder);
+            holder.unreserve(&all);
+        }
+    }
     for ino in settled.live {
         match engine.blocks_named(ino) {
             Ok(named) => holder.unreserve(&named),

@@ -920,6 +920,14 @@ pub fn run_engine(
                         .explained("of clients that died holding one"),
                 );
                 lines.push(
+                    Field::count(
+                        "lane_slots_given",
+                        "lane slots given by `slots`",
+                        l.lanes.slots_given(),
+                    )
+                    .explained("beyond each grant's, to clients that ran out"),
+                );
+                lines.push(
                     Field::count("lanes_returns_refused", "lane returns refused", refused)
                         .explained("the client's session was ended for it"),
                 );

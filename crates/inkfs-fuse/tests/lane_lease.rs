@@ -211,6 +211,36 @@ fn creates_under_the_lease_are_seen_through_the_mount() {
     fsck_clean(&pool);
 }
 
+/// Past the grant's slots the client asks for more (`slots K`) and its
+/// creates stay local; the take-back reads the added slots too (the books
+/// match a scan). Fails without `slots K` (the creates past the grant's
+/// 256 go to the ring).
+#[test]
+fn more_slots_keep_the_creates_local() {
+    require_root();
+    let pool = Pool::new("ll-slots", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    std::fs::create_dir(m.p("D")).unwrap();
+    let d = std::fs::metadata(m.p("D")).unwrap().ino();
+    let c = Client::attach_mountpoint(m.path(), None).expect("attach");
+    lease(&c, d, "first");
+    let n = 2 * inkfs::api::lanelease::LANE_SLOTS_MAX + 10;
+    for i in 0..n {
+        make(&c, d, &format!("s{i}"), b"");
+    }
+    assert_eq!(c.local_creates(), n as u64, "creates went to the server");
+    assert!(stat_u64(m.path(), "lane_slots_given") >= (n - 256) as u64);
+    assert_eq!(std::fs::read_dir(m.p("D")).unwrap().count(), n + 1);
+    assert_eq!(stat_u64(m.path(), "lanes_given_back"), 1);
+    drop(c);
+    eventually("no client attached", || {
+        stat_u64(m.path(), "clients_attached") == 0
+    });
+    let m = books_match_a_scan(&pool, m);
+    m.unmount();
+    fsck_clean(&pool);
+}
+
 /// A client that asks no lane (`Client::ns_dir_lease` of a client whose
 /// server said no `lanes=1` sends no `+lane`; here: a grant refused for
 /// want of a lane) makes its creates through the ring; with every lane
@@ -331,7 +361,8 @@ fn run_and_kill(child: &mut std::process::Child, acks: usize) -> Vec<String> {
 }
 
 /// A client creating and writing files under D's lease, SIGKILLed after a
-/// varying number of acknowledged files (the kill lands anywhere in the
+/// varying number of acknowledged files, up to 300 (past the grant's
+/// slots: `slots K`; the kill lands anywhere in the
 /// next create or write): after each round the server has reaped it
 /// (its lane, its reservation), every acknowledged name is present
 /// through the mount with its data, and a new client leases the lane
@@ -358,7 +389,7 @@ fn a_client_killed_under_the_lease_is_reaped() {
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
-        let acks = 1 + (seed % 40) as usize;
+        let acks = 1 + (seed % 300) as usize;
         let mut child = spawn_child(m.path(), d, round * 1000);
         let made = run_and_kill(&mut child, acks);
         eventually("the client reaped", || {

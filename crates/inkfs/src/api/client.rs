@@ -1405,6 +1405,7 @@ fn read_session(s: &Shared, conn: &UnixStream, recalls: &std::sync::mpsc::Sender
                 | Msg::Denied(..)
                 | Msg::Blocks(_)
                 | Msg::NoSpace
+                | Msg::SlotsGiven(..)
                 | Msg::Done(_)),
             ) => {
                 *lock(&s.answer) = Some(m);

@@ -18,6 +18,10 @@
 //!                                                     under it and keeps
 //!                                                     writing become file
 //!                                                     leases of grant DGEN)
+//! client: slots K                                   (no slot left: more)
+//! server: slots-given K S,S,...                     (`-`: none; its
+//!                                                     creates go to the
+//!                                                     server then)
 //! client: released lane K END slots=S,... chunks=B:M,...
 //!                                                     (its last directory
 //!                                                     lease went: the lane
@@ -83,6 +87,16 @@ fn parse_pairs(s: &str, max: usize) -> Option<Vec<(u64, u64)>> {
         })
         .collect::<Option<Vec<(u64, u64)>>>()?;
     (v.len() <= max).then_some(v)
+}
+
+/// Slots in a `slots-given` line (`-` for none).
+pub fn slot_list(slots: &[u64]) -> String {
+    list(slots.iter())
+}
+
+/// Parse a `slots-given` line's list.
+pub fn parse_slot_list(s: &str) -> Option<Vec<u64>> {
+    parse_list(s, LANE_SLOTS_MAX)
 }
 
 /// A grant's word in a namespace answer, `lane=K:END:S,S,...`.
@@ -213,6 +227,17 @@ impl<P: Pmem> Filesystem<P> {
         Ok(out)
     }
 
+    /// The blocks of lane `lane`'s inode table chain (a client grows it
+    /// from its reservation while it holds the lane).
+    pub fn lane_table_blocks(&self, lane: u32) -> Result<Vec<u64>> {
+        self.fs.tables.blocks(&self.fs.pm, lane)
+    }
+
+    /// More slots of leased lane `lane` (`Fs::lease_more_slots`).
+    pub fn lease_more_slots(&self, lane: u32, slots_max: usize) -> Result<Vec<u64>> {
+        self.fs.lease_more_slots(lane, slots_max)
+    }
+
     /// A dead client's lane back (`Fs::reap_lane`).
     pub fn reap_lane(
         &self,
@@ -264,6 +289,13 @@ mod tests {
             ..LaneReturn::default()
         });
         assert_eq!(Msg::parse(empty.line().trim_end()), Some(empty));
+        for m in [
+            Msg::Slots(3),
+            Msg::SlotsGiven(3, vec![]),
+            Msg::SlotsGiven(3, full.slots.clone()),
+        ] {
+            assert_eq!(Msg::parse(m.line().trim_end()), Some(m));
+        }
         let kept = Msg::ReleasedDir(5, 6, vec![(7, 8), (9, 10)]);
         assert_eq!(Msg::parse(kept.line().trim_end()), Some(kept));
         // No files kept: the old line, word for word.
@@ -288,6 +320,9 @@ mod tests {
             "released lane 1 2 slots=- chunks=5",
             "released lane 1 2 slots=- chunks=- more",
             "released 5 6 kept=7",
+            "slots",
+            "slots-given 3",
+            "slots-given 3 1,,2",
         ] {
             assert_eq!(Msg::parse(bad), None, "{bad}");
         }

@@ -24,6 +24,8 @@
 //! client: released D DGEN kept=...  a directory's lease back, with the
 //!                                 files kept (`super::lanelease`)
 //! client: released lane K ...     a lane back (`super::lanelease`)
+//! client: slots K                 more slots of lane K (`super::lanelease`)
+//! server: slots-given K S,S,...   (`-`: none)
 //! ```
 //!
 //! GEN numbers each grant (unique while the server runs). A lease may also
@@ -93,6 +95,10 @@ pub enum Msg {
     ReleasedDir(u64, u64, Vec<(u64, u64)>),
     /// A lane given back (`super::lanelease`).
     ReleasedLane(super::lanelease::LaneReturn),
+    /// More slots of lane K, asked (`super::lanelease`).
+    Slots(u32),
+    /// Its answer: the slots added (none: the creates go to the server).
+    SlotsGiven(u32, Vec<u64>),
 }
 
 impl Msg {
@@ -155,6 +161,10 @@ impl Msg {
             Msg::ReleasedLane(r) => {
                 writeln!(out, "released {}", super::lanelease::released_lane_words(r))
             }
+            Msg::Slots(k) => writeln!(out, "slots {k}"),
+            Msg::SlotsGiven(k, v) => {
+                writeln!(out, "slots-given {k} {}", super::lanelease::slot_list(v))
+            }
         };
     }
 
@@ -212,6 +222,12 @@ impl Msg {
             "ns" => Msg::Ns(super::ns::Request::parse(w)?),
             "done" => Msg::Done(super::ns::Done::parse(w)?),
             "unheld" => Msg::Unheld(num(w.next())?),
+            "slots" => Msg::Slots(w.next()?.parse().ok()?),
+            "slots-given" => {
+                let k = w.next()?.parse().ok()?;
+                let v = super::lanelease::parse_slot_list(w.next()?)?;
+                Msg::SlotsGiven(k, v)
+            }
             "lane" => Msg::Lane(w.next()?.parse().ok()?),
             _ => return None,
         };

@@ -66,10 +66,35 @@ impl Client {
                 Local::NoSpace if tries == 1 => {
                     self.refill(0, 1, refills).ok()?;
                 }
+                Local::Server if tries == 1 && self.more_slots_due(*dir) => {
+                    self.more_slots()?;
+                }
                 Local::NoSpace | Local::Server => return None,
             }
         }
         None
+    }
+
+    /// Whether a create in `dir` went to the server for want of a slot
+    /// only: the lease of `dir` held, a lane held with none left.
+    fn more_slots_due(&self, dir: u64) -> bool {
+        let fs = &self.shared.fs.fs;
+        self.shared.dirs.held(dir).is_some()
+            && fs.client_lane().is_some()
+            && fs.client_lane_slots() == 0
+    }
+
+    /// Ask for more slots of the lane held (`slots K`): None if the
+    /// server gave none (the creates go to it).
+    fn more_slots(&self) -> Option<()> {
+        let fs = &self.shared.fs.fs;
+        let k = fs.client_lane()?;
+        match self.ask(&Msg::Slots(k)).ok()? {
+            Msg::SlotsGiven(lane, slots) if lane == k && !slots.is_empty() => {
+                fs.client_add_slots(k, &slots).ok()
+            }
+            _ => None,
+        }
     }
 
     /// The answer `d` to a request that asked for directory `dir`'s lease
