@@ -26,8 +26,7 @@
 //!   Every invalidation is sent synchronously, with the landing loop of
 //!   crate::inval, before the grant.
 //! - **The counters** of `inkfs stat` ([`DirBooks`]): granted, recalled,
-//!   refused by reason. "No lane free" is not a reason yet: lanes are
-//!   leased in a later increment.
+//!   refused by reason ("no lane free" among them: crate::lanes).
 //!
 //! Ownership: the mount server's, DRAM only; nothing of it survives the
 //! server (a client's lease ends with its session, or the server's).

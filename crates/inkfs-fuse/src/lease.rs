@@ -34,8 +34,10 @@
 //!   file's. Its grant checks the directory (LIVE, no orphan, not
 //!   immutable), says what the kernel holds under it, and drops the
 //!   kernel's names under it (crate::dirlease); its settling catches the
-//!   server's directory up from its cached tail (no blocks: the client
-//!   writes none in it yet).
+//!   server's directory up from its cached tail, and the blocks its log
+//!   names leave the client's reservation (its new entries' pages). A
+//!   dead holder's lane is reaped before its directories are settled
+//!   (crate::lanes).
 //!
 //! The fast path (no client attached) is one relaxed load.
 
