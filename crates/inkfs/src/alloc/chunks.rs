@@ -154,6 +154,33 @@ impl BlockAllocator {
         Ok(())
     }
 
+    /// [`BlockAllocator::add_chunk_block`], or, if the maps hold `block`
+    /// already (some of its chunks were freed here meanwhile), keep in use
+    /// only the chunks both say are (a client's chunk block coming back
+    /// after its removals' head chunks went through the limbo). A block
+    /// with no chunk left in use is freed.
+    pub(crate) fn merge_chunk_block(&self, block: u64, mask: u64) -> Result<(), AllocError> {
+        if block < self.first_block || block >= self.total_blocks {
+            return self.add_chunk_block(block, mask);
+        }
+        let l = &self.chunks[self.lane_of(block)];
+        let mut partial = lock(&l.partial);
+        let Some(&have) = partial.get(&block) else {
+            drop(partial);
+            return self.add_chunk_block(block, mask);
+        };
+        let mask = have & mask;
+        if mask == 0 {
+            partial.remove(&block);
+            l.publish(&partial);
+            drop(partial);
+            return self.free(block, 1);
+        }
+        partial.insert(block, mask);
+        l.publish(&partial);
+        Ok(())
+    }
+
     /// Lane `lane`'s partly used chunk blocks and their bitmaps of chunks
     /// in use, ascending.
     pub fn chunk_blocks(&self, lane: u32) -> Vec<(u64, u64)> {

@@ -390,7 +390,7 @@ fn on_lane<T>(owner: &Fs<SimPool>, lane: u32, f: impl FnOnce() -> T) -> Result<T
             lane: g.lane,
             unused_slots: g.slots,
             table_end: g.table_end,
-            chunks: Vec::new(),
+            ..Default::default()
         };
         owner
             .take_back_lane(&ret)
