@@ -404,6 +404,11 @@ impl<P: Pmem> Fs<P> {
         if rec.state != INODE_FREE || !self.slots.is_used(lane, slot) {
             return errno(libc::EINVAL);
         }
+        // Durable before its blocks can be reused: a client killed between
+        // its FREE store and that line's write-back leaves it visible only
+        // (a power cut would then keep the inode ORPHAN, its log naming
+        // blocks another file took).
+        self.pm.persist(rec_off + INODE_STATE_FIELD, 8);
         if !self.forget_freed_inode(ino) {
             return errno(libc::EBUSY);
         }
