@@ -286,6 +286,25 @@ mod tests {
         assert_eq!(a.alloc_chunk(0), Some(log_chunk_id(13, 2)));
     }
 
+    /// A chunk block coming back from a client after the owner freed some
+    /// of its chunks (a removed inode's head chunk through the limbo):
+    /// only the chunks both say are in use stay so; none left frees it.
+    #[test]
+    fn merge_chunk_block_keeps_what_both_use() {
+        let a = BlockAllocator::new_all_used(1, 10, 30);
+        a.free_log_page(log_chunk_id(12, 1)).unwrap();
+        assert_eq!(a.chunk_blocks(0), vec![(12, LOG_CHUNKS_FULL & !0b10)]);
+        a.merge_chunk_block(12, 0b111).unwrap();
+        assert_eq!(a.chunk_blocks(0), vec![(12, 0b101)]);
+        // Not in the maps yet: as add_chunk_block.
+        a.merge_chunk_block(13, 0b1).unwrap();
+        assert_eq!(a.chunk_blocks(0), vec![(12, 0b101), (13, 0b1)]);
+        a.free_log_page(log_chunk_id(13, 0)).unwrap();
+        a.free_log_page(log_chunk_id(14, 3)).unwrap();
+        a.merge_chunk_block(14, 0b1000).unwrap();
+        assert!(a.is_free(13) && a.is_free(14), "no chunk left in use");
+    }
+
     /// Random chunk and block traffic from several lanes against a model:
     /// no page id is handed out twice, a chunk block never overlaps a
     /// block handed out whole, the saved form of the maps restores them,
