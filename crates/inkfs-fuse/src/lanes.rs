@@ -118,7 +118,7 @@ pub(crate) fn untake(leases: &Leases, engine: &Engine, holder: &Holder, g: &Lane
         lane: g.lane,
         unused_slots: g.slots.clone(),
         table_end: g.table_end,
-        chunks: Vec::new(),
+        ..LaneReturn::default()
     };
     let _silent = crate::lease::silent();
     let mut lane = holder.lane.lock().unwrap_or_else(|e| e.into_inner());

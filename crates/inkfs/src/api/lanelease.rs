@@ -22,7 +22,7 @@
 //! server: slots-given K S,S,...                     (`-`: none; its
 //!                                                     creates go to the
 //!                                                     server then)
-//! client: released lane K END slots=S,... chunks=B:M,...
+//! client: released lane K END slots=S,... chunks=B:M,... freed=ID,...
 //!                                                     (its last directory
 //!                                                     lease went: the lane
 //!                                                     back, its unused
@@ -33,7 +33,9 @@
 //!
 //! `K` is the lane, `END` its inode table chain's last block, `S` the
 //! free slots handed out (`-` for none), `B:M` a chunk block and the
-//! bitmap of its chunks in use. A server that never said `lanes=1` gets
+//! bitmap of its chunks in use, `ID` the head chunk of a file made and
+//! removed under the lease (crates/inkfs/src/rmlocal.rs; none until a
+//! client's removals go on the wire). A server that never said `lanes=1` gets
 //! none of these words, and a client that never asked `+lane` gets none:
 //! older clients and servers are unchanged.
 //!
@@ -47,7 +49,9 @@ use super::Filesystem;
 use crate::error::Result;
 use crate::pmem::Pmem;
 
-pub use crate::lanelease::{LaneGrant, LaneReturn, LaneSettled, LANE_SLOTS_MAX};
+pub use crate::lanelease::{
+    LaneGrant, LaneReturn, LaneSettled, LANE_SLOTS_GRANTED_MAX, LANE_SLOTS_MAX,
+};
 
 /// The word asking for a lane with a directory lease.
 pub const LANE_ASK_WORD: &str = "+lane";
@@ -146,11 +150,12 @@ pub fn released_lane_words(r: &LaneReturn) -> String {
         .collect::<Vec<_>>()
         .join(",");
     format!(
-        "lane {} {} slots={} chunks={}",
+        "lane {} {} slots={} chunks={} freed={}",
         r.lane,
         r.table_end,
         list(r.unused_slots.iter()),
-        if chunks.is_empty() { "-" } else { &chunks }
+        if chunks.is_empty() { "-" } else { &chunks },
+        list(r.freed_chunks.iter())
     )
 }
 
@@ -162,6 +167,9 @@ pub fn parse_released_lane(mut w: std::str::SplitAsciiWhitespace<'_>) -> Option<
     // A client carves chunk blocks one at a time; a handful are partly
     // used at once (bounded like the slots).
     let chunks = parse_pairs(w.next()?.strip_prefix("chunks=")?, LANE_SLOTS_MAX)?;
+    // Head chunks of files made and removed under the lease (rmlocal.rs):
+    // at most one a handed-out slot.
+    let freed_chunks = parse_list(w.next()?.strip_prefix("freed=")?, LANE_SLOTS_GRANTED_MAX)?;
     if w.next().is_some() {
         return None;
     }
@@ -169,6 +177,7 @@ pub fn parse_released_lane(mut w: std::str::SplitAsciiWhitespace<'_>) -> Option<
         lane,
         unused_slots,
         table_end,
+        freed_chunks,
         chunks,
     })
 }
@@ -278,6 +287,7 @@ mod tests {
             lane: 2,
             unused_slots: full.slots.clone(),
             table_end: 77,
+            freed_chunks: vec![u64::MAX / 3, 9],
             chunks: vec![(100, 5), (101, 1)],
         };
         let m = Msg::ReleasedLane(ret.clone());
@@ -318,7 +328,8 @@ mod tests {
             "released lane 1 2 slots=- ",
             "released lane 1 2 slots=x chunks=-",
             "released lane 1 2 slots=- chunks=5",
-            "released lane 1 2 slots=- chunks=- more",
+            "released lane 1 2 slots=- chunks=-",
+            "released lane 1 2 slots=- chunks=- freed=- more",
             "released 5 6 kept=7",
             "slots",
             "slots-given 3",
