@@ -61,9 +61,6 @@ use super::lease::{Msg, LINE_MAX};
 use super::ns;
 use super::ring::RingSet;
 use super::{File, Filesystem, Follow, OpenFlags, Written, ROOT_INO};
-
-/// Creates under a directory lease, and its give-back.
-mod local;
 use crate::blockdev::{BlockDev, FileDev, Side};
 use crate::error::{errno, Error, Result};
 use crate::fs::Fs;
@@ -72,6 +69,9 @@ use crate::perm::Credentials;
 use crate::pmem::{MappedPool, PoolFile, PoolOpenOptions};
 use crate::shm::SharedEpochs;
 use crate::types::{Attr, DirEntry, FileKind, Mode, SetAttr};
+
+/// Creates under a directory lease, and its give-back.
+mod local;
 
 /// `INKFS_CLIENT_CHANNEL=session`: requests on the session's socket
 /// instead of the rings (to measure one against the other), one at a time
@@ -974,16 +974,13 @@ impl Drop for Client {
             }
             return;
         }
-        // Directory leases given back first, and the lane with the last
-        // (the session's end would reap them: `super::dirlease`).
+        // Directory leases first, the lane with the last (`super::dirlease`).
         for (dir, gen) in self.shared.dirs.drain() {
             self.shared.give_back_dir(dir, gen);
         }
-        // The reservation's unused blocks, to be freed at once (at
-        // the session's end they would go through the server's limbo);
-        // a refill landing after this stays booked as this client's and
-        // goes with the rest. The server settles this client's leases and
-        // the rest at the end of the session, as at its death.
+        // The reservation's unused blocks, freed at once (at the session's
+        // end they would go through the server's limbo); a refill landing
+        // after this goes with the rest, settled at the session's end.
         let fs = &self.shared.fs.fs;
         let _ = self
             .shared
