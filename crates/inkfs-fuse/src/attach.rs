@@ -311,6 +311,7 @@ fn serve_ring(inner: &Inner, holder: &Arc<Holder>, ring: inkfs::api::ring::Ring<
             },
             Some(Msg::Reserve(n)) => reserve(inner, holder, n, Side::Pm),
             Some(Msg::ReserveDev(n)) => reserve(inner, holder, n, Side::Dev),
+            Some(Msg::Slots(k)) => crate::lanes::more_slots(&inner.leases, holder, k),
             Some(Msg::Ns(req)) => {
                 let Some(engine) = inner.engine.upgrade() else {
                     return;
@@ -450,6 +451,7 @@ fn serve_leases(
                     igen: 0,
                     gen: 0,
                     dir: None,
+                    lane: None,
                 };
                 let _ = crate::lease::send(holder, &Msg::Done(done));
             }
@@ -459,6 +461,10 @@ fn serve_leases(
             Some(Msg::ReserveDev(n)) => {
                 let _ = crate::lease::send(holder, &reserve(inner, holder, n, Side::Dev));
             }
+            Some(Msg::Slots(k)) => {
+                let _ =
+                    crate::lease::send(holder, &crate::lanes::more_slots(&inner.leases, holder, k));
+            }
             Some(Msg::Return(ranges)) => inner.leases.take_back(holder, &ranges),
             Some(Msg::Unused(ranges)) => inner.leases.take_back_unused(holder, &ranges),
             // On the worker: freeing recalls leases, whose `released`
@@ -467,6 +473,25 @@ fn serve_leases(
                 let _ = tx.send(Work::Unheld);
             }
             Some(Msg::Released(ino, gen)) => inner.leases.released(holder, ino, gen),
+            Some(Msg::ReleasedDir(dir, gen, kept)) => {
+                // Its files kept enter the table before the directory is
+                // settled: no one uses them unrecalled.
+                inner.leases.adopt_kept(holder, dir, gen, &kept);
+                inner.leases.released(holder, dir, gen);
+            }
+            Some(Msg::ReleasedLane(ret)) => {
+                if let Err(why) = crate::lanes::released(&inner.leases, holder, &ret) {
+                    // The client's fault: its session ends here, and the
+                    // lane is reaped with the rest of what it held.
+                    eprintln!(
+                        "inkfs: client {}: a lane's return refused ({why}): session ended",
+                        holder.id
+                    );
+                    let _ = conn.shutdown(Shutdown::Both);
+                    holder.line_read();
+                    break;
+                }
+            }
             Some(Msg::Lane(k)) if (k as usize) < RINGS => lanes.start(k as usize),
             // Anything else from a client is ignored.
             _ => {}
@@ -563,6 +588,7 @@ fn admit(inner: &Inner, conn: &UnixStream) -> Result<(Grant, GrantFds, i32), Str
             data_threshold,
             gives: true,
             dirs: true,
+            lanes: true,
         },
         GrantFds { pool, data },
         peer.pid,

@@ -26,8 +26,7 @@
 //!   Every invalidation is sent synchronously, with the landing loop of
 //!   crate::inval, before the grant.
 //! - **The counters** of `inkfs stat` ([`DirBooks`]): granted, recalled,
-//!   refused by reason. "No lane free" is not a reason yet: lanes are
-//!   leased in a later increment.
+//!   refused by reason ("no lane free" among them: crate::lanes).
 //!
 //! Ownership: the mount server's, DRAM only; nothing of it survives the
 //! server (a client's lease ends with its session, or the server's).
@@ -120,6 +119,7 @@ pub fn refusal_key(why: Refusal) -> &'static str {
         Refusal::Timeout => "dir_leases_refused_timeout",
         Refusal::NoName => "dir_leases_refused_noname",
         Refusal::Shutdown => "dir_leases_refused_shutdown",
+        Refusal::NoLane => "dir_leases_refused_no_lane",
         Refusal::Failed => "dir_leases_refused_failed",
     }
 }
@@ -134,6 +134,7 @@ pub fn refusal_label(why: Refusal) -> &'static str {
         Refusal::Timeout => "directory leases refused: a recall timed out",
         Refusal::NoName => "directory leases refused: name in parent not found",
         Refusal::Shutdown => "directory leases refused: ending",
+        Refusal::NoLane => "directory leases refused: no lane free",
         Refusal::Failed => "directory leases refused: error",
     }
 }

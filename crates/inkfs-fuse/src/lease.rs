@@ -34,8 +34,10 @@
 //!   file's. Its grant checks the directory (LIVE, no orphan, not
 //!   immutable), says what the kernel holds under it, and drops the
 //!   kernel's names under it (crate::dirlease); its settling catches the
-//!   server's directory up from its cached tail (no blocks: the client
-//!   writes none in it yet).
+//!   server's directory up from its cached tail, and the blocks its log
+//!   names leave the client's reservation (its new entries' pages). A
+//!   dead holder's lane is reaped before its directories are settled
+//!   (crate::lanes).
 //!
 //! The fast path (no client attached) is one relaxed load.
 
@@ -91,6 +93,9 @@ pub struct Holder {
     /// Threads waiting on `lines_read` now (changed with `lines` locked,
     /// as a shard's `waiting`: the reader wakes nobody when it is 0).
     lines_waiting: AtomicUsize,
+    /// The lane leased to it (crate::lanes), locked for a grant, a
+    /// give-back or a reaping of it.
+    pub(crate) lane: Mutex<Option<u32>>,
 }
 
 impl Holder {
@@ -124,6 +129,20 @@ impl Holder {
             self.lines_waiting.fetch_sub(1, Relaxed);
         }
         true
+    }
+
+    /// Blocks of its reservation now named by an inode (or returned): out
+    /// of its books.
+    pub(crate) fn unreserve(&self, ranges: &[(u64, u64)]) {
+        let mut books = lock(&self.books);
+        for &(s, l) in ranges {
+            books.reserved.remove(s, l);
+        }
+    }
+
+    /// Whether the client died (its session ended).
+    pub(crate) fn is_dead(&self) -> bool {
+        self.dead.load(SeqCst)
     }
 }
 
@@ -226,6 +245,8 @@ pub struct Leases {
     /// Directory leases: counters, and the recall timeouts of the last
     /// second (crate::dirlease).
     pub(crate) dirs: crate::dirlease::DirBooks,
+    /// Lane leases' counters (crate::lanes).
+    pub(crate) lanes: crate::lanes::LaneBooks,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -243,6 +264,7 @@ impl Leases {
             released: AtomicU64::new(0),
             given: AtomicU64::new(0),
             dirs: Default::default(),
+            lanes: Default::default(),
             shards: (0..SHARDS)
                 .map(|_| Shard {
                     map: Mutex::default(),
@@ -291,7 +313,89 @@ impl Leases {
             lines: Mutex::new(0),
             lines_read: Condvar::new(),
             lines_waiting: AtomicUsize::new(0),
+            lane: Mutex::new(None),
         })
+    }
+
+    /// The mount's engine, while it lasts.
+    pub(crate) fn engine(&self) -> Option<Arc<Engine>> {
+        self.engine.upgrade()
+    }
+
+    /// The holder's leases now: (files, directories).
+    pub(crate) fn leases_of(&self, holder: &Holder) -> (Vec<u64>, Vec<u64>) {
+        let leased: Vec<u64> = lock(&holder.books).leases.iter().copied().collect();
+        let (mut files, mut dirs) = (Vec::new(), Vec::new());
+        for ino in leased {
+            let map = lock(&self.shard(ino).map);
+            match map.get(&ino) {
+                Some(e) if e.holder.as_ref().is_some_and(|h| h.id == holder.id) => {
+                    if e.dir {
+                        dirs.push(ino);
+                    } else {
+                        files.push(ino);
+                    }
+                }
+                _ => {}
+            }
+        }
+        (files, dirs)
+    }
+
+    /// The holder's blocks reserved and not yet seen in an inode.
+    pub(crate) fn reserved_of(&self, holder: &Holder) -> Vec<(u64, u64)> {
+        lock(&holder.books).reserved.ranges()
+    }
+
+    /// `released D GEN kept=...`: the files `kept` (inode, generation)
+    /// that the holder made under directory `dir`'s grant `gen` and keeps
+    /// writing become its file leases of grant `gen`, before D is settled
+    /// (docs/KERNEL-FREE.md, "What the holder finishes before
+    /// `released`"). Each must be a live regular file of the lane leased
+    /// to the holder with that generation, leased to no one; any other is
+    /// skipped, loudly (the server then owns it as any file nobody
+    /// leases, and the client's later writes ask for its lease).
+    pub fn adopt_kept(&self, holder: &Arc<Holder>, dir: u64, gen: u64, kept: &[(u64, u64)]) {
+        let _silent = Silent::on();
+        let Some(engine) = self.engine.upgrade() else {
+            return;
+        };
+        let holds_dir = {
+            let map = lock(&self.shard(dir).map);
+            map.get(&dir).is_some_and(|e| {
+                e.dir && e.gen == gen && e.holder.as_ref().is_some_and(|h| h.id == holder.id)
+            })
+        };
+        let lane = *lock(&holder.lane);
+        for &(ino, igen) in kept {
+            let ok =
+                holds_dir && lane == Some(engine.lane_of_ino(ino)) && engine.is_linked(ino, igen);
+            // Caught up and its tail durable (`lease_refs`): the blocks it
+            // names now are those a later settle compares with.
+            let refs = match ok.then(|| engine.lease_refs(ino)) {
+                Some(Ok(r)) => r,
+                _ => {
+                    eprintln!(
+                        "inkfs: client {} kept inode {ino}:{igen} it did not make under its lease of {dir}: ignored",
+                        holder.id
+                    );
+                    continue;
+                }
+            };
+            let shard = self.shard(ino);
+            let mut map = lock(&shard.map);
+            let e = map.entry(ino).or_default();
+            if e.holder.is_some() || e.granting {
+                continue;
+            }
+            e.holder = Some(holder.clone());
+            e.gen = gen;
+            e.before = RangeSet::from_ranges(&refs);
+            e.recalling = false;
+            e.dir = false;
+            lock(&holder.books).leases.insert(ino);
+            self.lanes.kept();
+        }
     }
 
     /// Clients attached now.
@@ -564,11 +668,19 @@ impl Leases {
             return;
         };
         let shard = self.shard(ino);
-        // A directory's holder wrote no block (this increment): its
-        // directory is caught up, and refers to none of its reservation.
         let dir = lock(&shard.map).get(&ino).is_some_and(|e| e.dir);
+        if dir && gen.is_none() {
+            // A dead holder's lane is reaped before its directory is
+            // caught up: its journal may hold a commit of a create in D.
+            crate::lanes::reap(self, &engine, holder);
+        }
+        // A directory's holder wrote its new entries' log pages from its
+        // reservation: caught up, the blocks its log names leave the
+        // reservation (they are the directory's now).
         let after = if dir {
-            engine.dir_catch_up(ino).map(|()| Vec::new())
+            engine
+                .dir_catch_up(ino)
+                .and_then(|()| engine.blocks_named(ino))
         } else {
             engine.lease_refs(ino)
         };
@@ -742,6 +854,13 @@ impl Leases {
     /// leases: they can end now.
     pub fn end(&self, holder: &Holder) {
         holder.dead.store(true, SeqCst);
+        if let Some(engine) = self.engine.upgrade() {
+            // Its lane first (docs/KERNEL-FREE.md, "What each crash
+            // leaves (stage 5)"): its journal replayed before any of its
+            // directories is caught up.
+            let _silent = Silent::on();
+            crate::lanes::reap(self, &engine, holder);
+        }
         let leased: Vec<u64> = lock(&holder.books).leases.iter().copied().collect();
         for ino in leased {
             self.settle(holder, ino, None);
@@ -844,6 +963,14 @@ impl LeaseHook for Leases {
             }
         });
     }
+}
+
+/// This thread is the table's own until the guard goes: the engine's
+/// uses of inodes recall nothing (crate::lanes: the take-back of a lane
+/// reads inodes whose leases the same client may hold, and the session's
+/// reader that would read its `released` is this thread).
+pub(crate) fn silent() -> impl Drop {
+    Silent::on()
 }
 
 /// A FUSE request's hold on the inodes it used (see `Leases::scope`).
@@ -985,6 +1112,7 @@ mod tests {
             lines: Mutex::new(0),
             lines_read: Condvar::new(),
             lines_waiting: AtomicUsize::new(0),
+            lane: Mutex::new(None),
         })
     }
 

@@ -31,6 +31,7 @@ pub mod fs;
 pub mod handles;
 pub mod inval;
 pub mod kernel_refs;
+pub mod lanes;
 pub mod lease;
 pub mod mount;
 pub mod ns;

@@ -905,6 +905,40 @@ pub fn run_engine(
                         n,
                     ));
                 }
+                let (leased, given_back, reaped, kept, refused) = l.lanes.counts();
+                lines.push(
+                    Field::count("lanes_leased", "lanes leased", leased)
+                        .explained("with directory leases, to clients that asked"),
+                );
+                lines.push(Field::count(
+                    "lanes_given_back",
+                    "lanes given back",
+                    given_back,
+                ));
+                lines.push(
+                    Field::count("lanes_reaped", "lanes reaped", reaped)
+                        .explained("of clients that died holding one"),
+                );
+                lines.push(
+                    Field::count(
+                        "lane_slots_given",
+                        "lane slots given by `slots`",
+                        l.lanes.slots_given(),
+                    )
+                    .explained("beyond each grant's, to clients that ran out"),
+                );
+                lines.push(
+                    Field::count("lanes_returns_refused", "lane returns refused", refused)
+                        .explained("the client's session was ended for it"),
+                );
+                lines.push(
+                    Field::count(
+                        "dir_files_kept",
+                        "files kept at a directory's give-back",
+                        kept,
+                    )
+                    .explained("made under a directory lease, leased as files after it"),
+                );
                 let (released, given) = l.give_backs();
                 lines.push(
                     Field::count(

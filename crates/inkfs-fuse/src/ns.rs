@@ -23,7 +23,8 @@
 
 use std::sync::Arc;
 
-use inkfs::api::dirlease::DirAnswer;
+use inkfs::api::dirlease::{DirAnswer, Refusal};
+use inkfs::api::lanelease::LaneGrant;
 use inkfs::api::ns::{Done, Op, Request};
 use inkfs::api::{self, Credentials, OpenFlags, RenameFlags, XattrFlags};
 
@@ -105,6 +106,7 @@ pub fn serve(
                 igen: m.igen,
                 gen: m.gen,
                 dir: None,
+                lane: None,
             }
         }
         Err(e) => Done {
@@ -114,23 +116,58 @@ pub fn serve(
             igen: 0,
             gen: 0,
             dir: None,
+            lane: None,
         },
     };
     // The directory's lease, asked with the request (`+dir`), whatever
     // the request's own result: granted once the request's hold on the
     // directory is over, as a create's file lease (crate::dirlease).
     let done = match req.dir().filter(|_| req.dir_lease) {
-        Some(dir) => Done {
-            dir: Some(match leases.grant_dir(holder, dir) {
-                Ok((gen, kernel)) => DirAnswer::Granted { gen, kernel },
-                Err(why) => DirAnswer::Refused(why),
-            }),
-            ..done
-        },
+        Some(dir) => {
+            let (dir, lane) = grant_dir(engine, leases, holder, dir, req.lane_lease);
+            Done {
+                dir: Some(dir),
+                lane,
+                ..done
+            }
+        }
         None => done,
     };
     stats.record(op_stat(&req.op), t, done.errno == 0);
     done
+}
+
+/// Directory `dir`'s lease for `holder`, and a lane with it if it asked
+/// (`+lane`) and holds none (crate::lanes): no lane to be had refuses the
+/// directory too (`nolane`), and a lane leased for a directory then
+/// refused goes back at once.
+fn grant_dir(
+    engine: &Engine,
+    leases: &Leases,
+    holder: &Arc<Holder>,
+    dir: u64,
+    with_lane: bool,
+) -> (DirAnswer, Option<LaneGrant>) {
+    let lane = if with_lane {
+        match crate::lanes::grant(leases, engine, holder) {
+            Ok(g) => g,
+            Err(()) => {
+                leases.dirs.refused(Refusal::NoLane);
+                return (DirAnswer::Refused(Refusal::NoLane), None);
+            }
+        }
+    } else {
+        None
+    };
+    match leases.grant_dir(holder, dir) {
+        Ok((gen, kernel)) => (DirAnswer::Granted { gen, kernel }, lane),
+        Err(why) => {
+            if let Some(g) = &lane {
+                crate::lanes::untake(leases, engine, holder, g);
+            }
+            (DirAnswer::Refused(why), None)
+        }
+    }
 }
 
 fn op_stat(op: &Op) -> stats::Op {

@@ -483,6 +483,13 @@ fn a_stopped_holder_is_killed_at_the_recall_timeout() {
     assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
     assert_eq!(done.dir, Some(DirAnswer::Refused(Refusal::Timeout)));
     assert_eq!(stat_u64(m.path(), "dir_leases_refused_timeout"), 1);
+    // It held a lane with D (its grant asked `+lane`): reaped. (The
+    // refused ask above leased one and gave it back at once.)
+    assert_eq!(stat_u64(m.path(), "lanes_reaped"), 1);
+    assert_eq!(
+        stat_u64(m.path(), "lanes_leased"),
+        1 + stat_u64(m.path(), "lanes_given_back")
+    );
     drop(c);
     m.unmount();
 }

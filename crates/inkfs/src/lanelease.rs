@@ -43,6 +43,9 @@ use crate::types::FileKind;
 /// Slots at most in one grant (docs/KERNEL-FREE.md: the client asks for
 /// more when it runs low).
 pub const LANE_SLOTS_MAX: usize = 256;
+/// Slots one lease of a lane hands out at most, more slots included (a
+/// bound on what a take-back or a reaping reads).
+pub const LANE_SLOTS_GRANTED_MAX: usize = 64 * LANE_SLOTS_MAX;
 
 /// The owner's state of one lane, one cache line each (the mark is read
 /// by every `Fs::lane`).
@@ -368,6 +371,35 @@ impl<P: Pmem> Fs<P> {
         settled.table_blocks_added = added.len() as u64;
         self.end_lane_lease(o, &mut guard);
         Ok(settled)
+    }
+
+    /// More free slots of leased lane `lane` for its client (`slots K`,
+    /// asked when it has none left): up to `slots_max` (at most
+    /// [`LANE_SLOTS_MAX`]), taken out of the owner's allocator as at the
+    /// grant and added to it, so that a take-back or a reaping reads them
+    /// too. None once the grant holds [`LANE_SLOTS_GRANTED_MAX`] (the
+    /// client's creates then go to the owner). EINVAL if `lane` is not
+    /// leased.
+    pub fn lease_more_slots(&self, lane: u32, slots_max: usize) -> Result<Vec<u64>> {
+        let Some(o) = self.lane_owners.lanes.get(lane as usize) else {
+            return errno(libc::EINVAL);
+        };
+        let _admin = lock(&self.lane_owners.admin);
+        let mut guard = lock(&o.grant);
+        let Some(grant) = guard.as_mut() else {
+            return errno(libc::EINVAL);
+        };
+        let room = LANE_SLOTS_GRANTED_MAX.saturating_sub(grant.slots.len());
+        let mut got = Vec::new();
+        for _ in 0..slots_max.min(LANE_SLOTS_MAX).min(room) {
+            let slot = self.slots.alloc(lane);
+            // As at the grant: a slot whose record is not FREE stays used.
+            if let Ok(SlotState::Free) = self.slot_state(lane, slot) {
+                got.push(slot);
+            }
+        }
+        grant.slots.extend_from_slice(&got);
+        Ok(got)
     }
 
     /// Lane `lane` back from a dead client (docs/KERNEL-FREE.md, "What
@@ -737,6 +769,23 @@ impl<P: Pmem> Fs<P> {
             freed_chunks: std::mem::take(&mut *lock(&side.lane.chunks_freed)),
             chunks: self.blocks.take_chunk_blocks(),
         })
+    }
+
+    /// More slots of the lane this client engine holds (`slots K`'s
+    /// answer). EINVAL if it holds another lane or none.
+    pub fn client_add_slots(&self, lane: u32, slots: &[u64]) -> Result<()> {
+        let Some(side) = &self.client else {
+            return errno(libc::EINVAL);
+        };
+        let mut held = lock(&side.lane.held);
+        match held.as_mut() {
+            Some(h) if h.lane == lane => {
+                h.slots.extend_from_slice(slots);
+                h.slots.sort_unstable_by(|a, b| b.cmp(a));
+                Ok(())
+            }
+            _ => errno(libc::EINVAL),
+        }
     }
 
     /// The lane this client engine holds.

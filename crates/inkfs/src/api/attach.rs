@@ -89,6 +89,10 @@ pub struct Grant {
     /// ask (`dirs=1`; `super::dirlease`). An older server's grant has no
     /// such field: its clients never send `+dir`.
     pub dirs: bool,
+    /// The server leases a lane with a directory lease to a client that
+    /// asks (`lanes=1`; `super::lanelease`). An older server's grant has
+    /// no such field: its clients never send `+lane`.
+    pub lanes: bool,
 }
 
 impl Grant {
@@ -99,8 +103,9 @@ impl Grant {
             .unwrap_or_default();
         let gives = if self.gives { " gives=1" } else { "" };
         let dirs = if self.dirs { " dirs=1" } else { "" };
+        let lanes = if self.lanes { " lanes=1" } else { "" };
         format!(
-            "ok layout={TABLE_LAYOUT} id={} slot={} mode={}{data}{gives}{dirs}\n",
+            "ok layout={TABLE_LAYOUT} id={} slot={} mode={}{data}{gives}{dirs}{lanes}\n",
             self.id,
             self.slot,
             self.mode.name()
@@ -123,6 +128,7 @@ impl Grant {
         let mut data_threshold = None;
         let mut gives = false;
         let mut dirs = false;
+        let mut lanes = false;
         for w in words {
             match w.split_once('=') {
                 Some(("layout", v)) => layout = v.parse::<u32>().ok(),
@@ -131,6 +137,7 @@ impl Grant {
                 Some(("mode", v)) => mode = Mode::parse(v),
                 Some(("gives", v)) => gives = v == "1",
                 Some(("dirs", v)) => dirs = v == "1",
+                Some(("lanes", v)) => lanes = v == "1",
                 Some(("data", v)) => {
                     data_threshold = Some(
                         v.parse::<u64>()
@@ -151,6 +158,7 @@ impl Grant {
                     data_threshold,
                     gives,
                     dirs,
+                    lanes,
                 })
             }
             (Some(l), ..) if l != TABLE_LAYOUT => Err(format!(
@@ -342,6 +350,7 @@ mod tests {
             data_threshold: None,
             gives: false,
             dirs: false,
+            lanes: false,
         };
         assert_eq!(Grant::parse(g.line().trim_end()), Ok(g));
         let gives = Grant { gives: true, ..g };
@@ -356,6 +365,19 @@ mod tests {
         ))
         .unwrap();
         assert!(old.gives && !old.dirs);
+        let lanes = Grant {
+            dirs: true,
+            lanes: true,
+            ..g
+        };
+        assert!(lanes.line().contains(" dirs=1 lanes=1"));
+        assert_eq!(Grant::parse(lanes.line().trim_end()), Ok(lanes));
+        // An older server's grant (no `lanes=`): no lane with a directory.
+        let old = Grant::parse(&format!(
+            "ok layout={TABLE_LAYOUT} id=1 slot=2 mode=strict gives=1 dirs=1"
+        ))
+        .unwrap();
+        assert!(old.dirs && !old.lanes);
         let h = Grant {
             data_threshold: Some(65536),
             ..g
@@ -388,6 +410,7 @@ mod tests {
             data_threshold: None,
             gives: true,
             dirs: true,
+            lanes: true,
         };
         use std::os::fd::AsFd;
         send_grant(&a, &g, f.as_fd(), f.as_fd(), f.as_fd(), None).unwrap();

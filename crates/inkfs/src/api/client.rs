@@ -70,6 +70,9 @@ use crate::pmem::{MappedPool, PoolFile, PoolOpenOptions};
 use crate::shm::SharedEpochs;
 use crate::types::{Attr, DirEntry, FileKind, Mode, SetAttr};
 
+/// Creates under a directory lease, and its give-back.
+mod local;
+
 /// `INKFS_CLIENT_CHANNEL=session`: requests on the session's socket
 /// instead of the rings (to measure one against the other), one at a time
 /// per process: with one thread only (a namespace request waiting there
@@ -697,15 +700,20 @@ impl Client {
 
     fn ns_asking(&self, cred: &Credentials, op: ns::Op, ask_dir: bool) -> Result<ns::Done> {
         let seq = self.seq.fetch_add(1, SeqCst) + 1;
+        if let Some(done) = self.create_under_lease(cred, seq, &op) {
+            return Ok(done);
+        }
         let mut req = ns::Request {
             seq,
             cred: cred.clone(),
             op,
             give: Vec::new(),
             dir_lease: false,
+            lane_lease: false,
         };
         let asked = req.dir().filter(|_| ask_dir);
         req.dir_lease = asked.is_some();
+        req.lane_lease = req.dir_lease && self.grant.lanes;
         if !req.fits() {
             return errno(libc::E2BIG);
         }
@@ -735,10 +743,10 @@ impl Client {
         let answer = self.ask(&Msg::Ns(req));
         if let Some(dir) = asked {
             let d = answer.as_ref().ok().and_then(|m| match m {
-                Msg::Done(d) if d.seq == seq => d.dir.as_ref(),
+                Msg::Done(d) if d.seq == seq => Some(d),
                 _ => None,
             });
-            self.shared.dirs.answered(dir, d);
+            self.dir_answered(dir, d);
         }
         match answer? {
             Msg::Done(d) if d.seq == seq => {
@@ -966,20 +974,17 @@ impl Drop for Client {
             }
             return;
         }
-        // The reservation's unused blocks first, to be freed at once (at
-        // the session's end they would go through the server's limbo);
-        // a refill landing after this stays booked as this client's and
-        // goes with the rest. The server settles this client's leases and
-        // the rest at the end of the session, as at its death.
+        // Directory leases first, the lane with the last (`super::dirlease`).
+        for (dir, gen) in self.shared.dirs.drain() {
+            self.shared.give_back_dir(dir, gen);
+        }
+        // The reservation's unused blocks, freed at once (at the session's
+        // end they would go through the server's limbo); a refill landing
+        // after this goes with the rest, settled at the session's end.
         let fs = &self.shared.fs.fs;
         let _ = self
             .shared
             .send_ranges(&fs.take_client_freed(), None, &fs.drain_reservation());
-        // Directory leases given back (the session's end would settle them
-        // too): nothing is kept in them yet (`super::dirlease`).
-        for (dir, gen) in self.shared.dirs.drain() {
-            let _ = self.shared.send(&Msg::Released(dir, gen));
-        }
         let _ = self.conn.shutdown(std::net::Shutdown::Both);
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -1243,8 +1248,7 @@ impl Shared {
     /// (and, holding no other lease, its unused reservation).
     fn recall(&self, ino: u64, gen: u64) {
         if self.dirs.recall(ino, gen) {
-            // A directory's lease: nothing written under it to finish yet.
-            let _ = self.send(&Msg::Released(ino, gen));
+            self.give_back_dir(ino, gen);
             return;
         }
         let cell = self.lease_cell(ino);
@@ -1398,6 +1402,7 @@ fn read_session(s: &Shared, conn: &UnixStream, recalls: &std::sync::mpsc::Sender
                 | Msg::Denied(..)
                 | Msg::Blocks(_)
                 | Msg::NoSpace
+                | Msg::SlotsGiven(..)
                 | Msg::Done(_)),
             ) => {
                 *lock(&s.answer) = Some(m);

@@ -35,22 +35,38 @@
 //! recall overtaking the request's answer (the recall on the session, the
 //! answer on a ring) is remembered while the ask is in flight.
 //!
-//! With this increment the client writes nothing under the lease: its
-//! creates and removals still go to the server (each recalls the lease:
-//! the server's engine uses D), and the answer to a recall keeps no file
-//! (`released D GEN`). Creates and removals made by the client are the
-//! next increments.
+//! Creates under the lease (docs/KERNEL-FREE.md, "Built: lane grants and
+//! the client's creates end to end"): with D's lease and a lane
+//! (`super::lanelease`), the client's engine is told of both at the grant
+//! (`Fs::client_take_lane`, `Fs::client_lease_dir`), and a create in D
+//! runs there ([`DirLeases::create_local`]); the files made are leased to
+//! the client with D's grant number. At the give-back (a recall, or the
+//! detach) the engine lets D go first (`Fs::client_give_back_dir`, under
+//! D's lock: a create in flight ends), then the files made that the
+//! client still writes are listed (`kept=`, at most
+//! [`super::lanelease::KEPT_MAX`]; the server enters them in its lease
+//! table before it settles D), and with the last directory the lane goes
+//! back too (`released lane`). Removals still go to the server.
+//!
+//! The order against a recall: [`DirLeases::recall`] marks the grant
+//! recalled first; then the give-back takes the client's `local` lock,
+//! which a create under the lease holds from its check of the grant to
+//! its file's entry in the client's lease table, so a create either ends
+//! before the kept list is made (and is in it) or finds no grant (and
+//! goes to the server).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Mutex, MutexGuard};
 
-use super::Filesystem;
+use super::lanelease::{LaneGrant, LaneReturn, KEPT_MAX};
+use super::{Filesystem, OpenFlags};
 use crate::error::{errno, Result};
 use crate::format::inode_flags::IMMUTABLE;
 use crate::inode::read;
+use crate::perm::Credentials;
 use crate::pmem::Pmem;
-use crate::types::{DirEntry, FileKind};
+use crate::types::{Attr, DirEntry, FileKind};
 
 /// Counted children of D a grant lists at most; beyond, `many`.
 pub const KERNEL_CHILDREN_MAX: usize = 256;
@@ -96,6 +112,10 @@ pub enum Refusal {
     NoName,
     /// The mount is ending, or the client's session.
     Shutdown,
+    /// No lane could be leased to the client that asked for one with the
+    /// directory (`+lane`; `super::lanelease`): every lane but the
+    /// owner's last is leased.
+    NoLane,
     /// Anything else (an engine error).
     Failed,
 }
@@ -104,7 +124,7 @@ pub enum Refusal {
 pub const TIMEOUT_REFUSAL_MS: u64 = 1000;
 
 impl Refusal {
-    pub const ALL: [Refusal; 8] = [
+    pub const ALL: [Refusal; 9] = [
         Refusal::NotDir,
         Refusal::Gone,
         Refusal::Immutable,
@@ -112,6 +132,7 @@ impl Refusal {
         Refusal::Timeout,
         Refusal::NoName,
         Refusal::Shutdown,
+        Refusal::NoLane,
         Refusal::Failed,
     ];
 
@@ -125,6 +146,7 @@ impl Refusal {
             Refusal::Timeout => "timeout",
             Refusal::NoName => "noname",
             Refusal::Shutdown => "shutdown",
+            Refusal::NoLane => "nolane",
             Refusal::Failed => "failed",
         }
     }
@@ -144,6 +166,7 @@ impl Refusal {
             libc::ETIMEDOUT => Refusal::Timeout,
             libc::ESTALE => Refusal::NoName,
             libc::ESHUTDOWN => Refusal::Shutdown,
+            libc::EAGAIN => Refusal::NoLane,
             _ => Refusal::Failed,
         }
     }
@@ -210,6 +233,39 @@ pub struct DirLeases {
     held: AtomicUsize,
     /// Recalls answered (for tests and statistics).
     recalls: AtomicU64,
+    /// Held by a create under a lease and by a give-back (see the module
+    /// comment): the files each directory's lease made, (inode,
+    /// generation).
+    local: Mutex<HashMap<u64, Vec<(u64, u64)>>>,
+    /// Creates made under directory leases (for tests and statistics).
+    creates: AtomicU64,
+}
+
+/// What became of a create tried under a directory lease.
+#[derive(Debug)]
+pub enum Local {
+    /// Made: its attributes and the grant its write lease is held by (0:
+    /// made read-only, no lease).
+    Made(Attr, u64),
+    /// Refused as the server would refuse it (EACCES, ENAMETOOLONG...).
+    Failed(i32),
+    /// No space in the reservation: ask for more, then try again.
+    NoSpace,
+    /// Not here: no lease or lane, no slot left, the name exists (its
+    /// open is the server's), or the lease went meanwhile.
+    Server,
+}
+
+/// What a directory's give-back sends: `released D GEN kept=...` and, with
+/// the last directory, the lane.
+#[derive(Debug, Default)]
+pub struct GiveBack {
+    pub kept: Vec<(u64, u64)>,
+    /// Files made under the lease given back with it (beyond
+    /// [`KEPT_MAX`], or not written any more): the caller drops their
+    /// write leases.
+    pub dropped: Vec<u64>,
+    pub lane: Option<LaneReturn>,
 }
 
 #[derive(Default)]
@@ -315,6 +371,141 @@ impl DirLeases {
     pub fn recalls(&self) -> u64 {
         self.recalls.load(Relaxed)
     }
+
+    /// Creates made under directory leases so far.
+    pub fn local_creates(&self) -> u64 {
+        self.creates.load(Relaxed)
+    }
+
+    fn local(&self) -> MutexGuard<'_, HashMap<u64, Vec<(u64, u64)>>> {
+        self.local.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The answer to an ask of `dir` that came with `lane` (a lane leased
+    /// with it): the client's engine takes the lane and, if the grant is
+    /// held, D's lease (under `local`, so a recall's give-back comes
+    /// after). Whether D is held, and a lane to give back now (the
+    /// client holds no directory lease: a grant recalled before its
+    /// answer).
+    pub fn answered_with<P: Pmem>(
+        &self,
+        fs: &Filesystem<P>,
+        dir: u64,
+        answer: Option<&DirAnswer>,
+        lane: Option<&LaneGrant>,
+    ) -> (bool, Option<LaneReturn>) {
+        let _local = self.local();
+        if let Some(g) = lane {
+            if let Err(e) = fs.fs.client_take_lane(g) {
+                // The server leased a lane this engine cannot take (it
+                // holds one, or the chain disagrees): it gets it back
+                // at the detach, or its reaping.
+                eprintln!("inkfs: client: lane {} not taken: {e}", g.lane);
+            }
+        }
+        let held = self.answered(dir, answer);
+        if held {
+            if let Err(e) = fs.fs.client_lease_dir(dir) {
+                // Held, unused: its creates go to the server.
+                eprintln!("inkfs: client: directory {dir}'s lease not used: {e}");
+            }
+        }
+        let back = if self.count() == 0 && fs.fs.client_lane().is_some() {
+            fs.fs.client_give_back_lane().ok()
+        } else {
+            None
+        };
+        (held, back)
+    }
+
+    /// A create of `name` in `dir` under `dir`'s lease, in the client's
+    /// engine `fs` (pinned by the caller), if this client holds the lease
+    /// and a lane with a slot left; `made(ino, gen)` enters the new
+    /// file's write lease (grant `gen`, D's) in the client's table before
+    /// any give-back of D can list the files kept.
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_local<P: Pmem>(
+        &self,
+        fs: &Filesystem<P>,
+        cred: &Credentials,
+        dir: u64,
+        name: &[u8],
+        mode: u32,
+        flags: i32,
+        made: impl FnOnce(u64, u64),
+    ) -> Local {
+        let mut local = self.local();
+        let Some((gen, _)) = self.held(dir) else {
+            return Local::Server;
+        };
+        if fs.fs.client_lane_slots() == 0 {
+            return Local::Server;
+        }
+        // An existing name: the open of it is the server's (its
+        // truncation, its lease).
+        match fs.lookup(&Credentials::root(), dir, name) {
+            Err(e) if e.errno() == libc::ENOENT => {}
+            _ => return Local::Server,
+        }
+        let flags = OpenFlags::new(flags | libc::O_CREAT | libc::O_EXCL);
+        let made_file = {
+            let _w = fs.fs.client_writes();
+            fs.create(cred, dir, name, mode & 0o7777, flags)
+        };
+        match made_file {
+            Ok((a, file)) => {
+                // Leased to the client when made for writing, as the
+                // server's create leases it (`made` enters it).
+                let writable = file.flags().writable();
+                fs.release(file);
+                local.entry(dir).or_default().push((a.ino, a.generation));
+                self.creates.fetch_add(1, Relaxed);
+                if !writable {
+                    return Local::Made(a, 0);
+                }
+                made(a.ino, gen);
+                Local::Made(a, gen)
+            }
+            // No lease or lane any more, no slot: the server's.
+            Err(e) if [libc::EROFS, libc::EAGAIN, libc::EEXIST].contains(&e.errno()) => {
+                Local::Server
+            }
+            Err(e) if e.errno() == libc::ENOSPC => Local::NoSpace,
+            Err(e) => Local::Failed(e.errno()),
+        }
+    }
+
+    /// Give directory `dir`'s lease (grant `gen`, taken out of the book by
+    /// [`DirLeases::recall`] or [`DirLeases::drain`]) back in the client's
+    /// engine `fs`: what to send (see the module comment). `holds(ino)`:
+    /// whether the client still holds the write lease of a file made
+    /// under it with grant `gen`.
+    pub fn give_back<P: Pmem>(
+        &self,
+        fs: &Filesystem<P>,
+        dir: u64,
+        holds: impl Fn(u64) -> bool,
+    ) -> GiveBack {
+        let mut local = self.local();
+        fs.fs.client_give_back_dir(dir);
+        let mut out = GiveBack::default();
+        for (ino, igen) in local.remove(&dir).unwrap_or_default() {
+            if holds(ino) && out.kept.len() < KEPT_MAX {
+                out.kept.push((ino, igen));
+            } else {
+                out.dropped.push(ino);
+            }
+        }
+        if self.count() == 0 && fs.fs.client_lane().is_some() {
+            match fs.fs.client_give_back_lane() {
+                Ok(r) => out.lane = Some(r),
+                // EBUSY: a directory lease taken meanwhile keeps it.
+                Err(e) if e.errno() == libc::EBUSY => {}
+                Err(e) => eprintln!("inkfs: client: the lane not given back: {e}"),
+            }
+        }
+        out
+    }
 }
 
 /// The server's side of directory leases, on the mount's engine.
@@ -419,6 +610,7 @@ mod tests {
                 Refusal::Timeout => libc::ETIMEDOUT,
                 Refusal::NoName => libc::ESTALE,
                 Refusal::Shutdown => libc::ESHUTDOWN,
+                Refusal::NoLane => libc::EAGAIN,
                 Refusal::Failed => libc::EIO,
             };
             assert_eq!(Refusal::from_errno(e), r);

@@ -21,6 +21,11 @@
 //!                                 back unasked), after the returns
 //! client: lane K                  serve request ring K too (`super::ring`;
 //!                                 no answer)
+//! client: released D DGEN kept=...  a directory's lease back, with the
+//!                                 files kept (`super::lanelease`)
+//! client: released lane K ...     a lane back (`super::lanelease`)
+//! client: slots K                 more slots of lane K (`super::lanelease`)
+//! server: slots-given K S,S,...   (`-`: none)
 //! ```
 //!
 //! GEN numbers each grant (unique while the server runs). A lease may also
@@ -83,6 +88,17 @@ pub enum Msg {
     Unheld(u64),
     /// Serve request ring K of the client's set too (`super::ring`).
     Lane(u32),
+    /// A directory's lease given back (inode, grant number) with the
+    /// files created under it that the client keeps writing (inode,
+    /// generation): `super::lanelease`. None kept: the line of
+    /// [`Msg::Released`].
+    ReleasedDir(u64, u64, Vec<(u64, u64)>),
+    /// A lane given back (`super::lanelease`).
+    ReleasedLane(super::lanelease::LaneReturn),
+    /// More slots of lane K, asked (`super::lanelease`).
+    Slots(u32),
+    /// Its answer: the slots added (none: the creates go to the server).
+    SlotsGiven(u32, Vec<u64>),
 }
 
 impl Msg {
@@ -137,6 +153,18 @@ impl Msg {
             }
             Msg::Unheld(i) => writeln!(out, "unheld {i}"),
             Msg::Lane(k) => writeln!(out, "lane {k}"),
+            Msg::ReleasedDir(i, g, kept) => writeln!(
+                out,
+                "released {}",
+                super::lanelease::released_dir_words(*i, *g, kept)
+            ),
+            Msg::ReleasedLane(r) => {
+                writeln!(out, "released {}", super::lanelease::released_lane_words(r))
+            }
+            Msg::Slots(k) => writeln!(out, "slots {k}"),
+            Msg::SlotsGiven(k, v) => {
+                writeln!(out, "slots-given {k} {}", super::lanelease::slot_list(v))
+            }
         };
     }
 
@@ -173,10 +201,33 @@ impl Msg {
             "recall" => Msg::Recall(num(w.next())?, num(w.next())?),
             "return" => Msg::Return(ranges(w)?),
             "unused" => Msg::Unused(ranges(w)?),
-            "released" => Msg::Released(num(w.next())?, num(w.next())?),
+            "released" => {
+                let first = w.next()?;
+                if first == "lane" {
+                    return super::lanelease::parse_released_lane(w).map(Msg::ReleasedLane);
+                }
+                let (ino, gen) = (num(Some(first))?, num(w.next())?);
+                match w.next() {
+                    // An older client's line, or a give-back keeping nothing.
+                    None => Msg::Released(ino, gen),
+                    Some(k) => {
+                        let kept = super::lanelease::parse_kept_word(k)?;
+                        if w.next().is_some() {
+                            return None;
+                        }
+                        Msg::ReleasedDir(ino, gen, kept)
+                    }
+                }
+            }
             "ns" => Msg::Ns(super::ns::Request::parse(w)?),
             "done" => Msg::Done(super::ns::Done::parse(w)?),
             "unheld" => Msg::Unheld(num(w.next())?),
+            "slots" => Msg::Slots(w.next()?.parse().ok()?),
+            "slots-given" => {
+                let k = w.next()?.parse().ok()?;
+                let v = super::lanelease::parse_slot_list(w.next()?)?;
+                Msg::SlotsGiven(k, v)
+            }
             "lane" => Msg::Lane(w.next()?.parse().ok()?),
             _ => return None,
         };

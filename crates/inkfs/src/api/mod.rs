@@ -45,6 +45,7 @@
 pub mod attach;
 pub mod client;
 pub mod dirlease;
+pub mod lanelease;
 pub mod lanes;
 pub mod lease;
 pub mod ns;

@@ -26,8 +26,15 @@
 //!                                      changed, IGEN its generation; GEN the
 //!                                      grant number of a write lease that
 //!                                      came with it (0: none)
+//!   ... +dir +lane                    (`+lane` only after `+dir`, only to a
+//!                                      server whose grant said `lanes=1`)
+//!                                      a lane with the directory's lease
+//!                                      (`super::lanelease`)
 //!         ... dir=DGEN:KERNEL          only to a request with `+dir`: the
 //!             dir=0:REASON             directory's grant, or the refusal
+//!         ... lane=K:END:S,...         only to a request with `+lane`, and
+//!                                      only when a lane was leased with
+//!                                      the directory
 //! client: unheld INO                  a hold of an orphan ended (no answer)
 //! ```
 //!
@@ -37,6 +44,7 @@
 //! so believing it gives it nothing it does not have (the trust boundary).
 
 use super::dirlease::{DirAnswer, ASK_WORD};
+use super::lanelease::{LaneGrant, LANE_ASK_WORD};
 use crate::perm::Credentials;
 use crate::types::{SetAttr, TimeSet};
 
@@ -128,6 +136,9 @@ pub struct Request {
     /// `+dir`: the lease of the directory the request names first
     /// ([`Request::dir`]) is asked for too (`super::dirlease`).
     pub dir_lease: bool,
+    /// `+lane` (only with `+dir`): a lane with it, if the client holds
+    /// none (`super::lanelease`).
+    pub lane_lease: bool,
 }
 
 /// Gives at most in one request (a rename's two names).
@@ -163,6 +174,8 @@ pub struct Done {
     /// The answer to `+dir` (None: not asked; an older server never
     /// answers it, and says so in its attach grant).
     pub dir: Option<DirAnswer>,
+    /// A lane leased with the directory (only to `+lane`).
+    pub lane: Option<LaneGrant>,
 }
 
 fn hex(b: &[u8]) -> String {
@@ -357,6 +370,10 @@ impl Request {
             line.push(' ');
             line.push_str(ASK_WORD);
         }
+        if self.lane_lease {
+            line.push(' ');
+            line.push_str(LANE_ASK_WORD);
+        }
         line.push('\n');
         line
     }
@@ -440,9 +457,12 @@ impl Request {
         };
         let mut give = Vec::new();
         let mut dir_lease = false;
+        let mut lane_lease = false;
         for word in w {
             if word == ASK_WORD && !dir_lease {
                 dir_lease = true;
+            } else if word == LANE_ASK_WORD && dir_lease && !lane_lease {
+                lane_lease = true;
             } else {
                 give.push(parse_give(word)?);
             }
@@ -457,6 +477,7 @@ impl Request {
             op,
             give,
             dir_lease,
+            lane_lease,
         };
         // `+dir` only where there is a directory to lease.
         (!r.dir_lease || r.dir().is_some()).then_some(r)
@@ -484,6 +505,10 @@ impl Done {
             out.push(' ');
             out.push_str(&d.word());
         }
+        if let Some(g) = &self.lane {
+            out.push(' ');
+            out.push_str(&super::lanelease::grant_word(g));
+        }
         out.push('\n');
     }
 
@@ -496,9 +521,13 @@ impl Done {
             igen: w.next()?.parse().ok()?,
             gen: w.next()?.parse().ok()?,
             dir: None,
+            lane: None,
         };
         if let Some(word) = w.next() {
             d.dir = Some(DirAnswer::parse(word)?);
+        }
+        if let Some(word) = w.next() {
+            d.lane = Some(super::lanelease::parse_grant_word(word)?);
         }
         (w.next().is_none() && d.errno >= 0).then_some(d)
     }
@@ -536,11 +565,20 @@ mod tests {
                 Op::Setattr { .. } | Op::Setxattr { .. } | Op::Removexattr { .. }
             ) {
                 round_with(op.clone(), give.to_vec(), true);
+                round_with_lane(op.clone(), give.to_vec());
             }
         }
     }
 
     fn round_with(op: Op, give: Vec<Give>, dir_lease: bool) {
+        round_request(op, give, dir_lease, false);
+    }
+
+    fn round_with_lane(op: Op, give: Vec<Give>) {
+        round_request(op, give, true, true);
+    }
+
+    fn round_request(op: Op, give: Vec<Give>, dir_lease: bool, lane_lease: bool) {
         let r = Request {
             seq: 9,
             cred: Credentials {
@@ -552,6 +590,7 @@ mod tests {
             op,
             give,
             dir_lease,
+            lane_lease,
         };
         let line = r.line();
         assert!(line.len() <= REQUEST_MAX, "{}", line.len());
@@ -637,6 +676,7 @@ mod tests {
             igen: 0,
             gen: 0,
             dir: None,
+            lane: None,
         };
         let line = d.line();
         // An answer to a request without `+dir` is an older server's
@@ -655,6 +695,19 @@ mod tests {
             let d = Done {
                 dir: Some(dir),
                 ..d.clone()
+            };
+            let line = d.line();
+            let mut w = line.split_ascii_whitespace();
+            assert_eq!(w.next(), Some("done"));
+            assert_eq!(Done::parse(w), Some(d.clone()));
+            // With a lane leased too (`+lane`).
+            let d = Done {
+                lane: Some(LaneGrant {
+                    lane: 2,
+                    slots: vec![4, 6],
+                    table_end: 99,
+                }),
+                ..d
             };
             let line = d.line();
             let mut w = line.split_ascii_whitespace();
@@ -684,6 +737,10 @@ mod tests {
             "1 0:0:0:- setattr 1 - - - - - +dir",
             "1 0:0:0:- removexattr 1 x61 +dir",
             "1 0:0:0:- unlink 1 x61 +dirs",
+            // `+lane` once, only after `+dir`.
+            "1 0:0:0:- unlink 1 x61 +lane",
+            "1 0:0:0:- unlink 1 x61 +lane +dir",
+            "1 0:0:0:- unlink 1 x61 +dir +lane +lane",
         ] {
             assert_eq!(Request::parse(bad.split_ascii_whitespace()), None, "{bad}");
         }

@@ -1,0 +1,149 @@
+//! The client's creates under a directory lease and their give-back
+//! (docs/KERNEL-FREE.md, "Built: lane grants and the client's creates end
+//! to end"; the book and its order against a recall: `super::super::
+//! dirlease`).
+
+use std::sync::atomic::Ordering::SeqCst;
+
+use super::{lock, Client, Msg, Shared};
+use crate::api::dirlease::Local;
+use crate::api::ns;
+use crate::perm::Credentials;
+
+impl Client {
+    /// Creates made by this client under directory leases so far.
+    pub fn local_creates(&self) -> u64 {
+        self.shared.dirs.local_creates()
+    }
+
+    /// Request `seq`, `op`, made here if it is a create in a directory
+    /// whose lease this client holds with a lane (no ring request); None:
+    /// ask the server. A reservation found empty is refilled once.
+    pub(super) fn create_under_lease(
+        &self,
+        cred: &Credentials,
+        seq: u64,
+        op: &ns::Op,
+    ) -> Option<ns::Done> {
+        let ns::Op::Create {
+            dir,
+            name,
+            mode,
+            flags,
+        } = op
+        else {
+            return None;
+        };
+        if self.shared.dirs.count() == 0 || self.shared.closed.load(SeqCst) {
+            return None;
+        }
+        let made = |ino: u64, gen: u64| {
+            let cell = self.shared.lease_cell(ino);
+            lock(&cell).take(gen, &self.shared.held);
+        };
+        for tries in 1..=2 {
+            let refills = self.shared.refills.load(SeqCst);
+            let r = self.call(|fs| {
+                self.shared
+                    .dirs
+                    .create_local(fs, cred, *dir, name, *mode, *flags, made)
+            });
+            let done = |errno, ino, igen, gen| ns::Done {
+                seq,
+                errno,
+                ino,
+                igen,
+                gen,
+                dir: None,
+                lane: None,
+            };
+            match r {
+                Local::Made(a, gen) => {
+                    self.shared.refill_ahead_if_low(0);
+                    return Some(done(0, a.ino, a.generation, gen));
+                }
+                Local::Failed(e) => return Some(done(e, 0, 0, 0)),
+                Local::NoSpace if tries == 1 => {
+                    self.refill(0, 1, refills).ok()?;
+                }
+                Local::Server if tries == 1 && self.more_slots_due(*dir) => {
+                    self.more_slots()?;
+                }
+                Local::NoSpace | Local::Server => return None,
+            }
+        }
+        None
+    }
+
+    /// Whether a create in `dir` went to the server for want of a slot
+    /// only: the lease of `dir` held, a lane held with none left.
+    fn more_slots_due(&self, dir: u64) -> bool {
+        let fs = &self.shared.fs.fs;
+        self.shared.dirs.held(dir).is_some()
+            && fs.client_lane().is_some()
+            && fs.client_lane_slots() == 0
+    }
+
+    /// Ask for more slots of the lane held (`slots K`): None if the
+    /// server gave none (the creates go to it).
+    fn more_slots(&self) -> Option<()> {
+        let fs = &self.shared.fs.fs;
+        let k = fs.client_lane()?;
+        match self.ask(&Msg::Slots(k)).ok()? {
+            Msg::SlotsGiven(lane, slots) if lane == k && !slots.is_empty() => {
+                fs.client_add_slots(k, &slots).ok()
+            }
+            _ => None,
+        }
+    }
+
+    /// The answer `d` to a request that asked for directory `dir`'s lease
+    /// (None: no answer): taken into the book and the engine, and a lane
+    /// held with no directory given back.
+    pub(super) fn dir_answered(&self, dir: u64, d: Option<&ns::Done>) {
+        let (answer, lane) = (
+            d.and_then(|d| d.dir.as_ref()),
+            d.and_then(|d| d.lane.as_ref()),
+        );
+        let (_, back) = self
+            .shared
+            .dirs
+            .answered_with(&self.shared.fs, dir, answer, lane);
+        if let Some(r) = back {
+            let _ = self.shared.send(&Msg::ReleasedLane(r));
+        }
+    }
+}
+
+impl Shared {
+    /// Give directory `dir`'s grant `gen` back (out of the book already):
+    /// the files made under it that this client still writes kept, the
+    /// others' leases dropped, the blocks it freed returned first, and
+    /// with its last directory its lane (`super::dirlease`).
+    pub(super) fn give_back_dir(&self, dir: u64, gen: u64) {
+        let fs = &self.fs.fs;
+        let holds = |ino| {
+            let cell = lock(self.lease_shard(ino)).get(&ino).cloned();
+            cell.is_some_and(|c| {
+                let st = lock(&c);
+                st.held && st.gen == gen
+            })
+        };
+        let back = self.dirs.give_back(&self.fs, dir, holds);
+        for ino in back.dropped {
+            if let Some(c) = lock(self.lease_shard(ino)).get(&ino).cloned() {
+                let mut st = lock(&c);
+                if st.held && st.gen == gen {
+                    st.recalled = st.recalled.max(gen);
+                    st.drop_lease(&self.held);
+                    fs.client_release_inode(ino);
+                }
+            }
+        }
+        let freed = fs.take_client_freed();
+        let _ = self.send_ranges(&freed, Some(&Msg::ReleasedDir(dir, gen, back.kept)), &[]);
+        if let Some(r) = back.lane {
+            let _ = self.send(&Msg::ReleasedLane(r));
+        }
+    }
+}
