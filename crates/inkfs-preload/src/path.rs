@@ -339,6 +339,34 @@ pub fn walk_parent<'a>(
     t: &Target<'a>,
     slash_ok: bool,
 ) -> Option<(u64, &'a [u8])> {
+    let (dir, name) = parent_of(fs, cred, t, slash_ok)?;
+    // Search permission on the parent itself (resolve checked the ones
+    // above it while looking names up in them).
+    fs.access(cred, dir, inkfs::api::MAY_EXEC).ok()?;
+    Some((dir, name))
+}
+
+/// [`walk_parent`] for a caller that looks the name up in the directory
+/// next (`Filesystem::lookup`, which checks the same search permission on
+/// the same loaded directory before it looks, and whose refusal the
+/// caller hands to the kernel as `walk_parent`'s would be): the parent is
+/// not loaded a second time for a check the lookup repeats. Its
+/// `ENOENT` therefore also says the caller may search the parent.
+pub fn walk_parent_to_look_up<'a>(
+    fs: &Filesystem<MappedPool>,
+    cred: &Credentials,
+    t: &Target<'a>,
+) -> Option<(u64, &'a [u8])> {
+    parent_of(fs, cred, t, false)
+}
+
+/// [`walk_parent`] but the check of the parent's own search permission.
+fn parent_of<'a>(
+    fs: &Filesystem<MappedPool>,
+    cred: &Credentials,
+    t: &Target<'a>,
+    slash_ok: bool,
+) -> Option<(u64, &'a [u8])> {
     let mut names: [&[u8]; MAX_PARTS] = [b""; MAX_PARTS];
     let n = components(t, &mut names)?;
     let (&name, parents) = names[..n].split_last()?;
@@ -356,9 +384,6 @@ pub fn walk_parent<'a>(
     if last.is_some_and(|(kind, _)| kind != FileKind::Dir) {
         return None;
     }
-    // Search permission on the parent itself (resolve checked the ones
-    // above it while looking names up in them).
-    fs.access(cred, dir, inkfs::api::MAY_EXEC).ok()?;
     Some((dir, name))
 }
 
