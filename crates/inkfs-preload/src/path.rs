@@ -240,6 +240,10 @@ fn dir_only(t: &Target<'_>) -> bool {
     last_part.ends_with(b"/") || last_part.ends_with(b"/.")
 }
 
+/// What a walk reached last: its kind and, if they were asked for, its
+/// attributes.
+type Reached = (FileKind, Option<Attr>);
+
 /// Walk `names` from `t.start`: the kind of the last one (`None` for
 /// none: the start itself) and, if `want_attr`, its attributes; or `Err`
 /// for "ask the kernel" (a symlink on the way, or the last one with
@@ -257,7 +261,7 @@ fn resolve(
     names: &[&[u8]],
     follow: bool,
     want_attr: bool,
-) -> Result<(u64, Option<(FileKind, Option<Attr>)>), ()> {
+) -> Result<(u64, Option<Reached>), ()> {
     let mut stack = [0u64; MAX_PARTS + 1];
     let mut depth = 1;
     stack[0] = start;
