@@ -268,7 +268,10 @@ pub fn open(dirfd: c_int, bytes: &[u8], flags: c_int, mode: libc::mode_t) -> Opt
         return None;
     }
     let (dir, name, found) = lease.client().call(|fs| {
-        let (dir, name) = path::walk_parent(fs, &cred, &t, false)?;
+        // The lookup checks search permission on `dir`: a refusal goes
+        // to the kernel below, and an ENOENT (a create's cue) comes
+        // after the check passed.
+        let (dir, name) = path::walk_parent_to_look_up(fs, &cred, &t)?;
         Some((dir, name, fs.lookup(&cred, dir, name)))
     })?;
     // The path kept to materialize by, for an answer that makes a

@@ -240,23 +240,32 @@ fn dir_only(t: &Target<'_>) -> bool {
     last_part.ends_with(b"/") || last_part.ends_with(b"/.")
 }
 
-/// Walk `names` from `t.start`: the attributes of the last one (`None`
-/// for none: the start itself), or `Err` for "ask the kernel" (a symlink
-/// on the way, or the last one with `follow`, `..` above the mount's
-/// root, any error). `..` above the start is the start's parent in the
-/// pool (a directory descriptor's: `openat(fd, "..")`; the current
-/// directory's: `stat("..")`).
+/// What a walk reached last: its kind and, if they were asked for, its
+/// attributes.
+type Reached = (FileKind, Option<Attr>);
+
+/// Walk `names` from `t.start`: the kind of the last one (`None` for
+/// none: the start itself) and, if `want_attr`, its attributes; or `Err`
+/// for "ask the kernel" (a symlink on the way, or the last one with
+/// `follow`, `..` above the mount's root, any error). `..` above the
+/// start is the start's parent in the pool (a directory descriptor's:
+/// `openat(fd, "..")`; the current directory's: `stat("..")`). A name on
+/// the way is looked up by its directory entry alone: the next step loads
+/// it as the directory it searches (its search permission, and ENOTDIR
+/// or ENOENT if it is no longer one), so only an answer's own attributes
+/// cost a load of the last inode.
 fn resolve(
     fs: &Filesystem<MappedPool>,
     cred: &Credentials,
     start: u64,
     names: &[&[u8]],
     follow: bool,
-) -> Result<(u64, Option<Attr>), ()> {
+    want_attr: bool,
+) -> Result<(u64, Option<Reached>), ()> {
     let mut stack = [0u64; MAX_PARTS + 1];
     let mut depth = 1;
     stack[0] = start;
-    let mut last: Option<Attr> = None;
+    let mut last = None;
     let mut top_is_dir = true;
     let n = names.len();
     for (i, &name) in names.iter().enumerate() {
@@ -270,7 +279,7 @@ fn resolve(
                 if stack[0] == ROOT_INO {
                     return Err(());
                 }
-                stack[0] = fs.lookup(cred, stack[0], b"..").map_err(|_| ())?.ino;
+                stack[0] = fs.lookup_entry(cred, stack[0], b"..").map_err(|_| ())?.0;
             } else {
                 depth -= 1;
             }
@@ -278,14 +287,22 @@ fn resolve(
             top_is_dir = true;
             continue;
         }
-        let a = fs.lookup(cred, stack[depth - 1], name).map_err(|_| ())?;
-        if a.kind == FileKind::Symlink && (i + 1 < n || follow) {
+        let (ino, kind, attr) = if want_attr && i + 1 == n {
+            let a = fs.lookup(cred, stack[depth - 1], name).map_err(|_| ())?;
+            (a.ino, a.kind, Some(a))
+        } else {
+            let (ino, kind) = fs
+                .lookup_entry(cred, stack[depth - 1], name)
+                .map_err(|_| ())?;
+            (ino, kind, None)
+        };
+        if kind == FileKind::Symlink && (i + 1 < n || follow) {
             return Err(());
         }
-        top_is_dir = a.kind == FileKind::Dir;
-        stack[depth] = a.ino;
+        top_is_dir = kind == FileKind::Dir;
+        stack[depth] = ino;
         depth += 1;
-        last = Some(a);
+        last = Some((kind, attr));
     }
     Ok((stack[depth - 1], last))
 }
@@ -303,10 +320,10 @@ pub fn walk(
     // "a/" names a directory, and follows a symlink "a".
     let dir_only = dir_only(t);
     let follow = follow || dir_only;
-    let (ino, last) = resolve(fs, cred, t.start, &names[..n], follow).ok()?;
+    let (ino, last) = resolve(fs, cred, t.start, &names[..n], follow, true).ok()?;
     let a = match last {
-        Some(a) => a,
-        None => fs.getattr(ino).ok()?,
+        Some((_, Some(a))) => a,
+        _ => fs.getattr(ino).ok()?,
     };
     if dir_only && a.kind != FileKind::Dir {
         return None;
@@ -326,6 +343,34 @@ pub fn walk_parent<'a>(
     t: &Target<'a>,
     slash_ok: bool,
 ) -> Option<(u64, &'a [u8])> {
+    let (dir, name) = parent_of(fs, cred, t, slash_ok)?;
+    // Search permission on the parent itself (resolve checked the ones
+    // above it while looking names up in them).
+    fs.access(cred, dir, inkfs::api::MAY_EXEC).ok()?;
+    Some((dir, name))
+}
+
+/// [`walk_parent`] for a caller that looks the name up in the directory
+/// next (`Filesystem::lookup`, which checks the same search permission on
+/// the same loaded directory before it looks, and whose refusal the
+/// caller hands to the kernel as `walk_parent`'s would be): the parent is
+/// not loaded a second time for a check the lookup repeats. Its
+/// `ENOENT` therefore also says the caller may search the parent.
+pub fn walk_parent_to_look_up<'a>(
+    fs: &Filesystem<MappedPool>,
+    cred: &Credentials,
+    t: &Target<'a>,
+) -> Option<(u64, &'a [u8])> {
+    parent_of(fs, cred, t, false)
+}
+
+/// [`walk_parent`] but the check of the parent's own search permission.
+fn parent_of<'a>(
+    fs: &Filesystem<MappedPool>,
+    cred: &Credentials,
+    t: &Target<'a>,
+    slash_ok: bool,
+) -> Option<(u64, &'a [u8])> {
     let mut names: [&[u8]; MAX_PARTS] = [b""; MAX_PARTS];
     let n = components(t, &mut names)?;
     let (&name, parents) = names[..n].split_last()?;
@@ -339,13 +384,10 @@ pub fn walk_parent<'a>(
     if name == b".." || raw == b"." || raw.ends_with(b"/.") || (!slash_ok && dir_only(t)) {
         return None;
     }
-    let (dir, last) = resolve(fs, cred, t.start, parents, true).ok()?;
-    if last.is_some_and(|a| a.kind != FileKind::Dir) {
+    let (dir, last) = resolve(fs, cred, t.start, parents, true, false).ok()?;
+    if last.is_some_and(|(kind, _)| kind != FileKind::Dir) {
         return None;
     }
-    // Search permission on the parent itself (resolve checked the ones
-    // above it while looking names up in them).
-    fs.access(cred, dir, inkfs::api::MAY_EXEC).ok()?;
     Some((dir, name))
 }
 

@@ -133,6 +133,20 @@ impl<P: Pmem> Fs<P> {
         name: &[u8],
         check: impl FnOnce(&Attr) -> Result<()>,
     ) -> Result<u64> {
+        self.lookup_child_checked(parent, name, check)
+            .map(|(ino, _)| ino)
+    }
+
+    /// [`Fs::lookup_ino_checked`] with the child's kind as its directory
+    /// entry records it: a walk's step through a directory needs no more
+    /// of the child (the next step loads it, and checks it is a live
+    /// directory), so the child is not loaded and revalidated twice.
+    pub fn lookup_child_checked(
+        &self,
+        parent: u64,
+        name: &[u8],
+        check: impl FnOnce(&Attr) -> Result<()>,
+    ) -> Result<(u64, FileKind)> {
         let dir = self.iget(parent)?;
         let st = read(&dir.state);
         live(&st)?;
@@ -143,20 +157,26 @@ impl<P: Pmem> Fs<P> {
         if dir.kind != FileKind::Dir {
             return errno(libc::ENOTDIR);
         }
-        Self::child_ino(parent, &st, name)
+        Self::child_of(parent, &st, name)
     }
 
     /// `name`'s inode number in the directory `parent` whose state is `st`.
     fn child_ino(parent: u64, st: &InodeState, name: &[u8]) -> Result<u64> {
+        Self::child_of(parent, st, name).map(|(ino, _)| ino)
+    }
+
+    /// `name`'s inode number and kind in the directory `parent` whose
+    /// state is `st`.
+    fn child_of(parent: u64, st: &InodeState, name: &[u8]) -> Result<(u64, FileKind)> {
         if name == b"." {
-            return Ok(parent);
+            return Ok((parent, FileKind::Dir));
         }
         if name == b".." {
-            return Ok(st.attr.rdev_or_parent);
+            return Ok((st.attr.rdev_or_parent, FileKind::Dir));
         }
         st.dir()
             .and_then(|d| d.get(name))
-            .map(|c| c.ino)
+            .map(|c| (c.ino, c.kind))
             .ok_or(Error::Errno(libc::ENOENT))
     }
 

@@ -439,6 +439,21 @@ impl<P: Pmem> Filesystem<P> {
         self.fs.getattr(child)
     }
 
+    /// `name` in directory `dir` (search permission on `dir`): its inode
+    /// number and kind as the directory's entry records them, the child
+    /// not loaded. For a path walk's step through a directory, whose next
+    /// step loads the child anyway (and finds it gone, or not a
+    /// directory, as a `lookup` would have).
+    pub fn lookup_entry(
+        &self,
+        cred: &Credentials,
+        dir: u64,
+        name: &[u8],
+    ) -> Result<(u64, FileKind)> {
+        self.fs
+            .lookup_child_checked(dir, name, |a| perm::may_lookup(cred, a))
+    }
+
     /// Attributes by inode number (stat of a name already looked up, or
     /// fstat): no permission is needed beyond reaching the inode.
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
