@@ -352,6 +352,8 @@ impl<P: Pmem> Fs<P> {
         // clean (the error record stays). A clean pool mounts read-only
         // without a scan, which a scan-refusing damaged log would forbid:
         // the user can copy data off before fsck.
+        // Deferred posix appends commit first (one flush), as at syncfs.
+        self.commit_deferred()?;
         for inode in self.cache.all() {
             let mut st = write(&inode.state);
             self.drop_prealloc(&mut st);
@@ -793,6 +795,11 @@ impl<P: Pmem> Fs<P> {
     /// rebuilds the allocator from live logs only).
     pub(crate) fn free_inode_now(&self, inode: &Inode, st: &mut InodeState) {
         debug_assert!(!st.gone);
+        // Its deferred appends are no file's now; no round may store to
+        // the record once it is FREE.
+        if let Some(d) = self.deferred() {
+            d.forget(inode.ino);
+        }
         self.pm
             .write_u64(inode.rec_off + INODE_STATE_FIELD, INODE_FREE);
         self.pm.persist(inode.rec_off + INODE_STATE_FIELD, 8);
@@ -802,6 +809,9 @@ impl<P: Pmem> Fs<P> {
     /// Return an inode's log pages and data blocks to the allocator and mark
     /// it gone (its record is already FREE on media).
     pub(crate) fn release_inode_blocks(&self, inode: &Inode, st: &mut InodeState) {
+        if let Some(d) = self.deferred() {
+            d.forget(inode.ino);
+        }
         self.drop_prealloc(st);
         st.gone = true;
         st.orphan = false;
@@ -925,6 +935,8 @@ impl<P: Pmem> Fs<P> {
     /// syncfs: every mode already persists metadata at each call; this makes
     /// pending posix-mode data durable.
     pub fn sync(&self) -> Result<()> {
+        // Deferred posix appends commit after one flush (their own).
+        self.commit_deferred()?;
         self.dev_sync()?;
         self.pm.fence();
         Ok(())
@@ -934,8 +946,22 @@ impl<P: Pmem> Fs<P> {
     // Commit helpers
     // -----------------------------------------------------------------------
 
-    /// Append one entry to a working cursor (not yet committed).
+    /// Append one entry to a working cursor (not yet committed). The
+    /// commit that follows stores the inode's tail: a pending deferred
+    /// tail of the inode is settled first (blockdev/deferred.rs).
     pub(crate) fn log_append(
+        &self,
+        ino: u64,
+        cur: &mut LogCursor,
+        entry: &EntryBuf,
+        pages: &mut NewPages,
+    ) -> Result<u64> {
+        self.settle_tail(ino)?;
+        self.log_append_unsettled(ino, cur, entry, pages)
+    }
+
+    /// `log_append` without the settle: a deferred append's own entries.
+    pub(crate) fn log_append_unsettled(
         &self,
         ino: u64,
         cur: &mut LogCursor,
@@ -957,6 +983,10 @@ impl<P: Pmem> Fs<P> {
     /// tail store, persisted unless the caller defers durability (posix
     /// data writes; fsync re-flushes the tail).
     pub(crate) fn commit_tail(&self, rec_off: u64, cur: &LogCursor, durable: bool) {
+        debug_assert!(
+            !self.deferred().is_some_and(|d| d.pending_record(rec_off)),
+            "a tail stored over a deferred one not settled"
+        );
         self.pm.fence();
         self.pm.write_u64(rec_off + INODE_TAIL_FIELD, cur.tail);
         self.pm.flush(rec_off + INODE_TAIL_FIELD, 8);
@@ -971,6 +1001,15 @@ impl<P: Pmem> Fs<P> {
         // A client engine writes only its leased lane's journal
         // (lanelease.rs, `commit_journal_of_slot`).
         debug_assert!(!self.is_client(), "a client committing outside its lane");
+        debug_assert!(
+            records.iter().all(|r| {
+                r.offset % INODE_RECORD_SIZE != INODE_TAIL_FIELD
+                    || !self
+                        .deferred()
+                        .is_some_and(|d| d.pending_record(r.offset - INODE_TAIL_FIELD))
+            }),
+            "a journal storing a tail over a deferred one not settled"
+        );
         let (_lane, mut j) = self.owner_journal();
         j.commit(&self.pm, records);
     }

@@ -776,6 +776,34 @@ impl<P: Pmem> Filesystem<P> {
         Ok(Written { offset: off, len })
     }
 
+    /// `write_placed` without set-id changes, for a write-back of a
+    /// kernel's page cache in posix mode: an append to fresh device blocks
+    /// is *deferred*, committed by the next [`Filesystem::commit_deferred`]
+    /// (docs/DESIGN.md, "Deferred commits, answered late"). The flag says
+    /// whether device data is left to flush (a deferred append or an
+    /// overwrite in place on the device): the write is durable once a
+    /// `commit_deferred` that began after this call returned Ok; if not,
+    /// it is as `write_placed` left it. Strict and sync mounts and pools
+    /// without a data device never defer.
+    pub fn write_back(&self, file: &File, off: u64, data: &[u8]) -> Result<(Written, bool)> {
+        file.require(false)?;
+        let pending = self.fs.write_deferring(&file.handle, off, data, false)?;
+        Ok((
+            Written {
+                offset: off,
+                len: data.len(),
+            },
+            pending,
+        ))
+    }
+
+    /// Commit every write-back deferred before this call (one device flush
+    /// for all of them): each is durable when this returns Ok. An error
+    /// leaves them pending (the next call tries again).
+    pub fn commit_deferred(&self) -> Result<()> {
+        self.fs.commit_deferred()
+    }
+
     /// A write at the end of file, decided under the inode's lock.
     pub fn append(&self, file: &File, data: &[u8]) -> Result<Written> {
         file.require(false)?;
