@@ -1,7 +1,10 @@
 //! Deferred posix appends on hybrid pools (blockdev/deferred.rs): what a
 //! write-back leaves on media before and after the round that commits it,
 //! the settle another commit to the inode makes first, strict and sync
-//! modes unchanged.
+//! modes unchanged; and the crash exploration of the sequence
+//! (`inkfs::crashtest::deferred`).
+//!
+//! `INKFS_CRASHTEST_DEFERRED_IMAGES` sets the images per crash point (32).
 
 use std::sync::Arc;
 
@@ -170,4 +173,36 @@ fn a_clean_unmount_commits_what_is_deferred() {
     assert_eq!(fs.read(&fh, 0, &mut buf).unwrap(), data.len());
     assert_eq!(buf, data);
     fs.release(fh);
+}
+
+fn images() -> usize {
+    std::env::var("INKFS_CRASHTEST_DEFERRED_IMAGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(32)
+}
+
+#[test]
+fn crash_exploration_deferred_appends() {
+    let t = std::time::Instant::now();
+    let r = inkfs::crashtest::deferred::explore_deferred(images(), 0xace);
+    eprintln!(
+        "crash_deferred: {} crash states at {} crash points, {} appends deferred, {} settles \
+         in {:.1}s; {} violations",
+        r.states,
+        r.points,
+        r.deferred,
+        r.settles,
+        t.elapsed().as_secs_f64(),
+        r.violations.len()
+    );
+    for v in &r.violations {
+        eprintln!("{v}");
+    }
+    assert!(r.violations.is_empty(), "{} violations", r.violations.len());
+    assert_eq!(r.deferred, 9, "{r:?}");
+    // The chmod, the link, the truncate and the fsync each found a tail
+    // pending (the rounds store theirs themselves).
+    assert!(r.settles >= 4, "{r:?}");
+    assert!(r.points >= 30 && r.states >= r.points, "{r:?}");
 }
