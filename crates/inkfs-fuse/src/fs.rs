@@ -711,7 +711,7 @@ impl InkFuse {
             Ok((w, late)) => {
                 self.stats.bytes_written.add(w.len as u64);
                 if late {
-                    flusher.answer_after_round(reply, w.len as u32, t);
+                    flusher.write_after_round(reply, w.len as u32, t);
                 } else {
                     self.done(Op::write, t, true);
                     reply.written(w.len as u32);
@@ -849,6 +849,29 @@ impl Filesystem for InkFuse {
         let kernel_times = ctime.filter(|_| self.caching.writeback).map(time_ns);
         if let Some(r) = self.held_file_times(ino.0, &set, kernel_times) {
             self.answer(Op::setattr, reply, || r);
+            return;
+        }
+        let times_only =
+            set.mode.is_none() && set.uid.is_none() && set.gid.is_none() && set.size.is_none();
+        if let (Some(flusher), Some(ctime), true) = (&self.writeback, kernel_times, times_only) {
+            // The times written back between write-backs: on a file with
+            // deferred ones, answered after their round (writeback.rs).
+            let _hold = self.hold();
+            let t = clock::now();
+            match self
+                .fs
+                .setattr_kernel_times_deferring(&cred, ino.0, &set, Some(ctime))
+            {
+                Ok((a, true)) => flusher.attr_after_round(reply, file_attr(&a), TTL, t),
+                Ok((a, false)) => {
+                    self.done(Op::setattr, t, true);
+                    reply.attr(&TTL, &file_attr(&a));
+                }
+                Err(e) => {
+                    self.done(Op::setattr, t, false);
+                    reply.error(errno(e));
+                }
+            }
             return;
         }
         let setattr = |f: Option<&File>| match kernel_times {

@@ -6,6 +6,10 @@
 //! tails stored) and only then answers every write-back queued before the
 //! round began (docs/DESIGN.md, "Deferred commits, answered late").
 //!
+//! The setattr that carries the times the kernel writes back between
+//! write-backs is answered the same way when its commit joined the file's
+//! deferred ones (otherwise it would flush the device to settle them).
+//!
 //! Every write-back is thus durable when answered, as before: FSYNC stays
 //! ENOSYS, and fsync, sync and syncfs keep their meaning (each waits for
 //! the write-backs). The kernel keeps sending write-backs while answers
@@ -18,19 +22,45 @@
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
-use fuser::{Errno, ReplyWrite};
+use fuser::{Errno, FileAttr, ReplyAttr, ReplyWrite};
 
 use crate::clock::Tick;
 use crate::stats::{Op, Stats};
 use crate::Engine;
 
-/// A write-back waiting for the round: its reply, its length, when it
-/// arrived (its time in the statistics includes the wait).
+/// A request waiting for the round: its reply and what it answers, when
+/// it arrived (its time in the statistics includes the wait).
 struct Waiter {
-    reply: ReplyWrite,
-    len: u32,
+    answer: Answer,
     started: Tick,
+}
+
+enum Answer {
+    /// A write-back of this many bytes.
+    Write(ReplyWrite, u32),
+    /// A setattr of the times the kernel writes back between write-backs
+    /// (its commit joined the file's deferred ones).
+    Attr(ReplyAttr, FileAttr, Duration),
+}
+
+impl Answer {
+    fn op(&self) -> Op {
+        match self {
+            Answer::Write(..) => Op::write,
+            Answer::Attr(..) => Op::setattr,
+        }
+    }
+
+    fn send(self, r: &inkfs::api::Result<()>) {
+        match (self, r) {
+            (Answer::Write(reply, len), Ok(())) => reply.written(len),
+            (Answer::Attr(reply, attr, ttl), Ok(())) => reply.attr(&ttl, &attr),
+            (Answer::Write(reply, _), Err(e)) => reply.error(Errno::from_i32(e.errno())),
+            (Answer::Attr(reply, ..), Err(e)) => reply.error(Errno::from_i32(e.errno())),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -73,13 +103,19 @@ impl Flusher {
 
     /// Answer `reply` with `len` once a round that begins after this call
     /// has committed.
-    pub fn answer_after_round(&self, reply: ReplyWrite, len: u32, started: Tick) {
+    pub fn write_after_round(&self, reply: ReplyWrite, len: u32, started: Tick) {
+        self.queue(Answer::Write(reply, len), started);
+    }
+
+    /// Answer `reply` with `attr` once a round that begins after this call
+    /// has committed.
+    pub fn attr_after_round(&self, reply: ReplyAttr, attr: FileAttr, ttl: Duration, started: Tick) {
+        self.queue(Answer::Attr(reply, attr, ttl), started);
+    }
+
+    fn queue(&self, answer: Answer, started: Tick) {
         let mut q = self.shared.lock();
-        q.waiting.push(Waiter {
-            reply,
-            len,
-            started,
-        });
+        q.waiting.push(Waiter { answer, started });
         if q.waiting.len() == 1 {
             self.shared.wake.notify_one();
         }
@@ -116,11 +152,8 @@ fn run(fs: &Engine, stats: &Stats, shared: &Shared) {
         }
         let r = fs.commit_deferred();
         for w in batch.drain(..) {
-            stats.record(Op::write, w.started, r.is_ok());
-            match &r {
-                Ok(()) => w.reply.written(w.len),
-                Err(e) => w.reply.error(Errno::from_i32(e.errno())),
-            }
+            stats.record(w.answer.op(), w.started, r.is_ok());
+            w.answer.send(&r);
         }
     }
 }

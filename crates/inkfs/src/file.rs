@@ -246,6 +246,19 @@ fn readahead_limit(map: &FileMap, last: u64, size: u64) -> u64 {
     dev_end - page.saturating_sub(file_end)
 }
 
+/// Whether a posix write of `[off, end)` overwrites in place a mapped
+/// page between `durable` (a size a crash may bring back) and the size in
+/// DRAM. Pages past the size are copied on write, and holes take fresh
+/// blocks, so neither counts.
+fn overwrites_past(st: &InodeState, off: u64, end: u64, durable: u64) -> bool {
+    let (lo, hi) = (off.max(durable), end.min(st.attr.size));
+    lo < hi
+        && st.file().is_some_and(|m| {
+            m.next_from(lo / BLOCK_SIZE)
+                .is_some_and(|e| e.page * BLOCK_SIZE < hi)
+        })
+}
+
 /// The pages `[lo, hi)` from the first to the last mapped page of `[first,
 /// end)`, if any is mapped. A punch logs hole entries for these only: the
 /// rest is a hole already, and a punch far past the end of file (up to
@@ -509,7 +522,11 @@ impl<P: Pmem> Fs<P> {
             // read as zeros then; an overwrite in place that reaches past
             // it makes the extension durable first. (Appends start at the
             // size in DRAM and copy on write from there: no fence.)
-            if off < st.attr.size && end.min(st.attr.size) > durable {
+            // Only a write that overwrites a mapped page there: one that
+            // fills holes takes fresh blocks (the kernel's write-backs
+            // reach the pool out of order, and would otherwise settle a
+            // deferred tail each: blockdev/deferred.rs).
+            if overwrites_past(st, off, end, durable) {
                 self.persist_tail(inode, st)?;
             }
         }
@@ -967,7 +984,7 @@ impl<P: Pmem> Fs<P> {
         debug_assert!(
             st.unfenced_size.is_none_or(|d| {
                 let (a, b) = src.range();
-                a >= st.attr.size || b.min(st.attr.size) <= d
+                !overwrites_past(st, a, b, d)
             }),
             "no overwrite in place past a size a crash may undo"
         );

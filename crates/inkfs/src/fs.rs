@@ -608,6 +608,24 @@ impl<P: Pmem> Fs<P> {
         self.setattr_inode(actor, &inode, set, kernel)
     }
 
+    /// `setattr_times_from` that may defer its commit when the inode has a
+    /// deferred tail (blockdev/deferred.rs): the SET_ATTR entry is
+    /// appended past it and committed by the next round, with no flush of
+    /// its own. True: deferred, durable once a `commit_deferred` that began
+    /// after this call returned Ok. For the times a kernel's page cache
+    /// writes back between its write-backs; a size change never defers.
+    pub(crate) fn setattr_times_deferring(
+        &self,
+        actor: Actor<'_>,
+        ino: u64,
+        set: &SetAttr,
+        kernel: Option<KernelTimes>,
+    ) -> Result<(Attr, bool)> {
+        self.check_writable()?;
+        let inode = self.iget(ino)?;
+        self.setattr_inode_deferring(actor, &inode, set, kernel, set.size.is_none())
+    }
+
     pub(crate) fn setattr_inode(
         &self,
         actor: Actor<'_>,
@@ -615,6 +633,18 @@ impl<P: Pmem> Fs<P> {
         set: &SetAttr,
         kernel: Option<KernelTimes>,
     ) -> Result<Attr> {
+        self.setattr_inode_deferring(actor, inode, set, kernel, false)
+            .map(|(a, _)| a)
+    }
+
+    fn setattr_inode_deferring(
+        &self,
+        actor: Actor<'_>,
+        inode: &Arc<Inode>,
+        set: &SetAttr,
+        kernel: Option<KernelTimes>,
+        defer: bool,
+    ) -> Result<(Attr, bool)> {
         let mut st = write(&inode.state);
         live(&st)?;
         // As truncate(2): the kind first, then what the flags forbid.
@@ -643,6 +673,7 @@ impl<P: Pmem> Fs<P> {
             ..checked
         };
         let now = now_ns();
+        let mut deferred = false;
         let mut a = st.attr;
         if let Some(mode) = set.mode {
             a.mode = (a.mode & libc::S_IFMT) | (mode & 0o7777);
@@ -672,11 +703,14 @@ impl<P: Pmem> Fs<P> {
                 a.mtime_ns = now;
             }
             self.truncate_locked(inode, &mut st, a, size)?;
+        } else if defer && self.deferred().is_some_and(|d| d.pending(inode.ino)) {
+            self.commit_attr_deferred(inode, &mut st, a)?;
+            deferred = true;
         } else {
             self.commit_attr(inode, &mut st, a)?;
         }
         self.maybe_compact(inode, &mut st);
-        Ok(self.attr_of(inode, &st))
+        Ok((self.attr_of(inode, &st), deferred))
     }
 
     /// Make `a` the inode's attributes: one SET_ATTR entry, committed by a

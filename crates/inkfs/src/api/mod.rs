@@ -494,6 +494,28 @@ impl<P: Pmem> Filesystem<P> {
         self.setattr_checked(cred, ino, set, via, Some(KernelTimes { ctime }))
     }
 
+    /// `setattr_kernel_times` for a writeback-cache mount's write-back of
+    /// times (no mode, owner or size change: EINVAL): on a file with
+    /// deferred write-backs its commit joins them (the flag): durable once
+    /// a [`Filesystem::commit_deferred`] that began after this call
+    /// returned Ok; otherwise as `setattr_kernel_times`.
+    pub fn setattr_kernel_times_deferring(
+        &self,
+        cred: &Credentials,
+        ino: u64,
+        set: &SetAttr,
+        ctime: Option<i64>,
+    ) -> Result<(Attr, bool)> {
+        let kernel = Some(KernelTimes { ctime });
+        if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() || set.size.is_some() {
+            // Not the times alone: as `setattr_kernel_times` without a
+            // handle (a size change needs the caller's).
+            return crate::error::errno(libc::EINVAL);
+        }
+        self.fs
+            .setattr_times_deferring(Actor::Caller(cred), ino, set, kernel)
+    }
+
     fn setattr_checked(
         &self,
         cred: &Credentials,

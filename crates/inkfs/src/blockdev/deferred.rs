@@ -217,6 +217,34 @@ impl<P: Pmem> Fs<P> {
         self.write_locked(fh, &mut st, off, data, drops_setid, defer)
     }
 
+    /// `commit_attr` for an inode with a deferred tail: the SET_ATTR entry
+    /// appended past it and fenced, the new DRAM tail noted for the next
+    /// round (no flush, no tail store).
+    pub(crate) fn commit_attr_deferred(
+        &self,
+        inode: &crate::inode::Inode,
+        st: &mut crate::inode::InodeState,
+        a: crate::format::AttrEntry,
+    ) -> Result<()> {
+        let Some(d) = self.deferred() else {
+            return self.commit_attr(inode, st, a);
+        };
+        let mut cur = st.log;
+        let mut pages = crate::log::NewPages::default();
+        let entry = crate::log::EntryBuf::attr(false, a);
+        if let Err(e) = self.log_append_unsettled(inode.ino, &mut cur, &entry, &mut pages) {
+            pages.release(&self.blocks);
+            return Err(e);
+        }
+        self.pm.fence();
+        d.note(inode.ino, inode.rec_off, cur.tail);
+        st.log = cur;
+        st.log_entries += 1;
+        st.attr = a;
+        st.attr_dirty = false;
+        Ok(())
+    }
+
     /// Store a committed tail and persist it: the fence first makes the
     /// entries (fenced by their writer already) and everything before
     /// durable on this thread's side too.

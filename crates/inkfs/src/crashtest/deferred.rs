@@ -6,6 +6,7 @@
 //! tails left for a round), with other commits to the same inode in
 //! between, each of which must settle the pending tail first (a chmod, a
 //! link, a truncate that frees blocks later appends reuse, an fsync), and
+//! a write-back of the file's times that joins the deferred commits, and
 //! rounds (`Fs::commit_deferred`, the mount's flusher) that acknowledge
 //! what was deferred before them. Crash images at every fence and every
 //! device flush (the simulated device loses each write not yet flushed),
@@ -19,8 +20,9 @@ use super::lease::{fsck, points_of, read_all};
 use super::workload::{base_image_for, mount_options, pool_of};
 use crate::format::BLOCK_SIZE;
 use crate::fs::{FileHandle, Fs};
+use crate::perm::Actor;
 use crate::pmem::SimPool;
-use crate::types::{Mode, SetAttr};
+use crate::types::{Mode, SetAttr, TimeSet};
 
 /// One step of the sequence.
 #[derive(Clone, Copy, Debug)]
@@ -37,6 +39,9 @@ enum Step {
     /// may take again.
     Truncate(u64),
     Fsync,
+    /// The times a kernel writes back between write-backs: on a file with
+    /// a deferred tail, committed with it by the next round.
+    Touch,
 }
 
 use Step::*;
@@ -54,6 +59,7 @@ const STEPS: &[Step] = &[
     Append(6),
     Fsync,
     Append(7),
+    Touch,
     Append(8),
     Round,
     Append(9),
@@ -70,7 +76,7 @@ pub struct DeferredReport {
     pub states: u64,
     /// Crash points (fences and device flushes).
     pub points: u64,
-    /// Appends the engine deferred (every `Append` must be).
+    /// Commits the engine deferred (every `Append` and `Touch` must be).
     pub deferred: u64,
     /// Pending tails a settle stored (another commit to the inode first).
     pub settles: u64,
@@ -198,6 +204,21 @@ fn apply(
             Ok(true)
         }
         Fsync => fs.fsync(fh, false).map(|()| true).map_err(e),
+        Touch => {
+            let set = SetAttr {
+                mtime: Some(TimeSet::At(1_000_000_000)),
+                ..Default::default()
+            };
+            let kernel = Some(crate::fs::KernelTimes { ctime: None });
+            let (_, deferred) = fs
+                .setattr_times_deferring(Actor::Engine, ino, &set, kernel)
+                .map_err(e)?;
+            if !deferred {
+                return Err("the times of a file with a deferred tail were not deferred".into());
+            }
+            report.deferred += 1;
+            Ok(false)
+        }
     }
 }
 
