@@ -889,7 +889,9 @@ impl<P: Pmem> Fs<P> {
         // removal could evict the slot's next inode.
         self.cache.remove(inode.ino);
         let (lane, slot) = ino_to_lane_slot(inode.ino, self.geo.lane_count);
-        let _ = self.slots.free(lane, slot);
+        if !self.client_free_slot(lane, slot) {
+            let _ = self.slots.free(lane, slot);
+        }
     }
 
     /// Free `len` blocks from `start`, or (`len` 1) one log page by its
@@ -905,11 +907,10 @@ impl<P: Pmem> Fs<P> {
     /// last free ([`Fs::reclaim_limbo`]; later is always safe: a block
     /// leaves the limbo only once no pin older than its hold remains).
     fn free_blocks_batched(&self, start: u64, len: u64) -> bool {
-        if start >= LOG_CHUNK_ID_MIN && self.is_client() {
-            // A client frees no log chunk: it creates no inode and
-            // collects no log (the server does both). Leak rather than
-            // send the server an id as a block range.
-            debug_assert!(false, "a client freeing log chunk {start:#x}");
+        // A client's log chunk: the head chunk of an inode it created and
+        // removed (rmlocal.rs), given back with the lane.
+        if start >= LOG_CHUNK_ID_MIN && self.client_free_chunk(start) {
+            debug_assert_eq!(len, 1);
             return false;
         }
         if self.client_free(start, len) {

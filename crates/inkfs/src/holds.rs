@@ -41,7 +41,10 @@ impl<P: Pmem> Fs<P> {
     /// ORPHAN (the fence here orders that store before the loads).
     pub(crate) fn client_holds(&self, ino: u64) -> bool {
         fence(SeqCst);
-        self.epoch_table().is_some_and(|t| t.held(ino))
+        // A client engine scans the table it pins in (rmlocal.rs).
+        self.epoch_table()
+            .or_else(|| self.client_epoch_table())
+            .is_some_and(|t| t.held(ino))
     }
 
     /// An orphan nobody else frees (no handle of the owner's) that a client

@@ -113,6 +113,10 @@ pub struct LaneReturn {
     pub unused_slots: Vec<u64>,
     /// The chain's last block now.
     pub table_end: u64,
+    /// Head chunks (log page ids) of the inodes it created and removed
+    /// (rmlocal.rs): the owner frees them into its limbo once the chunk
+    /// blocks are its own again.
+    pub freed_chunks: Vec<u64>,
     /// Blocks it carved into log chunks that have chunks free, with the
     /// bitmap of those in use (to the owner's chunk maps).
     pub chunks: Vec<(u64, u64)>,
@@ -129,6 +133,9 @@ pub struct LaneSettled {
     pub orphans: u64,
     /// Table blocks the client added to the chain.
     pub table_blocks_added: u64,
+    /// Reap: older inodes the client removed and freed whose `slot INO`
+    /// the owner had not heard, freed by the reap.
+    pub older_freed: u64,
     /// The lane's journal, reaped: what was in it.
     pub journal: Option<JournalState>,
     /// Blocks of the reservation no committed log names, returned (reap).
@@ -141,13 +148,47 @@ pub(crate) struct ClientLane {
     held: Mutex<Option<HeldLane>>,
     /// Directories whose write lease this client holds (the directory
     /// lease: the per-inode lease with its directory flag).
-    dirs: Mutex<Vec<u64>>,
+    pub(crate) dirs: Mutex<Vec<crate::rmlocal::DirLease>>,
+    /// Older inodes its removals freed (their records FREE): the owner
+    /// frees their blocks and slots (`slot INO`, rmlocal.rs).
+    pub(crate) slots_out: Mutex<Vec<u64>>,
+    /// Head chunks of the inodes it created and removed, for the owner
+    /// with the lane ([`LaneReturn::freed_chunks`]).
+    pub(crate) chunks_freed: Mutex<Vec<u64>>,
+}
+
+impl ClientLane {
+    /// Whether `ino` is in a slot of the held lane's grant (an inode this
+    /// client created under this lane lease, or a slot not used yet).
+    pub(crate) fn granted(&self, lane: u32, slot: u64) -> bool {
+        lock(&self.held)
+            .as_ref()
+            .is_some_and(|h| h.lane == lane && h.granted.binary_search(&slot).is_ok())
+    }
+
+    /// A granted slot its removal freed: handed out again (false if it is
+    /// not one).
+    pub(crate) fn take_freed_slot(&self, lane: u32, slot: u64) -> bool {
+        let mut held = lock(&self.held);
+        let Some(h) = held.as_mut().filter(|h| h.lane == lane) else {
+            return false;
+        };
+        if h.granted.binary_search(&slot).is_err() {
+            return false;
+        }
+        debug_assert!(!h.slots.contains(&slot), "slot {slot} freed twice");
+        h.slots.push(slot);
+        h.slots.sort_unstable_by(|a, b| b.cmp(a));
+        true
+    }
 }
 
 struct HeldLane {
     lane: u32,
     /// Handed-out slots not used yet, descending (the lowest is popped).
     slots: Vec<u64>,
+    /// The grant's slots, ascending.
+    granted: Vec<u64>,
 }
 
 /// How a handed-out slot's record was found.
@@ -305,13 +346,23 @@ impl<P: Pmem> Fs<P> {
         let bad_chunk = ret.chunks.iter().any(|&(b, m)| {
             !self.geo.is_data_range(b, 1) || m == 0 || m >= LOG_CHUNKS_FULL || self.blocks.is_free(b)
         });
-        if claims_used || bad_chunk {
+        let bad_freed = ret.freed_chunks.iter().any(|&id| {
+            !matches!(log_page_id(id), Some((b, Some(_))) if self.geo.is_data_range(b, 1))
+        });
+        if claims_used || bad_chunk || bad_freed {
             return errno(libc::EINVAL);
         }
         for &(b, m) in &ret.chunks {
+            // Merged: head chunks of the client's removed inodes may have
+            // reached the owner's maps through its limbo already.
             self.blocks
-                .add_chunk_block(b, m)
+                .merge_chunk_block(b, m)
                 .map_err(|_| Error::Errno(libc::EINVAL))?;
+        }
+        // After the maps have the client's chunk blocks: each chunk by its
+        // id, into the limbo (readers may still read the removed inode).
+        for &id in &ret.freed_chunks {
+            self.free_blocks(id, 1);
         }
         let mut settled = self.settle_slots(lane, &states);
         settled.table_blocks_added = added.len() as u64;
@@ -373,7 +424,8 @@ impl<P: Pmem> Fs<P> {
         for &d in dirs {
             let inode = self.iget_cached(d)?;
             self.pm.flush(inode.rec_off, INODE_RECORD_SIZE);
-            dir_inodes.push(inode);
+            let log = read(&inode.state).log;
+            dir_inodes.push((inode, log.head, log.tail));
         }
         for &slot in &grant.slots {
             let ino = lane_slot_to_ino(lane, slot, self.geo.lane_count);
@@ -382,14 +434,15 @@ impl<P: Pmem> Fs<P> {
             }
         }
         self.pm.fence();
-        for inode in &dir_inodes {
-            if let Err(e) = self.catch_up_now(inode) {
-                if e.errno() != libc::ENOENT {
-                    return Err(e);
-                }
+        let mut victims = Vec::new();
+        for (inode, head, tail) in &dir_inodes {
+            match self.catch_up_now(inode) {
+                Ok(()) => victims.extend(self.removed_between(inode, *head, *tail)?),
+                Err(e) if e.errno() == libc::ENOENT => {}
+                Err(e) => return Err(e),
             }
         }
-        // 4. The slots; what they and the directories name.
+        // 4. The slots handed out; what they and the directories name.
         let states = self.slot_states(&grant)?;
         let mut named = RangeSet::new();
         let mut chunks: std::collections::BTreeMap<u64, u64> = Default::default();
@@ -408,7 +461,7 @@ impl<P: Pmem> Fs<P> {
                 }
             }
         }
-        for inode in &dir_inodes {
+        for (inode, _, _) in &dir_inodes {
             for (s, l) in self.inode_blocks(inode)? {
                 name(s, l);
             }
@@ -423,11 +476,23 @@ impl<P: Pmem> Fs<P> {
             if !rest.intersect(block, 1).is_empty() {
                 rest.remove(block, 1);
                 // Used for the block lists from now on; its free chunks
-                // are the owner's to hand out.
-                let _ = self.blocks.add_chunk_block(block, mask);
+                // are the owner's to hand out (merged: a removed inode's
+                // head chunk may have reached the maps already).
+                let _ = self.blocks.merge_chunk_block(block, mask);
             }
         }
         let mut settled = self.settle_slots(lane, &states);
+        // The older inodes the client removed (not in handed-out slots).
+        let older: Vec<u64> = victims
+            .into_iter()
+            .filter(|&ino| {
+                let (l, slot) = ino_to_lane_slot(ino, self.geo.lane_count);
+                l != lane || !grant.slots.contains(&slot)
+            })
+            .collect();
+        let (orphans, freed) = self.settle_older_victims(&older);
+        settled.orphans += orphans;
+        settled.older_freed = freed;
         settled.table_blocks_added = added.len() as u64;
         settled.journal = Some(state);
         settled.blocks_returned = rest.blocks();
@@ -475,6 +540,16 @@ impl<P: Pmem> Fs<P> {
 
     fn slot_state(&self, lane: u32, slot: u64) -> Result<SlotState> {
         let ino = lane_slot_to_ino(lane, slot, self.geo.lane_count);
+        // An object the owner cached before the client freed (and perhaps
+        // reused) the slot is stale: caught up, or gone, before anyone
+        // reads the slot's inode through it (a client's removal of an
+        // older file of this lane).
+        if let Some(cached) = self.cache.get(ino) {
+            match self.catch_up_now(&cached) {
+                Err(e) if e.errno() != libc::ENOENT => return Err(e),
+                _ => {}
+            }
+        }
         let Some(off) = self.tables.record_offset(&self.pm, ino)? else {
             return Ok(SlotState::Free);
         };
@@ -501,11 +576,16 @@ impl<P: Pmem> Fs<P> {
             let ino = lane_slot_to_ino(lane, slot, self.geo.lane_count);
             match st {
                 SlotState::Free => {
-                    // An inode the owner cached under this number before
-                    // is gone (its removal took it out of the cache).
-                    debug_assert!(self.cache.get(ino).is_none_or(|i| i.is_gone()));
-                    let _ = self.slots.free(lane, slot);
-                    out.slots_freed += 1;
+                    // An inode the owner cached under this number is
+                    // stale (a client's removal freed it) or gone; a slot
+                    // the owner freed itself meanwhile (a held orphan it
+                    // adopted) is free already.
+                    let forgot = self.forget_freed_inode(ino);
+                    debug_assert!(forgot, "the owner has freed inode {ino} open");
+                    if self.slots.is_used(lane, slot) {
+                        let _ = self.slots.free(lane, slot);
+                        out.slots_freed += 1;
+                    }
                 }
                 SlotState::Live => out.live.push(ino),
                 SlotState::Orphan => {
@@ -524,6 +604,41 @@ impl<P: Pmem> Fs<P> {
             }
         }
         out
+    }
+
+    /// Older inodes (not in handed-out slots) a dead client removed: one
+    /// it left ORPHAN (held, or killed before its hold check) is freed or
+    /// kept for a hold; one it freed whose `slot INO` the owner did not
+    /// hear yet (its slot still used here) is freed as that message frees
+    /// it (`Fs::free_client_victim`). The counts (orphans, freed).
+    fn settle_older_victims(&self, victims: &[u64]) -> (u64, u64) {
+        let (mut orphans, mut freed) = (0, 0);
+        for &ino in victims {
+            if self.free_victim_record(ino).is_ok() {
+                freed += 1;
+                continue;
+            }
+            let Ok(inode) = self.iget(ino) else { continue };
+            let mut st = write(&inode.state);
+            if st.gone || !st.orphan || st.open_count > 0 {
+                continue;
+            }
+            orphans += 1;
+            if self.client_holds(ino) {
+                self.keep_held_orphan(ino);
+            } else {
+                self.free_inode_now(&inode, &mut st);
+            }
+        }
+        (orphans, freed)
+    }
+
+    /// Whether slot `slot` of `lane` is handed out to a client now.
+    pub(crate) fn slot_handed_out(&self, lane: u32, slot: u64) -> bool {
+        self.lane_owners
+            .lanes
+            .get(lane as usize)
+            .is_some_and(|o| lock(&o.grant).as_ref().is_some_and(|g| g.slots.contains(&slot)))
     }
 
     /// The blocks and log pages (chunk ids as they are) an inode names.
@@ -579,9 +694,12 @@ impl<P: Pmem> Fs<P> {
         *lock(&self.journals[grant.lane as usize]) = Journal::open(&self.pm, grant.lane);
         let mut slots = grant.slots.clone();
         slots.sort_unstable_by(|a, b| b.cmp(a));
+        let mut granted = grant.slots.clone();
+        granted.sort_unstable();
         *held = Some(HeldLane {
             lane: grant.lane,
             slots,
+            granted,
         });
         Ok(())
     }
@@ -616,6 +734,7 @@ impl<P: Pmem> Fs<P> {
             lane,
             unused_slots: unused,
             table_end,
+            freed_chunks: std::mem::take(&mut *lock(&side.lane.chunks_freed)),
             chunks: self.blocks.take_chunk_blocks(),
         })
     }
@@ -634,9 +753,17 @@ impl<P: Pmem> Fs<P> {
     }
 
     /// A client engine now holds directory `dir`'s lease (granted by the
-    /// owner): its creates in `dir` run here. The directory is caught up
-    /// with its record first.
+    /// owner): its creates in `dir` run here, and its removals of what it
+    /// creates meanwhile (the kernel's list unknown: "many", see
+    /// [`Fs::client_lease_dir_with`]). The directory is caught up with its
+    /// record first.
     pub fn client_lease_dir(&self, dir: u64) -> Result<()> {
+        self.client_lease_dir_with(dir, crate::rmlocal::KernelHeld::Many)
+    }
+
+    /// [`Fs::client_lease_dir`] with what the grant said the kernel holds
+    /// in `dir` (rule 4 of a removal, rmlocal.rs).
+    pub fn client_lease_dir_with(&self, dir: u64, kernel: crate::rmlocal::KernelHeld) -> Result<()> {
         let Some(side) = &self.client else {
             return errno(libc::EINVAL);
         };
@@ -646,9 +773,8 @@ impl<P: Pmem> Fs<P> {
         }
         self.catch_up_now(&inode)?;
         let mut dirs = lock(&side.lane.dirs);
-        if !dirs.contains(&dir) {
-            dirs.push(dir);
-        }
+        dirs.retain(|l| l.ino != dir);
+        dirs.push(crate::rmlocal::DirLease::new(dir, kernel));
         Ok(())
     }
 
@@ -658,7 +784,7 @@ impl<P: Pmem> Fs<P> {
         let Some(side) = &self.client else { return };
         let inode = self.cache.get(dir);
         let _st = inode.as_ref().map(|i| write(&i.state));
-        lock(&side.lane.dirs).retain(|&d| d != dir);
+        lock(&side.lane.dirs).retain(|l| l.ino != dir);
         self.client_leases_changed();
     }
 
@@ -670,7 +796,7 @@ impl<P: Pmem> Fs<P> {
         let Some(side) = &self.client else {
             return Ok(());
         };
-        if kind != FileKind::File || !lock(&side.lane.dirs).contains(&dir) {
+        if kind != FileKind::File || !lock(&side.lane.dirs).iter().any(|l| l.ino == dir) {
             return errno(libc::EROFS);
         }
         if lock(&side.lane.held).is_none() {

@@ -126,6 +126,7 @@ struct Freed {
 impl Freed {
     fn push(&mut self, start: u64, len: u64) {
         self.blocks += len;
+        debug_assert!(start < LOG_CHUNK_ID_MIN, "a log chunk on the freed list");
         match self.ranges.last_mut() {
             Some((s, l)) if *s + *l == start => *l += len,
             Some((s, l)) if start + len == *s => {
@@ -408,6 +409,13 @@ impl<P: Pmem> Fs<P> {
         if let Some(side) = &self.client {
             let _ = side.epochs.set((table, own_slot));
         }
+    }
+
+    /// The epoch table this client engine pins in (its holds are there
+    /// too), once set.
+    pub(crate) fn client_epoch_table(&self) -> Option<&crate::epoch::EpochTable> {
+        let (table, _) = self.client.as_ref()?.epochs.get()?;
+        Some((**table).as_ref())
     }
 
     /// Reuse recycled blocks once `blocks` wait (instead of

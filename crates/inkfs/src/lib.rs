@@ -87,7 +87,7 @@ pub mod crashtest;
 internal!(
     alloc, blockset, dir, epoch, extents, fiemap, file, filemap, flags, format, fs, gc, health,
     holds, inode, inthash, journal, lanelease, lease, log, namei, pagetable, perm, recovery,
-    recycle, shared, shift, shm, superblock, time, xattr,
+    recycle, rmlocal, shared, shift, shm, superblock, time, xattr,
 );
 
 pub use error::{Error, Result};

@@ -62,7 +62,7 @@ fn is_dot_or_dotdot(name: &[u8]) -> bool {
 }
 
 /// Write locks on several inodes, always taken in inode-number order.
-struct Locked<'a> {
+pub(crate) struct Locked<'a> {
     guards: Vec<(u64, RwLockWriteGuard<'a, InodeState>)>,
 }
 
@@ -78,7 +78,7 @@ impl<'a> Locked<'a> {
                 .collect(),
         }
     }
-    fn get(&mut self, ino: u64) -> &mut InodeState {
+    pub(crate) fn get(&mut self, ino: u64) -> &mut InodeState {
         let (_, g) = self
             .guards
             .iter_mut()
@@ -431,6 +431,7 @@ impl<P: Pmem> Fs<P> {
             rec(rec_off, INODE_STATE_FIELD, INODE_LIVE),
             rec(dir.rec_off, INODE_TAIL_FIELD, dir_cur.tail),
         ]);
+        self.client_created(parent, ino);
         dst.log = dir_cur;
         dst.log_entries += 1;
         dst.attr.mtime_ns = now;
@@ -587,6 +588,9 @@ impl<P: Pmem> Fs<P> {
         newname: &[u8],
     ) -> Result<Attr> {
         self.check_writable()?;
+        // Links and renames stay the server's (docs/KERNEL-FREE.md,
+        // "Removals": "Still the server's").
+        self.deny_client()?;
         check_name(newname)?;
         let inode = self.iget(ino)?;
         let dir = self.dir_inode(newparent)?;
@@ -689,6 +693,11 @@ impl<P: Pmem> Fs<P> {
         self.remove_name(Actor::Engine, parent, name, false)
     }
 
+    /// unlink for a caller with credentials `cred` (may_delete checked).
+    pub fn unlink_cred(&self, cred: &crate::perm::Credentials, parent: u64, name: &[u8]) -> Result<()> {
+        self.remove_name(Actor::Caller(cred), parent, name, false)
+    }
+
     pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
         self.remove_name(Actor::Engine, parent, name, true)
     }
@@ -714,6 +723,32 @@ impl<P: Pmem> Fs<P> {
         if want_dir && name == b".." {
             return errno(libc::ENOTEMPTY);
         }
+        // A client removes through `client_unlink` (rmlocal.rs), with the
+        // rules of a removal under a directory lease.
+        self.deny_client()?;
+        self.with_victim(actor, parent, name, want_dir, |dir, child, locked| {
+            if want_dir && child.kind != FileKind::Dir {
+                return errno(libc::ENOTDIR);
+            }
+            if !want_dir && child.kind == FileKind::Dir {
+                return errno(libc::EISDIR);
+            }
+            self.remove_locked(dir, child, name, locked).map(|_| ())
+        })
+    }
+
+    /// `name` in directory `parent` and the inode it names, both locked
+    /// and checked against each other, may_delete passed for `actor`
+    /// (ENOENT, EACCES, EPERM as unlink(2) orders them): `f` runs under
+    /// those locks, so the victim checked is the victim removed.
+    pub(crate) fn with_victim<R>(
+        &self,
+        actor: Actor<'_>,
+        parent: u64,
+        name: &[u8],
+        want_dir: bool,
+        f: impl FnOnce(&Arc<Inode>, &Arc<Inode>, &mut Locked<'_>) -> Result<R>,
+    ) -> Result<R> {
         let dir = self.dir_inode(parent)?;
         loop {
             let child_ino = self.lookup_ino(parent, name)?;
@@ -737,13 +772,7 @@ impl<P: Pmem> Fs<P> {
                 continue;
             }
             self.may_delete_locked(actor, &dir, &child, &mut locked)?;
-            if want_dir && child.kind != FileKind::Dir {
-                return errno(libc::ENOTDIR);
-            }
-            if !want_dir && child.kind == FileKind::Dir {
-                return errno(libc::EISDIR);
-            }
-            return self.remove_locked(&dir, &child, name, &mut locked);
+            return f(&dir, &child, &mut locked);
         }
     }
 
@@ -773,13 +802,18 @@ impl<P: Pmem> Fs<P> {
         crate::flags::deny_if_immutable_or_append(locked.get(victim.ino))
     }
 
-    fn remove_locked(
+    /// Remove `name` (naming `child`) from `dir`, both locked: one journal
+    /// transaction (a client's through its leased lane's journal). Some
+    /// orphan (number, generation) when a client engine left the victim
+    /// ORPHAN because a process holds it (rmlocal.rs): its owner must hear
+    /// of it.
+    pub(crate) fn remove_locked(
         &self,
         dir: &Arc<Inode>,
         child: &Arc<Inode>,
         name: &[u8],
         locked: &mut Locked<'_>,
-    ) -> Result<()> {
+    ) -> Result<Option<(u64, u64)>> {
         if child.kind == FileKind::Dir && locked.get(child.ino).dir().is_some_and(|d| !d.is_empty())
         {
             return errno(libc::ENOTEMPTY);
@@ -810,7 +844,11 @@ impl<P: Pmem> Fs<P> {
                     return Err(e);
                 }
             };
-        self.commit_journal(&records);
+        if self.is_client() {
+            self.client_commit(&records);
+        } else {
+            self.commit_journal(&records);
+        }
         let d = locked.get(dir.ino);
         d.log = dcur;
         d.log_entries += 1;
@@ -819,10 +857,10 @@ impl<P: Pmem> Fs<P> {
         if let Some(x) = d.dir_mut() {
             x.remove(name);
         }
-        self.finish_drop_link(child, locked.get(child.ino), outcome);
+        let held = self.finish_drop_link(child, locked.get(child.ino), outcome);
         self.maybe_compact(dir, locked.get(dir.ino));
         self.maybe_compact(child, locked.get(child.ino));
-        Ok(())
+        Ok(held)
     }
 
     /// Prepare the child's side of losing one name: a LINK_CHANGE entry if
@@ -838,8 +876,9 @@ impl<P: Pmem> Fs<P> {
         let last = child.kind == FileKind::Dir || st.attr.nlink <= 1;
         if last {
             // Open here, or maybe held by a client (holds.rs): ORPHAN, and
-            // freed once nobody has it.
-            let state = if st.open_count > 0 || self.clients_may_hold() {
+            // freed once nobody has it. A client's removal always (its
+            // hold check comes after the commit: rmlocal.rs).
+            let state = if st.open_count > 0 || self.clients_may_hold() || self.is_client() {
                 INODE_ORPHAN
             } else {
                 INODE_FREE
@@ -860,7 +899,15 @@ impl<P: Pmem> Fs<P> {
         Ok(DropOutcome::Linked { cur, attr: a })
     }
 
-    fn finish_drop_link(&self, child: &Inode, st: &mut InodeState, outcome: DropOutcome) {
+    /// After the commit: the child's DRAM state, and an orphan freed now
+    /// unless held. Some (number, generation) for a client's held orphan
+    /// (`Fs::client_orphaned`).
+    fn finish_drop_link(
+        &self,
+        child: &Inode,
+        st: &mut InodeState,
+        outcome: DropOutcome,
+    ) -> Option<(u64, u64)> {
         match outcome {
             DropOutcome::Linked { cur, attr } => {
                 st.log = cur;
@@ -870,6 +917,9 @@ impl<P: Pmem> Fs<P> {
             DropOutcome::Orphaned => {
                 st.orphan = true;
                 st.attr.nlink = 0;
+                if self.is_client() {
+                    return self.client_orphaned(child, st);
+                }
                 // ORPHAN only because a client might hold it: the journal
                 // committed that state; now (after the fence in
                 // `client_holds`) either a client's hold is seen, or the
@@ -887,6 +937,7 @@ impl<P: Pmem> Fs<P> {
                 self.release_inode_blocks(child, st);
             }
         }
+        None
     }
 
     /// rename(2)/renameat2(2). RENAME_WHITEOUT creates an inode, which
@@ -941,6 +992,7 @@ impl<P: Pmem> Fs<P> {
         owner: (u32, u32),
     ) -> Result<()> {
         self.check_writable()?;
+        self.deny_client()?;
         // As renameat2(2) checks its flags, before any lookup.
         if flags.exchange && (flags.noreplace || flags.whiteout) {
             return errno(libc::EINVAL);
@@ -1216,7 +1268,9 @@ impl<P: Pmem> Fs<P> {
             sp, name, dp, newname, m, v, flags, wh_child, pos, now, locked,
         );
         if let (Some(v), Some(o)) = (v, outcome) {
-            self.finish_drop_link(v, locked.get(v.ino), o);
+            // Never a client's (it renames nothing): None.
+            let held = self.finish_drop_link(v, locked.get(v.ino), o);
+            debug_assert!(held.is_none());
         }
         // Every log this rename grew (else renames alone fill the pool).
         for inode in [sp, dp, m].into_iter().chain(v) {

@@ -13,6 +13,7 @@ use inkfs::fsck::{self, FsckOptions};
 use inkfs::lanelease::LaneGrant;
 use inkfs::perm::Credentials;
 use inkfs::pmem::{MappedPool, PoolOpenOptions};
+use inkfs::rmlocal::{ClientUnlink, KernelHeld, NotLocal};
 use inkfs::types::*;
 use inkfs::Fs;
 
@@ -70,14 +71,35 @@ fn client_of(owner: &Fs<MappedPool>) -> Fs<MappedPool> {
 /// The last lane (never lane 0 of the root): leased with `slots` slots,
 /// blocks reserved, directory `dir`'s lease.
 fn grant(p: &Pair, dir: u64, slots: usize) -> (LaneGrant, Vec<(u64, u64)>) {
+    grant_with(p, dir, slots, KernelHeld::Many)
+}
+
+/// [`grant`] with what the kernel holds in `dir` (rule 4 of a removal).
+fn grant_with(
+    p: &Pair,
+    dir: u64,
+    slots: usize,
+    kernel: KernelHeld,
+) -> (LaneGrant, Vec<(u64, u64)>) {
     let lane = p.owner.geometry().lane_count - 1;
     let g = p.owner.lease_lane(lane, slots).unwrap();
     assert!(p.owner.lane_leased(lane));
     p.client.client_take_lane(&g).unwrap();
     let reserved = p.owner.reserve_blocks(RESERVE, 64);
     p.client.add_reservation(&reserved).unwrap();
-    p.client.client_lease_dir(dir).unwrap();
+    p.client.client_lease_dir_with(dir, kernel).unwrap();
     (g, reserved)
+}
+
+/// What the client sends with its freed batches (`freed`, `slot INO`),
+/// handled by the owner as the server does.
+fn send_freed(p: &Pair) -> Vec<(u64, u64)> {
+    let freed = p.client.take_client_freed();
+    p.owner.return_blocks(&freed);
+    for ino in p.client.take_client_freed_slots() {
+        p.owner.free_client_victim(ino).unwrap();
+    }
+    freed
 }
 
 /// The client gives `dir` and the lane back, and what it freed and did
@@ -85,10 +107,9 @@ fn grant(p: &Pair, dir: u64, slots: usize) -> (LaneGrant, Vec<(u64, u64)>) {
 fn give_back(p: &Pair, dir: u64) {
     p.client.client_give_back_dir(dir);
     let ret = p.client.client_give_back_lane().unwrap();
-    let freed = p.client.take_client_freed();
+    send_freed(p);
     let unused = p.client.drain_reservation();
     p.owner.free_unused_blocks(&unused);
-    p.owner.return_blocks(&freed);
     p.owner.settle_dir(dir).unwrap();
     let settled = p.owner.take_back_lane(&ret).unwrap();
     assert!(!p.owner.lane_leased(ret.lane));
@@ -431,7 +452,7 @@ fn the_owner_refuses_bad_lane_requests() {
         lane: g.lane,
         unused_slots: vec![g.slots[0] + 1000],
         table_end: g.table_end,
-        chunks: Vec::new(),
+        ..Default::default()
     };
     assert_eq!(errno_of(p.owner.take_back_lane(&bad)), Some(libc::EINVAL));
     for g in &granted {
@@ -439,7 +460,7 @@ fn the_owner_refuses_bad_lane_requests() {
             lane: g.lane,
             unused_slots: g.slots.clone(),
             table_end: g.table_end,
-            chunks: Vec::new(),
+            ..Default::default()
         };
         p.owner.take_back_lane(&ret).unwrap();
     }
@@ -452,6 +473,397 @@ fn the_owner_refuses_bad_lane_requests() {
         Some(libc::EINVAL),
         "not leased"
     );
+    let (scan, errors) = scanned(&p);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(p.owner.statfs(), scan);
+}
+
+// ---------------------------------------------------------------------
+// Removals under the lease (docs/KERNEL-FREE.md, "Built: a client's
+// removals in the engine")
+// ---------------------------------------------------------------------
+
+/// The caller holds every victim's write lease (rule 3).
+fn leased(_: u64) -> bool {
+    true
+}
+
+fn unlink(p: &Pair, dir: u64, name: &str) -> ClientUnlink {
+    let _w = p.client.client_writes().unwrap();
+    p.client
+        .client_unlink(None, dir, name.as_bytes(), &leased)
+        .unwrap()
+}
+
+/// Files the owner creates in `dir` before the lease, with data: the
+/// first half on the lane the lease takes, the rest on lane 0 (the
+/// owner's other lanes leased away meanwhile).
+fn older_files(p: &Pair, dir: u64, n: usize) -> Vec<u64> {
+    let lanes = p.owner.geometry().lane_count;
+    let on_lane = |lane: u32, i: usize| {
+        let others: Vec<LaneGrant> = (0..lanes)
+            .filter(|&l| l != lane)
+            .map(|l| p.owner.lease_lane(l, 0).unwrap())
+            .collect();
+        let ino = old_file(p, dir, i);
+        for g in others {
+            let ret = inkfs::lanelease::LaneReturn {
+                lane: g.lane,
+                table_end: g.table_end,
+                ..Default::default()
+            };
+            p.owner.take_back_lane(&ret).unwrap();
+        }
+        assert_eq!((ino - 1) % lanes as u64, lane as u64);
+        ino
+    };
+    (0..n)
+        .map(|i| on_lane(if i < n / 2 { lanes - 1 } else { 0 }, i))
+        .collect()
+}
+
+fn old_file(p: &Pair, dir: u64, i: usize) -> u64 {
+    {
+        {
+            let (a, fh) = p
+                .owner
+                .create(dir, format!("old{i}").as_bytes(), 0o644, 0, 0)
+                .unwrap();
+            p.owner.write(&fh, 0, &vec![9u8; 6000]).unwrap();
+            p.owner.release(fh);
+            a.ino
+        }
+    }
+}
+
+/// The client creates `names` in `dir`, each with 5000 bytes.
+fn client_creates(p: &Pair, dir: u64, names: &[String]) -> Vec<u64> {
+    let _w = p.client.client_writes().unwrap();
+    names
+        .iter()
+        .map(|n| {
+            let (a, fh) = p.client.create(dir, n.as_bytes(), 0o644, 0, 0).unwrap();
+            p.client.write(&fh, 0, &vec![3u8; 5000]).unwrap();
+            p.client.release(fh);
+            a.ino
+        })
+        .collect()
+}
+
+fn sorted(v: impl IntoIterator<Item = String>) -> Vec<Vec<u8>> {
+    let mut v: Vec<Vec<u8>> = v.into_iter().map(String::into_bytes).collect();
+    v.sort();
+    v
+}
+
+/// The client removes half of its own creates and some older files of
+/// the owner's (the kernel holds nothing in the directory), creates again
+/// in the slots it freed, and gives the lane back: the names are the
+/// owner's, and the owner's statfs (inodes and blocks) is exactly what a
+/// recovery scan finds, before the lease, after it, and after the owner
+/// works in the directory again.
+#[test]
+fn a_clients_removals_are_accounted_exactly() {
+    let p = pair("rm");
+    let d = p.owner.mkdir(ROOT, b"d", 0o755, 0, 0).unwrap().ino;
+    let old = older_files(&p, d, 6);
+    let before = p.owner.statfs();
+    assert_eq!(before, scanned(&p).0);
+    grant_with(&p, d, 16, KernelHeld::Nothing);
+    let mine: Vec<String> = (0..10).map(|i| format!("f{i}")).collect();
+    let inos = client_creates(&p, d, &mine);
+    for i in (0..10).step_by(2) {
+        assert_eq!(unlink(&p, d, &format!("f{i}")), ClientUnlink::Freed);
+    }
+    for i in 0..4 {
+        assert_eq!(unlink(&p, d, &format!("old{i}")), ClientUnlink::Freed);
+    }
+    // The client sees its removals at once; a removed name is ENOENT.
+    assert_eq!(
+        p.client.lookup_ino(d, b"f0").err().map(|e| e.errno()),
+        Some(libc::ENOENT)
+    );
+    assert_eq!(
+        p.client
+            .client_unlink(None, d, b"f0", &leased)
+            .err()
+            .map(|e| e.errno()),
+        Some(libc::EROFS),
+        "outside a lease write"
+    );
+    {
+        let _w = p.client.client_writes().unwrap();
+        assert_eq!(
+            p.client
+                .client_unlink(None, d, b"f0", &leased)
+                .err()
+                .map(|e| e.errno()),
+            Some(libc::ENOENT)
+        );
+    }
+    // Creates again: the slots of its removed creates are handed out
+    // again (the lowest first); the older files' slots are the owner's
+    // (`slot INO`), of the leased lane (old0-2) or not (old3).
+    let again = client_creates(&p, d, &["g0".to_string(), "g1".to_string()]);
+    assert_eq!(again, [inos[0], inos[2]], "the lowest freed slots reused");
+    assert!(!again.contains(&old[0]));
+    give_back(&p, d);
+    let want = sorted(
+        (1..10)
+            .step_by(2)
+            .map(|i| format!("f{i}"))
+            .chain((4..6).map(|i| format!("old{i}")))
+            .chain(["g0".to_string(), "g1".to_string()]),
+    );
+    assert_eq!(names(&p.owner, d), want);
+    assert_eq!(names(&p.client, d), want);
+    for i in 0..4 {
+        assert_eq!(
+            p.owner
+                .lookup_ino(d, format!("old{i}").as_bytes())
+                .err()
+                .map(|e| e.errno()),
+            Some(libc::ENOENT)
+        );
+    }
+    let after = p.owner.statfs();
+    assert_eq!(used_inodes(&after), used_inodes(&before) + 5 + 2 - 4);
+    let (scan, errors) = scanned(&p);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(after, scan, "the owner's books against the scan");
+    // The owner removes and creates in the directory again, and the
+    // books stay the scan's.
+    p.owner.unlink(d, b"f1").unwrap();
+    p.owner.unlink(d, b"g0").unwrap();
+    let (_, fh) = p.owner.create(d, b"owner", 0o644, 0, 0).unwrap();
+    p.owner.release(fh);
+    let (scan, errors) = scanned(&p);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(p.owner.statfs(), scan);
+}
+
+/// The client removes files and dies holding the lane (its engine
+/// dropped, after its freed batches reached the owner); the owner reaps
+/// the lane: every slot is accounted once (a slot freed and used again,
+/// one freed and left), the books are the scan's.
+#[test]
+fn a_dead_clients_removals_are_reaped_exactly() {
+    let p = pair("rmreap");
+    let d = p.owner.mkdir(ROOT, b"d", 0o755, 0, 0).unwrap().ino;
+    let olds = older_files(&p, d, 8);
+    let before = p.owner.statfs();
+    let (g, reserved) = grant_with(&p, d, 12, KernelHeld::Nothing);
+    let lanes = p.owner.geometry().lane_count as u64;
+    assert_eq!(
+        olds.iter()
+            .filter(|&&i| (i - 1) % lanes == g.lane as u64)
+            .count(),
+        4
+    );
+    let mine: Vec<String> = (0..6).map(|i| format!("f{i}")).collect();
+    client_creates(&p, d, &mine);
+    // The server's books: what the client returned leaves its
+    // reservation (the mount's `Leases::take_back`).
+    let mut books = inkfs::lease::RangeSet::from_ranges(&reserved);
+    let mut send = |p: &Pair| {
+        for (s, l) in send_freed(p) {
+            for (a, b) in books.intersect(s, l) {
+                books.remove(a, b);
+            }
+        }
+    };
+    // Half of the removals reach the owner before the client dies
+    // (`freed` and `slot INO`), half do not: the reap finds those.
+    for name in ["f0", "old0", "old4"] {
+        assert_eq!(unlink(&p, d, name), ClientUnlink::Freed, "{name}");
+    }
+    send(&p);
+    for name in ["f1", "f2", "old1", "old2", "old3"] {
+        assert_eq!(unlink(&p, d, name), ClientUnlink::Freed, "{name}");
+    }
+    client_creates(&p, d, &["g0".to_string()]);
+    let reserved = books.ranges();
+    let Pair {
+        owner,
+        client,
+        path,
+    } = p;
+    drop(client);
+    let settled = owner.reap_lane(g.lane, &[d], &reserved).unwrap();
+    assert!(!owner.lane_leased(g.lane));
+    let want = sorted(
+        ["f3", "f4", "f5", "g0", "old5", "old6", "old7"]
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    assert_eq!(names(&owner, d), want);
+    assert_eq!(settled.live.len(), 4, "{settled:?}");
+    assert_eq!(settled.older_freed, 3, "{settled:?}");
+    let after = owner.statfs();
+    assert_eq!(used_inodes(&after), used_inodes(&before) + 4 - 5);
+    let p = Pair {
+        client: client_of(&owner),
+        owner,
+        path,
+    };
+    let (scan, errors) = scanned(&p);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(after, scan, "the owner's books against the scan");
+}
+
+/// A file another process holds open (its hold in the epoch table) and
+/// the client removes: the removal says so, the file stays readable
+/// there, the owner adopts the orphan and frees it at the last unhold.
+#[test]
+fn a_held_file_stays_readable_and_is_freed_at_its_last_unhold() {
+    let p = pair("rmheld");
+    let table = inkfs::epoch::EpochTable::new_shared();
+    p.owner.share_epochs(table.clone());
+    let own = table.claim_index().unwrap();
+    p.client.client_use_epochs(table.clone(), own);
+    let d = p.owner.mkdir(ROOT, b"d", 0o755, 0, 0).unwrap().ino;
+    let before = p.owner.statfs();
+    let (_, _) = grant_with(&p, d, 8, KernelHeld::Nothing);
+    let inos = client_creates(&p, d, &["held".to_string(), "free".to_string()]);
+    // A second process: its own mapping, its slot, its hold, a handle.
+    let other = client_of(&p.owner);
+    let slot = table.claim_index().unwrap();
+    let at = table.hold(slot, inos[0]).unwrap();
+    let fh = other.open(inos[0]).unwrap();
+    let generation = match unlink(&p, d, "held") {
+        ClientUnlink::Held { ino, generation } => {
+            assert_eq!(ino, inos[0]);
+            generation
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(unlink(&p, d, "free"), ClientUnlink::Freed);
+    // Readable there, unnamed everywhere.
+    let mut buf = vec![0u8; 5000];
+    assert_eq!(other.read(&fh, 0, &mut buf).unwrap(), 5000);
+    assert_eq!(buf, vec![3u8; 5000]);
+    assert_eq!(
+        p.owner.lookup_ino(d, b"held").err().map(|e| e.errno()),
+        Some(libc::ENOENT)
+    );
+    // `orphan INO GEN`: held, so kept; a wrong generation is nothing.
+    assert!(!p
+        .owner
+        .adopt_client_orphan(inos[0], generation + 1)
+        .unwrap());
+    assert!(!p.owner.adopt_client_orphan(inos[0], generation).unwrap());
+    assert_eq!(p.owner.held_orphans(), 1);
+    give_back(&p, d);
+    assert_eq!(p.owner.free_unheld_orphans(), 0, "still held");
+    other.release(fh);
+    table.unhold(slot, at, inos[0]);
+    table.release_slot(slot);
+    assert_eq!(p.owner.free_unheld_orphans(), 1, "the last unhold");
+    assert_eq!(p.owner.held_orphans(), 0);
+    p.owner.reclaim_limbo();
+    let after = p.owner.statfs();
+    assert_eq!(used_inodes(&after), used_inodes(&before));
+    let (scan, errors) = scanned(&p);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(after, scan);
+}
+
+/// Each rule that keeps a removal from the client gives its reason, and
+/// nothing changes; what the owner answers with an errno the client
+/// answers the same.
+#[test]
+fn a_removal_failing_a_rule_is_not_local() {
+    let p = pair("rmrules");
+    let d = p.owner.mkdir(ROOT, b"d", 0o755, 0, 0).unwrap().ino;
+    let sticky = p.owner.mkdir(ROOT, b"t", 0o1777, 0, 0).unwrap().ino;
+    let old = older_files(&p, d, 3);
+    p.owner.link(old[0], d, b"twice").unwrap();
+    p.owner.mkdir(d, b"sub", 0o755, 0, 0).unwrap();
+    let (_, fh) = p
+        .owner
+        .create(sticky, b"theirs", 0o644, 1001, 1001)
+        .unwrap();
+    p.owner.release(fh);
+    let not_local = |r: ClientUnlink| match r {
+        ClientUnlink::NotLocal(why) => Some(why),
+        _ => None,
+    };
+    // No lease of d, no lane.
+    assert_eq!(not_local(unlink(&p, d, "old1")), Some(NotLocal::NoDirLease));
+    p.client.client_lease_dir(d).unwrap();
+    assert_eq!(not_local(unlink(&p, d, "old1")), Some(NotLocal::NoLane));
+    p.client.client_give_back_dir(d);
+    // The kernel holds old1 (on the grant's list).
+    let (_, _) = grant_with(&p, d, 4, KernelHeld::Children(vec![old[1]]));
+    p.client
+        .client_lease_dir_with(sticky, KernelHeld::Nothing)
+        .unwrap();
+    let cases = [
+        ("old0", NotLocal::Links),
+        ("twice", NotLocal::Links),
+        ("sub", NotLocal::NotRegular),
+        ("old1", NotLocal::KernelHolds),
+    ];
+    for (name, why) in cases {
+        assert_eq!(not_local(unlink(&p, d, name)), Some(why), "{name}");
+    }
+    {
+        let _w = p.client.client_writes().unwrap();
+        assert_eq!(
+            p.client
+                .client_unlink(None, d, b"old2", &|_| false)
+                .unwrap(),
+            ClientUnlink::NotLocal(NotLocal::NoVictimLease)
+        );
+    }
+    // Errnos as the owner's: ENOENT, EACCES (no write permission on d),
+    // EPERM (the sticky bit), ENAMETOOLONG.
+    let user = Credentials {
+        uid: 1000,
+        gid: 1000,
+        groups: vec![1000],
+        umask: 0o022,
+    };
+    let long = "x".repeat(256);
+    let owner_says =
+        |dir: u64, name: &str| errno_of(p.owner.unlink_cred(&user, dir, name.as_bytes()));
+    let client_says = |dir: u64, name: &str| {
+        let _w = p.client.client_writes().unwrap();
+        errno_of(
+            p.client
+                .client_unlink(Some(&user), dir, name.as_bytes(), &leased),
+        )
+    };
+    for (dir, name, want) in [
+        (d, "nothing", libc::ENOENT),
+        (d, "old2", libc::EACCES),
+        (sticky, "theirs", libc::EPERM),
+        (d, long.as_str(), libc::ENAMETOOLONG),
+    ] {
+        assert_eq!(owner_says(dir, name), Some(want), "{name}");
+        assert_eq!(client_says(dir, name), Some(want), "{name}");
+    }
+    // "Many": the client's own create goes, an older file does not.
+    p.client.client_give_back_dir(d);
+    p.client.client_lease_dir(d).unwrap();
+    client_creates(&p, d, &["new".to_string()]);
+    assert_eq!(
+        not_local(unlink(&p, d, "old2")),
+        Some(NotLocal::KernelHolds)
+    );
+    assert_eq!(unlink(&p, d, "new"), ClientUnlink::Freed);
+    // Links and renames stay the server's.
+    {
+        let _w = p.client.client_writes().unwrap();
+        assert_eq!(errno_of(p.client.unlink(d, b"old2")), Some(libc::EROFS));
+        assert_eq!(errno_of(p.client.link(old[2], d, b"l")), Some(libc::EROFS));
+    }
+    p.client.client_give_back_dir(sticky);
+    p.owner.settle_dir(sticky).unwrap();
+    give_back(&p, d);
+    let mut want = sorted(["old0", "old1", "old2", "twice", "sub"].map(String::from));
+    want.sort();
+    assert_eq!(names(&p.owner, d), want);
     let (scan, errors) = scanned(&p);
     assert!(errors.is_empty(), "{errors:?}");
     assert_eq!(p.owner.statfs(), scan);

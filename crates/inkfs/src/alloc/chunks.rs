@@ -154,6 +154,33 @@ impl BlockAllocator {
         Ok(())
     }
 
+    /// [`BlockAllocator::add_chunk_block`], or, if the maps hold `block`
+    /// already (some of its chunks were freed here meanwhile), keep in use
+    /// only the chunks both say are (a client's chunk block coming back
+    /// after its removals' head chunks went through the limbo). A block
+    /// with no chunk left in use is freed.
+    pub(crate) fn merge_chunk_block(&self, block: u64, mask: u64) -> Result<(), AllocError> {
+        if block < self.first_block || block >= self.total_blocks {
+            return self.add_chunk_block(block, mask);
+        }
+        let l = &self.chunks[self.lane_of(block)];
+        let mut partial = lock(&l.partial);
+        let Some(&have) = partial.get(&block) else {
+            drop(partial);
+            return self.add_chunk_block(block, mask);
+        };
+        let mask = have & mask;
+        if mask == 0 {
+            partial.remove(&block);
+            l.publish(&partial);
+            drop(partial);
+            return self.free(block, 1);
+        }
+        partial.insert(block, mask);
+        l.publish(&partial);
+        Ok(())
+    }
+
     /// Lane `lane`'s partly used chunk blocks and their bitmaps of chunks
     /// in use, ascending.
     pub fn chunk_blocks(&self, lane: u32) -> Vec<(u64, u64)> {
@@ -257,6 +284,25 @@ mod tests {
         a.free_log_page(log_chunk_id(13, 2)).unwrap();
         assert_eq!(a.alloc_chunk(0), Some(log_chunk_id(12, 3)));
         assert_eq!(a.alloc_chunk(0), Some(log_chunk_id(13, 2)));
+    }
+
+    /// A chunk block coming back from a client after the owner freed some
+    /// of its chunks (a removed inode's head chunk through the limbo):
+    /// only the chunks both say are in use stay so; none left frees it.
+    #[test]
+    fn merge_chunk_block_keeps_what_both_use() {
+        let a = BlockAllocator::new_all_used(1, 10, 30);
+        a.free_log_page(log_chunk_id(12, 1)).unwrap();
+        assert_eq!(a.chunk_blocks(0), vec![(12, LOG_CHUNKS_FULL & !0b10)]);
+        a.merge_chunk_block(12, 0b111).unwrap();
+        assert_eq!(a.chunk_blocks(0), vec![(12, 0b101)]);
+        // Not in the maps yet: as add_chunk_block.
+        a.merge_chunk_block(13, 0b1).unwrap();
+        assert_eq!(a.chunk_blocks(0), vec![(12, 0b101), (13, 0b1)]);
+        a.free_log_page(log_chunk_id(13, 0)).unwrap();
+        a.free_log_page(log_chunk_id(14, 3)).unwrap();
+        a.merge_chunk_block(14, 0b1000).unwrap();
+        assert!(a.is_free(13) && a.is_free(14), "no chunk left in use");
     }
 
     /// Random chunk and block traffic from several lanes against a model:

@@ -1,5 +1,5 @@
-//! A client's creates in a directory under a lane lease, under the crash
-//! simulator (docs/KERNEL-FREE.md, "Stage 5", "What each crash leaves
+//! A client's creates and removals in a directory under a lane lease,
+//! under the crash simulator (docs/KERNEL-FREE.md, "Stage 5", "What each crash leaves
 //! (stage 5)"; CRASHTEST.md, "Client leases").
 //!
 //! One simulated pool, the owner's mounted engine and a client engine on
@@ -9,9 +9,15 @@
 //! lane and directory `d`'s lease.
 //!
 //! **The sequence** ([`explore_namespace_leases`]): the client creates
-//! files in `d` and writes them, gives `d` and the lane back
-//! (`Fs::take_back_lane`); the owner creates and removes in `d` itself;
-//! `d` and the lane go to the client again, which creates once more. At
+//! files in `d` and writes them, removes one of them and an older file of
+//! the owner's (`Fs::client_unlink`), removes a file a second client
+//! holds (its hold in the epoch table: the removal leaves it ORPHAN), gives
+//! `d` and the lane back (`Fs::take_back_lane`; the owner frees the older
+//! file, `Fs::free_client_victim`, and adopts the held one); the owner
+//! creates and writes in `d` (into the blocks the removals freed), the
+//! hold ends (the owner frees the orphan), the owner removes; `d` and the
+//! lane go to the client again, which creates, removes an older file and
+//! its own create, and creates in the slot that freed. At
 //! every fence, crash images are checked: fsck finds no error; recovery
 //! mounts the image; `d` holds exactly the names before or after the step
 //! in flight, each file the bytes the model gives it (a write in flight:
@@ -21,15 +27,16 @@
 //! table block is filled but for two slots (the owner's creates, with the
 //! other lanes leased away), then the client is killed after each of its
 //! stores (`SimPool::kill_after_stores`) during three creates (the third
-//! grows the lane's chain) and a write; the owner reaps the lane
+//! grows the lane's chain), a write and two removals (its own create, an
+//! older file); the owner reaps the lane
 //! (`Fs::reap_lane`),
 //! its books are compared with a recovery scan of the memory as it is
 //! (every slot and block accounted), and it then creates and removes in
 //! `d` (its create in the leased lane, in the block the chain gained).
-//! Images at every fence from the reap on: the names are a prefix of
-//! the client's creates no longer than what the reap adopted, and from the
-//! owner's first change on exactly what it adopted (the reap's stores are
-//! durable before the owner builds on them).
+//! Images at every fence from the reap on: the names are those of a state
+//! of the client's operations no later than what the reap adopted, and
+//! from the owner's first change on exactly what it adopted (the reap's
+//! stores are durable before the owner builds on them).
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -38,6 +45,7 @@ use super::lease::{fsck, mixed, mount_options, new_pool, points_of, read_all, RE
 use crate::fs::Fs;
 use crate::lanelease::LaneGrant;
 use crate::pmem::{Killed, Pmem, SimPool};
+use crate::rmlocal::ClientUnlink;
 use crate::types::Mode;
 
 /// What one exploration found.
@@ -72,23 +80,46 @@ enum Step {
     /// `d` and the lane back to the owner.
     GiveBack,
     OwnerCreate(&'static str),
+    OwnerWrite(&'static str, usize, u8),
     OwnerUnlink(&'static str),
+    /// The client removes a name itself (`Fs::client_unlink`): freed.
+    Unlink(&'static str),
+    /// A second client holds the file open (its hold in the epoch table).
+    Hold(&'static str),
+    /// The client removes a held file: it stays ORPHAN, the owner adopts
+    /// it at the give-back.
+    UnlinkHeld(&'static str),
+    /// The second client's hold ends: the owner frees the orphan.
+    Unhold(&'static str),
 }
 
 const STEPS: &[Step] = &[
+    // An older file with blocks for the client to remove.
+    Step::OwnerWrite("o1", 12288, 6),
     Step::Grant,
     Step::Create("c1"),
     Step::Write("c1", 3000, 1),
     Step::Create("c2"),
     Step::Create("c3"),
     Step::Write("c3", 5000, 2),
+    // The client's own create, then an older file (the owner's, lane 0).
+    Step::Unlink("c2"),
+    Step::Unlink("o1"),
+    Step::Hold("c3"),
+    Step::UnlinkHeld("c3"),
     Step::GiveBack,
     Step::OwnerCreate("o2"),
-    Step::OwnerUnlink("c2"),
-    Step::OwnerUnlink("o1"),
+    // Into blocks the removals freed.
+    Step::OwnerWrite("o2", 8192, 4),
+    Step::Unhold("c3"),
+    Step::OwnerUnlink("c1"),
     Step::Grant,
     Step::Create("c4"),
     Step::Write("c4", 100, 3),
+    Step::Unlink("o2"),
+    Step::Unlink("c4"),
+    // In c4's slot.
+    Step::Create("c5"),
     Step::GiveBack,
 ];
 
@@ -96,11 +127,13 @@ const STEPS: &[Step] = &[
 const SLOTS: usize = 8;
 
 /// The owner, the client's engine attached to the same pool, directory
-/// `d` with file `o1` in it.
+/// `d` with file `o1` in it; the readers' epoch table both use (holds
+/// included), with the client's slot claimed.
 struct Setup {
     owner: Fs<SimPool>,
     client: Fs<SimPool>,
     d: u64,
+    table: std::sync::Arc<crate::epoch::EpochTable>,
 }
 
 fn setup(mode: Mode) -> Result<Setup, String> {
@@ -118,7 +151,16 @@ fn setup(mode: Mode) -> Result<Setup, String> {
         on_lane(&owner, 0, || owner.create(d, b"o1", 0o644, 0, 0))?.map_err(e("create o1"))?;
     owner.release(fh);
     let client = Fs::attach_client(client_view, mode).map_err(e("attach"))?;
-    Ok(Setup { owner, client, d })
+    let table = crate::epoch::EpochTable::new_shared();
+    owner.share_epochs(table.clone());
+    let slot = table.claim_index().ok_or("no epoch slot")?;
+    client.client_use_epochs(table.clone(), slot);
+    Ok(Setup {
+        owner,
+        client,
+        d,
+        table,
+    })
 }
 
 /// The last lane: leased, blocks reserved, `d`'s lease.
@@ -138,8 +180,9 @@ fn grant(
     client
         .add_reservation(&reserved)
         .map_err(|e| format!("reservation: {e}"))?;
+    // The kernel holds nothing in d: older files may be removed too.
     client
-        .client_lease_dir(d)
+        .client_lease_dir_with(d, crate::rmlocal::KernelHeld::Nothing)
         .map_err(|e| format!("lease d: {e}"))?;
     Ok((g, reserved))
 }
@@ -151,12 +194,23 @@ fn give_back(owner: &Fs<SimPool>, client: &Fs<SimPool>, d: u64) -> Result<(), St
     let ret = client
         .client_give_back_lane()
         .map_err(e("give back lane"))?;
-    let freed = client.take_client_freed();
+    send_freed(owner, client)?;
     let unused = client.drain_reservation();
     owner.free_unused_blocks(&unused);
-    owner.return_blocks(&freed);
     owner.settle_dir(d).map_err(e("settle d"))?;
     owner.take_back_lane(&ret).map_err(e("take back lane"))?;
+    Ok(())
+}
+
+/// What the client sends with its freed batches: the blocks, and the
+/// older inodes it removed (`slot INO`).
+fn send_freed(owner: &Fs<SimPool>, client: &Fs<SimPool>) -> Result<(), String> {
+    owner.return_blocks(&client.take_client_freed());
+    for ino in client.take_client_freed_slots() {
+        owner
+            .free_client_victim(ino)
+            .map_err(|err| format!("slot {ino}: {err}"))?;
+    }
     Ok(())
 }
 
@@ -186,9 +240,17 @@ fn sequence(
     report: &mut NsLeaseReport,
 ) -> Result<(), String> {
     let e = |what: &'static str| move |err: crate::Error| format!("{what}: {err}");
-    let Setup { owner, client, d } = setup(mode)?;
+    let Setup {
+        owner,
+        client,
+        d,
+        table,
+    } = setup(mode)?;
+    let holder = table.claim_index().ok_or("no epoch slot")?;
     let mut model: Model = [("o1", Vec::new())].into_iter().collect();
     let mut handles = BTreeMap::new();
+    let mut holds = BTreeMap::new();
+    let mut orphans = Vec::new();
     let f0 = owner.pmem().fence_count();
     let fences = || (owner.pmem().fence_count() - f0) as usize;
     owner.pmem().start_trace();
@@ -223,9 +285,13 @@ fn sequence(
                 give_back(&owner, &client, d)?;
             }
             Step::OwnerCreate(name) => {
-                let (_, fh) = owner
-                    .create(d, name.as_bytes(), 0o644, 0, 0)
-                    .map_err(e("owner create"))?;
+                // In the last lane: the slot of a removed file of lane 0
+                // (o1) stays free, its record as the removal left it.
+                let last = owner.geometry().lane_count - 1;
+                let (_, fh) = on_lane(&owner, last, || {
+                    owner.create(d, name.as_bytes(), 0o644, 0, 0)
+                })?
+                .map_err(e("owner create"))?;
                 owner.release(fh);
                 model.insert(name, Vec::new());
             }
@@ -234,6 +300,58 @@ fn sequence(
                     .unlink(d, name.as_bytes())
                     .map_err(e("owner unlink"))?;
                 model.remove(name);
+            }
+            Step::OwnerWrite(name, len, b) => {
+                let ino = owner
+                    .lookup_ino(d, name.as_bytes())
+                    .map_err(e("owner lookup"))?;
+                let fh = owner.open(ino).map_err(e("owner open"))?;
+                // From lane 0's blocks, where o1's were: the blocks a
+                // removal freed are reused.
+                let r = on_lane(&owner, 0, || owner.write(&fh, 0, &vec![b; len]))?;
+                owner.release(fh);
+                r.map_err(e("owner write"))?;
+                model.insert(name, vec![b; len]);
+            }
+            Step::Unlink(name) | Step::UnlinkHeld(name) => {
+                if let Some(fh) = handles.remove(name) {
+                    client.release(fh);
+                }
+                let _w = client.client_writes();
+                let r = client
+                    .client_unlink(None, d, name.as_bytes(), &|_| true)
+                    .map_err(e("client unlink"))?;
+                match (step, r) {
+                    (Step::Unlink(_), ClientUnlink::Freed) => {}
+                    (Step::UnlinkHeld(_), ClientUnlink::Held { ino, generation }) => {
+                        orphans.push((ino, generation));
+                    }
+                    _ => return Err(format!("{step:?}: {r:?}")),
+                }
+                model.remove(name);
+            }
+            Step::Hold(name) => {
+                let ino = client.lookup_ino(d, name.as_bytes()).map_err(e("lookup"))?;
+                let at = table.hold(holder, ino).ok_or("no hold entry")?;
+                holds.insert(name, (ino, at));
+            }
+            Step::Unhold(name) => {
+                let (ino, at) = holds.remove(name).ok_or("not held")?;
+                table.unhold(holder, at, ino);
+                if owner.free_unheld_orphans() != 1 {
+                    return Err(format!("{step:?}: the orphan was not freed"));
+                }
+            }
+        }
+        if matches!(step, Step::GiveBack) {
+            // `orphan INO GEN`, after the freed batch: held, so kept.
+            for (ino, generation) in std::mem::take(&mut orphans) {
+                if owner
+                    .adopt_client_orphan(ino, generation)
+                    .map_err(e("adopt"))?
+                {
+                    return Err(format!("orphan {ino} freed while held"));
+                }
             }
         }
         // The holder of d sees the model (the owner catches up when d
@@ -340,9 +458,24 @@ fn check_image(
 }
 
 /// The kill variant's client operations, in order (names created, the
-/// write of `c1` between them). The lane's first table block has room
-/// for the first two only: the third grows the chain.
+/// write of `c1` between them, then two removals). The lane's first table
+/// block has room for the first two creates only: the third grows the
+/// chain.
 const KILL_CREATES: [&str; 3] = ["c1", "c2", "c3"];
+/// Removed after the creates: the client's own `c2`, the owner's older
+/// `o1` (lane 0).
+const KILL_UNLINKS: [&str; 2] = ["c2", "o1"];
+/// The names after each of the kill variant's operations (the write of
+/// `c1` changes none).
+const KILL_STATES: [&[&str]; 7] = [
+    &["o1"],
+    &["c1", "o1"],
+    &["c1", "o1"],
+    &["c1", "c2", "o1"],
+    &["c1", "c2", "c3", "o1"],
+    &["c1", "c3", "o1"],
+    &["c1", "c3"],
+];
 /// `c1`'s bytes once written.
 const KILL_WRITE: usize = 4096;
 /// Bound on the kill points (the operations have far fewer stores).
@@ -390,7 +523,7 @@ fn on_lane<T>(owner: &Fs<SimPool>, lane: u32, f: impl FnOnce() -> T) -> Result<T
             lane: g.lane,
             unused_slots: g.slots,
             table_end: g.table_end,
-            chunks: Vec::new(),
+            ..Default::default()
         };
         owner
             .take_back_lane(&ret)
@@ -409,7 +542,9 @@ fn kill_run(
     report: &mut NsLeaseReport,
 ) -> Result<bool, String> {
     let e = |what: &'static str| move |err: crate::Error| format!("{what}: {err}");
-    let Setup { owner, client, d } = setup(mode)?;
+    let Setup {
+        owner, client, d, ..
+    } = setup(mode)?;
     // The leased lane's first table block filled but for two slots, so
     // the client's third create grows the chain.
     let lane = owner.geometry().lane_count - 1;
@@ -431,6 +566,12 @@ fn kill_run(
         for name in &KILL_CREATES[1..] {
             let (_, fh) = client.create(d, name.as_bytes(), 0o644, 0, 0)?;
             client.release(fh);
+        }
+        for name in KILL_UNLINKS {
+            match client.client_unlink(None, d, name.as_bytes(), &|_| true)? {
+                ClientUnlink::Freed => {}
+                r => return Err(crate::Error::Corrupt(format!("unlink {name}: {r:?}"))),
+            }
         }
         Ok(())
     }));
@@ -455,19 +596,22 @@ fn kill_run(
         .map_err(e("reap"))?;
     let reap_end = fences();
     let adopted = dir_model(&owner, d)?;
-    let created = adopted.len() - 1;
-    let prefix_ok = adopted.keys().map(|n| n.as_slice()).eq(KILL_CREATES
-        .iter()
-        .map(|n| n.as_bytes())
-        .take(created)
-        .chain(std::iter::once(&b"o1"[..])));
-    if !prefix_ok {
+    // The last state whose names the reap adopted: none other is allowed.
+    let names_of = |m: &Got| -> Vec<Vec<u8>> { m.keys().cloned().collect() };
+    let Some(reached) = KILL_STATES.iter().rposition(|st| {
+        st.iter()
+            .map(|n| n.as_bytes().to_vec())
+            .eq(names_of(&adopted))
+    }) else {
         return Err(format!(
-            "the reap adopted {:?}: not a prefix of the creates",
-            adopted.keys()
+            "the reap adopted {:?}: no state of the client's operations",
+            adopted
+                .keys()
+                .map(|n| String::from_utf8_lossy(n))
+                .collect::<Vec<_>>()
         ));
-    }
-    report.adopted += (killed && created > 0) as u64;
+    };
+    report.adopted += (killed && reached > 0) as u64;
     // Every slot and block accounted: the owner's books are what a
     // recovery scan of the memory as it is finds.
     let scan = Fs::mount(
@@ -492,13 +636,14 @@ fn kill_run(
         report.chain_built_on += 1;
     }
     let o2_end = fences();
-    owner.unlink(d, b"o1").map_err(e("owner unlink"))?;
+    owner.unlink(d, b"o2").map_err(e("owner unlink"))?;
     let trace = owner.pmem().stop_trace();
 
-    // The states allowed: during the reap, any prefix of the creates up to
-    // what it adopted (c1 with its bytes or without: the write may not
-    // have been durable, and the reap adopts it only if it was visible);
-    // then what it adopted, before and after each of the owner's changes.
+    // The states allowed: during the reap, any state of the client's
+    // operations up to what it adopted (c1 with its bytes or without: the
+    // write may not have been durable, and the reap adopts it only if it
+    // was visible); then what it adopted, before and after each of the
+    // owner's changes.
     let to_model = |m: &Got| -> Model {
         m.iter()
             .map(|(n, b)| {
@@ -515,13 +660,10 @@ fn kill_run(
     };
     let after_reap = to_model(&adopted);
     let mut during_reap = Vec::new();
-    for n in 0..=created {
+    for names in &KILL_STATES[..=reached] {
         for c1 in [Vec::new(), vec![5u8; KILL_WRITE]] {
-            let mut m: Model = [("o1", Vec::new())].into_iter().collect();
-            for name in KILL_CREATES.iter().take(n) {
-                m.insert(name, Vec::new());
-            }
-            if n >= 1 {
+            let mut m: Model = names.iter().map(|&n| (n, Vec::new())).collect();
+            if m.contains_key("c1") {
                 m.insert("c1", c1);
             }
             during_reap.push(m);
@@ -529,12 +671,10 @@ fn kill_run(
     }
     let mut with_o2 = after_reap.clone();
     with_o2.insert("o2", Vec::new());
-    let mut without_o1 = with_o2.clone();
-    without_o1.remove("o1");
     let phases: Vec<((usize, usize), Vec<&Model>)> = vec![
         ((0, reap_end), during_reap.iter().collect()),
         ((reap_end, o2_end), vec![&after_reap, &with_o2]),
-        ((o2_end, trace.fence_count()), vec![&with_o2, &without_o1]),
+        ((o2_end, trace.fence_count()), vec![&with_o2, &after_reap]),
     ];
     let last = phases.len() - 1;
     for (i, (fences, allowed)) in phases.iter().enumerate() {
