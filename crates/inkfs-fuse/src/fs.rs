@@ -180,6 +180,10 @@ pub struct InkFuse {
     /// refers to (`removing`; a client's removals: `crate::ns`), kept
     /// until it forgets them.
     refs: Arc<KernelRefs>,
+    /// A hybrid posix mount's write-backs that left device data to flush
+    /// are answered by this thread after one shared flush (writeback.rs);
+    /// None elsewhere (every write-back is answered by its own thread).
+    writeback: Option<crate::writeback::Flusher>,
     /// Attached clients' write leases (lease.rs): each request holds the
     /// inodes it uses until it has answered.
     leases: Option<Arc<crate::lease::Leases>>,
@@ -387,6 +391,7 @@ impl InkFuse {
             !caching.writeback || fs.mode() == inkfs::api::Mode::Posix,
             "the writeback cache is for posix mode only"
         );
+        let writeback = Self::start_writeback(&fs, &stats, caching);
         InkFuse {
             fs,
             handles: HandleTable::default(),
@@ -396,6 +401,27 @@ impl InkFuse {
             inval,
             refs: Arc::default(),
             leases: None,
+            writeback,
+        }
+    }
+
+    /// The thread that answers write-backs after a shared flush, for a
+    /// hybrid pool's writeback-cache (posix) mount.
+    fn start_writeback(
+        fs: &Arc<Engine>,
+        stats: &Arc<Stats>,
+        caching: Caching,
+    ) -> Option<crate::writeback::Flusher> {
+        if !caching.writeback || fs.data_stats().is_none() {
+            return None;
+        }
+        match crate::writeback::Flusher::start(fs.clone(), stats.clone()) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                // Every write-back then flushes for itself, as before.
+                eprintln!("inkfs: write-back thread: {e} (each write-back flushes on its own)");
+                None
+            }
         }
     }
 
@@ -653,6 +679,51 @@ impl InkFuse {
         Ok(w)
     }
 
+    /// A write-back of a hybrid posix mount (writeback.rs): one that left
+    /// device data to flush is answered by the flusher after its round;
+    /// one that wrote no device block is made durable and answered here,
+    /// as `write_for_cache` does.
+    fn write_back_late(
+        &self,
+        flusher: &crate::writeback::Flusher,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        reply: ReplyWrite,
+    ) {
+        let _hold = self.hold();
+        let t = clock::now();
+        let r = self.with_file(fh, |f| match self.fs.write_back(f, offset, data) {
+            Ok((w, true)) => Ok((w, true)),
+            Ok((w, false)) => self.fs.fsync(f, true).map(|()| (w, false)),
+            Err(e) => {
+                // As `write_for_cache`: the kernel would keep showing the
+                // pages it could not write.
+                self.inval.changed(Change::Data {
+                    ino: f.ino(),
+                    off: offset,
+                    len: data.len() as u64,
+                });
+                Err(e)
+            }
+        });
+        match r {
+            Ok((w, late)) => {
+                self.stats.bytes_written.add(w.len as u64);
+                if late {
+                    flusher.write_after_round(reply, w.len as u32, t);
+                } else {
+                    self.done(Op::write, t, true);
+                    reply.written(w.len as u32);
+                }
+            }
+            Err(e) => {
+                self.done(Op::write, t, false);
+                reply.error(errno(e));
+            }
+        }
+    }
+
     /// Run `f` on the open directory `fh`; where the kernel opens
     /// directories itself (`Caching::kernel_opendir`, every request then
     /// carries fh 0), on directory `ino` opened for this request. The
@@ -778,6 +849,29 @@ impl Filesystem for InkFuse {
         let kernel_times = ctime.filter(|_| self.caching.writeback).map(time_ns);
         if let Some(r) = self.held_file_times(ino.0, &set, kernel_times) {
             self.answer(Op::setattr, reply, || r);
+            return;
+        }
+        let times_only =
+            set.mode.is_none() && set.uid.is_none() && set.gid.is_none() && set.size.is_none();
+        if let (Some(flusher), Some(ctime), true) = (&self.writeback, kernel_times, times_only) {
+            // The times written back between write-backs: on a file with
+            // deferred ones, answered after their round (writeback.rs).
+            let _hold = self.hold();
+            let t = clock::now();
+            match self
+                .fs
+                .setattr_kernel_times_deferring(&cred, ino.0, &set, Some(ctime))
+            {
+                Ok((a, true)) => flusher.attr_after_round(reply, file_attr(&a), TTL, t),
+                Ok((a, false)) => {
+                    self.done(Op::setattr, t, true);
+                    reply.attr(&TTL, &file_attr(&a));
+                }
+                Err(e) => {
+                    self.done(Op::setattr, t, false);
+                    reply.error(errno(e));
+                }
+            }
             return;
         }
         let setattr = |f: Option<&File>| match kernel_times {
@@ -1000,6 +1094,12 @@ impl Filesystem for InkFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        if let (Some(flusher), true) = (
+            &self.writeback,
+            write_flags.contains(WriteFlags::FUSE_WRITE_CACHE),
+        ) {
+            return self.write_back_late(flusher, fh, offset, data, reply);
+        }
         self.answer(Op::write, reply, || {
             let w = self.with_file(fh, |f| {
                 if self.caching.writeback {

@@ -20,7 +20,8 @@
 //! (telling the kernel what changed behind its back), `kernel_refs` (the
 //! kernel's lookup counts, the removed inodes kept for it, the
 //! invalidations a client's change can skip), `mount`
-//! (options, daemon, dead mounts), `nullfs`.
+//! (options, daemon, dead mounts), `nullfs`, `writeback` (a hybrid posix
+//! mount's write-backs answered after one shared device flush).
 
 pub mod attach;
 pub mod clock;
@@ -40,6 +41,7 @@ pub mod poll;
 pub mod scrub;
 mod serve;
 pub mod stats;
+pub mod writeback;
 
 use std::path::{Path, PathBuf};
 

@@ -94,6 +94,21 @@ pub fn report_fields(fs: &Engine) -> Vec<Field> {
                 d.flushes_issued,
             )
             .explained("fewer than requested: group commit shared them"),
+            Field::count(
+                "data_deferred_appends",
+                "data device: write-backs committed after a shared flush",
+                d.deferred_appends,
+            ),
+            Field::count(
+                "data_deferred_rounds",
+                "data device: shared flushes that committed them",
+                d.deferred_rounds,
+            ),
+            Field::count(
+                "data_deferred_settles",
+                "data device: deferred tails another commit stored first",
+                d.deferred_settles,
+            ),
             Field::bytes("data_cache_bytes", "data device: DRAM cache", d.cache_bytes),
             Field::count("data_cache_hits", "data device: cache hits", d.cache_hits),
             Field::count(

@@ -479,3 +479,51 @@ fn read_ahead_checks(m: &Mounted, want: &[u8], how: &str) {
         }
     }
 }
+
+/// A posix hybrid mount answers a write-back that appended to fresh device
+/// blocks only after a shared flush and the commit of its tail
+/// (inkfs-fuse `writeback.rs`): a file whose write-backs were answered
+/// (fsync waits for them; the mount answers FSYNC with ENOSYS) survives a
+/// SIGKILL of the server, and the statistics show the write-backs were
+/// deferred and committed by shared flushes.
+#[test]
+fn answered_write_backs_survive_a_kill_of_the_server() {
+    let h = Hybrid::new("hydefer");
+    let m = Mounted::new(&h.pool, "mode=posix");
+    assert!(
+        writeback_cache(m.path()),
+        "a posix mount has the writeback cache by default"
+    );
+    let root = m.path().to_path_buf();
+    let mut files = Vec::new();
+    for i in 0..3 {
+        let len = (4 << 20) + i * 12_345;
+        let mut f = fs::File::create(root.join(format!("d{i}"))).unwrap();
+        for chunk in pattern(i, len).chunks(256 << 10) {
+            f.write_all(chunk).unwrap();
+        }
+        f.sync_all().unwrap();
+        files.push((i, len));
+    }
+    let s = stats_json(&root).expect("statistics");
+    let appends = stat_u64(&s, "data_deferred_appends");
+    let rounds = stat_u64(&s, "data_deferred_rounds");
+    assert!(appends >= 3, "no write-back was deferred: {s}");
+    assert!(rounds >= 1 && rounds <= appends, "{s}");
+    let dir = m.kill9();
+    let m = Mounted::at(&h.pool, dir, "mode=posix");
+    assert!(
+        !mounted_clean(m.path()),
+        "a kill leaves the pool to recover"
+    );
+    for (i, len) in files {
+        let got = fs::read(m.p(&format!("d{i}"))).unwrap();
+        assert!(
+            got == pattern(i, len),
+            "d{i} ({len} bytes) lost after the kill"
+        );
+    }
+    drop(m);
+    let r = fsck_hybrid(&h);
+    assert!(r.problems.is_empty(), "{:?}", r.problems);
+}

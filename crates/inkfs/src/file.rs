@@ -246,6 +246,19 @@ fn readahead_limit(map: &FileMap, last: u64, size: u64) -> u64 {
     dev_end - page.saturating_sub(file_end)
 }
 
+/// Whether a posix write of `[off, end)` overwrites in place a mapped
+/// page between `durable` (a size a crash may bring back) and the size in
+/// DRAM. Pages past the size are copied on write, and holes take fresh
+/// blocks, so neither counts.
+fn overwrites_past(st: &InodeState, off: u64, end: u64, durable: u64) -> bool {
+    let (lo, hi) = (off.max(durable), end.min(st.attr.size));
+    lo < hi
+        && st.file().is_some_and(|m| {
+            m.next_from(lo / BLOCK_SIZE)
+                .is_some_and(|e| e.page * BLOCK_SIZE < hi)
+        })
+}
+
 /// The pages `[lo, hi)` from the first to the last mapped page of `[first,
 /// end)`, if any is mapped. A punch logs hole entries for these only: the
 /// rest is a hole already, and a punch far past the end of file (up to
@@ -261,7 +274,7 @@ fn mapped_span(map: &FileMap, first: u64, end: u64) -> Option<(u64, u64)> {
 }
 
 impl<P: Pmem> Fs<P> {
-    fn file_state_check(inode: &Inode) -> Result<()> {
+    pub(crate) fn file_state_check(inode: &Inode) -> Result<()> {
         match inode.kind {
             FileKind::File => Ok(()),
             FileKind::Dir => errno(libc::EISDIR),
@@ -362,7 +375,7 @@ impl<P: Pmem> Fs<P> {
             return Ok(0);
         }
         let mut st = write(&fh.inode.state);
-        self.write_locked(fh, &mut st, off, data, drops_setid)?;
+        self.write_locked(fh, &mut st, off, data, drops_setid, false)?;
         Ok(data.len())
     }
 
@@ -374,7 +387,7 @@ impl<P: Pmem> Fs<P> {
         let mut st = write(&fh.inode.state);
         let off = st.attr.size;
         if !data.is_empty() {
-            self.write_locked(fh, &mut st, off, data, fh.drops_setid)?;
+            self.write_locked(fh, &mut st, off, data, fh.drops_setid, false)?;
         }
         Ok((off, data.len()))
     }
@@ -457,33 +470,38 @@ impl<P: Pmem> Fs<P> {
             from,
             map,
         };
-        self.write_src_locked(inode, st, src, drops_setid)?;
+        self.write_src_locked(inode, st, src, drops_setid, false)?;
         Ok(len)
     }
 
-    fn write_locked(
+    pub(crate) fn write_locked(
         &self,
         fh: &FileHandle,
         st: &mut InodeState,
         off: u64,
         data: &[u8],
         drops_setid: bool,
-    ) -> Result<()> {
+        defer: bool,
+    ) -> Result<bool> {
         off.checked_add(data.len() as u64)
             .ok_or(Error::Errno(libc::EFBIG))?;
-        self.write_src_locked(&fh.inode, st, Src::Data { off, data }, drops_setid)
+        self.write_src_locked(&fh.inode, st, Src::Data { off, data }, drops_setid, defer)
     }
 
     /// Lay `src` over the file: the one write path of write, append and
     /// copy_range. `src` must not be empty. `drops_setid`: the writer lacks
     /// CAP_FSETID, so the file's set-id bits go, in the same commit.
+    /// `defer`: a posix append to fresh device blocks may leave its commit
+    /// to the next round (`write_deferring`). Returns whether device data
+    /// is left to flush (only ever with `defer`).
     fn write_src_locked(
         &self,
         inode: &Inode,
         st: &mut InodeState,
         src: Src<'_>,
         drops_setid: bool,
-    ) -> Result<()> {
+        defer: bool,
+    ) -> Result<bool> {
         live(st)?;
         let (off, end) = src.range();
         debug_assert!(off < end, "callers skip empty writes");
@@ -504,8 +522,12 @@ impl<P: Pmem> Fs<P> {
             // read as zeros then; an overwrite in place that reaches past
             // it makes the extension durable first. (Appends start at the
             // size in DRAM and copy on write from there: no fence.)
-            if off < st.attr.size && end.min(st.attr.size) > durable {
-                self.persist_tail(inode, st);
+            // Only a write that overwrites a mapped page there: one that
+            // fills holes takes fresh blocks (the kernel's write-backs
+            // reach the pool out of order, and would otherwise settle a
+            // deferred tail each: blockdev/deferred.rs).
+            if overwrites_past(st, off, end, durable) {
+                self.persist_tail(inode, st)?;
             }
         }
         let new_size = st.attr.size.max(end);
@@ -556,7 +578,9 @@ impl<P: Pmem> Fs<P> {
                 a.mode = (a.mode & libc::S_IFMT) | bits;
                 self.commit_attr(inode, st, a)?;
             }
-            return self.drop_capabilities(inode, st, drops_setid);
+            self.drop_capabilities(inode, st, drops_setid)?;
+            // Overwritten in place on the device: durable at the next flush.
+            return Ok(defer && tx.dev_written);
         }
         let attr = killed.map(|bits| {
             let mut a = st.attr;
@@ -567,8 +591,28 @@ impl<P: Pmem> Fs<P> {
             a
         });
         let durable = self.mode != Mode::Posix || attr.is_some();
-        self.commit_data(inode, st, &mut tx, attr, durable)?;
-        self.drop_capabilities(inode, st, drops_setid)
+        let deferred = defer && !durable && self.displaces_nothing(st, &tx);
+        self.commit_data(inode, st, &mut tx, attr, durable, deferred)?;
+        self.drop_capabilities(inode, st, drops_setid)?;
+        Ok(deferred)
+    }
+
+    /// Whether `tx` may be deferred: it wrote device blocks (there is a
+    /// flush to share), and every page it maps is a fresh block over a
+    /// hole of the file's map, so it displaces no block (an append into a
+    /// partial last page copies that page on write, and the old block,
+    /// freed at once, could be reused and overwritten while a crash could
+    /// still bring back the entry naming it).
+    fn displaces_nothing(&self, st: &InodeState, tx: &DataTx) -> bool {
+        let Some(map) = st.file() else {
+            return false;
+        };
+        tx.dev_written
+            && tx.pieces.iter().count() == tx.fresh.iter().count()
+            && tx.fresh.iter().all(|w| {
+                map.next_from(w.file_page)
+                    .is_none_or(|e| e.page >= w.file_page + w.pages as u64)
+            })
     }
 
     /// file_remove_privs also removes file capabilities: a write by a
@@ -583,7 +627,9 @@ impl<P: Pmem> Fs<P> {
     }
 
     /// Append the prepared entries (plus an optional trailing SET_ATTR),
-    /// commit the tail, and bring DRAM up to date.
+    /// commit the tail, and bring DRAM up to date. `deferred`: leave the
+    /// tail on media where it is and note the inode's new DRAM tail for
+    /// the next round (blockdev/deferred.rs) instead of flushing the device.
     fn commit_data(
         &self,
         inode: &Inode,
@@ -591,15 +637,20 @@ impl<P: Pmem> Fs<P> {
         tx: &mut DataTx,
         attr: Option<AttrEntry>,
         durable: bool,
+        deferred: bool,
     ) -> Result<()> {
+        debug_assert!(!deferred || (!durable && attr.is_none()));
         let old_size = st.attr.size;
         let mut cur = st.log;
         let mut appended = Ok(());
         for w in tx.pieces.iter() {
             let e = EntryBuf::write(w.file_page, w.block, w.pages, w.size, w.mtime_ns);
-            appended = self
-                .log_append(inode.ino, &mut cur, &e, &mut tx.pages)
-                .map(|_| ());
+            appended = if deferred {
+                self.log_append_unsettled(inode.ino, &mut cur, &e, &mut tx.pages)
+            } else {
+                self.log_append(inode.ino, &mut cur, &e, &mut tx.pages)
+            }
+            .map(|_| ());
             if appended.is_err() {
                 break;
             }
@@ -617,14 +668,24 @@ impl<P: Pmem> Fs<P> {
         // The device blocks the entries name are durable before the tail
         // that commits them is stored, in every mode (a posix commit's
         // tail may persist at any moment after its store).
-        if let (Ok(()), true) = (&appended, tx.dev_written) {
+        if let (Ok(()), true, false) = (&appended, tx.dev_written, deferred) {
             appended = self.dev_sync();
         }
         if let Err(e) = appended {
             self.abort_data(st, tx);
             return Err(e);
         }
-        self.commit_tail(inode.rec_off, &cur, durable);
+        if deferred {
+            // The entries (and PM data) durable now; the tail waits for
+            // the round's flush. Noted under the inode's lock: a round
+            // that notes it flushes after this append's device writes.
+            self.pm.fence();
+            if let Some(d) = self.deferred() {
+                d.note(inode.ino, inode.rec_off, cur.tail);
+            }
+        } else {
+            self.commit_tail(inode.rec_off, &cur, durable);
+        }
         st.log = cur;
         st.prealloc = tx.prealloc;
         // Blocks the entries displace (copy-on-write pages, a shrinking
@@ -923,7 +984,7 @@ impl<P: Pmem> Fs<P> {
         debug_assert!(
             st.unfenced_size.is_none_or(|d| {
                 let (a, b) = src.range();
-                a >= st.attr.size || b.min(st.attr.size) <= d
+                !overwrites_past(st, a, b, d)
             }),
             "no overwrite in place past a size a crash may undo"
         );
@@ -1159,7 +1220,7 @@ impl<P: Pmem> Fs<P> {
             }
         }
         a.size = new_size;
-        self.commit_data(inode, st, &mut tx, Some(a), true)
+        self.commit_data(inode, st, &mut tx, Some(a), true, false)
     }
 
     /// fallocate: preallocate (zeroed blocks), punch a hole, zero a range,
@@ -1222,7 +1283,7 @@ impl<P: Pmem> Fs<P> {
         {
             a.mode = (a.mode & libc::S_IFMT) | bits;
         }
-        self.commit_data(inode, &mut st, &mut tx, Some(a), true)
+        self.commit_data(inode, &mut st, &mut tx, Some(a), true, false)
     }
 
     /// Map fresh zeroed blocks over every hole in `[off, end)`.
@@ -1365,7 +1426,7 @@ impl<P: Pmem> Fs<P> {
             // errors=remount-ro: what was committed is made durable (the
             // tail rewritten with its own value, written back, fenced), but
             // a pending mtime would need a log entry: say it was not.
-            self.persist_tail(inode, &mut st);
+            self.persist_tail(inode, &mut st)?;
             return if st.attr_dirty && !datasync {
                 errno(libc::EROFS)
             } else {
@@ -1388,12 +1449,14 @@ impl<P: Pmem> Fs<P> {
             st.log_entries += 1;
             st.attr_dirty = false;
         }
-        self.persist_tail(inode, &mut st);
+        self.persist_tail(inode, &mut st)?;
         Ok(())
     }
 
-    /// Posix mode: make every committed entry of the inode durable now.
-    fn persist_tail(&self, inode: &Inode, st: &mut InodeState) {
+    /// Posix mode: make every committed entry of the inode durable now
+    /// (deferred ones too: settled, their device blocks flushed first).
+    fn persist_tail(&self, inode: &Inode, st: &mut InodeState) -> Result<()> {
+        self.settle_tail(inode.ino)?;
         // Another thread's posix write may have stored the tail without a
         // fence: write the line back again from here, then fence.
         self.pm.fence();
@@ -1401,6 +1464,7 @@ impl<P: Pmem> Fs<P> {
             .write_u64(inode.rec_off + INODE_TAIL_FIELD, st.log.tail);
         self.pm.persist(inode.rec_off + INODE_TAIL_FIELD, 8);
         st.unfenced_size = None;
+        Ok(())
     }
 
     /// A handle's inode state, for front ends that need the size under lock.

@@ -352,6 +352,8 @@ impl<P: Pmem> Fs<P> {
         // clean (the error record stays). A clean pool mounts read-only
         // without a scan, which a scan-refusing damaged log would forbid:
         // the user can copy data off before fsck.
+        // Deferred posix appends commit first (one flush), as at syncfs.
+        self.commit_deferred()?;
         for inode in self.cache.all() {
             let mut st = write(&inode.state);
             self.drop_prealloc(&mut st);
@@ -606,6 +608,24 @@ impl<P: Pmem> Fs<P> {
         self.setattr_inode(actor, &inode, set, kernel)
     }
 
+    /// `setattr_times_from` that may defer its commit when the inode has a
+    /// deferred tail (blockdev/deferred.rs): the SET_ATTR entry is
+    /// appended past it and committed by the next round, with no flush of
+    /// its own. True: deferred, durable once a `commit_deferred` that began
+    /// after this call returned Ok. For the times a kernel's page cache
+    /// writes back between its write-backs; a size change never defers.
+    pub(crate) fn setattr_times_deferring(
+        &self,
+        actor: Actor<'_>,
+        ino: u64,
+        set: &SetAttr,
+        kernel: Option<KernelTimes>,
+    ) -> Result<(Attr, bool)> {
+        self.check_writable()?;
+        let inode = self.iget(ino)?;
+        self.setattr_inode_deferring(actor, &inode, set, kernel, set.size.is_none())
+    }
+
     pub(crate) fn setattr_inode(
         &self,
         actor: Actor<'_>,
@@ -613,6 +633,18 @@ impl<P: Pmem> Fs<P> {
         set: &SetAttr,
         kernel: Option<KernelTimes>,
     ) -> Result<Attr> {
+        self.setattr_inode_deferring(actor, inode, set, kernel, false)
+            .map(|(a, _)| a)
+    }
+
+    fn setattr_inode_deferring(
+        &self,
+        actor: Actor<'_>,
+        inode: &Arc<Inode>,
+        set: &SetAttr,
+        kernel: Option<KernelTimes>,
+        defer: bool,
+    ) -> Result<(Attr, bool)> {
         let mut st = write(&inode.state);
         live(&st)?;
         // As truncate(2): the kind first, then what the flags forbid.
@@ -641,6 +673,7 @@ impl<P: Pmem> Fs<P> {
             ..checked
         };
         let now = now_ns();
+        let mut deferred = false;
         let mut a = st.attr;
         if let Some(mode) = set.mode {
             a.mode = (a.mode & libc::S_IFMT) | (mode & 0o7777);
@@ -670,11 +703,14 @@ impl<P: Pmem> Fs<P> {
                 a.mtime_ns = now;
             }
             self.truncate_locked(inode, &mut st, a, size)?;
+        } else if defer && self.deferred().is_some_and(|d| d.pending(inode.ino)) {
+            self.commit_attr_deferred(inode, &mut st, a)?;
+            deferred = true;
         } else {
             self.commit_attr(inode, &mut st, a)?;
         }
         self.maybe_compact(inode, &mut st);
-        Ok(self.attr_of(inode, &st))
+        Ok((self.attr_of(inode, &st), deferred))
     }
 
     /// Make `a` the inode's attributes: one SET_ATTR entry, committed by a
@@ -793,6 +829,11 @@ impl<P: Pmem> Fs<P> {
     /// rebuilds the allocator from live logs only).
     pub(crate) fn free_inode_now(&self, inode: &Inode, st: &mut InodeState) {
         debug_assert!(!st.gone);
+        // Its deferred appends are no file's now; no round may store to
+        // the record once it is FREE.
+        if let Some(d) = self.deferred() {
+            d.forget(inode.ino);
+        }
         self.pm
             .write_u64(inode.rec_off + INODE_STATE_FIELD, INODE_FREE);
         self.pm.persist(inode.rec_off + INODE_STATE_FIELD, 8);
@@ -802,6 +843,9 @@ impl<P: Pmem> Fs<P> {
     /// Return an inode's log pages and data blocks to the allocator and mark
     /// it gone (its record is already FREE on media).
     pub(crate) fn release_inode_blocks(&self, inode: &Inode, st: &mut InodeState) {
+        if let Some(d) = self.deferred() {
+            d.forget(inode.ino);
+        }
         self.drop_prealloc(st);
         st.gone = true;
         st.orphan = false;
@@ -926,6 +970,8 @@ impl<P: Pmem> Fs<P> {
     /// syncfs: every mode already persists metadata at each call; this makes
     /// pending posix-mode data durable.
     pub fn sync(&self) -> Result<()> {
+        // Deferred posix appends commit after one flush (their own).
+        self.commit_deferred()?;
         self.dev_sync()?;
         self.pm.fence();
         Ok(())
@@ -935,8 +981,22 @@ impl<P: Pmem> Fs<P> {
     // Commit helpers
     // -----------------------------------------------------------------------
 
-    /// Append one entry to a working cursor (not yet committed).
+    /// Append one entry to a working cursor (not yet committed). The
+    /// commit that follows stores the inode's tail: a pending deferred
+    /// tail of the inode is settled first (blockdev/deferred.rs).
     pub(crate) fn log_append(
+        &self,
+        ino: u64,
+        cur: &mut LogCursor,
+        entry: &EntryBuf,
+        pages: &mut NewPages,
+    ) -> Result<u64> {
+        self.settle_tail(ino)?;
+        self.log_append_unsettled(ino, cur, entry, pages)
+    }
+
+    /// `log_append` without the settle: a deferred append's own entries.
+    pub(crate) fn log_append_unsettled(
         &self,
         ino: u64,
         cur: &mut LogCursor,
@@ -958,6 +1018,10 @@ impl<P: Pmem> Fs<P> {
     /// tail store, persisted unless the caller defers durability (posix
     /// data writes; fsync re-flushes the tail).
     pub(crate) fn commit_tail(&self, rec_off: u64, cur: &LogCursor, durable: bool) {
+        debug_assert!(
+            !self.deferred().is_some_and(|d| d.pending_record(rec_off)),
+            "a tail stored over a deferred one not settled"
+        );
         self.pm.fence();
         self.pm.write_u64(rec_off + INODE_TAIL_FIELD, cur.tail);
         self.pm.flush(rec_off + INODE_TAIL_FIELD, 8);
@@ -972,6 +1036,15 @@ impl<P: Pmem> Fs<P> {
         // A client engine writes only its leased lane's journal
         // (lanelease.rs, `commit_journal_of_slot`).
         debug_assert!(!self.is_client(), "a client committing outside its lane");
+        debug_assert!(
+            records.iter().all(|r| {
+                r.offset % INODE_RECORD_SIZE != INODE_TAIL_FIELD
+                    || !self
+                        .deferred()
+                        .is_some_and(|d| d.pending_record(r.offset - INODE_TAIL_FIELD))
+            }),
+            "a journal storing a tail over a deferred one not settled"
+        );
         let (_lane, mut j) = self.owner_journal();
         j.commit(&self.pm, records);
     }

@@ -93,7 +93,16 @@ pub fn maybe_collect<P: Pmem>(fs: &Fs<P>, inode: &Inode, st: &mut InodeState) {
     if !fs.may_write() || st.gone {
         return;
     }
-    if st.log_entries >= MIN_ENTRIES && st.log_entries >= 2 * live_entries(st) {
+    let compacts = st.log_entries >= MIN_ENTRIES && st.log_entries >= 2 * live_entries(st);
+    let scans = st.log.pages >= st.fast_gc_at.max(FAST_MIN_PAGES);
+    // A deferred tail (blockdev/deferred.rs) is stored first: compaction
+    // would copy its entries into a committed log, and fast GC could
+    // unlink entries that only uncommitted ones supersede. A failed flush
+    // leaves the log to the next time.
+    if (compacts || scans) && fs.settle_tail(inode.ino).is_err() {
+        return;
+    }
+    if compacts {
         // Failure (ENOSPC) just leaves the old log; damage found in the old
         // chain goes through the errors= path.
         match compact(fs, inode, st) {
@@ -106,7 +115,7 @@ pub fn maybe_collect<P: Pmem>(fs: &Fs<P>, inode: &Inode, st: &mut InodeState) {
             }
         }
     }
-    if st.log.pages >= st.fast_gc_at.max(FAST_MIN_PAGES) {
+    if scans {
         // An error (a log fast GC cannot read) leaves the log as it is: GC
         // is an optimisation. The damage itself goes through the errors=
         // path (the log was readable when the inode was loaded).

@@ -276,6 +276,10 @@ fn loaded<P: Pmem>(fs: &Fs<P>, inode: &Inode, rec_off: u64) -> Option<InodeOutco
     if st.gone {
         return None;
     }
+    // A deferred tail (blockdev/deferred.rs) is stored first, so that the
+    // record's tail is the loaded one (no append runs under this lock); a
+    // failed flush leaves the inode to the next scrub.
+    fs.settle_tail(inode.ino).ok()?;
     // Under the read lock no commit changes this inode's record.
     let rec: InodeRecord = read_pod(&fs.pm, rec_off);
     if rec.state == INODE_FREE {

@@ -510,6 +510,28 @@ impl<P: Pmem> Filesystem<P> {
         self.setattr_checked(cred, ino, set, via, Some(KernelTimes { ctime }))
     }
 
+    /// `setattr_kernel_times` for a writeback-cache mount's write-back of
+    /// times (no mode, owner or size change: EINVAL): on a file with
+    /// deferred write-backs its commit joins them (the flag): durable once
+    /// a [`Filesystem::commit_deferred`] that began after this call
+    /// returned Ok; otherwise as `setattr_kernel_times`.
+    pub fn setattr_kernel_times_deferring(
+        &self,
+        cred: &Credentials,
+        ino: u64,
+        set: &SetAttr,
+        ctime: Option<i64>,
+    ) -> Result<(Attr, bool)> {
+        let kernel = Some(KernelTimes { ctime });
+        if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() || set.size.is_some() {
+            // Not the times alone: as `setattr_kernel_times` without a
+            // handle (a size change needs the caller's).
+            return crate::error::errno(libc::EINVAL);
+        }
+        self.fs
+            .setattr_times_deferring(Actor::Caller(cred), ino, set, kernel)
+    }
+
     fn setattr_checked(
         &self,
         cred: &Credentials,
@@ -790,6 +812,34 @@ impl<P: Pmem> Filesystem<P> {
             .fs
             .write_dropping(&file.handle, off, data, kill_setid)?;
         Ok(Written { offset: off, len })
+    }
+
+    /// `write_placed` without set-id changes, for a write-back of a
+    /// kernel's page cache in posix mode: an append to fresh device blocks
+    /// is *deferred*, committed by the next [`Filesystem::commit_deferred`]
+    /// (docs/DESIGN.md, "Deferred commits, answered late"). The flag says
+    /// whether device data is left to flush (a deferred append or an
+    /// overwrite in place on the device): the write is durable once a
+    /// `commit_deferred` that began after this call returned Ok; if not,
+    /// it is as `write_placed` left it. Strict and sync mounts and pools
+    /// without a data device never defer.
+    pub fn write_back(&self, file: &File, off: u64, data: &[u8]) -> Result<(Written, bool)> {
+        file.require(false)?;
+        let pending = self.fs.write_deferring(&file.handle, off, data, false)?;
+        Ok((
+            Written {
+                offset: off,
+                len: data.len(),
+            },
+            pending,
+        ))
+    }
+
+    /// Commit every write-back deferred before this call (one device flush
+    /// for all of them): each is durable when this returns Ok. An error
+    /// leaves them pending (the next call tries again).
+    pub fn commit_deferred(&self) -> Result<()> {
+        self.fs.commit_deferred()
     }
 
     /// A write at the end of file, decided under the inode's lock.

@@ -17,6 +17,8 @@
 //!   (a block device or a file on another file system, O_DIRECT);
 //! - `layout.rs`: the device's label and free-list save area;
 //! - `flush.rs`: group commit of the device flush;
+//! - `deferred.rs`: posix appends committed after one flush shared by
+//!   many (their tails stored after it);
 //! - `cache.rs`: the DRAM cache of device blocks;
 //! - `bounce.rs`: aligned buffers for reads that bypass the cache;
 //! - `readahead.rs`: reads ahead of sequential readers, on threads;
@@ -44,7 +46,9 @@ macro_rules! internal {
     )*};
 }
 
-internal!(attach, bounce, cache, engine, flush, hugebuf, layout, readahead, stamps, store);
+internal!(
+    attach, bounce, cache, deferred, engine, flush, hugebuf, layout, readahead, stamps, store
+);
 
 pub use attach::{HybridFormat, DATA_THRESHOLD_DEFAULT, DATA_UNIT_DEFAULT_BLOCKS};
 pub use dev::{BlockDev, FileDev, Page};

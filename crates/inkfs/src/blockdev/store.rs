@@ -98,6 +98,12 @@ pub struct DataStats {
     pub cache_bytes: u64,
     /// Bytes the readahead threads read (in `bytes_read` too).
     pub readahead_bytes: u64,
+    /// Posix appends whose commit waited for a shared flush
+    /// (`deferred.rs`), the rounds that committed them, and the pending
+    /// tails another operation stored first (a settle).
+    pub deferred_appends: u64,
+    pub deferred_rounds: u64,
+    pub deferred_settles: u64,
 }
 
 /// See the module documentation.
@@ -108,6 +114,8 @@ pub struct DataStore {
     /// Reads ahead of sequential readers (None: no cache to read into).
     readahead: Option<Readahead>,
     pub(crate) flusher: GroupFlush,
+    /// Posix appends committed after a shared flush (`deferred.rs`).
+    pub(crate) deferred: super::deferred::DeferredTails,
     pub(crate) policy: Placement,
     /// Aligned buffers for reads that bypass the cache.
     bounce: BouncePool,
@@ -164,6 +172,7 @@ impl DataStore {
             cache,
             readahead,
             flusher: GroupFlush::default(),
+            deferred: Default::default(),
             policy,
             bounce: BouncePool::new(BOUNCE_BUFFERS, READ_RUN_MAX as usize),
             dev_blocks,
@@ -201,6 +210,9 @@ impl DataStore {
             cache_misses: self.cache.misses.load(Ordering::Relaxed),
             cache_bytes: self.cache.capacity_bytes(),
             readahead_bytes: self.readahead.as_ref().map_or(0, |r| r.ahead_bytes()),
+            deferred_appends: self.deferred.appends.load(Ordering::Relaxed),
+            deferred_rounds: self.deferred.rounds.load(Ordering::Relaxed),
+            deferred_settles: self.deferred.settles.load(Ordering::Relaxed),
         }
     }
 

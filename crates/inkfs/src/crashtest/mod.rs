@@ -29,6 +29,7 @@
 //! images per point; `inkfs crashtest --workload W --mode M --seed S
 //! --images K` rebuilds exactly those images.
 
+pub mod deferred;
 pub mod expect;
 pub mod lease;
 pub mod nslease;
