@@ -674,7 +674,7 @@ impl<P: Pmem> Fs<P> {
     }
 
     /// The blocks and log pages (chunk ids as they are) an inode names.
-    fn inode_blocks(&self, inode: &Arc<Inode>) -> Result<Vec<(u64, u64)>> {
+    pub(crate) fn inode_blocks(&self, inode: &Arc<Inode>) -> Result<Vec<(u64, u64)>> {
         let st = read(&inode.state);
         if st.gone {
             return Ok(Vec::new());

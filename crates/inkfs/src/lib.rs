@@ -39,6 +39,7 @@
 //! journal), `inode` (records, tables, DRAM state rebuilt from logs),
 //! `extents`, `pagetable`, `filemap`, `dir` (DRAM indexes), `fs` (mount,
 //! attributes, handles, commit helpers), `namei` (namespace operations),
+//! `rename`,
 //! `file` (data operations), `xattr`, `shift` (collapse/insert range),
 //! `fiemap`, `flags` (chattr), `perm` (POSIX permission rules), `gc` (log
 //! GC), `recovery` (crash rebuild), `health` (errors met while mounted);
@@ -87,7 +88,7 @@ pub mod crashtest;
 internal!(
     alloc, blockset, dir, epoch, extents, fiemap, file, filemap, flags, format, fs, gc, health,
     holds, inode, inthash, journal, lanelease, lease, log, namei, pagetable, perm, recovery,
-    recycle, rmlocal, shared, shift, shm, superblock, time, xattr,
+    recycle, rename, rmlocal, shared, shift, shm, superblock, time, xattr,
 );
 
 pub use error::{Error, Result};

@@ -213,27 +213,19 @@ impl<P: Pmem> Filesystem<P> {
     /// Nothing for an inode gone.
     pub fn blocks_named(&self, ino: u64) -> Result<Vec<(u64, u64)>> {
         use crate::format::log_page_id;
-        use crate::inode::{read, Body};
         let inode = self.fs.iget(ino)?;
         match self.fs.catch_up_now(&inode) {
             Err(e) if e.errno() == libc::ENOENT && inode.is_gone() => return Ok(Vec::new()),
             r => r?,
         }
-        let st = read(&inode.state);
-        if st.gone {
-            return Ok(Vec::new());
-        }
-        let pages = crate::log::chain_pages(&self.fs.pm, &self.fs.geo, st.log.head, st.log.pages)?;
-        let mut out: Vec<(u64, u64)> = pages
+        // A log chunk's id names its block with a tag; a data extent's
+        // block has none, so the same mapping leaves it as it is.
+        Ok(self
+            .fs
+            .inode_blocks(&inode)?
             .into_iter()
-            .filter_map(|p| log_page_id(p).map(|(block, _)| (block, 1)))
-            .collect();
-        match &st.body {
-            Body::File(map) => out.extend(map.iter().map(|e| (e.block, e.pages))),
-            Body::Symlink { block, .. } if *block != 0 => out.push((*block, 1)),
-            _ => {}
-        }
-        Ok(out)
+            .filter_map(|(id, n)| log_page_id(id).map(|(block, _)| (block, n)))
+            .collect())
     }
 
     /// The blocks of lane `lane`'s inode table chain (a client grows it
