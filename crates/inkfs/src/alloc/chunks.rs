@@ -22,7 +22,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use super::blocks::BlockAllocator;
 use super::{lock, AllocError};
@@ -107,12 +107,23 @@ impl BlockAllocator {
             return Err(AllocError::DoubleFree { block });
         }
         let l = &self.chunks[self.lane_of(block)];
-        let mut partial = lock(&l.partial);
+        let partial = lock(&l.partial);
         let mask = partial.get(&block).copied().unwrap_or(LOG_CHUNKS_FULL);
         if mask & (1 << chunk) == 0 {
             return Err(AllocError::DoubleFree { block });
         }
-        let mask = mask & !(1 << chunk);
+        self.set_chunk_mask(l, partial, block, mask & !(1 << chunk))
+    }
+
+    /// Store `block`'s bitmap of chunks in use in its lane's map, freeing
+    /// the block when no chunk is left in use.
+    fn set_chunk_mask(
+        &self,
+        l: &ChunkLane,
+        mut partial: MutexGuard<'_, BTreeMap<u64, u64>>,
+        block: u64,
+        mask: u64,
+    ) -> Result<(), AllocError> {
         if mask == 0 {
             partial.remove(&block);
             l.publish(&partial);
@@ -164,21 +175,12 @@ impl BlockAllocator {
             return self.add_chunk_block(block, mask);
         }
         let l = &self.chunks[self.lane_of(block)];
-        let mut partial = lock(&l.partial);
+        let partial = lock(&l.partial);
         let Some(&have) = partial.get(&block) else {
             drop(partial);
             return self.add_chunk_block(block, mask);
         };
-        let mask = have & mask;
-        if mask == 0 {
-            partial.remove(&block);
-            l.publish(&partial);
-            drop(partial);
-            return self.free(block, 1);
-        }
-        partial.insert(block, mask);
-        l.publish(&partial);
-        Ok(())
+        self.set_chunk_mask(l, partial, block, have & mask)
     }
 
     /// Lane `lane`'s partly used chunk blocks and their bitmaps of chunks
