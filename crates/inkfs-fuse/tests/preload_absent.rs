@@ -105,37 +105,23 @@ fn a_missing_name_is_the_librarys_enoent_and_the_rest_the_kernels() {
     let pool = Pool::new("absent", 64);
     let m = Mounted::new(&pool, "mode=strict");
     let stats = stats_file("absent");
-    // The counters are written at exit, by whichever euid is current.
-    std::fs::set_permissions(stats.path(), std::fs::Permissions::from_mode(0o666)).unwrap();
-
-    build(&m.p("t"));
-    let kernel = run_python(SCRIPT, &m.p("t"), None);
-    build(&m.p("t"));
-    let library = run_python(SCRIPT, &m.p("t"), Some(stats.path()));
-    let (k, l): (Vec<&str>, Vec<&str>) = (kernel.lines().collect(), library.lines().collect());
-    for (i, (a, b)) in k.iter().zip(&l).enumerate() {
-        assert_eq!(
-            a, b,
-            "line {i}: the kernel's, then the library's\n{library}"
-        );
-    }
-    assert_eq!(k.len(), l.len(), "{kernel}\n---\n{library}");
-    for want in [
-        "stat a/missing errno 2",
-        "stat missing/x errno 2",
-        "readlink a/missing/.. errno 2",
-        "creat missing/x errno 2",
-        "readlink a/f errno 22",
-        "stat a/f/x errno 20",
-        "stat l/f 3",
-        "stat locked/missing errno 13",
-        "stat a/missing as nobody errno 2",
-    ] {
-        assert!(
-            k.contains(&want),
-            "the kernel's run lacks {want:?}:\n{kernel}"
-        );
-    }
+    same_as_kernel(
+        SCRIPT,
+        &m.p("t"),
+        stats.path(),
+        build,
+        &[
+            "stat a/missing errno 2",
+            "stat missing/x errno 2",
+            "readlink a/missing/.. errno 2",
+            "creat missing/x errno 2",
+            "readlink a/f errno 22",
+            "stat a/f/x errno 20",
+            "stat l/f 3",
+            "stat locked/missing errno 13",
+            "stat a/missing as nobody errno 2",
+        ],
+    );
 
     let n = counts(stats.path());
     assert_eq!(c(&n, "attach_refused"), 0, "{n:?}");
