@@ -8,6 +8,8 @@
 //! that the server recalled doubles D's `k` (up to [`ASK_AFTER_MAX`]): a
 //! directory the mount or another process keeps touching stays on the
 //! ring. One that ended by the client's own give-back halves it again.
+//! Only the requests the client would make itself under the lease are
+//! counted and ask (creates: see [`made_under_lease`]'s reasons).
 //! A recall that the client's own request caused (a ring request in D
 //! while it held D: a rename, an rmdir, a removal it does not make
 //! itself, an open of an existing name with O_CREAT) counts as a recall:
@@ -227,6 +229,16 @@ impl AskTable {
     }
 }
 
+/// Whether the client makes a request like `op` itself under its
+/// directory's lease: only those are counted, and only they ask. Today
+/// creates; a removal, rename, mkdir or attribute change in a leased
+/// directory is the server's and recalls the lease, so asking with one
+/// (an `rm -rf` of small directories: a grant, a lane, and their recall
+/// at the next unlink, for each directory) costs and gains nothing.
+fn made_under_lease(op: &ns::Op) -> bool {
+    matches!(op, ns::Op::Create { .. })
+}
+
 impl Client {
     /// [`Client::ns`], asking for the lease of the request's directory by
     /// the adaptive rule (see the module comment): a create in a directory
@@ -248,7 +260,7 @@ impl Client {
         match how {
             super::Ask::Never => None,
             super::Ask::Always => Some(dir).filter(|_| self.grant.dirs),
-            super::Ask::Adaptive if !self.grant.dirs => None,
+            super::Ask::Adaptive if !self.grant.dirs || !made_under_lease(&req.op) => None,
             super::Ask::Adaptive => Some(dir).filter(|&d| self.shared.dirs.asks().ring_request(d)),
         }
     }
