@@ -28,6 +28,9 @@ for i in range(n):
 print(len(os.listdir(d)))
 ";
 
+/// The library's switch (crates/inkfs-preload/src/names.rs).
+const DIR_LEASE_ENV: &str = "INKFS_PRELOAD_DIR_LEASE";
+
 /// The server's counters: creates made through the ring, directory
 /// leases granted and recalled.
 fn counters(mnt: &Path) -> (u64, u64, u64) {
@@ -51,7 +54,7 @@ fn create_files(dir: &Path, n: u32, mode: &str, env: &[(&str, &str)]) -> String 
         .arg(mode)
         .env("LD_PRELOAD", lib())
         .env("INKFS_PRELOAD_STATS", stats.path())
-        .env_remove(inkfs_preload_env());
+        .env_remove(DIR_LEASE_ENV);
     for (k, v) in env {
         c.env(k, v);
     }
@@ -60,10 +63,6 @@ fn create_files(dir: &Path, n: u32, mode: &str, env: &[(&str, &str)]) -> String 
     let n_served = c_of(stats.path(), "ns_local");
     assert!(n_served >= u64::from(n), "creates not served: {n_served}");
     String::from_utf8(o.stdout).expect("utf-8")
-}
-
-fn inkfs_preload_env() -> &'static str {
-    "INKFS_PRELOAD_DIR_LEASE"
 }
 
 fn c_of(stats: &Path, key: &str) -> u64 {
@@ -100,7 +99,7 @@ fn many_creates_in_one_directory_take_its_lease_after_k_requests() {
     assert_eq!(std::fs::read_dir(m.p("on")).expect("ls").count(), 200);
 
     assert_eq!(
-        create_files(&m.p("off"), 50, "-", &[(inkfs_preload_env(), "0")]),
+        create_files(&m.p("off"), 50, "-", &[(DIR_LEASE_ENV, "0")]),
         "50\n"
     );
     let off = counters(m.path());
