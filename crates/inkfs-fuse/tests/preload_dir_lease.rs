@@ -1,7 +1,8 @@
 //! The preload library asks for directory leases (docs/KERNEL-FREE.md,
 //! "Built: the library asks for directory leases"): the adaptive rule
 //! seen from the server's counters (`inkfs stat --json`) while preloaded
-//! programs create files, and `INKFS_PRELOAD_DIR_LEASE=0`.
+//! programs create files with `INKFS_PRELOAD_DIR_LEASE=1`, and nothing
+//! asked without it (the default) or with `=0`.
 
 mod common;
 
@@ -43,7 +44,8 @@ fn counters(mnt: &Path) -> (u64, u64, u64) {
     )
 }
 
-/// `PY_CREATE` on `dir` under the library (`env` added): its output.
+/// `PY_CREATE` on `dir` under the library (`env` added; the ask on
+/// unless `env` sets it): its output.
 fn create_files(dir: &Path, n: u32, mode: &str, env: &[(&str, &str)]) -> String {
     let stats = stats_file("dir-lease");
     let mut c = Command::new(PYTHON);
@@ -54,7 +56,7 @@ fn create_files(dir: &Path, n: u32, mode: &str, env: &[(&str, &str)]) -> String 
         .arg(mode)
         .env("LD_PRELOAD", lib())
         .env("INKFS_PRELOAD_STATS", stats.path())
-        .env_remove(DIR_LEASE_ENV);
+        .env(DIR_LEASE_ENV, "1");
     for (k, v) in env {
         c.env(k, v);
     }
@@ -72,8 +74,8 @@ fn c_of(stats: &Path, key: &str) -> u64 {
 /// A program creating many files in one directory asks for its lease
 /// with its fifth request through the ring (after k = 4) and makes the
 /// rest itself; the mount then sees every file with its bytes. With
-/// `INKFS_PRELOAD_DIR_LEASE=0` it asks nothing and every create is a
-/// ring request.
+/// `INKFS_PRELOAD_DIR_LEASE=0`, or without it, it asks nothing and every
+/// create is a ring request.
 #[test]
 fn many_creates_in_one_directory_take_its_lease_after_k_requests() {
     let pool = Pool::new("libask-many", 128);
@@ -105,6 +107,22 @@ fn many_creates_in_one_directory_take_its_lease_after_k_requests() {
     let off = counters(m.path());
     assert_eq!(off.0 - on.0, 50, "every create through the ring");
     assert_eq!(off.1 - on.1, 0, "a lease asked for");
+    // Unset: off too (the default, for now).
+    std::fs::create_dir(m.p("unset")).expect("mkdir");
+    let stats = stats_file("dir-lease-unset");
+    let mut c = Command::new(PYTHON);
+    c.arg("-c")
+        .arg(PY_CREATE)
+        .arg(m.p("unset"))
+        .arg("50")
+        .arg("-")
+        .env("LD_PRELOAD", lib())
+        .env("INKFS_PRELOAD_STATS", stats.path())
+        .env_remove(DIR_LEASE_ENV);
+    assert!(c.status().expect("python").success());
+    let unset = counters(m.path());
+    assert_eq!(unset.0 - off.0, 50, "every create through the ring");
+    assert_eq!(unset.1 - off.1, 0, "a lease asked for by default");
     drop(m);
     fsck_clean(&pool);
 }
