@@ -508,7 +508,7 @@ fn create(
         mode: mode & 0o7777,
         flags,
     };
-    let done = c.ns(cred, op).ok()?;
+    let done = crate::names::ns(c, cred, op).ok()?;
     stats::bump(&stats::NS_LOCAL);
     if done.errno != 0 {
         return Some(fail(done.errno));
