@@ -147,3 +147,58 @@ fn a_directory_the_mount_keeps_touching_backs_off() {
     drop(m);
     fsck_clean(&pool);
 }
+
+/// Files made and written under a's lease, then removed (through the
+/// ring: the server recalls a, adopts the kept files, settles each
+/// file's lease and frees it) while b's lease keeps the lane leased; the
+/// program exits holding it and the server reaps the lane. The server
+/// freed the removed files' head chunks, and with them the chunk blocks
+/// the program carved from its reservation: the reaping must not free
+/// them again with the reservation's rest. Fails without the settle's
+/// release of the head chunk's block from the client's books (the
+/// server's `frees_refused` counts the double frees).
+#[test]
+fn files_made_under_a_lease_and_removed_by_the_server_are_freed_once() {
+    const PY: &str = "import os, sys
+r = sys.argv[1]
+for d in ('a', 'b'):
+    for i in range(20):
+        fd = os.open(f'{r}/{d}/f{i}', os.O_CREAT | os.O_WRONLY, 0o644)
+        os.write(fd, b'x' * 20000)
+        os.close(fd)
+for i in range(20):
+    os.unlink(f'{r}/a/f{i}')
+";
+    let pool = Pool::new("libask-rm", 128);
+    let m = Mounted::new(&pool, "mode=strict");
+    for d in ["a", "b"] {
+        std::fs::create_dir(m.p(d)).expect("mkdir");
+    }
+    let stats = stats_file("dir-lease-rm");
+    let o = Command::new(PYTHON)
+        .arg("-c")
+        .arg(PY)
+        .arg(m.path())
+        .env("LD_PRELOAD", lib())
+        .env("INKFS_PRELOAD_STATS", stats.path())
+        .env(DIR_LEASE_ENV, "1")
+        .output()
+        .expect("python");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r = |k: &str| stats_json(m.path()).expect("statistics")[k].as_u64();
+    let t = std::time::Instant::now();
+    while r("clients_attached") != Some(0) {
+        assert!(
+            t.elapsed() < inkfs::testkit::WAIT_LIMIT,
+            "the client never ended"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(r("dir_leases_granted"), Some(2));
+    assert_eq!(r("lanes_reaped"), Some(1), "the lane was not reaped");
+    assert_eq!(r("frees_refused"), Some(0), "blocks freed twice");
+    assert_eq!(std::fs::read_dir(m.p("a")).expect("ls").count(), 0);
+    assert_eq!(std::fs::read(m.p("b/f19")).expect("read").len(), 20000);
+    drop(m);
+    fsck_clean(&pool);
+}
