@@ -750,9 +750,9 @@ impl Client {
             }
             _ => {}
         }
-        if let Some(dir) = asked {
-            self.shared.dirs.ask(dir);
-        }
+        let asked = asked.filter(|&d| self.shared.dirs.ask(d));
+        req.dir_lease = asked.is_some();
+        req.lane_lease &= req.dir_lease;
         let answer = self.ask(&Msg::Ns(req));
         if let Some(dir) = asked {
             let d = answer.as_ref().ok().and_then(|m| match m {
@@ -988,9 +988,7 @@ impl Drop for Client {
             return;
         }
         // Directory leases first, the lane with the last (`super::dirlease`).
-        for (dir, gen) in self.shared.dirs.drain() {
-            self.shared.give_back_dir(dir, gen);
-        }
+        self.give_back_dirs();
         // The reservation's unused blocks, freed at once (at the session's
         // end they would go through the server's limbo); a refill landing
         // after this goes with the rest, settled at the session's end.
