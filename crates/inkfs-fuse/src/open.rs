@@ -1,4 +1,4 @@
-//! Regular files opened by the kernel alone (mount option `no_open`,
+//! Regular files opened by the kernel alone (mount option `kernel_open`,
 //! `Caching::kernel_open`): the server answers the first OPEN with ENOSYS,
 //! after which the kernel sends neither OPEN nor RELEASE for regular files
 //! (fs/fuse/file.c: `fc->no_open`) and every READ, WRITE, SETATTR of an
