@@ -146,7 +146,7 @@ pub fn unchanged_since(generation: u64) -> bool {
 /// while it runs, and none made before its end is kept. Before it, the
 /// opens still in flight from the old directory finish and every
 /// placeholder kept by a path relative to it gets its kernel file
-/// ([`settle`]). Keeps `f`'s errno.
+/// (`settle`). Keeps `f`'s errno.
 pub fn changing<R>(f: impl FnOnce() -> R) -> R {
     CHANGING.fetch_add(1, SeqCst);
     GENERATION.fetch_add(1, SeqCst);
@@ -170,7 +170,7 @@ thread_local! {
 /// A served open of a path relative to the current directory, from
 /// before it checks that no change of the directory began since its walk
 /// read it (`path::Target::kept`) until its placeholder is registered
-/// with that relative path. A change waits for it ([`settle`]), so the
+/// with that relative path. A change waits for it (`settle`), so the
 /// change's materialization finds the placeholder: either the open saw
 /// the change begin (and keeps no relative path), or the change sees the
 /// open in flight. (Both sides' counters are SeqCst: the open's increment
