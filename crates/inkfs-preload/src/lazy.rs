@@ -114,6 +114,54 @@ impl Info {
     }
 }
 
+/// Scans of other threads' entries in progress ([`Scanning`]): while not
+/// 0, a last close lets go of its `Info` only once they are over.
+static SCANNING: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// Of [`SCANNING`], this thread's (a signal handler's close inside a
+    /// scan must not wait for that scan).
+    static OWN_SCANNING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A pass over every entry's `Info` from a thread that does not own those
+/// descriptors (a change of directory, fork, exec), which another thread
+/// may close meanwhile: [`forget`] takes the `Info` out of its slot, then
+/// waits for the scans in progress before freeing it. SeqCst on both
+/// sides: a scan that read the pointer began before the swap, so the
+/// closing thread's read of the count after its swap sees it.
+struct Scanning(());
+
+impl Scanning {
+    fn begin() -> Scanning {
+        SCANNING.fetch_add(1, Ordering::SeqCst);
+        let _ = OWN_SCANNING.try_with(|n| n.set(n.get() + 1));
+        Scanning(())
+    }
+}
+
+impl Drop for Scanning {
+    fn drop(&mut self) {
+        let _ = OWN_SCANNING.try_with(|n| n.set(n.get() - 1));
+        SCANNING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// `p`, just swapped out of its `INFO` slot (SeqCst), once no scan that
+/// may have read it before is in progress.
+fn taken(p: *mut Info) -> Option<Box<Info>> {
+    if p.is_null() {
+        return None;
+    }
+    let own = OWN_SCANNING.try_with(|n| n.get()).unwrap_or(0);
+    while SCANNING.load(Ordering::SeqCst) > own {
+        std::thread::yield_now();
+    }
+    // SAFETY: a Box this module leaked, swapped out of its slot, and no
+    // scan that could have read it is left: ours alone.
+    Some(unsafe { Box::from_raw(p) })
+}
+
 /// Per open-file entry (this process's copy).
 static INFO: [AtomicPtr<Info>; MAX_OFD] = [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_OFD];
 
@@ -164,10 +212,8 @@ pub fn init() {
 /// Keep `info` for open-file entry `idx` (replacing what was there).
 pub fn set_info(idx: usize, info: Info) {
     if let Some(slot) = INFO.get(idx) {
-        let old = slot.swap(Box::into_raw(Box::new(info)), Ordering::AcqRel);
-        if !old.is_null() {
-            // SAFETY: a Box this module leaked, swapped out: ours alone.
-            let old = unsafe { Box::from_raw(old) };
+        let old = slot.swap(Box::into_raw(Box::new(info)), Ordering::SeqCst);
+        if let Some(old) = taken(old) {
             old.settled();
         }
     }
@@ -212,6 +258,7 @@ pub fn settle_relative() {
     if RELATIVE.load(Ordering::SeqCst) == 0 {
         return;
     }
+    let _scan = Scanning::begin();
     table::each(|_, idx, o| {
         let relative = info(idx).is_some_and(|i| i.relative.load(Ordering::Acquire));
         if relative && o.lazy.load(Ordering::Acquire) != 0 {
@@ -224,12 +271,9 @@ pub fn settle_relative() {
 /// server if the inode was unlinked meanwhile) and drop what was kept.
 pub fn forget(idx: usize) {
     let Some(slot) = INFO.get(idx) else { return };
-    let p = slot.swap(std::ptr::null_mut(), Ordering::AcqRel);
-    if p.is_null() {
+    let Some(info) = taken(slot.swap(std::ptr::null_mut(), Ordering::SeqCst)) else {
         return;
-    }
-    // SAFETY: a Box this module leaked, swapped out: ours alone.
-    let info = unsafe { Box::from_raw(p) };
+    };
     info.settled();
     if let Some((mi, hold)) = info.hold {
         let done = guard::run(|| {
@@ -255,8 +299,13 @@ pub fn after_fork() {
             drop(unsafe { Box::from_raw(p) });
         }
     }
-    // The parent's count, copied: the child keeps no Info.
+    // The parent's counts, copied: the child keeps no Info, and only its
+    // one thread can be scanning.
     RELATIVE.store(0, Ordering::SeqCst);
+    SCANNING.store(
+        OWN_SCANNING.try_with(|n| n.get()).unwrap_or(0),
+        Ordering::SeqCst,
+    );
 }
 
 fn fail(e: c_int) -> c_int {
@@ -757,6 +806,7 @@ fn materialize(idx: usize, ofd: &Ofd) -> bool {
 /// Materialize every lazy descriptor of this process that `want` picks
 /// (fork: all; exec: those that survive it). No allocation.
 pub fn materialize_all(mut want: impl FnMut(c_int) -> bool) {
+    let _scan = Scanning::begin();
     table::each(|fd, idx, o| {
         if o.lazy.load(Ordering::Acquire) != 0 && want(fd) {
             let _ = materialize(idx, o);
