@@ -743,7 +743,7 @@ fn materialize(idx: usize, ofd: &Ofd) -> bool {
     loop {
         match ofd
             .lazy
-            .compare_exchange(1, 2, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(1, 2, Ordering::SeqCst, Ordering::Acquire)
         {
             Ok(_) => break,
             Err(0) => return true,
