@@ -94,6 +94,48 @@ fn a_relative_opens_placeholder_is_materialized_as_the_file_it_opened() {
     assert_eq!(c(&n, "materialized"), 4, "{n:?}");
 }
 
+/// The head of the race programs: the test directory as `d`, the current
+/// directory `d/x`, and a thread that changes directory between `d/y`
+/// and `d/x` from `start()` until `end(t)`.
+const MOVER: &str = r#"
+import os, sys, threading
+d = sys.argv[1]
+os.chdir(d + "/x")
+stop = []
+def mover():
+    while not stop:
+        os.chdir(d + "/y")
+        os.chdir(d + "/x")
+def start():
+    t = threading.Thread(target=mover)
+    t.start()
+    return t
+def end(t):
+    stop.append(1)
+    t.join()
+"#;
+
+/// Python program MOVER + `body` run through the kernel and under the
+/// library on `x/f` and `y/f` (of 1 and 2 bytes): the same output, which
+/// holds `want`, and the library served the opens.
+fn race(name: &str, body: &str, want: &str) {
+    require_root();
+    let pool = Pool::new(name, 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    let stats = stats_file(name);
+    let build = |dir: &std::path::Path| {
+        let _ = std::fs::remove_dir_all(dir);
+        for (sub, n) in [("x", 1), ("y", 2)] {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+            std::fs::write(dir.join(sub).join("f"), vec![b'x'; n]).unwrap();
+        }
+    };
+    let script = format!("{MOVER}{body}");
+    same_as_kernel(&script, &m.p("t"), stats.path(), build, &[want]);
+    let n = counts(stats.path());
+    assert!(c(&n, "open_local") >= 1, "no open was served: {n:?}");
+}
+
 /// One thread opens `f` relatively, again and again, while another
 /// changes directory between two directories each holding an `f` of its
 /// own size: every descriptor's kernel file (materialized by its
@@ -104,17 +146,10 @@ fn a_relative_opens_placeholder_is_materialized_as_the_file_it_opened() {
 /// inode check (a link to /dev/null). A race, so it can only fail
 /// sometimes: with the change's wait for the opens in flight taken out
 /// it printed "wrong 2" in one run of three.
-const RACE: &str = r#"
-import os, sys, threading
-d = sys.argv[1]
-os.chdir(d + "/x")
-stop = False
-def mover():
-    while not stop:
-        os.chdir(d + "/y")
-        os.chdir(d + "/x")
-t = threading.Thread(target=mover)
-t.start()
+#[test]
+fn a_relative_open_racing_a_change_of_directory_keeps_a_path_to_its_file() {
+    let body = r#"
+t = start()
 bad = 0
 for i in range(3000):
     fd = os.open("f", os.O_RDONLY)
@@ -126,27 +161,10 @@ for i in range(3000):
     except OSError:
         bad += 1
     os.close(fd)
-stop = True
-t.join()
+end(t)
 print("wrong", bad)
 "#;
-
-#[test]
-fn a_relative_open_racing_a_change_of_directory_keeps_a_path_to_its_file() {
-    require_root();
-    let pool = Pool::new("kept-race", 64);
-    let m = Mounted::new(&pool, "mode=strict");
-    let stats = stats_file("kept-race");
-    let build = |dir: &std::path::Path| {
-        let _ = std::fs::remove_dir_all(dir);
-        for (sub, n) in [("x", 1), ("y", 2)] {
-            std::fs::create_dir_all(dir.join(sub)).unwrap();
-            std::fs::write(dir.join(sub).join("f"), vec![b'x'; n]).unwrap();
-        }
-    };
-    same_as_kernel(RACE, &m.p("t"), stats.path(), build, &["wrong 0"]);
-    let n = counts(stats.path());
-    assert!(c(&n, "open_local") >= 1, "no open was served: {n:?}");
+    race("kept-race", body, "wrong 0");
 }
 
 /// One thread opens `f` relatively and closes it at once, again and
@@ -157,42 +175,18 @@ fn a_relative_open_racing_a_change_of_directory_keeps_a_path_to_its_file() {
 /// the ones it had at the start. The window is narrow: with table.rs's
 /// wait in `release` taken out it passed four runs of four, so this
 /// checks the whole, not that wait.
-const CLOSE_RACE: &str = r#"
-import os, sys, threading
-d = sys.argv[1]
-os.chdir(d + "/x")
+#[test]
+fn a_close_racing_a_change_of_directory_leaves_no_descriptor_open() {
+    let body = r#"
 # The library's own descriptors (its session with the server) come with
 # the first call on the mount.
 os.close(os.open("f", os.O_RDONLY))
 before = len(os.listdir("/proc/self/fd"))
-stop = False
-def mover():
-    while not stop:
-        os.chdir(d + "/y")
-        os.chdir(d + "/x")
-t = threading.Thread(target=mover)
-t.start()
+t = start()
 for i in range(5000):
     os.close(os.open("f", os.O_RDONLY))
-stop = True
-t.join()
+end(t)
 print("left open", len(os.listdir("/proc/self/fd")) - before)
 "#;
-
-#[test]
-fn a_close_racing_a_change_of_directory_leaves_no_descriptor_open() {
-    require_root();
-    let pool = Pool::new("kept-close", 64);
-    let m = Mounted::new(&pool, "mode=strict");
-    let stats = stats_file("kept-close");
-    let build = |dir: &std::path::Path| {
-        let _ = std::fs::remove_dir_all(dir);
-        for sub in ["x", "y"] {
-            std::fs::create_dir_all(dir.join(sub)).unwrap();
-            std::fs::write(dir.join(sub).join("f"), b"f").unwrap();
-        }
-    };
-    same_as_kernel(CLOSE_RACE, &m.p("t"), stats.path(), build, &["left open 0"]);
-    let n = counts(stats.path());
-    assert!(c(&n, "open_local") >= 1, "no open was served: {n:?}");
+    race("kept-close", body, "left open 0");
 }
