@@ -156,7 +156,9 @@ pub fn configure_kernel(config: &mut KernelConfig, caching: Caching) {
         // The engine clears set-id bits itself (a write by an unprivileged
         // opener, a chown, an unprivileged truncate): without this the
         // kernel asks for security.capability before every write, a second
-        // round trip per write(2).
+        // round trip per write(2). With it, still before the first write
+        // after each attribute reply and at every chown (`noxattr` ends
+        // those: fs/xattr.rs).
         InitFlags::FUSE_HANDLE_KILLPRIV_V2,
     ] {
         let _ = config.add_capabilities(cap);
