@@ -547,6 +547,18 @@ impl Leases {
                         if !asked {
                             return Ok((e.gen, None));
                         }
+                        if dir {
+                            // The holder asks for a directory it holds (a
+                            // second thread's ask, or one after a give-back
+                            // whose `released` this session has not read
+                            // yet): answered at once, `held`. Waiting here
+                            // for its give-back would wait on the asker
+                            // itself, which may never give it back (its
+                            // ring blocked until the recall timeout); in
+                            // the second case its book has the lease as
+                            // ended already, and its next ask is granted.
+                            return Err(libc::EALREADY);
+                        }
                         map = shard.wait_changed(map);
                         continue;
                     }

@@ -827,6 +827,15 @@ impl<P: Pmem> Fs<P> {
         Ok(())
     }
 
+    /// Whether this client engine holds directory `dir`'s lease (taken by
+    /// [`Fs::client_lease_dir`], not given back since): the client may
+    /// then change `dir`'s own attributes in its log (api/client/attr.rs).
+    pub fn client_holds_dir(&self, dir: u64) -> bool {
+        self.client
+            .as_ref()
+            .is_some_and(|side| lock(&side.lane.dirs).iter().any(|l| l.ino == dir))
+    }
+
     /// A client engine gives directory `dir`'s lease back: under the
     /// directory's lock, so a create in flight in it ends first.
     pub fn client_give_back_dir(&self, dir: u64) {

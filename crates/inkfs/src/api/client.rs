@@ -72,6 +72,8 @@ use crate::types::{Attr, DirEntry, FileKind, Mode, SetAttr};
 
 /// When to ask for a directory's lease.
 mod ask;
+/// Attribute changes of a leased directory, made by the client.
+mod attr;
 /// Finding the server of a path: its FUSE mount and control socket.
 mod discover;
 /// Creates under a directory lease, and its give-back.

@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering::SeqCst;
 
 use super::{lock, Client, Msg, Shared};
-use crate::api::dirlease::Local;
+use crate::api::dirlease::{Local, HELD_MAX};
 use crate::api::ns;
 use crate::perm::Credentials;
 
@@ -105,12 +105,19 @@ impl Client {
             d.and_then(|d| d.dir.as_ref()),
             d.and_then(|d| d.lane.as_ref()),
         );
-        let (_, back) = self
+        let (held, back) = self
             .shared
             .dirs
             .answered_with(&self.shared.fs, dir, answer, lane);
         if let Some(r) = back {
             let _ = self.shared.send(&Msg::ReleasedLane(r));
+        }
+        if held {
+            // Past the bound, the oldest lease goes back (`HELD_MAX`).
+            if let Some((old, gen)) = self.shared.dirs.oldest_beyond(HELD_MAX) {
+                debug_assert_ne!(old, dir, "the newest grant given back");
+                self.shared.give_back_dir(old, gen);
+            }
         }
     }
 }
