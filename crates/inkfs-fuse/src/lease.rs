@@ -630,6 +630,31 @@ impl Leases {
         Ok(RangeSet::from_ranges(&refs))
     }
 
+    /// The holder removed file `ino` itself (`orphan` or `slot`,
+    /// crate::lanes): its lease of it, if it holds one, ends without a
+    /// settle. There is nothing to catch up (the inode is unlinked or
+    /// freed), and what the inode named at the grant is freed with the
+    /// inode, once: the blocks it displaced since came back in `return`s
+    /// before this message.
+    pub(crate) fn forget_removed(&self, holder: &Holder, ino: u64) {
+        let shard = self.shard(ino);
+        let mut map = lock(&shard.map);
+        let Some(e) = map.get_mut(&ino) else {
+            return;
+        };
+        if e.dir || e.holder.as_ref().map(|h| h.id) != Some(holder.id) {
+            return;
+        }
+        e.holder = None;
+        e.before = RangeSet::new();
+        e.recalling = false;
+        lock(&holder.books).leases.remove(&ino);
+        if e.idle() {
+            map.remove(&ino);
+        }
+        shard.wake_waiters(&map);
+    }
+
     /// A `released` line of the holder's session: settle it.
     pub fn released(&self, holder: &Holder, ino: u64, gen: u64) {
         self.released.fetch_add(1, Relaxed);

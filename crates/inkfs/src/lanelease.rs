@@ -498,10 +498,21 @@ impl<P: Pmem> Fs<P> {
                 name(s, l);
             }
         }
+        // The older inodes the client removed (not in handed-out slots):
+        // freed, or kept for a hold. The blocks it wrote to them under
+        // their file leases came from its reservation: not its rest.
+        let older: Vec<u64> = victims
+            .into_iter()
+            .filter(|&ino| {
+                let (l, slot) = ino_to_lane_slot(ino, self.geo.lane_count);
+                l != lane || !grant.slots.contains(&slot)
+            })
+            .collect();
+        let (orphans, freed, older_named) = self.settle_older_victims(&older);
         // 5. The reservation's rest.
         let mut rest = RangeSet::from_ranges(reservation);
         let named_ranges = named.ranges();
-        for &(s, l) in &named_ranges {
+        for &(s, l) in named_ranges.iter().chain(&older_named) {
             rest.remove(s, l);
         }
         for (&block, &mask) in &chunks {
@@ -514,15 +525,6 @@ impl<P: Pmem> Fs<P> {
             }
         }
         let mut settled = self.settle_slots(lane, &states);
-        // The older inodes the client removed (not in handed-out slots).
-        let older: Vec<u64> = victims
-            .into_iter()
-            .filter(|&ino| {
-                let (l, slot) = ino_to_lane_slot(ino, self.geo.lane_count);
-                l != lane || !grant.slots.contains(&slot)
-            })
-            .collect();
-        let (orphans, freed) = self.settle_older_victims(&older);
         settled.orphans += orphans;
         settled.older_freed = freed;
         settled.table_blocks_added = added.len() as u64;
@@ -642,15 +644,27 @@ impl<P: Pmem> Fs<P> {
     /// it left ORPHAN (held, or killed before its hold check) is freed or
     /// kept for a hold; one it freed whose `slot INO` the owner did not
     /// hear yet (its slot still used here) is freed as that message frees
-    /// it (`Fs::free_client_victim`). The counts (orphans, freed).
-    fn settle_older_victims(&self, victims: &[u64]) -> (u64, u64) {
-        let (mut orphans, mut freed) = (0, 0);
+    /// it (`Fs::free_client_victim`). The counts (orphans, freed), and the
+    /// blocks each names (a log chunk as its whole block): those the
+    /// client wrote under the victim's file lease came from its
+    /// reservation, and must not be returned with its rest.
+    fn settle_older_victims(&self, victims: &[u64]) -> (u64, u64, Vec<(u64, u64)>) {
+        let (mut orphans, mut freed, mut named) = (0, 0, Vec::new());
         for &ino in victims {
-            if self.free_victim_record(ino).is_ok() {
+            if let Ok(blocks) = self.free_victim_record(ino) {
                 freed += 1;
+                named.extend(blocks);
                 continue;
             }
             let Ok(inode) = self.iget(ino) else { continue };
+            if let Ok(blocks) = self.inode_blocks(&inode) {
+                // Whole blocks only: a chunk block is settled as one.
+                named.extend(
+                    blocks
+                        .into_iter()
+                        .filter(|&(id, _)| matches!(log_page_id(id), Some((_, None)))),
+                );
+            }
             let mut st = write(&inode.state);
             if st.gone || !st.orphan || st.open_count > 0 {
                 continue;
@@ -662,7 +676,7 @@ impl<P: Pmem> Fs<P> {
                 self.free_inode_now(&inode, &mut st);
             }
         }
-        (orphans, freed)
+        (orphans, freed, named)
     }
 
     /// Whether slot `slot` of `lane` is handed out to a client now.

@@ -72,6 +72,8 @@ use crate::types::{Attr, DirEntry, FileKind, Mode, SetAttr};
 
 /// Creates under a directory lease, and its give-back.
 mod local;
+/// Removals under a directory lease.
+mod remove;
 
 /// `INKFS_CLIENT_CHANNEL=session`: requests on the session's socket
 /// instead of the rings (to measure one against the other), one at a time
@@ -701,6 +703,9 @@ impl Client {
     fn ns_asking(&self, cred: &Credentials, op: ns::Op, ask_dir: bool) -> Result<ns::Done> {
         let seq = self.seq.fetch_add(1, SeqCst) + 1;
         if let Some(done) = self.create_under_lease(cred, seq, &op) {
+            return Ok(done);
+        }
+        if let Some(done) = self.unlink_under_lease(cred, seq, &op) {
             return Ok(done);
         }
         let mut req = ns::Request {
