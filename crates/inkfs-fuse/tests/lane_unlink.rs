@@ -147,8 +147,9 @@ fn dir(m: &Mounted, name: &str) -> u64 {
 /// count told at D's give-back; once the client is gone the inodes in use
 /// are back where they were but for the files kept, and the books equal a
 /// scan's, fsck clean. Fails without the local removal (the ring's count
-/// moves), and without the `return` of the removed files' blocks or the
-/// lane's `freed=` (the books differ from the scan: blocks leaked).
+/// moves), without the local ENOENT (the same), and without the
+/// unreserve of the `freed=` head chunks' blocks at the lane's return
+/// (fsck: a saved chunk block on the free list).
 #[test]
 fn removals_of_files_made_under_the_lease() {
     require_root();
@@ -206,8 +207,7 @@ fn removals_of_files_made_under_the_lease() {
 /// A file made before the lease (through the ring, written under its own
 /// file lease), removed under D's lease: the client frees its record and
 /// the server frees its blocks and slot at `slot INO` (counted). Its
-/// lease ends with it. Fails without `slot` (the books differ from the
-/// scan: the inode and its blocks leaked until the remount).
+/// lease ends with it. Fails without `slot` (never heard).
 #[test]
 fn an_older_file_is_freed_by_the_server() {
     require_root();
@@ -245,8 +245,7 @@ fn an_older_file_is_freed_by_the_server() {
 /// A file another attached process holds (its hold in the epoch table)
 /// removed under the lease: it stays readable there, the server adopts it
 /// (`orphan INO GEN`) and frees it at the last hold. Fails without
-/// `orphan` (never freed: the inodes in use stay one up, the books differ
-/// from the scan).
+/// `orphan` (never heard).
 #[test]
 fn a_file_held_elsewhere_is_adopted_and_freed_at_its_close() {
     require_root();
@@ -291,10 +290,9 @@ fn a_file_held_elsewhere_is_adopted_and_freed_at_its_close() {
 /// A file the kernel holds (an O_PATH descriptor through the mount, taken
 /// before the grant: the grant lists it) goes to the server, which pins
 /// it for the descriptor; a file created in the same directory under the
-/// lease is still removed locally. Fails without the grant's kernel list
-/// given to the engine (`client_lease_dir_with`): with "many" the new
-/// file's... no, with "nothing" the held file is removed locally (the
-/// ring's count does not move).
+/// lease is still removed locally. Without the grant's kernel list given
+/// to the engine (`client_lease_dir`'s "many"), the unheld file's removal
+/// would go to the ring too (not run switched off).
 #[test]
 fn a_file_the_kernel_holds_goes_to_the_server() {
     require_root();
@@ -517,10 +515,9 @@ fn check_names(m: &Mounted, made: &[String], gone: &[String], what: &str) {
 /// the grant's slots): after each round it is reaped, every acknowledged
 /// create is there with its data, every acknowledged removal gone. At the
 /// end the books match a scan, scrub and fsck are clean.
-/// `INKFS_TEST_ROUNDS` sets the rounds (8). Fails without the reaping's
-/// settle of the older victims' blocks (the books differ: blocks of a
-/// removed file returned twice), which a kill between a removal and its
-/// `slot` exercises.
+/// `INKFS_TEST_ROUNDS` sets the rounds (8). Its removals are of files
+/// made under the lease (the reaping of older victims' blocks is not
+/// reached here).
 #[test]
 fn a_client_killed_among_removals_is_reaped() {
     require_root();
