@@ -806,6 +806,14 @@ pub fn run_engine(
                     )
                     .explained("freed when the last client holding each lets it go or ends"),
                 );
+                lines.push(
+                    Field::count(
+                        "frees_refused",
+                        "frees refused (double frees)",
+                        engine.frees_refused(),
+                    )
+                    .explained("a bug if not 0: each is logged on the server's stderr"),
+                );
             }
             if let Some(a) = &attached {
                 lines.push(

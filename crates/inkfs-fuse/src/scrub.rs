@@ -115,16 +115,24 @@ fn serve(engine: &Weak<Engine>, st: &State, mut conn: UnixStream) {
         }
         *running = true;
     }
-    run(engine, st, &mut conn);
+    let last = run(engine, st, &mut conn);
+    // The scrub ends before its last line is written: a client that reads
+    // it and asks again at once must not find this one still running.
     *st.running.lock().unwrap_or_else(|e| e.into_inner()) = false;
     st.ended.notify_all();
+    if let Some(text) = last {
+        let _ = conn.write_all(text.as_bytes());
+    }
 }
 
-fn run(engine: &Weak<Engine>, st: &State, conn: &mut UnixStream) {
+/// Run the scrub, writing its progress to `conn`: the last lines to write
+/// (the result, or why there is none), or None if the client went away.
+/// The engine is let go of on return.
+fn run(engine: &Weak<Engine>, st: &State, conn: &mut UnixStream) -> Option<String> {
+    const UNMOUNTING: &str = "error the file system is being unmounted\n";
     // Gone only if the unmount took it back already (not while running).
     let Some(engine) = engine.upgrade() else {
-        let _ = writeln!(conn, "error the file system is being unmounted");
-        return;
+        return Some(UNMOUNTING.to_string());
     };
     let mut last: Option<Instant> = None;
     let mut client_gone = false;
@@ -144,13 +152,12 @@ fn run(engine: &Weak<Engine>, st: &State, conn: &mut UnixStream) {
         true
     });
     if client_gone {
-        return;
+        return None;
     }
     if report.cancelled && st.stop.load(Ordering::Relaxed) {
-        let _ = writeln!(conn, "error the file system is being unmounted");
-        return;
+        return Some(UNMOUNTING.to_string());
     }
-    let _ = conn.write_all(encode(&report, engine.is_read_only()).as_bytes());
+    Some(encode(&report, engine.is_read_only()))
 }
 
 /// Root, or the user the server runs as.

@@ -202,50 +202,30 @@ fn build(dir: &std::path::Path) {
     std::fs::set_permissions(dir.join("locked"), std::fs::Permissions::from_mode(0o700)).unwrap();
 }
 
-fn run_script(dir: &std::path::Path, stats: Option<&std::path::Path>) -> String {
-    run_python(SCRIPT, dir, stats)
-}
-
 #[test]
 fn relative_paths_follow_every_change_of_the_current_directory() {
     require_root();
     let pool = Pool::new("cwd", 64);
     let m = Mounted::new(&pool, "mode=strict");
     let stats = stats_file("cwd");
-    // The counters are written at exit, by whichever euid is current.
-    std::fs::set_permissions(stats.path(), std::fs::Permissions::from_mode(0o666)).unwrap();
-
-    build(&m.p("t"));
-    let kernel = run_script(&m.p("t"), None);
-    build(&m.p("t"));
-    let library = run_script(&m.p("t"), Some(stats.path()));
-    let (k, l): (Vec<&str>, Vec<&str>) = (kernel.lines().collect(), library.lines().collect());
-    for (i, (a, b)) in k.iter().zip(&l).enumerate() {
-        assert_eq!(
-            a, b,
-            "line {i}: the kernel's, then the library's\n{library}"
-        );
-    }
-    assert_eq!(k.len(), l.len(), "{kernel}\n---\n{library}");
-    // What the kernel answered is what the script expects of it (a
-    // script that silently did nothing would match too).
-    for want in [
-        "chdir d2/d3 f 4",
-        "fchdir d1/d2 f 3",
-        "syscall chdir d1/d2/d3 f 4",
-        "thread after f 3",
-        "fts /d1/d2/d3/f accpath f 4",
-        "fts /d1/d2/d3/g in f 4",
-        "nftw /d1/d2/f cwd /d1/d2 base 3",
-        "nftw /d1/d2/d3/g f 4",
-        "renamed to ren/b f 5",
-        "removed create errno 2",
-    ] {
-        assert!(
-            k.contains(&want),
-            "the kernel's run lacks {want:?}:\n{kernel}"
-        );
-    }
+    same_as_kernel(
+        SCRIPT,
+        &m.p("t"),
+        stats.path(),
+        build,
+        &[
+            "chdir d2/d3 f 4",
+            "fchdir d1/d2 f 3",
+            "syscall chdir d1/d2/d3 f 4",
+            "thread after f 3",
+            "fts /d1/d2/d3/f accpath f 4",
+            "fts /d1/d2/d3/g in f 4",
+            "nftw /d1/d2/f cwd /d1/d2 base 3",
+            "nftw /d1/d2/d3/g f 4",
+            "renamed to ren/b f 5",
+            "removed create errno 2",
+        ],
+    );
 
     let n = counts(stats.path());
     assert_eq!(c(&n, "attach_refused"), 0, "{n:?}");

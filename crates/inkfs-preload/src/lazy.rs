@@ -207,6 +207,13 @@ fn fail(e: c_int) -> c_int {
     -1
 }
 
+/// An open's answer for a name no directory on the way holds (path.rs,
+/// `Stop::Absent`): ENOENT, counted.
+fn absent() -> c_int {
+    stats::bump(&stats::STAT_ABSENT);
+    fail(libc::ENOENT)
+}
+
 /// A placeholder descriptor (close-on-exec if asked): the lowest free
 /// number from 3 on, as open(2) would give... unless 0-2 are free, which
 /// open(2) would give and the library never serves: then `None`.
@@ -267,13 +274,20 @@ pub fn open(dirfd: c_int, bytes: &[u8], flags: c_int, mode: libc::mode_t) -> Opt
         t.mount.alive(&lease);
         return None;
     }
-    let (dir, name, found) = lease.client().call(|fs| {
+    let looked = lease.client().call(|fs| {
         // The lookup checks search permission on `dir`: a refusal goes
         // to the kernel below, and an ENOENT (a create's cue) comes
         // after the check passed.
         let (dir, name) = path::walk_parent_to_look_up(fs, &cred, &t)?;
-        Some((dir, name, fs.lookup(&cred, dir, name)))
-    })?;
+        Ok((dir, name, fs.lookup(&cred, dir, name)))
+    });
+    let (dir, name, found) = match looked {
+        Ok(found) => found,
+        // A directory on the way is absent: ENOENT, created or not (the
+        // kernel's answer, one FUSE lookup later).
+        Err(path::Stop::Absent) => return Some(absent()),
+        Err(path::Stop::Kernel) => return None,
+    };
     // The path kept to materialize by, for an answer that makes a
     // descriptor (a miss needs none: no getcwd for it).
     let path = || t.absolute(|| path_of(table::local(dirfd)?.0));
@@ -295,7 +309,7 @@ pub fn open(dirfd: c_int, bytes: &[u8], flags: c_int, mode: libc::mode_t) -> Opt
         }
         // The pool is the truth: no such name (the kernel would say so,
         // one request later).
-        Err(e) if e.errno() == libc::ENOENT => Some(fail(libc::ENOENT)),
+        Err(e) if e.errno() == libc::ENOENT => Some(absent()),
         Err(_) => None,
     }
 }
@@ -312,7 +326,14 @@ fn open_dir(t: &path::Target<'_>, mi: usize, dirfd: c_int, flags: c_int) -> Opti
         return None;
     }
     let follow = flags & libc::O_NOFOLLOW == 0;
-    let a = lease.client().call(|fs| path::walk(fs, &cred, t, follow))?;
+    let a = match lease
+        .client()
+        .call(|fs| path::walk_or_absent(fs, &cred, t, follow))
+    {
+        Ok(a) => a,
+        Err(path::Stop::Absent) => return Some(absent()),
+        Err(path::Stop::Kernel) => return None,
+    };
     if a.kind != FileKind::Dir {
         return None;
     }
@@ -487,7 +508,7 @@ fn create(
         mode: mode & 0o7777,
         flags,
     };
-    let done = c.ns(cred, op).ok()?;
+    let done = crate::names::ns(c, cred, op).ok()?;
     stats::bump(&stats::NS_LOCAL);
     if done.errno != 0 {
         return Some(fail(done.errno));

@@ -65,6 +65,7 @@ extern "C" fn on_load() {
         stats::init();
         creds::init();
         lazy::init();
+        names::init();
         // The mount table now, not at the first call that needs it: that
         // call may come from inside the program's allocator (jemalloc, in
         // redis-server, calls readlink and open while it initializes

@@ -1,7 +1,9 @@
 //! stat, statx, access and readlink, by descriptor or by path, answered
 //! from the pool. Any case the library does not resolve itself (see
-//! path.rs), and any error, is asked of the kernel: a served answer is
-//! always a success the kernel would give.
+//! path.rs), and any error but two, is asked of the kernel: a served
+//! answer is a success the kernel would give, or ENOENT for a name the
+//! walk found no directory to hold (path.rs, `Stop::Absent`), or
+//! readlink's EINVAL for a served name that is not a symlink.
 
 use std::ffi::{c_char, c_int, c_uint};
 use std::sync::atomic::Ordering;
@@ -11,50 +13,59 @@ use libc::{size_t, ssize_t};
 
 use crate::io::{route, Op, Route};
 use crate::mounts::{self, Mount};
-use crate::path::{self, CwdBuf};
+use crate::path::{self, CwdBuf, Stop};
 use crate::table::Ofd;
 use crate::{attr, guard, real, stats};
 
 /// The attributes of what `path` (relative to `dirfd`) names, from the
-/// pool; `None`: ask the kernel. `real_ids`: check with the real ids.
+/// pool; `Err(Stop::Absent)`: no such name (ENOENT, path.rs);
+/// `Err(Stop::Kernel)`: ask the kernel. `real_ids`: check with the real
+/// ids.
 fn path_attr(
     dirfd: c_int,
     path: *const c_char,
     follow: bool,
     real_ids: bool,
-) -> Option<(Attr, &'static Mount)> {
+) -> Result<(Attr, &'static Mount), Stop> {
     // SAFETY: the program's path string.
-    let p = unsafe { path::bytes(path) }?;
+    let p = unsafe { path::bytes(path) }.ok_or(Stop::Kernel)?;
     if let Some(n) = crate::lazy::fd_link(p) {
         // `/proc/self/fd/N` of a placeholder names /dev/null until its
         // file is opened in the kernel: then the kernel answers.
         crate::lazy::kernel(n);
-        return None;
+        return Err(Stop::Kernel);
     }
     let mut cwd = CwdBuf::new();
-    let t = path::locate(dirfd, p, &mut cwd)?;
+    let t = path::locate(dirfd, p, &mut cwd).ok_or(Stop::Kernel)?;
     let got = (|| {
-        let lease = t.mount.checkout()?;
+        let lease = t.mount.checkout().ok_or(Stop::Kernel)?;
+        // A server gone: the kernel's answer (what is under the mount
+        // point now), a miss included.
         if !t.mount.serving(&lease) {
-            return None;
+            return Err(Stop::Kernel);
         }
         let cred = crate::creds::get(if real_ids {
             crate::creds::Ids::Real
         } else {
             crate::creds::Ids::Effective
-        })?;
-        lease.client().call(|fs| path::walk(fs, &cred, &t, follow))
+        })
+        .ok_or(Stop::Kernel)?;
+        lease
+            .client()
+            .call(|fs| path::walk_or_absent(fs, &cred, &t, follow))
     })();
-    match got {
-        Some(a) => {
-            stats::bump(&stats::STAT_LOCAL);
-            Some((a, t.mount))
-        }
-        None => {
-            stats::bump(&stats::STAT_KERNEL);
-            None
-        }
-    }
+    stats::bump(match got {
+        Ok(_) => &stats::STAT_LOCAL,
+        Err(Stop::Absent) => &stats::STAT_ABSENT,
+        Err(Stop::Kernel) => &stats::STAT_KERNEL,
+    });
+    got.map(|a| (a, t.mount))
+}
+
+/// The libc return of a served miss: -1 with ENOENT.
+fn absent<T: From<i8>>() -> T {
+    crate::names::set_errno(libc::ENOENT);
+    T::from(-1)
 }
 
 /// The attributes of a served open file, from the pool.
@@ -107,10 +118,14 @@ pub unsafe extern "C" fn fstatat64(
             return unsafe { fstat64(dirfd, st) };
         }
         let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
-        if let Some(Some((a, m))) = guard::run(|| path_attr(dirfd, path, follow, false)) {
-            // SAFETY: the program's stat buffer.
-            attr::to_stat(&a, m, unsafe { &mut *st });
-            return 0;
+        match guard::run(|| path_attr(dirfd, path, follow, false)) {
+            Some(Ok((a, m))) => {
+                // SAFETY: the program's stat buffer.
+                attr::to_stat(&a, m, unsafe { &mut *st });
+                return 0;
+            }
+            Some(Err(Stop::Absent)) => return absent(),
+            _ => {}
         }
     }
     // SAFETY: as called.
@@ -185,16 +200,20 @@ pub unsafe extern "C" fn statx(
         let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
         let got = guard::run(|| {
             let (a, m) = if let Some(ofd) = by_fd {
-                fd_attr(ofd?)?
+                ofd.and_then(fd_attr).ok_or(Stop::Kernel)?
             } else {
                 path_attr(dirfd, path, follow, false)?
             };
-            Some((a, m, *root_statx(m)?))
+            Ok((a, m, *root_statx(m).ok_or(Stop::Kernel)?))
         });
-        if let Some(Some((a, m, root))) = got {
-            // SAFETY: the program's statx buffer.
-            attr::to_statx(&a, m, &root, unsafe { &mut *sx });
-            return 0;
+        match got {
+            Some(Ok((a, m, root))) => {
+                // SAFETY: the program's statx buffer.
+                attr::to_statx(&a, m, &root, unsafe { &mut *sx });
+                return 0;
+            }
+            Some(Err(Stop::Absent)) => return absent(),
+            _ => {}
         }
     }
     // SAFETY: as called.
@@ -216,24 +235,29 @@ pub unsafe extern "C" fn faccessat(
         let ok = guard::run(|| {
             let (a, m) = path_attr(dirfd, path, follow, real_ids)?;
             if mode & libc::X_OK != 0 && m.noexec {
-                return None;
+                return Err(Stop::Kernel);
             }
             if mode == libc::F_OK {
-                return Some(());
+                return Ok(());
             }
             let cred = crate::creds::get(if real_ids {
                 crate::creds::Ids::Real
             } else {
                 crate::creds::Ids::Effective
-            })?;
-            let lease = m.checkout()?;
+            })
+            .ok_or(Stop::Kernel)?;
+            let lease = m.checkout().ok_or(Stop::Kernel)?;
             lease
                 .client()
                 .call(|fs| fs.access(&cred, a.ino, (mode & 7) as u32))
-                .ok()
+                .map_err(|_| Stop::Kernel)
         });
-        if let Some(Some(())) = ok {
-            return 0;
+        match ok {
+            Some(Ok(())) => return 0,
+            // No such name, whatever the mode asked (the kernel's walk
+            // fails before any permission of the file is looked at).
+            Some(Err(Stop::Absent)) => return absent(),
+            _ => {}
         }
     }
     // SAFETY: as called.
@@ -263,16 +287,30 @@ pub unsafe extern "C" fn readlinkat(
         let got = guard::run(|| {
             let (a, m) = path_attr(dirfd, path, false, false)?;
             if a.kind != FileKind::Symlink {
-                return None;
+                // A served name that is not a symlink (git asks it of
+                // its index): EINVAL, as the kernel's.
+                return Ok(None);
             }
-            let lease = m.checkout()?;
-            lease.client().readlink(a.ino).ok()
+            let lease = m.checkout().ok_or(Stop::Kernel)?;
+            lease
+                .client()
+                .readlink(a.ino)
+                .map(Some)
+                .map_err(|_| Stop::Kernel)
         });
-        if let Some(Some(target)) = got {
-            let k = target.len().min(n);
-            // SAFETY: the program's buffer of `n` bytes.
-            unsafe { std::ptr::copy_nonoverlapping(target.as_ptr(), buf.cast(), k) };
-            return k as ssize_t;
+        match got {
+            Some(Ok(Some(target))) => {
+                let k = target.len().min(n);
+                // SAFETY: the program's buffer of `n` bytes.
+                unsafe { std::ptr::copy_nonoverlapping(target.as_ptr(), buf.cast(), k) };
+                return k as ssize_t;
+            }
+            Some(Ok(None)) => {
+                crate::names::set_errno(libc::EINVAL);
+                return -1;
+            }
+            Some(Err(Stop::Absent)) => return absent(),
+            _ => {}
         }
     }
     // SAFETY: as called.

@@ -16,9 +16,11 @@
 //! errno.
 
 use std::ffi::{c_char, c_int, c_uint};
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use inkfs::api::ns::Op;
-use inkfs::api::Credentials;
+use inkfs::api::client::Client;
+use inkfs::api::ns::{Done, Op};
+use inkfs::api::{Credentials, Result};
 use libc::mode_t;
 use std::rc::Rc;
 
@@ -26,6 +28,35 @@ use crate::creds::{self, Ids};
 use crate::mounts::Mount;
 use crate::path::{self, CwdBuf, Target};
 use crate::{guard, real, stats};
+
+/// `INKFS_PRELOAD_DIR_LEASE=1`: creates ask for their directory's lease
+/// by the client's adaptive rule and are made in the process under it;
+/// unset or `0`, every create goes to the server. Off by default: with
+/// it on, the server's books of the client's reservation free blocks
+/// twice when files made under a lease are removed through the ring
+/// while the lane is still held (docs/KERNEL-FREE.md, "Built: the
+/// library asks for directory leases").
+pub const DIR_LEASE_ENV: &str = "INKFS_PRELOAD_DIR_LEASE";
+static DIR_LEASE: AtomicBool = AtomicBool::new(false);
+
+/// At load.
+pub fn init() {
+    if std::env::var_os(DIR_LEASE_ENV).is_some_and(|v| v == "1") {
+        DIR_LEASE.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Namespace change `op` by client `c`: asked of the server, or made by
+/// the client in a directory whose lease it holds, the lease asked for
+/// by the client's adaptive rule (docs/KERNEL-FREE.md, "Built: the
+/// library asks for directory leases") unless turned off.
+pub(crate) fn ns(c: &Client, cred: &Credentials, op: Op) -> Result<Done> {
+    if DIR_LEASE.load(Ordering::Relaxed) {
+        c.ns_adaptive(cred, op)
+    } else {
+        c.ns(cred, op)
+    }
+}
 
 /// The credentials a creation is made with: the effective ids, the
 /// groups, the umask. `None` if the umask is unknown.
@@ -52,7 +83,7 @@ pub(crate) fn answer(errno: i32) -> c_int {
 /// client of `m`: the libc return, or `None` to take the kernel path.
 pub(crate) fn ask(m: &Mount, cred: &Credentials, op: Op) -> Option<c_int> {
     let lease = m.checkout()?;
-    let done = lease.client().ns(cred, op).ok()?;
+    let done = ns(lease.client(), cred, op).ok()?;
     Some(answer(done.errno))
 }
 

@@ -4,10 +4,20 @@
 //! and `.`/`..` inside one mount, symlinks only as the last component of
 //! an lstat-like call) and hands everything else to the kernel: a symlink
 //! to follow (its target may leave the mount), `..` above the mount's
-//! root, a path through a mount inside the mount, any error (the
-//! kernel's answer is the authoritative one: ENOENT, EACCES and ENOTDIR
-//! come from the kernel's own walk). A path that names the mount through a
-//! symlink outside it is not recognised and goes to the kernel too.
+//! root, a path through a mount inside the mount, any error but one (the
+//! kernel's answer is the authoritative one: EACCES, ENOTDIR, ELOOP,
+//! ENAMETOOLONG come from the kernel's own walk). A path that names the
+//! mount through a symlink outside it is not recognised and goes to the
+//! kernel too.
+//!
+//! The one error answered here is a name absent from a directory the walk
+//! searched ([`Stop::Absent`], ENOENT): the pool is the truth of a served
+//! mount's names (a mount with another mounted inside it is not served),
+//! the walk searched every directory on the way with the caller's
+//! permission, and followed no symlink to get there; the kernel would
+//! answer the same ENOENT one FUSE lookup later (one round trip to the
+//! server's threads per miss: `git status` makes dozens, each a wait
+//! off the CPU).
 
 use std::ffi::{c_char, c_int, CStr};
 use std::mem::MaybeUninit;
@@ -244,10 +254,34 @@ fn dir_only(t: &Target<'_>) -> bool {
 /// attributes.
 type Reached = (FileKind, Option<Attr>);
 
+/// Why a walk stopped short of its answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// A name on the way, or the last one, is in no directory the walk
+    /// searched (with the caller's search permission, through no
+    /// symlink): ENOENT, the kernel's answer too.
+    Absent,
+    /// Anything else: the kernel answers.
+    Kernel,
+}
+
+/// A lookup's error as a walk's stop: ENOENT is the name's absence (the
+/// lookup checked search permission on the directory first, and the
+/// directory is this mount's: see the module's comment).
+fn stop(e: inkfs::Error) -> Stop {
+    if e.errno() == libc::ENOENT {
+        Stop::Absent
+    } else {
+        Stop::Kernel
+    }
+}
+
 /// Walk `names` from `t.start`: the kind of the last one (`None` for
-/// none: the start itself) and, if `want_attr`, its attributes; or `Err`
-/// for "ask the kernel" (a symlink on the way, or the last one with
-/// `follow`, `..` above the mount's root, any error). `..` above the
+/// none: the start itself) and, if `want_attr`, its attributes; or why
+/// not: [`Stop::Absent`] for a name no directory on the way holds,
+/// [`Stop::Kernel`] for "ask the kernel" (a symlink on the way, or the
+/// last one with `follow`, `..` above the mount's root, any other
+/// error). `..` above the
 /// start is the start's parent in the pool (a directory descriptor's:
 /// `openat(fd, "..")`; the current directory's: `stat("..")`). A name on
 /// the way is looked up by its directory entry alone: the next step loads
@@ -261,7 +295,7 @@ fn resolve(
     names: &[&[u8]],
     follow: bool,
     want_attr: bool,
-) -> Result<(u64, Option<Reached>), ()> {
+) -> Result<(u64, Option<Reached>), Stop> {
     let mut stack = [0u64; MAX_PARTS + 1];
     let mut depth = 1;
     stack[0] = start;
@@ -271,15 +305,18 @@ fn resolve(
     for (i, &name) in names.iter().enumerate() {
         if name == b".." {
             if !top_is_dir {
-                return Err(());
+                return Err(Stop::Kernel);
             }
             if depth == 1 {
                 // Above the start: its parent in the pool, unless that
                 // leaves the mount (the kernel's answer: what is above).
                 if stack[0] == ROOT_INO {
-                    return Err(());
+                    return Err(Stop::Kernel);
                 }
-                stack[0] = fs.lookup_entry(cred, stack[0], b"..").map_err(|_| ())?.0;
+                stack[0] = fs
+                    .lookup_entry(cred, stack[0], b"..")
+                    .map_err(|_| Stop::Kernel)?
+                    .0;
             } else {
                 depth -= 1;
             }
@@ -288,16 +325,16 @@ fn resolve(
             continue;
         }
         let (ino, kind, attr) = if want_attr && i + 1 == n {
-            let a = fs.lookup(cred, stack[depth - 1], name).map_err(|_| ())?;
+            let a = fs.lookup(cred, stack[depth - 1], name).map_err(stop)?;
             (a.ino, a.kind, Some(a))
         } else {
             let (ino, kind) = fs
                 .lookup_entry(cred, stack[depth - 1], name)
-                .map_err(|_| ())?;
+                .map_err(stop)?;
             (ino, kind, None)
         };
         if kind == FileKind::Symlink && (i + 1 < n || follow) {
-            return Err(());
+            return Err(Stop::Kernel);
         }
         top_is_dir = kind == FileKind::Dir;
         stack[depth] = ino;
@@ -315,20 +352,31 @@ pub fn walk(
     t: &Target<'_>,
     follow: bool,
 ) -> Option<Attr> {
+    walk_or_absent(fs, cred, t, follow).ok()
+}
+
+/// [`walk`], telling a name no directory holds ([`Stop::Absent`]: ENOENT)
+/// from the cases for the kernel.
+pub fn walk_or_absent(
+    fs: &Filesystem<MappedPool>,
+    cred: &Credentials,
+    t: &Target<'_>,
+    follow: bool,
+) -> Result<Attr, Stop> {
     let mut names: [&[u8]; MAX_PARTS] = [b""; MAX_PARTS];
-    let n = components(t, &mut names)?;
+    let n = components(t, &mut names).ok_or(Stop::Kernel)?;
     // "a/" names a directory, and follows a symlink "a".
     let dir_only = dir_only(t);
     let follow = follow || dir_only;
-    let (ino, last) = resolve(fs, cred, t.start, &names[..n], follow, true).ok()?;
+    let (ino, last) = resolve(fs, cred, t.start, &names[..n], follow, true)?;
     let a = match last {
         Some((_, Some(a))) => a,
-        _ => fs.getattr(ino).ok()?,
+        _ => fs.getattr(ino).map_err(|_| Stop::Kernel)?,
     };
     if dir_only && a.kind != FileKind::Dir {
-        return None;
+        return Err(Stop::Kernel);
     }
-    Some(a)
+    Ok(a)
 }
 
 /// Where `t`'s last name is: the directory that holds it and the name,
@@ -343,7 +391,7 @@ pub fn walk_parent<'a>(
     t: &Target<'a>,
     slash_ok: bool,
 ) -> Option<(u64, &'a [u8])> {
-    let (dir, name) = parent_of(fs, cred, t, slash_ok)?;
+    let (dir, name) = parent_of(fs, cred, t, slash_ok).ok()?;
     // Search permission on the parent itself (resolve checked the ones
     // above it while looking names up in them).
     fs.access(cred, dir, inkfs::api::MAY_EXEC).ok()?;
@@ -356,11 +404,13 @@ pub fn walk_parent<'a>(
 /// caller hands to the kernel as `walk_parent`'s would be): the parent is
 /// not loaded a second time for a check the lookup repeats. Its
 /// `ENOENT` therefore also says the caller may search the parent.
+/// A directory on the way that is absent is [`Stop::Absent`] (ENOENT, an
+/// open's answer with or without O_CREAT).
 pub fn walk_parent_to_look_up<'a>(
     fs: &Filesystem<MappedPool>,
     cred: &Credentials,
     t: &Target<'a>,
-) -> Option<(u64, &'a [u8])> {
+) -> Result<(u64, &'a [u8]), Stop> {
     parent_of(fs, cred, t, false)
 }
 
@@ -370,10 +420,10 @@ fn parent_of<'a>(
     cred: &Credentials,
     t: &Target<'a>,
     slash_ok: bool,
-) -> Option<(u64, &'a [u8])> {
+) -> Result<(u64, &'a [u8]), Stop> {
     let mut names: [&[u8]; MAX_PARTS] = [b""; MAX_PARTS];
-    let n = components(t, &mut names)?;
-    let (&name, parents) = names[..n].split_last()?;
+    let n = components(t, &mut names).ok_or(Stop::Kernel)?;
+    let (&name, parents) = names[..n].split_last().ok_or(Stop::Kernel)?;
     let raw = if t.parts[1].is_empty() {
         t.parts[0]
     } else {
@@ -382,13 +432,13 @@ fn parent_of<'a>(
     // "a/." names `a` itself, as "." does: the kernel's answer (EINVAL,
     // EEXIST...).
     if name == b".." || raw == b"." || raw.ends_with(b"/.") || (!slash_ok && dir_only(t)) {
-        return None;
+        return Err(Stop::Kernel);
     }
-    let (dir, last) = resolve(fs, cred, t.start, parents, true, false).ok()?;
+    let (dir, last) = resolve(fs, cred, t.start, parents, true, false)?;
     if last.is_some_and(|(kind, _)| kind != FileKind::Dir) {
-        return None;
+        return Err(Stop::Kernel);
     }
-    Some((dir, name))
+    Ok((dir, name))
 }
 
 #[cfg(test)]

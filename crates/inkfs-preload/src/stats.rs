@@ -6,7 +6,7 @@
 //! `pid=P read_local=N read_kernel=N stat_local=N stat_kernel=N
 //! dir_local=N dir_kernel=N write_kernel=N attach_refused=N write_local=N
 //! sync_local=N ns_local=N ns_kernel=N attr_local=N open_local=N
-//! materialized=N map_local=N`. That is how the tests tell a
+//! materialized=N map_local=N stat_absent=N`. That is how the tests tell a
 //! read served from the pool from one the kernel served.
 
 use std::io::Write;
@@ -43,8 +43,12 @@ pub static MATERIALIZED: AtomicU64 = AtomicU64::new(0);
 /// Private read-only mappings of served files made as copies of the
 /// pool's bytes (map.rs): no kernel open, no READ request.
 pub static MAP_LOCAL: AtomicU64 = AtomicU64::new(0);
+/// Path stats, statx, access and readlink answered ENOENT from the pool
+/// (a name no directory on the way holds: path.rs, `Stop::Absent`), and
+/// opens of such a path: no kernel call, no FUSE lookup.
+pub static STAT_ABSENT: AtomicU64 = AtomicU64::new(0);
 
-const ALL: [&AtomicU64; 16] = [
+const ALL: [&AtomicU64; 17] = [
     &READ_LOCAL,
     &READ_KERNEL,
     &STAT_LOCAL,
@@ -61,6 +65,7 @@ const ALL: [&AtomicU64; 16] = [
     &OPEN_LOCAL,
     &MATERIALIZED,
     &MAP_LOCAL,
+    &STAT_ABSENT,
 ];
 
 pub const ENV: &str = "INKFS_PRELOAD_STATS";
@@ -129,7 +134,7 @@ pub fn report() {
     let v = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let _ = writeln!(
         cur,
-        "pid={} read_local={} read_kernel={} stat_local={} stat_kernel={} dir_local={} dir_kernel={} write_kernel={} attach_refused={} write_local={} sync_local={} ns_local={} ns_kernel={} attr_local={} open_local={} materialized={} map_local={}",
+        "pid={} read_local={} read_kernel={} stat_local={} stat_kernel={} dir_local={} dir_kernel={} write_kernel={} attach_refused={} write_local={} sync_local={} ns_local={} ns_kernel={} attr_local={} open_local={} materialized={} map_local={} stat_absent={}",
         std::process::id(),
         v(&READ_LOCAL),
         v(&READ_KERNEL),
@@ -147,6 +152,7 @@ pub fn report() {
         v(&OPEN_LOCAL),
         v(&MATERIALIZED),
         v(&MAP_LOCAL),
+        v(&STAT_ABSENT),
     );
     let n = cur.position() as usize;
     // SAFETY: NUL-terminated path, our own buffer; real calls only.

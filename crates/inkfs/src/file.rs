@@ -5,7 +5,7 @@
 //! blocks with non-temporal stores, the FILE_WRITE entries that map them are
 //! flushed, one fence covers both, and only then does the tail move.
 
-use crate::blockdev::dev::{self as blockdev_pages, Page};
+use crate::blockdev::dev::Page;
 use crate::blockdev::engine::DEV_BYTES_BASE;
 use crate::blockdev::readahead::WINDOW_MAX_BLOCKS;
 use crate::blockdev::Side;
@@ -104,6 +104,10 @@ struct DataTx {
     /// Hybrid pools: device blocks were written, to be flushed before the
     /// commit that names them.
     dev_written: bool,
+    /// Hybrid pools: the DRAM cache of device blocks keeps what this
+    /// operation writes (not for a posix mount's write-back, whose pages
+    /// the kernel's page cache holds: `DataStore::write`).
+    cache_written: bool,
     /// A client's recycled blocks of the inode (recycle.rs), taken from
     /// its state for the operation and handed back by `commit_data` or
     /// `abort_data`.
@@ -121,6 +125,7 @@ impl DataTx {
             reserved_taken_dev: 0,
             side: Side::Pm,
             dev_written: false,
+            cache_written: true,
             recycled: std::mem::take(&mut st.recycled),
         }
     }
@@ -151,10 +156,6 @@ impl Drop for DataTx {
         debug_assert!(self.recycled.is_empty(), "recycled blocks handed back");
     }
 }
-
-/// Pages one device write carries at most (1 MiB): the DRAM buffer a
-/// large write goes through.
-const DEV_WRITE_PAGES: u64 = 256;
 
 // Blocks reserved (in DRAM only) past the end of a file that is being
 // appended to, so the next appends take blocks without touching the
@@ -533,6 +534,9 @@ impl<P: Pmem> Fs<P> {
         let new_size = st.attr.size.max(end);
         let mut tx = DataTx::new(st);
         tx.side = self.place(end - off);
+        // A write-back from the kernel's page cache (`defer`): that cache
+        // keeps the pages, so ours does not take a second copy.
+        tx.cache_written = !defer;
         let r = match self.mode {
             Mode::Strict => self.cow_range(
                 st,
@@ -914,7 +918,8 @@ impl<P: Pmem> Fs<P> {
 
     /// Device blocks `[block, block + n)` get file pages `[page, page +
     /// n)`: old contents (zeros for a hole) overlaid with `src`, built in
-    /// DRAM and written in runs of `DEV_WRITE_PAGES`. Flushed at commit.
+    /// DRAM (in a buffer the store lends: `WRITE_RUN_PAGES`) and written in
+    /// runs of its size. Flushed at commit.
     #[allow(clippy::too_many_arguments)]
     fn fill_dev_run(
         &self,
@@ -925,18 +930,19 @@ impl<P: Pmem> Fs<P> {
         src: Src<'_>,
         tx: &mut DataTx,
     ) -> Result<()> {
-        let mut buf = blockdev_pages::pages(n.min(DEV_WRITE_PAGES) as usize);
-        let mut done = 0;
-        while done < n {
-            let k = (n - done).min(DEV_WRITE_PAGES);
-            for i in 0..k {
-                self.page_image(st, page + done + i, src, &mut buf[i as usize])?;
+        self.with_dev_write_buf(block, |buf| {
+            let mut done = 0;
+            while done < n {
+                let k = (n - done).min(buf.len() as u64);
+                for i in 0..k {
+                    self.page_image(st, page + done + i, src, &mut buf[i as usize])?;
+                }
+                tx.dev_written = true;
+                self.dev_write(block + done, &buf[..k as usize], tx.cache_written)?;
+                done += k;
             }
-            tx.dev_written = true;
-            self.dev_write(block + done, &buf[..k as usize])?;
-            done += k;
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// File page `page` as it will read after `src` is laid over it, in

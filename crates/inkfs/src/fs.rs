@@ -2,7 +2,7 @@
 //! attributes, handles, and the commit helpers every operation uses.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::alloc::{BlockAllocator, InodeSlots};
@@ -116,6 +116,9 @@ pub struct Fs<P: Pmem> {
     /// Which lanes are leased to clients, and what was handed out with
     /// them (lanelease.rs).
     pub(crate) lane_owners: crate::lanelease::LaneOwners,
+    /// Frees the allocator refused (a double free: DRAM books that
+    /// disagree with each other), counted for `inkfs stat` and tests.
+    pub(crate) frees_refused: AtomicU64,
 }
 
 /// What a mount (or an attach) puts together before the engine exists.
@@ -338,6 +341,7 @@ impl<P: Pmem> Fs<P> {
             client: None,
             held_orphans: Mutex::default(),
             lane_owners: crate::lanelease::LaneOwners::new(geo.lane_count),
+            frees_refused: AtomicU64::new(0),
         }
     }
 
@@ -938,9 +942,15 @@ impl<P: Pmem> Fs<P> {
         if let Err(e) = r {
             // A double free means DRAM state disagrees with itself; keep
             // going (the allocator refused the free), but say so loudly.
+            self.frees_refused.fetch_add(1, Ordering::Relaxed);
             eprintln!("inkfs: internal error freeing blocks {start}+{len}: {e:?}");
             debug_assert!(false, "double free of {start}+{len}");
         }
+    }
+
+    /// Frees the allocator refused so far (double frees).
+    pub fn frees_refused(&self) -> u64 {
+        self.frees_refused.load(Ordering::Relaxed)
     }
 
     pub fn statfs(&self) -> StatFs {

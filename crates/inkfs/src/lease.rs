@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::alloc::grant;
 use crate::error::{errno, Error, Result};
-use crate::format::{BLOCK_SIZE, DEV_BLOCK_BASE, INODE_TAIL_FIELD, LOG_CHUNK_ID_MIN};
+use crate::format::{log_page_id, BLOCK_SIZE, DEV_BLOCK_BASE, INODE_TAIL_FIELD, LOG_CHUNK_ID_MIN};
 pub use crate::blockset::RangeSet;
 use crate::epoch::SharedTable;
 use crate::fs::{FileHandle, Fs};
@@ -570,6 +570,22 @@ impl<P: Pmem> Fs<P> {
         // lease comes back, before any request reads the file again.
         self.forget_cached(&out);
         Ok(out)
+    }
+
+    /// The block of `ino`'s head log chunk, if its log starts in one. A
+    /// file made under a lane lease has its head chunk in a chunk block
+    /// its client carved from its reservation: once the server owns the
+    /// file, the server's removal of it (and of the block's other files)
+    /// frees that block, so the client's reservation must not hold it
+    /// too (its rest, returned at the session's end, would free it again,
+    /// or free it reused by another file).
+    pub fn log_chunk_block(&self, ino: u64) -> Result<Option<u64>> {
+        let inode = self.iget(ino)?;
+        let st = read(&inode.state);
+        Ok(match log_page_id(st.log.head) {
+            Some((block, Some(_))) => Some(block),
+            _ => None,
+        })
     }
 
     /// Whether inode `ino` is an unlinked file kept alive by open handles.

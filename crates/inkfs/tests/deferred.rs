@@ -123,6 +123,38 @@ fn write_backs_out_of_order_fill_holes_without_a_settle() {
 }
 
 #[test]
+fn write_backs_leave_no_copy_in_the_cache_and_drop_a_stale_one() {
+    let fs = mounted(Mode::Posix);
+    let (_, fh) = fs.create(1, b"d", 0o644, 0, 0).unwrap();
+    let data = vec![4u8; 8 * PAGE];
+    assert!(fs.write_deferring(&fh, 0, &data, false).unwrap());
+    fs.commit_deferred().unwrap();
+    // The kernel's page cache holds a write-back's pages: the server's
+    // cache took no copy, so this read comes from the device (and stays
+    // in the cache, as any read does).
+    let read0 = fs.data_stats().unwrap().bytes_read;
+    let mut buf = vec![0u8; data.len()];
+    assert_eq!(fs.read(&fh, 0, &mut buf).unwrap(), data.len());
+    assert_eq!(buf, data);
+    assert!(
+        fs.data_stats().unwrap().bytes_read >= read0 + data.len() as u64,
+        "a write-back's pages were cached"
+    );
+    // An overwrite in place by a write-back drops the cached old copy.
+    let new = vec![6u8; 8 * PAGE];
+    assert!(fs.write_deferring(&fh, 0, &new, false).unwrap());
+    assert_eq!(fs.read(&fh, 0, &mut buf).unwrap(), new.len());
+    assert_eq!(buf, new, "the cache served the old contents");
+    // Other writes still keep theirs: read back with no device read.
+    fs.write(&fh, 0, &data).unwrap();
+    let read1 = fs.data_stats().unwrap().bytes_read;
+    assert_eq!(fs.read(&fh, 0, &mut buf).unwrap(), data.len());
+    assert_eq!(buf, data);
+    assert_eq!(fs.data_stats().unwrap().bytes_read, read1);
+    fs.release(fh);
+}
+
+#[test]
 fn what_is_not_deferred() {
     let fs = mounted(Mode::Posix);
     let (_, fh) = fs.create(1, b"d", 0o644, 0, 0).unwrap();

@@ -127,3 +127,37 @@ pub fn run_python(script: &str, dir: &Path, stats: Option<&Path>) -> String {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     String::from_utf8(o.stdout).unwrap()
 }
+
+/// Python program `script` on a tree `build` makes fresh in `dir`, run
+/// through the kernel and then under the library (counting into `stats`,
+/// made writable for whichever euid the program exits as): the two print
+/// the same, line for line, and the kernel's run prints each of `wants`
+/// (a script that silently did nothing would match too).
+pub fn same_as_kernel(
+    script: &str,
+    dir: &Path,
+    stats: &Path,
+    build: impl Fn(&Path),
+    wants: &[&str],
+) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(stats, std::fs::Permissions::from_mode(0o666)).unwrap();
+    build(dir);
+    let kernel = run_python(script, dir, None);
+    build(dir);
+    let library = run_python(script, dir, Some(stats));
+    let (k, l): (Vec<&str>, Vec<&str>) = (kernel.lines().collect(), library.lines().collect());
+    for (i, (a, b)) in k.iter().zip(&l).enumerate() {
+        assert_eq!(
+            a, b,
+            "line {i}: the kernel's, then the library's\n{library}"
+        );
+    }
+    assert_eq!(k.len(), l.len(), "{kernel}\n---\n{library}");
+    for want in wants {
+        assert!(
+            k.contains(want),
+            "the kernel's run lacks {want:?}:\n{kernel}"
+        );
+    }
+}

@@ -70,10 +70,23 @@ use crate::pmem::{MappedPool, PoolFile, PoolOpenOptions};
 use crate::shm::SharedEpochs;
 use crate::types::{Attr, DirEntry, FileKind, Mode, SetAttr};
 
+/// When to ask for a directory's lease.
+mod ask;
 /// Creates under a directory lease, and its give-back.
 mod local;
 /// Removals under a directory lease.
 mod remove;
+
+pub use ask::{AskTable, Ended, ASK_AFTER_MAX, ASK_AFTER_MIN};
+
+/// Whether a namespace request through the ring asks for its
+/// directory's lease (`ask`).
+#[derive(Clone, Copy)]
+enum Ask {
+    Never,
+    Always,
+    Adaptive,
+}
 
 /// `INKFS_CLIENT_CHANNEL=session`: requests on the session's socket
 /// instead of the rings (to measure one against the other), one at a time
@@ -688,7 +701,7 @@ impl Client {
     /// the request could not be asked (too long for a line, the session
     /// closed): make the call through the mount instead.
     pub fn ns(&self, cred: &Credentials, op: ns::Op) -> Result<ns::Done> {
-        self.ns_asking(cred, op, false)
+        self.ns_asking(cred, op, Ask::Never)
     }
 
     /// [`Client::ns`], asking for the lease of the directory the request
@@ -697,10 +710,10 @@ impl Client {
     /// it was granted, and the client holds it until it is recalled or the
     /// client detaches.
     pub fn ns_dir_lease(&self, cred: &Credentials, op: ns::Op) -> Result<ns::Done> {
-        self.ns_asking(cred, op, self.grant.dirs)
+        self.ns_asking(cred, op, Ask::Always)
     }
 
-    fn ns_asking(&self, cred: &Credentials, op: ns::Op, ask_dir: bool) -> Result<ns::Done> {
+    fn ns_asking(&self, cred: &Credentials, op: ns::Op, ask_dir: Ask) -> Result<ns::Done> {
         let seq = self.seq.fetch_add(1, SeqCst) + 1;
         if let Some(done) = self.create_under_lease(cred, seq, &op) {
             return Ok(done);
@@ -716,7 +729,7 @@ impl Client {
             dir_lease: false,
             lane_lease: false,
         };
-        let asked = req.dir().filter(|_| ask_dir);
+        let asked = self.asks_dir(ask_dir, &req);
         req.dir_lease = asked.is_some();
         req.lane_lease = req.dir_lease && self.grant.lanes;
         if !req.fits() {

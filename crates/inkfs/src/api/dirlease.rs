@@ -60,6 +60,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Mutex, MutexGuard};
 
+use super::client::{AskTable, Ended};
 use super::lanelease::{LaneGrant, LaneReturn, KEPT_MAX};
 use super::{Filesystem, OpenFlags};
 use crate::error::{errno, Result};
@@ -243,6 +244,10 @@ pub struct DirLeases {
     creates: AtomicU64,
     /// Removals made under directory leases (the same).
     removals: AtomicU64,
+    /// When to ask for each directory's lease: told here how each
+    /// ask was answered and how each lease ended (`super::client`'s
+    /// `ask` module).
+    asks: AskTable,
 }
 
 /// What became of a create tried under a directory lease.
@@ -334,6 +339,9 @@ impl DirLeases {
         if st.idle() {
             map.remove(&dir);
         }
+        if answer.is_some() {
+            self.asks.answered(dir, held);
+        }
         held
     }
 
@@ -347,9 +355,17 @@ impl DirLeases {
             return false;
         };
         st.recalled = st.recalled.max(gen);
+        let ended = match &st.held {
+            Some((g, _)) => *g <= gen,
+            // Asked for: the grant in flight is recalled already.
+            None => true,
+        };
         if st.held.as_ref().is_some_and(|(g, _)| *g <= gen) {
             st.held = None;
             self.held.fetch_sub(1, SeqCst);
+        }
+        if ended {
+            self.asks.ended(ino, Ended::Recalled);
         }
         if st.idle() {
             map.remove(&ino);
@@ -370,6 +386,9 @@ impl DirLeases {
             !st.idle()
         });
         self.held.fetch_sub(out.len(), SeqCst);
+        for &(ino, _) in &out {
+            self.asks.ended(ino, Ended::GivenBack);
+        }
         out
     }
 
@@ -381,6 +400,11 @@ impl DirLeases {
     /// Directory leases held now.
     pub fn count(&self) -> usize {
         self.held.load(SeqCst)
+    }
+
+    /// When to ask for each directory's lease.
+    pub fn asks(&self) -> &AskTable {
+        &self.asks
     }
 
     /// Recalls of directory leases answered so far.

@@ -124,11 +124,22 @@ impl<P: Pmem> Fs<P> {
         }
     }
 
-    /// Write `pages` to device blocks from `block` (not durable yet).
-    pub(crate) fn dev_write(&self, block: u64, pages: &[Page]) -> Result<()> {
+    /// Write `pages` to device blocks from `block` (not durable yet);
+    /// `keep`: the DRAM cache keeps a copy (`DataStore::write`).
+    pub(crate) fn dev_write(&self, block: u64, pages: &[Page], keep: bool) -> Result<()> {
         self.store_or_corrupt(block)?
-            .write(block, pages)
+            .write(block, pages, keep)
             .map_err(io_errno)
+    }
+
+    /// Run `f` with a write buffer of `WRITE_RUN_PAGES` pages lent by the
+    /// store of device block `block` (`DataStore::with_write_buf`).
+    pub(crate) fn with_dev_write_buf<R>(
+        &self,
+        block: u64,
+        f: impl FnOnce(&mut [Page]) -> Result<R>,
+    ) -> Result<R> {
+        self.store_or_corrupt(block)?.with_write_buf(f)
     }
 
     /// Make every device write completed so far durable (group commit);

@@ -51,6 +51,13 @@ const CLAIM_RETRIES: u32 = 3;
 /// Bounce buffers of an engine whose reads bypass the cache (each made on
 /// first use: a client engine, one thread's, makes one).
 const BOUNCE_BUFFERS: usize = 4;
+/// Pages of one device write of a file's data: the largest run built in
+/// DRAM and written at once (1 MiB, the FUSE mount's largest write-back).
+pub const WRITE_RUN_PAGES: u64 = 256;
+/// Write buffers of `WRITE_RUN_PAGES` each, made on first use: as many as
+/// writers run at once (the mount's FUSE threads); a writer past that
+/// waits for one to come free.
+const WRITE_BUFFERS: usize = 8;
 
 /// The placement policy (docs/DESIGN.md, "Hybrid pools"): small writes on
 /// PM, large ones on the device, PM kept for metadata when it runs low.
@@ -119,6 +126,9 @@ pub struct DataStore {
     pub(crate) policy: Placement,
     /// Aligned buffers for reads that bypass the cache.
     bounce: BouncePool,
+    /// Aligned buffers a write's device pages are built in (not the read
+    /// side's: building one may read the old contents of a page).
+    write_bufs: BouncePool,
     /// Device blocks the pool uses (label and save area included).
     pub(crate) dev_blocks: u64,
     /// Device blocks held in inodes' DRAM reservations (free for statfs).
@@ -175,6 +185,7 @@ impl DataStore {
             deferred: Default::default(),
             policy,
             bounce: BouncePool::new(BOUNCE_BUFFERS, READ_RUN_MAX as usize),
+            write_bufs: BouncePool::new(WRITE_BUFFERS, WRITE_RUN_PAGES as usize),
             dev_blocks,
             reserved: AtomicI64::new(0),
             bytes_written: AtomicU64::new(0),
@@ -221,10 +232,20 @@ impl DataStore {
         (block - DEV_BLOCK_BASE) * BLOCK_SIZE
     }
 
+    /// Run `f` with a buffer of [`WRITE_RUN_PAGES`] pages to build a
+    /// device write in (lent, not allocated: no allocation on the write
+    /// path). `f` must not ask for another.
+    pub fn with_write_buf<R>(&self, f: impl FnOnce(&mut [Page]) -> R) -> R {
+        self.write_bufs.with(f)
+    }
+
     /// Write `pages` to blocks `[block, block + pages.len())`: in the
-    /// device's volatile cache on return, durable after `sync`; the DRAM
-    /// cache holds the new contents from then on.
-    pub fn write(&self, block: u64, pages: &[Page]) -> io::Result<()> {
+    /// device's volatile cache on return, durable after `sync`. With
+    /// `keep`, the DRAM cache holds the new contents from then on; without
+    /// it (a posix write-back, whose pages the kernel's page cache holds:
+    /// a second copy here would cost a copy per byte written and evict
+    /// what readers use), it holds no copy of these blocks from then on.
+    pub fn write(&self, block: u64, pages: &[Page], keep: bool) -> io::Result<()> {
         debug_assert!(
             block >= DEV_BLOCK_BASE + dev_first_data_block(self.dev_blocks)
                 && block + pages.len() as u64 <= DEV_BLOCK_BASE + self.dev_blocks,
@@ -253,8 +274,15 @@ impl DataStore {
         self.flusher.wrote();
         self.bytes_written
             .fetch_add(pages.len() as u64 * BLOCK_SIZE, Ordering::Relaxed);
-        for (i, p) in pages.iter().enumerate() {
-            self.cache.put(block + i as u64, p);
+        if keep {
+            for (i, p) in pages.iter().enumerate() {
+                self.cache.put(block + i as u64, p);
+            }
+        } else {
+            // As `put` would: after the device write, and moving the
+            // shards' stamps, so that a load that read the old contents
+            // before this write is not kept either.
+            self.cache.forget(&[(block, n)]);
         }
         Ok(())
     }
@@ -455,7 +483,7 @@ mod tests {
             for (i, page) in p.iter_mut().enumerate() {
                 page.0.fill(i as u8 + 1);
             }
-            s.write(b, &p).unwrap();
+            s.write(b, &p, true).unwrap();
             let mut buf = vec![0u8; 5000];
             s.read(b * BLOCK_SIZE + 4000, &mut buf).unwrap();
             assert!(buf[..96].iter().all(|&x| x == 1));
@@ -467,6 +495,25 @@ mod tests {
             assert_eq!(s.stats().cache_hits > 0, cache > 0);
             s.sync().unwrap();
         }
+    }
+
+    #[test]
+    fn a_write_not_kept_drops_the_cached_copy() {
+        let s = store(1 << 20);
+        let b = DEV_BLOCK_BASE + 20;
+        let old = dev::pages(2);
+        s.write(b, &old, true).unwrap();
+        let mut buf = vec![9u8; 2 * BLOCK_SIZE as usize];
+        s.read(b * BLOCK_SIZE, &mut buf).unwrap();
+        assert!(s.cache.contains(b) && s.cache.contains(b + 1));
+        // Overwritten in place without keeping a copy (a posix
+        // write-back): the cache must not serve the old contents.
+        let mut new = dev::pages(2);
+        new.iter_mut().for_each(|p| p.0.fill(7));
+        s.write(b, &new, false).unwrap();
+        assert!(!s.cache.contains(b) && !s.cache.contains(b + 1));
+        s.read(b * BLOCK_SIZE, &mut buf).unwrap();
+        assert!(buf.iter().all(|&x| x == 7));
     }
 
     /// A memory device of `blocks`, its first data block, and the
@@ -493,7 +540,7 @@ mod tests {
         for (i, p) in pages.iter_mut().enumerate() {
             p.0.fill(i as u8);
         }
-        w.write(first, &pages).unwrap();
+        w.write(first, &pages, true).unwrap();
         let s = DataStore::new(dev.clone(), all_used(), blocks, policy, 16 << 20);
         let mut buf = vec![0u8; 32 * BLOCK_SIZE as usize];
         let read_run = |i: u64, buf: &mut [u8]| {
@@ -564,7 +611,7 @@ mod tests {
     #[test]
     fn another_stores_write_in_place_is_never_hidden_by_a_cached_copy() {
         let (w, r, first) = two_processes(true);
-        w.write(first, &fill(1, 256)).unwrap();
+        w.write(first, &fill(1, 256), true).unwrap();
         let mut buf = vec![0u8; 256 * BLOCK_SIZE as usize];
         // Read twice from the start: cached, and read ahead.
         for _ in 0..2 {
@@ -573,8 +620,8 @@ mod tests {
         }
         assert!(r.stats().cache_hits > 0, "{:?}", r.stats());
         // In place, one block in the middle and a run at the end.
-        w.write(first + 100, &fill(2, 1)).unwrap();
-        w.write(first + 240, &fill(3, 16)).unwrap();
+        w.write(first + 100, &fill(2, 1), true).unwrap();
+        w.write(first + 240, &fill(3, 16), true).unwrap();
         let hits = r.stats().cache_hits;
         r.read(first * BLOCK_SIZE, &mut buf).unwrap();
         for (i, p) in buf.chunks(BLOCK_SIZE as usize).enumerate() {
@@ -593,10 +640,10 @@ mod tests {
         // The control: a cache that does not check (a server's before
         // its first client) serves the old bytes after another's write.
         let (w, r, first) = two_processes(false);
-        w.write(first, &fill(1, 4)).unwrap();
+        w.write(first, &fill(1, 4), true).unwrap();
         let mut buf = vec![0u8; 4 * BLOCK_SIZE as usize];
         r.read(first * BLOCK_SIZE, &mut buf).unwrap();
-        w.write(first, &fill(2, 4)).unwrap();
+        w.write(first, &fill(2, 4), true).unwrap();
         r.read(first * BLOCK_SIZE, &mut buf).unwrap();
         assert!(buf.iter().all(|&b| b == 1), "the stale copy this file's stamps exist for");
         // A client's cache with no stamps given keeps nothing.
@@ -630,7 +677,7 @@ mod tests {
         let w = Arc::new(w);
         let published = Arc::new(AtomicU64::new(0));
         let reads_done = Arc::new(AtomicU64::new(0));
-        w.write(first, &fill(0, 64)).unwrap();
+        w.write(first, &fill(0, 64), true).unwrap();
         let writer = {
             let (w, published, reads_done) = (w.clone(), published.clone(), reads_done.clone());
             std::thread::spawn(move || {
@@ -641,8 +688,8 @@ mod tests {
                     while reads_done.load(Ordering::SeqCst) < v as u64 / 20 {
                         std::thread::yield_now();
                     }
-                    w.write(first + (v as u64 % 4) * 16, &fill(v, 16)).unwrap();
-                    w.write(first, &fill(v, 64)).unwrap();
+                    w.write(first + (v as u64 % 4) * 16, &fill(v, 16), true).unwrap();
+                    w.write(first, &fill(v, 64), true).unwrap();
                     published.store(v as u64, Ordering::SeqCst);
                 }
             })
