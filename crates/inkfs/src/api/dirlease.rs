@@ -355,13 +355,9 @@ impl DirLeases {
             return false;
         };
         st.recalled = st.recalled.max(gen);
-        let ended = match &st.held {
-            Some((g, _)) => *g <= gen,
-            // Asked for: the grant in flight is recalled already.
-            None => true,
-        };
-        if st.held.as_ref().is_some_and(|(g, _)| *g <= gen) {
-            st.held = None;
+        // Not held but asked for: the grant in flight is recalled already.
+        let ended = st.held.as_ref().is_none_or(|(g, _)| *g <= gen);
+        if ended && st.held.take().is_some() {
             self.held.fetch_sub(1, SeqCst);
         }
         if ended {
