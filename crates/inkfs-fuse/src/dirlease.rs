@@ -6,7 +6,7 @@
 //! the directory, settled at `released` or the holder's death). What is
 //! particular to a directory is here:
 //!
-//! - **The grant's preparation** ([`prepare`]): the directory must be
+//! - **The grant's preparation** (`prepare`): the directory must be
 //!   LIVE, not an orphan, not immutable, and no holder of it may have been
 //!   killed at the recall timeout in the last second. Then what the kernel
 //!   holds under it: nothing if it does not know the directory (a dentry,

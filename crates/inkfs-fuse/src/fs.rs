@@ -35,9 +35,12 @@
 //!   for the one request (`with_dir`); a directory removed while a process
 //!   holds it open is pinned until the kernel forgets it (`removing`,
 //!   below), as our handle used to keep it. Regular files keep OPEN and
-//!   RELEASE: the server's open refuses writers of immutable and
-//!   append-only files and chooses `direct_io` per open, which a
-//!   kernel-side open cannot.
+//!   RELEASE by default: the server's open refuses writers of immutable
+//!   and append-only files and chooses `direct_io` per open, which a
+//!   kernel-side open cannot. `kernel_open` (posix mode with the cache,
+//!   `Caching::kernel_open`) gives that up for two round trips fewer per
+//!   open and close: OPEN and CREATE answered ENOSYS, fh 0 served through
+//!   one handle per inode until the kernel forgets it (`crate::open`).
 //! - No writeback cache in strict and sync modes: a write acknowledged from
 //!   the page cache is not yet in the pool, which breaks their promise
 //!   (durable on return). Every write is sent synchronously and returns only
@@ -101,8 +104,8 @@ use fuser::{
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use inkfs::api::{
-    self, inode_flags, Attr, Credentials, DirEntry, FallocFlags, File, FileKind, RenameFlags,
-    SetAttr, TimeSet, Whence, XattrFlags,
+    self, Attr, Credentials, DirEntry, FallocFlags, File, FileKind, RenameFlags, SetAttr, TimeSet,
+    Whence, XattrFlags,
 };
 
 use crate::clock::{self, Tick};
@@ -125,6 +128,11 @@ pub struct Caching {
     /// Only where the kernel checks permissions (`default_permissions`):
     /// the read permission of opendir(3) is then checked at open(2).
     pub kernel_opendir: bool,
+    /// Regular files opened by the kernel alone (`no_open`; posix mode
+    /// with the writeback cache only): OPEN is answered ENOSYS, so the
+    /// kernel sends no OPEN or RELEASE; fh 0 is served through one handle
+    /// per inode (`crate::open`).
+    pub kernel_open: bool,
 }
 
 /// The FUSE protocol settings of an inkfs mount: capabilities asked at
@@ -135,7 +143,6 @@ pub fn configure_kernel(config: &mut KernelConfig, caching: Caching) {
     for cap in [
         InitFlags::FUSE_ASYNC_READ,
         InitFlags::FUSE_BIG_WRITES,
-        InitFlags::FUSE_ATOMIC_O_TRUNC,
         InitFlags::FUSE_DO_READDIRPLUS,
         InitFlags::FUSE_READDIRPLUS_AUTO,
         InitFlags::FUSE_PARALLEL_DIROPS,
@@ -151,6 +158,11 @@ pub fn configure_kernel(config: &mut KernelConfig, caching: Caching) {
     }
     if caching.writeback {
         let _ = config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE);
+    }
+    if !caching.kernel_open {
+        // O_TRUNC done by OPEN; with no OPEN (`crate::open`) the kernel
+        // must send its SETATTR of the size, which it skips with this on.
+        let _ = config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC);
     }
     let _ = config.set_max_write(MAX_WRITE_BYTES);
 }
@@ -172,6 +184,8 @@ const READDIRPLUS_BATCH: usize = 256;
 pub struct InkFuse {
     fs: Arc<Engine>,
     handles: HandleTable<File>,
+    /// fh 0 of a regular file where the kernel opens files itself.
+    opens: Arc<crate::open::KernelOpens>,
     creds: CredCache,
     stats: Arc<Stats>,
     caching: Caching,
@@ -189,196 +203,9 @@ pub struct InkFuse {
     leases: Option<Arc<crate::lease::Leases>>,
 }
 
-/// The attributes of a negative lookup reply: only node 0 matters.
-fn negative_attr() -> FileAttr {
-    FileAttr {
-        ino: INodeNo(0),
-        size: 0,
-        blocks: 0,
-        atime: UNIX_EPOCH,
-        mtime: UNIX_EPOCH,
-        ctime: UNIX_EPOCH,
-        crtime: UNIX_EPOCH,
-        kind: FileType::RegularFile,
-        perm: 0,
-        nlink: 0,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        blksize: 0,
-        flags: 0,
-    }
-}
-
-fn errno(e: api::Error) -> Errno {
-    Errno::from_i32(e.errno())
-}
-
-fn fail<T>(e: i32) -> api::Result<T> {
-    Err(api::Error::Errno(e))
-}
-
-fn file_type(k: FileKind) -> FileType {
-    match k {
-        FileKind::File => FileType::RegularFile,
-        FileKind::Dir => FileType::Directory,
-        FileKind::Symlink => FileType::Symlink,
-        FileKind::Fifo => FileType::NamedPipe,
-        FileKind::Socket => FileType::Socket,
-        FileKind::CharDev => FileType::CharDevice,
-        FileKind::BlockDev => FileType::BlockDevice,
-    }
-}
-
-fn system_time(ns: i64) -> SystemTime {
-    if ns >= 0 {
-        UNIX_EPOCH + Duration::from_nanos(ns as u64)
-    } else {
-        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
-    }
-}
-
-fn time_ns(t: SystemTime) -> i64 {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => d.as_nanos().min(i64::MAX as u128) as i64,
-        Err(e) => -(e.duration().as_nanos().min(i64::MAX as u128) as i64),
-    }
-}
-
-fn time_set(t: TimeOrNow) -> TimeSet {
-    match t {
-        TimeOrNow::Now => TimeSet::Now,
-        TimeOrNow::SpecificTime(t) => TimeSet::At(time_ns(t)),
-    }
-}
-
-pub fn file_attr(a: &Attr) -> FileAttr {
-    FileAttr {
-        ino: INodeNo(a.ino),
-        size: a.size,
-        blocks: a.blocks,
-        atime: system_time(a.atime_ns),
-        mtime: system_time(a.mtime_ns),
-        ctime: system_time(a.ctime_ns),
-        crtime: system_time(a.ctime_ns),
-        kind: file_type(a.kind),
-        perm: (a.mode & 0o7777) as u16,
-        nlink: a.nlink,
-        uid: a.uid,
-        gid: a.gid,
-        // FUSE carries the kernel's 32-bit device encoding, which is what
-        // mknod handed us and what the engine stored.
-        rdev: a.rdev as u32,
-        blksize: 4096,
-        flags: 0,
-    }
-}
-
-fn name_bytes(name: &OsStr) -> &[u8] {
-    name.as_bytes()
-}
-
-/// A reply the kernel waits for, and how a result of type `T` answers it.
-trait Answer<T> {
-    fn ok(self, v: T);
-    fn fail(self, e: Errno);
-}
-
-impl Answer<Attr> for ReplyEntry {
-    fn ok(self, a: Attr) {
-        self.entry(&TTL, &file_attr(&a), Generation(a.generation));
-    }
-    fn fail(self, e: Errno) {
-        self.error(e);
-    }
-}
-
-impl Answer<Attr> for ReplyAttr {
-    fn ok(self, a: Attr) {
-        self.attr(&TTL, &file_attr(&a));
-    }
-    fn fail(self, e: Errno) {
-        self.error(e);
-    }
-}
-
-impl Answer<()> for ReplyEmpty {
-    fn ok(self, (): ()) {
-        ReplyEmpty::ok(self);
-    }
-    fn fail(self, e: Errno) {
-        self.error(e);
-    }
-}
-
-impl Answer<Vec<u8>> for ReplyData {
-    fn ok(self, d: Vec<u8>) {
-        self.data(&d);
-    }
-    fn fail(self, e: Errno) {
-        self.error(e);
-    }
-}
-
-/// An open reply: the handle, and the open flags to give it.
-impl Answer<(u64, FopenFlags)> for ReplyOpen {
-    fn ok(self, (fh, flags): (u64, FopenFlags)) {
-        self.opened(FileHandle(fh), flags);
-    }
-    fn fail(self, e: Errno) {
-        self.error(e);
-    }
-}
-
-impl Answer<u32> for ReplyWrite {
-    fn ok(self, n: u32) {
-        self.written(n);
-    }
-    fn fail(self, e: Errno) {
-        self.error(e);
-    }
-}
-
-impl Answer<(Attr, u64, FopenFlags)> for ReplyCreate {
-    fn ok(self, (a, fh, flags): (Attr, u64, FopenFlags)) {
-        self.created(
-            &TTL,
-            &file_attr(&a),
-            Generation(a.generation),
-            FileHandle(fh),
-            flags,
-        );
-    }
-    fn fail(self, e: Errno) {
-        self.error(e);
-    }
-}
-
-impl Answer<i64> for ReplyLseek {
-    fn ok(self, off: i64) {
-        self.offset(off);
-    }
-    fn fail(self, e: Errno) {
-        self.error(e);
-    }
-}
-
-/// An xattr value or name list, and the buffer size the caller offered
-/// (0: it asks for the size only).
-impl Answer<(Vec<u8>, u32)> for ReplyXattr {
-    fn ok(self, (v, size): (Vec<u8>, u32)) {
-        if size == 0 {
-            self.size(v.len() as u32);
-        } else if v.len() > size as usize {
-            self.error(Errno::ERANGE);
-        } else {
-            self.data(&v);
-        }
-    }
-    fn fail(self, e: Errno) {
-        self.error(e);
-    }
-}
+mod reply;
+pub use reply::file_attr;
+use reply::*;
 
 impl InkFuse {
     pub fn new(
@@ -395,6 +222,7 @@ impl InkFuse {
         InkFuse {
             fs,
             handles: HandleTable::default(),
+            opens: Default::default(),
             creds: CredCache::default(),
             stats,
             caching,
@@ -423,6 +251,12 @@ impl InkFuse {
                 None
             }
         }
+    }
+
+    /// The regular files the kernel opened itself (`crate::open`), for
+    /// the statistics.
+    pub fn kernel_opens(&self) -> Arc<crate::open::KernelOpens> {
+        self.opens.clone()
     }
 
     /// The kernel's references to inodes, for the attach service's
@@ -564,35 +398,9 @@ impl InkFuse {
         self.fs.fsync_is_noop() || self.caching.writeback
     }
 
-    /// The open flags for `file`, opened with `flags`, and what the
-    /// writeback cache needs of it (see the module comment).
+    /// The open flags for `file`, opened with `flags` (`crate::open::flags`).
     fn prepare_open(&self, file: &File, flags: i32) -> api::Result<FopenFlags> {
-        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        if !self.caching.writeback {
-            // Written through: an O_APPEND open is uncached, so that each
-            // write(2) reaches us whole, as one request that the engine
-            // places at its end of file atomically. Through the page cache
-            // the kernel cuts a write at every page it has not read (each
-            // piece a request of its own, at the end as it then is), and
-            // places the data in its pages at its own end of file, stale
-            // once a client appended under a lease: a lease granted between
-            // two pieces let a client's record land inside ours.
-            if writes && flags & libc::O_APPEND != 0 {
-                return Ok(OPEN_FLAGS | FopenFlags::FOPEN_DIRECT_IO);
-            }
-            return Ok(OPEN_FLAGS);
-        }
-        if !writes {
-            return Ok(OPEN_FLAGS);
-        }
-        file.allow_cache_fill();
-        // An append-only file grows only at its end, and a write-back
-        // rewrites whole pages from their start: such a file is written
-        // through, uncached, as without the cache.
-        if self.fs.get_flags(file.ino())? & inode_flags::APPEND != 0 {
-            return Ok(OPEN_FLAGS | FopenFlags::FOPEN_DIRECT_IO);
-        }
-        Ok(OPEN_FLAGS)
+        crate::open::flags(&self.fs, self.caching, file, flags)
     }
 
     /// The shape of every handler: time the request, run it, answer the
@@ -634,12 +442,17 @@ impl InkFuse {
         c
     }
 
-    /// Run `f` on the open file `fh` (EBADF if there is none).
+    /// Run `f` on the open file `fh` of `ino` (EBADF if there is none;
+    /// fh 0 where the kernel opens files itself: `crate::open`).
     fn with_file<T>(
         &self,
         fh: FileHandle,
+        ino: INodeNo,
         f: impl FnOnce(&File) -> api::Result<T>,
     ) -> api::Result<T> {
+        if fh.0 == 0 && self.caching.kernel_open {
+            return self.opens.with(&self.fs, ino.0, f);
+        }
         self.handles.with(fh.0, f).unwrap_or(fail(libc::EBADF))
     }
 
@@ -687,13 +500,14 @@ impl InkFuse {
         &self,
         flusher: &crate::writeback::Flusher,
         fh: FileHandle,
+        ino: INodeNo,
         offset: u64,
         data: &[u8],
         reply: ReplyWrite,
     ) {
         let _hold = self.hold();
         let t = clock::now();
-        let r = self.with_file(fh, |f| match self.fs.write_back(f, offset, data) {
+        let r = self.with_file(fh, ino, |f| match self.fs.write_back(f, offset, data) {
             Ok((w, true)) => Ok((w, true)),
             Ok((w, false)) => self.fs.fsync(f, true).map(|()| (w, false)),
             Err(e) => {
@@ -738,7 +552,7 @@ impl InkFuse {
         f: impl FnOnce(&File) -> api::Result<T>,
     ) -> api::Result<T> {
         if fh.0 != 0 || !self.caching.kernel_opendir {
-            return self.with_file(fh, f);
+            return self.with_file(fh, ino, f);
         }
         let dir = self.fs.opendir(&Credentials::root(), ino.0)?;
         let r = f(&dir);
@@ -765,6 +579,7 @@ impl Filesystem for InkFuse {
         for file in self.handles.drain() {
             self.fs.release(file);
         }
+        self.opens.drain(&self.fs);
         self.refs.close(&self.fs);
     }
 
@@ -810,6 +625,11 @@ impl Filesystem for InkFuse {
         // otherwise go when its count ends (freeing an orphan: timed).
         let t = clock::now();
         self.refs.forget(&self.fs, ino.0, nlookup);
+        if self.caching.kernel_open && !self.refs.counted(ino.0) {
+            // The kernel holds a file while any descriptor of it is open:
+            // its handle goes with the kernel's last reference.
+            self.opens.forgotten(&self.fs, ino.0);
+        }
         self.done(Op::forget, t, true);
     }
 
@@ -882,7 +702,7 @@ impl Filesystem for InkFuse {
         };
         self.answer(Op::setattr, reply, || match fh {
             // ftruncate and friends: through the open file.
-            Some(fh) => self.with_file(fh, |f| setattr(Some(f))),
+            Some(fh) => self.with_file(fh, ino, |f| setattr(Some(f))),
             None => setattr(None),
         });
     }
@@ -1010,6 +830,15 @@ impl Filesystem for InkFuse {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if self.caching.kernel_open {
+            // ENOSYS: the kernel opens regular files itself from now on
+            // (no OPEN, no RELEASE), with fh 0 (`crate::open`). The answer,
+            // not an error.
+            let t = clock::now();
+            self.done(Op::open, t, true);
+            reply.error(Errno::ENOSYS);
+            return;
+        }
         let cred = self.cred(req);
         self.answer(Op::open, reply, || {
             // With FUSE_ATOMIC_O_TRUNC the engine truncates for O_TRUNC.
@@ -1028,7 +857,7 @@ impl Filesystem for InkFuse {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -1045,7 +874,7 @@ impl Filesystem for InkFuse {
         // Zero-copy first: the reply is written to the device straight from
         // the pool (one copy fewer, and no cold buffer).
         let mut reply = Some(reply);
-        let direct = self.with_file(fh, |f| {
+        let direct = self.with_file(fh, ino, |f| {
             self.fs.read_in_place(f, offset, size, |bytes| {
                 if let Some(r) = reply.take() {
                     // Counted before the reply (see `write`).
@@ -1068,7 +897,7 @@ impl Filesystem for InkFuse {
             if buf.len() < size {
                 buf.resize(size, 0);
             }
-            match self.with_file(fh, |f| self.fs.read(f, offset, &mut buf[..size])) {
+            match self.with_file(fh, ino, |f| self.fs.read(f, offset, &mut buf[..size])) {
                 Ok(n) => {
                     self.stats.bytes_read.add(n as u64);
                     self.done(Op::read, t, true);
@@ -1085,7 +914,7 @@ impl Filesystem for InkFuse {
     fn write(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
@@ -1098,10 +927,10 @@ impl Filesystem for InkFuse {
             &self.writeback,
             write_flags.contains(WriteFlags::FUSE_WRITE_CACHE),
         ) {
-            return self.write_back_late(flusher, fh, offset, data, reply);
+            return self.write_back_late(flusher, fh, ino, offset, data, reply);
         }
         self.answer(Op::write, reply, || {
-            let w = self.with_file(fh, |f| {
+            let w = self.with_file(fh, ino, |f| {
                 if self.caching.writeback {
                     return self.write_for_cache(f, offset, data, write_flags);
                 }
@@ -1163,7 +992,7 @@ impl Filesystem for InkFuse {
     fn fsync(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
@@ -1181,7 +1010,7 @@ impl Filesystem for InkFuse {
             return;
         }
         self.answer(Op::fsync, reply, || {
-            self.with_file(fh, |f| self.fs.fsync(f, datasync))
+            self.with_file(fh, ino, |f| self.fs.fsync(f, datasync))
         });
     }
 
@@ -1442,6 +1271,16 @@ impl Filesystem for InkFuse {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        if self.caching.kernel_open {
+            // ENOSYS: the kernel creates with MKNOD from now on and opens
+            // the new file itself (`crate::open`): a CREATE's file gets a
+            // RELEASE until the first OPEN was refused, which a run of
+            // creations (untar) never sends. The answer, not an error.
+            let t = clock::now();
+            self.done(Op::create, t, true);
+            reply.error(Errno::ENOSYS);
+            return;
+        }
         let cred = self.cred_with_umask(req, umask);
         self.answer(Op::create, reply, || {
             let mark = self.refs.mark();
@@ -1471,7 +1310,7 @@ impl Filesystem for InkFuse {
     fn fallocate(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         length: u64,
@@ -1480,14 +1319,14 @@ impl Filesystem for InkFuse {
     ) {
         self.answer(Op::fallocate, reply, || {
             let flags = FallocFlags::from_bits(mode)?;
-            self.with_file(fh, |f| self.fs.fallocate(f, offset, length, flags))
+            self.with_file(fh, ino, |f| self.fs.fallocate(f, offset, length, flags))
         });
     }
 
     fn lseek(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: i64,
         whence: i32,
@@ -1512,7 +1351,7 @@ impl Filesystem for InkFuse {
             if offset < 0 {
                 return fail(libc::ENXIO);
             }
-            let off = self.with_file(fh, |f| self.fs.seek(f, offset as u64, w))?;
+            let off = self.with_file(fh, ino, |f| self.fs.seek(f, offset as u64, w))?;
             Ok(off.min(i64::MAX as u64) as i64)
         });
     }
@@ -1526,10 +1365,10 @@ impl Filesystem for InkFuse {
     fn copy_file_range(
         &self,
         _req: &Request,
-        _ino_in: INodeNo,
+        ino_in: INodeNo,
         fh_in: FileHandle,
         offset_in: u64,
-        _ino_out: INodeNo,
+        ino_out: INodeNo,
         fh_out: FileHandle,
         offset_out: u64,
         len: u64,
@@ -1540,16 +1379,32 @@ impl Filesystem for InkFuse {
             if !flags.is_empty() {
                 return fail(libc::EINVAL);
             }
-            // Two handles: each taken out of the table on its own (`with`
-            // would nest two shard locks).
-            let ebadf = || api::Error::Errno(libc::EBADF);
-            let src = self.handles.get(fh_in.0).ok_or_else(ebadf)?;
-            let dst = self.handles.get(fh_out.0).ok_or_else(ebadf)?;
-            let n = self.fs.copy_range(&src, offset_in, &dst, offset_out, len)?;
-            if self.caching.writeback {
-                // Durable when answered, as every write (`fsync_is_noop`).
-                self.fs.fsync(&dst, true)?;
-            }
+            let n = if self.caching.kernel_open {
+                // fh 0: the files' handles, each opened for this request
+                // (`KernelOpens::with` would nest two shard locks).
+                let root = Credentials::root();
+                let src = self
+                    .fs
+                    .open(&root, ino_in.0, api::OpenFlags::new(libc::O_RDONLY))?;
+                let r = self.opens.with(&self.fs, ino_out.0, |dst| {
+                    let n = self.fs.copy_range(&src, offset_in, dst, offset_out, len)?;
+                    self.fs.fsync(dst, true).map(|()| n)
+                });
+                self.fs.release(src);
+                r?
+            } else {
+                // Two handles: each taken out of the table on its own (`with`
+                // would nest two shard locks).
+                let ebadf = || api::Error::Errno(libc::EBADF);
+                let src = self.handles.get(fh_in.0).ok_or_else(ebadf)?;
+                let dst = self.handles.get(fh_out.0).ok_or_else(ebadf)?;
+                let n = self.fs.copy_range(&src, offset_in, &dst, offset_out, len)?;
+                if self.caching.writeback {
+                    // Durable when answered, as every write (`fsync_is_noop`).
+                    self.fs.fsync(&dst, true)?;
+                }
+                n
+            };
             self.stats.bytes_written.add(n);
             // COPY_MAX keeps every count within the reply's 32 bits.
             Ok(n.min(u32::MAX as u64) as u32)

@@ -4,13 +4,13 @@
 //! lanelease.rs).
 //!
 //! A client that asks for a directory's lease with `+lane` gets one of the
-//! pool's lanes with it, if it holds none ([`grant`]): the first lane
+//! pool's lanes with it, if it holds none (`grant`): the first lane
 //! `Fs::lease_lane` accepts (it keeps the owner's last one). None left:
 //! the directory is refused too (`nolane`, counted), so a client holds a
 //! directory lease with a lane or none. The lane comes back at
-//! `released lane K` ([`released`], `Fs::take_back_lane`; a return the
+//! `released lane K` (`released`, `Fs::take_back_lane`; a return the
 //! engine refuses is the client's fault: its session is ended, and the
-//! lane reaped), or at the client's death ([`reap`], `Fs::reap_lane`).
+//! lane reaped), or at the client's death (`reap`, `Fs::reap_lane`).
 //!
 //! Ownership: which client holds which lane is the lease table's
 //! (`Holder::lane`, DRAM, locked for a grant, a give-back or a reaping);

@@ -17,7 +17,8 @@
 //! mounted and served), `stats` (counters, histograms, the stats socket),
 //! `scrub` (scrub requests on that socket, both ends), `attach` (attach
 //! requests on that socket: the kernel-free path's clients), `inval`
-//! (telling the kernel what changed behind its back), `kernel_refs` (the
+//! (telling the kernel what changed behind its back), `open` (regular
+//! files opened by the kernel alone: one handle per inode), `kernel_refs` (the
 //! kernel's lookup counts, the removed inodes kept for it, the
 //! invalidations a client's change can skip), `mount`
 //! (options, daemon, dead mounts), `nullfs`, `writeback` (a hybrid posix
@@ -37,6 +38,7 @@ pub mod lease;
 pub mod mount;
 pub mod ns;
 pub mod nullfs;
+pub mod open;
 pub mod poll;
 pub mod scrub;
 mod serve;

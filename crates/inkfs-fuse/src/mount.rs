@@ -37,6 +37,13 @@ Mount options (-o, comma separated, mount(8) style; -o may be repeated):
                            durable at fsync, fdatasync, msync, sync, syncfs,
                            O_SYNC/O_DSYNC (default on in posix mode; needs
                            default_permissions; docs/MODES.md)
+  kernel_open / nokernel_open  posix mode with the writeback cache only:
+                           regular files opened by the kernel alone (no
+                           OPEN or RELEASE request per open and close;
+                           writes to chattr +i/+a files then fail at their
+                           write-back, not at open; default off; ignored
+                           without the cache, where the server's open must
+                           choose direct_io for O_APPEND; docs/MODES.md)
   threads=N                FUSE worker threads, 1 to 64 (default 2, 1 on a
                            1-CPU machine)
   poll / nopoll            spin on the FUSE device while requests keep coming,
@@ -123,6 +130,8 @@ pub struct MountConfig {
     /// `writeback_cache` / `nowriteback_cache` if given (see
     /// [`MountConfig::caching`] for the default).
     pub writeback_cache: Option<bool>,
+    /// `kernel_open`: regular files opened by the kernel (`crate::open`).
+    pub kernel_open: bool,
     pub threads: usize,
     /// Spin on the FUSE device while requests keep coming (`poll`).
     pub poll: bool,
@@ -179,6 +188,7 @@ impl MountConfig {
             allow_other: is_root(),
             default_permissions: true,
             writeback_cache: None,
+            kernel_open: false,
             threads: default_threads(),
             poll: false,
             fsname: None,
@@ -216,6 +226,8 @@ impl MountConfig {
                 ("nodefault_permissions", None) => self.default_permissions = false,
                 ("writeback_cache", None) => self.writeback_cache = Some(true),
                 ("nowriteback_cache", None) => self.writeback_cache = Some(false),
+                ("kernel_open", None) => self.kernel_open = true,
+                ("nokernel_open", None) => self.kernel_open = false,
                 ("threads", Some(v)) => {
                     self.threads = v
                         .parse()
@@ -313,9 +325,11 @@ impl MountConfig {
     /// permission opendir needs, so it must be asked).
     pub fn caching(&self) -> Caching {
         let possible = self.mode == Mode::Posix && !self.read_only && self.default_permissions;
+        let writeback = possible && self.writeback_cache != Some(false);
         Caching {
-            writeback: possible && self.writeback_cache != Some(false),
+            writeback,
             kernel_opendir: self.default_permissions,
+            kernel_open: writeback && self.kernel_open,
         }
     }
 
@@ -704,6 +718,7 @@ pub fn run_engine(
     let refs = adapter.kernel_refs();
     inval.track(refs.clone());
     let refs_held = Arc::downgrade(&refs);
+    let opens_held = Arc::downgrade(&adapter.kernel_opens());
     let attach = AttachService::new(&engine, cfg.mode, leases, refs, stats.clone())
         .map_err(|e| eprintln!("inkfs: attach: {e} (continuing without)"))
         .ok()
@@ -729,6 +744,13 @@ pub fn run_engine(
                 "off",
             )
             .explained(caching_meaning(caching)),
+            Field::flag(
+                "kernel_open",
+                "files opened by the kernel",
+                caching.kernel_open,
+                "yes (no OPEN/RELEASE)",
+                "no",
+            ),
         ];
         fields.extend(info);
         let attached = attach.clone();
@@ -819,6 +841,16 @@ pub fn run_engine(
                 lines.push(
                     Field::count("clients_attached", "attached clients", a.attached() as u64)
                         .explained("processes reading the pool directly (inkfs::api::client)"),
+                );
+            }
+            if let Some(opens) = opens_held.upgrade().filter(|_| caching.kernel_open) {
+                lines.push(
+                    Field::count(
+                        "kernel_open_files",
+                        "files the kernel has open",
+                        opens.held() as u64,
+                    )
+                    .explained("one engine handle each, released when the kernel forgets the file"),
                 );
             }
             if let Some(refs) = refs_held.upgrade() {

@@ -78,8 +78,10 @@ extern "C" fn on_load() {
     guard::set_loaded();
 }
 
-/// At exit: the statistics line, if asked for.
+/// At exit: directory leases given back, the statistics line if asked
+/// for.
 extern "C" fn on_exit() {
+    let _ = guard::run(mounts::at_exit);
     let _ = guard::run(stats::report);
 }
 

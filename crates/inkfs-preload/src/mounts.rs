@@ -465,6 +465,27 @@ pub fn after_fork() {
     }
 }
 
+/// At the process's exit (lib.rs): each attached client gives its
+/// directory leases and its lane back (`Client::give_back_dirs`), so the
+/// next process to touch those directories finds them settled rather
+/// than held by a session the server has yet to reap. A process that
+/// ends without exit handlers (`_exit`, a signal, exec) leaves them to
+/// the reaping at its session's end, as before.
+pub fn at_exit() {
+    for m in known() {
+        if m.state.load(Ordering::Acquire) != READY {
+            continue;
+        }
+        let p = m.slot.load(Ordering::Acquire);
+        if p.is_null() {
+            continue;
+        }
+        // SAFETY: a READY mount's slot is never freed while the process
+        // runs (`Mount::slot`).
+        unsafe { &*p }.client.give_back_dirs();
+    }
+}
+
 fn read_mounts() -> Vec<Mount> {
     let Ok(info) = std::fs::read("/proc/self/mountinfo") else {
         return Vec::new();

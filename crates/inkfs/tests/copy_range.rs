@@ -2,7 +2,7 @@
 //! where the source bytes are read straight from the mapping: contents
 //! against a model, durability across a remount, the errors and limits.
 //! (The crash simulator, which has no mapping, covers the same path through
-//! its bounce buffer: `crash_ops.rs` `copy_ranges`, and `model.rs` checks
+//! its bounce buffer: `crash_ops/main.rs` `copy_ranges`, and `model/` checks
 //! results and errno against the kernel's own copy_file_range on tmpfs.)
 
 use std::path::PathBuf;

@@ -9,6 +9,15 @@ use super::{Pool, BIN};
 
 pub const PYTHON: &str = "/usr/bin/python3";
 
+/// Whether the library under test asks for directory leases (its
+/// creates in a directory made under the lease after k = 4 through the
+/// ring): off by default, on with `INKFS_PRELOAD_DIR_LEASE=1` in the
+/// test's environment, which the programs it starts inherit
+/// (crates/inkfs-preload/src/names.rs).
+pub fn lib_asks_dir_leases() -> bool {
+    std::env::var_os("INKFS_PRELOAD_DIR_LEASE").is_some_and(|v| v == "1")
+}
+
 /// The library cargo built for this test run (a dev-dependency of this
 /// crate): in the deps directory, else next to the binaries.
 pub fn lib() -> PathBuf {

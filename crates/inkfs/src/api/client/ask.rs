@@ -248,6 +248,23 @@ impl Client {
         self.ns_asking(cred, op, super::Ask::Adaptive)
     }
 
+    /// Give back every directory lease this client holds, and with the
+    /// last its lane (`super::super::dirlease`), as the client's end does:
+    /// for a process about to exit (the preload library's exit hook), so
+    /// the server settles them from the client's `released` lines instead
+    /// of reaping the session (reading the lane's journal and the logs of
+    /// the files made under it). Nothing in a forked child's copy of its
+    /// parent's client (the leases are the parent's). The client stays
+    /// usable: a later create asks again by the adaptive rule.
+    pub fn give_back_dirs(&self) {
+        if std::process::id() != self.pid {
+            return;
+        }
+        for (dir, gen) in self.shared.dirs.drain() {
+            self.shared.give_back_dir(dir, gen);
+        }
+    }
+
     /// Directory `dir`'s `k`: ring requests in it before the next ask.
     pub fn dir_ask_after(&self, dir: u64) -> u32 {
         self.shared.dirs.asks().ask_after(dir)
