@@ -178,22 +178,9 @@ pub(crate) fn released(leases: &Leases, holder: &Holder, ret: &LaneReturn) -> Re
     *lane = None;
     drop(lane);
     leases.lanes.given_back.fetch_add(1, Relaxed);
-    // Its partly used chunk blocks, and the blocks of the head chunks of
-    // the files it made and removed (a chunk block whose every chunk went
-    // that way is in neither the partly used list nor a live inode's
-    // log: its chunks are freed through the limbo, the block with the
-    // last of them, never as a block of the reservation).
-    let chunks: Vec<(u64, u64)> = ret
-        .chunks
-        .iter()
-        .map(|&(b, _)| b)
-        .chain(
-            ret.freed_chunks
-                .iter()
-                .filter_map(|&id| inkfs::api::lanelease::chunk_block_of(id)),
-        )
-        .map(|b| (b, 1))
-        .collect();
+    // Every block it carved into log chunks, once (docs/KERNEL-FREE.md,
+    // "The books of a client's chunk blocks"): the engine lists them.
+    let chunks: Vec<(u64, u64)> = settled.chunk_blocks.iter().map(|&b| (b, 1)).collect();
     holder.unreserve(&chunks);
     // The table blocks the client added to the chain (from its
     // reservation; those of the chain before it are in no reservation).
@@ -209,8 +196,7 @@ pub(crate) fn released(leases: &Leases, holder: &Holder, ret: &LaneReturn) -> Re
         }
     }
     for ino in settled.live {
-        // Its log chunk's block stays in the books: settled with the
-        // lane (its return's `chunks=`, or the reaping).
+        // Its log chunk's block is in `chunk_blocks` (above).
         match engine.whole_blocks_named(ino) {
             Ok(named) => holder.unreserve(&named),
             // Its blocks stay in the reservation's books: returned at the
@@ -287,7 +273,8 @@ pub(crate) fn orphan(leases: &Leases, holder: &Holder, ino: u64, gen: u64) {
     let ok = lane.is_some() && engine.is_orphan(ino).unwrap_or(false);
     if ok {
         // Its log chunk's block stays in the books: settled with the
-        // lane (its return's `chunks=`, or the reaping).
+        // lane (the take-back's `chunk_blocks`, or the reaping), and the
+        // engine holds its chunk's free until then (lanechunks.rs).
         match engine.whole_blocks_named(ino) {
             Ok(named) => holder.unreserve(&named),
             // Kept out of the free lists rather than freed while named.

@@ -709,14 +709,11 @@ impl Leases {
         } else {
             engine.lease_refs(ino)
         };
-        // A file made under a lane lease: its head chunk's block leaves the
-        // holder's books with the lease, as the blocks it names do (the
-        // server's removal of the block's files frees it; the holder's
-        // returned reservation must not free it again).
-        let chunk_block = match (&after, dir) {
-            (Ok(_), false) => engine.log_chunk_block(ino).ok().flatten(),
-            _ => None,
-        };
+        // A file made under a lane lease has its head chunk in a block its
+        // holder carved: that block stays in the holder's books until the
+        // lane is settled (lanes.rs, `released`; the reaping), and the
+        // server's frees of its chunks are held until then
+        // (crates/inkfs/src/lanechunks.rs).
         let mut map = lock(&shard.map);
         let Some(e) = map.get_mut(&ino) else {
             return;
@@ -731,9 +728,6 @@ impl Leases {
                 for &(start, len) in refs {
                     freed.remove(start, len);
                     books.reserved.remove(start, len);
-                }
-                if let Some(block) = chunk_block {
-                    books.reserved.remove(block, 1);
                 }
             }
             Err(err) => {

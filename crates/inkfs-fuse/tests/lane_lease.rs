@@ -108,10 +108,13 @@ fn statvfs(mnt: &Path) -> (u64, u64) {
     (st.f_bfree, st.f_files - st.f_ffree)
 }
 
-/// The mount's books against a scan: unmounted and mounted again (the
-/// recovery's scan rebuilds the free lists), its free blocks and inodes
-/// are what the live server counted, and fsck finds nothing.
+/// The mount's books against a scan: no double free counted, then
+/// unmounted and mounted again (the recovery's scan rebuilds the free
+/// lists), its free blocks and inodes are what the live server counted,
+/// and fsck finds nothing.
 fn books_match_a_scan(pool: &Pool, m: Mounted) -> Mounted {
+    // Each block left the books once: no free was refused as a double.
+    assert_eq!(stat_u64(m.path(), "frees_refused"), 0, "blocks freed twice");
     let live = statvfs(m.path());
     let dir = m.unmount();
     fsck_clean(pool);

@@ -107,10 +107,12 @@ fn statvfs(mnt: &Path) -> (u64, u64) {
     (st.f_bfree, st.f_files - st.f_ffree)
 }
 
-/// The mount's books against a scan: unmounted and mounted again, its
-/// free blocks and inodes are what the live server counted, and fsck
-/// finds nothing.
+/// The mount's books against a scan: no double free counted, then
+/// unmounted and mounted again, its free blocks and inodes are what the
+/// live server counted, and fsck finds nothing.
 fn books_match_a_scan(pool: &Pool, m: Mounted) -> Mounted {
+    // Each block left the books once: no free was refused as a double.
+    assert_eq!(stat_u64(m.path(), "frees_refused"), 0, "blocks freed twice");
     let live = statvfs(m.path());
     let dir = m.unmount();
     fsck_clean(pool);
@@ -382,6 +384,54 @@ fn a_file_of_an_earlier_lease_goes_to_the_server() {
     drop(other);
     drop(c);
     detached(&m);
+    let m = books_match_a_scan(&pool, m);
+    m.unmount();
+    fsck_clean(&pool);
+}
+
+/// Files made under an earlier lease of D, with the lane kept (E's lease
+/// keeps it), removed through the mount: the server frees the head
+/// chunks of a block the client carved while the lane is still leased.
+/// Those frees are held until the lane comes back (crates/inkfs/src/
+/// lanechunks.rs), so the block leaves the client's books once, at the
+/// take-back (docs/KERNEL-FREE.md, "The books of a client's chunk
+/// blocks"); freed at once, the block would go free with all four chunks
+/// while the books still returned it at the session's end (a double
+/// free, `frees_refused`).
+#[test]
+fn chunks_the_server_frees_under_a_leased_lane_wait_for_it() {
+    require_root();
+    let pool = Pool::new("rmw-chunks", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    let d = dir(&m, "D");
+    let e = dir(&m, "E");
+    let c = Client::attach_mountpoint(m.path(), None).expect("attach");
+    let other = Client::attach_mountpoint(m.path(), None).expect("attach");
+    lease(&c, e, "keeps-the-lane");
+    lease(&c, d, "first");
+    // Eight files: two chunk blocks, both full.
+    let names: Vec<String> = (0..8).map(|i| format!("f{i}")).collect();
+    for n in &names {
+        make(&c, d, n, n.as_bytes());
+    }
+    // Another client's ring request in D recalls D (the lane stays: E).
+    let r = other.ns(&root(), create_op(d, "theirs")).expect("asked");
+    assert_eq!(r.errno, 0);
+    assert!(c.dir_lease(d).is_none(), "D not recalled");
+    let ring = ring_unlinks(m.path());
+    for n in &names {
+        std::fs::remove_file(m.p(&format!("D/{n}"))).expect("rm");
+    }
+    assert_eq!(ring_unlinks(m.path()), ring, "not the mount's removals");
+    assert_eq!(
+        stat_u64(m.path(), "lanes_given_back"),
+        0,
+        "the lane came back"
+    );
+    drop(other);
+    drop(c);
+    detached(&m);
+    assert_eq!(stat_u64(m.path(), "lanes_given_back"), 1);
     let m = books_match_a_scan(&pool, m);
     m.unmount();
     fsck_clean(&pool);

@@ -265,13 +265,6 @@ impl<P: Pmem> Filesystem<P> {
         self.fs.lease_refs(ino)
     }
 
-    /// The block of `ino`'s head log chunk, if its log starts in one
-    /// (`Fs::log_chunk_block`): a client's chunk block when the file was
-    /// made under a lane lease.
-    pub fn log_chunk_block(&self, ino: u64) -> Result<Option<u64>> {
-        self.fs.log_chunk_block(ino)
-    }
-
     /// Whether `ino` is unlinked (kept by open handles): not leased.
     pub fn is_orphan(&self, ino: u64) -> Result<bool> {
         self.fs.is_orphan(ino)
