@@ -15,48 +15,23 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
+use common::lanes::*;
+use common::preload::fsck_clean;
 use common::*;
 use inkfs::api::client::Client;
 use inkfs::api::dirlease::DirAnswer;
 use inkfs::api::ns::{Done, Op};
-use inkfs::api::{Credentials, OpenFlags};
+use inkfs::api::OpenFlags;
 
 const CHILD_ENV: &str = "INKFS_LANE_UNLINK_CHILD";
 const CHILD_DIR_ENV: &str = "INKFS_LANE_UNLINK_CHILD_DIR";
 const CHILD_FROM_ENV: &str = "INKFS_LANE_UNLINK_CHILD_FROM";
 
-fn root() -> Credentials {
-    Credentials::root()
-}
-
-fn stat_u64(mnt: &Path, key: &str) -> u64 {
-    let s = stats_json(mnt).expect("statistics");
-    s[key].as_u64().unwrap_or_else(|| panic!("no {key} in {s}"))
-}
-
 /// Unlinks the mount's server made for clients (ring requests).
 fn ring_unlinks(mnt: &Path) -> u64 {
     let s = stats_json(mnt).expect("statistics");
     s["ops"]["client_unlink"]["count"].as_u64().unwrap_or(0)
-}
-
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < inkfs::testkit::WAIT_LIMIT, "never: {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn create_op(dir: u64, name: &str) -> Op {
-    Op::Create {
-        dir,
-        name: name.as_bytes().to_vec(),
-        mode: 0o644,
-        flags: libc::O_CREAT | libc::O_WRONLY,
-    }
 }
 
 fn unlink_op(dir: u64, name: &str) -> Op {
@@ -95,40 +70,6 @@ fn make(c: &Client, dir: u64, name: &str, data: &[u8]) -> (u64, u64) {
 fn unlink(c: &Client, dir: u64, name: &str) {
     let d = c.ns(&root(), unlink_op(dir, name)).expect("asked");
     assert_eq!(d.errno, 0, "unlink {name}");
-}
-
-/// (free blocks, inodes in use) of the mount's file system.
-fn statvfs(mnt: &Path) -> (u64, u64) {
-    let c = std::ffi::CString::new(mnt.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: all-zero is a valid statvfs; the kernel fills it.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a NUL-terminated path and a statvfs to fill.
-    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
-    (st.f_bfree, st.f_files - st.f_ffree)
-}
-
-/// The mount's books against a scan: no double free counted, then
-/// unmounted and mounted again, its free blocks and inodes are what the
-/// live server counted, and fsck finds nothing.
-fn books_match_a_scan(pool: &Pool, m: Mounted) -> Mounted {
-    // Each block left the books once: no free was refused as a double.
-    assert_eq!(stat_u64(m.path(), "frees_refused"), 0, "blocks freed twice");
-    let live = statvfs(m.path());
-    let dir = m.unmount();
-    fsck_clean(pool);
-    let m = Mounted::at(pool, dir, "mode=strict");
-    assert_eq!(
-        statvfs(m.path()),
-        live,
-        "the server's books differ from a scan"
-    );
-    m
-}
-
-fn fsck_clean(pool: &Pool) {
-    let pm = inkfs::pmem::MappedPool::open(&pool.path, &Default::default()).unwrap();
-    let report = inkfs::fsck::check(&pm, &Default::default()).unwrap();
-    assert!(report.is_clean(), "{report:?}");
 }
 
 fn detached(m: &Mounted) {
@@ -342,6 +283,27 @@ fn a_file_the_kernel_holds_goes_to_the_server() {
     fsck_clean(&pool);
 }
 
+/// Directories D and E made, a client holding both leases (E's keeps
+/// its lane while D's is recalled), and another client: (D, the holder,
+/// the other).
+fn lane_kept_by_another_dir(m: &Mounted) -> (u64, Client, Client) {
+    let d = dir(m, "D");
+    let e = dir(m, "E");
+    let c = Client::attach_mountpoint(m.path(), None).expect("attach");
+    let other = Client::attach_mountpoint(m.path(), None).expect("attach");
+    lease(&c, e, "keeps-the-lane");
+    lease(&c, d, "first");
+    (d, c, other)
+}
+
+/// Another client's ring request in D recalls D from `c` (its lane
+/// stays with its other directory's lease).
+fn recall_by_another(c: &Client, other: &Client, d: u64) {
+    let r = other.ns(&root(), create_op(d, "theirs")).expect("asked");
+    assert_eq!(r.errno, 0);
+    assert!(c.dir_lease(d).is_none(), "D not recalled");
+}
+
 /// A file created under an earlier lease of D, with the lane kept (a
 /// second directory's lease keeps it): its removal goes to the server (the
 /// choice of crates/inkfs/src/api/client/remove.rs), and the books stay
@@ -351,17 +313,9 @@ fn a_file_of_an_earlier_lease_goes_to_the_server() {
     require_root();
     let pool = Pool::new("rmw-earlier", 64);
     let m = Mounted::new(&pool, "mode=strict");
-    let d = dir(&m, "D");
-    let e = dir(&m, "E");
-    let c = Client::attach_mountpoint(m.path(), None).expect("attach");
-    let other = Client::attach_mountpoint(m.path(), None).expect("attach");
-    lease(&c, e, "keeps-the-lane");
-    lease(&c, d, "first");
+    let (d, c, other) = lane_kept_by_another_dir(&m);
     let (ino, _) = make(&c, d, "f", &[1u8; 9000]);
-    // Another client's ring request in D recalls D (the lane stays: E).
-    let r = other.ns(&root(), create_op(d, "theirs")).expect("asked");
-    assert_eq!(r.errno, 0);
-    assert!(c.dir_lease(d).is_none(), "D not recalled");
+    recall_by_another(&c, &other, d);
     assert!(c.holds_lease(ino), "f not kept");
     // The other client writes f: the kept lease recalled and settled.
     let f = other
@@ -403,21 +357,13 @@ fn chunks_the_server_frees_under_a_leased_lane_wait_for_it() {
     require_root();
     let pool = Pool::new("rmw-chunks", 64);
     let m = Mounted::new(&pool, "mode=strict");
-    let d = dir(&m, "D");
-    let e = dir(&m, "E");
-    let c = Client::attach_mountpoint(m.path(), None).expect("attach");
-    let other = Client::attach_mountpoint(m.path(), None).expect("attach");
-    lease(&c, e, "keeps-the-lane");
-    lease(&c, d, "first");
+    let (d, c, other) = lane_kept_by_another_dir(&m);
     // Eight files: two chunk blocks, both full.
     let names: Vec<String> = (0..8).map(|i| format!("f{i}")).collect();
     for n in &names {
         make(&c, d, n, n.as_bytes());
     }
-    // Another client's ring request in D recalls D (the lane stays: E).
-    let r = other.ns(&root(), create_op(d, "theirs")).expect("asked");
-    assert_eq!(r.errno, 0);
-    assert!(c.dir_lease(d).is_none(), "D not recalled");
+    recall_by_another(&c, &other, d);
     let ring = ring_unlinks(m.path());
     for n in &names {
         std::fs::remove_file(m.p(&format!("D/{n}"))).expect("rm");

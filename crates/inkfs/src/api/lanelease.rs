@@ -258,16 +258,10 @@ impl<P: Pmem> Filesystem<P> {
     /// Nothing for an inode gone.
     pub fn blocks_named(&self, ino: u64) -> Result<Vec<(u64, u64)>> {
         use crate::format::log_page_id;
-        let inode = self.fs.iget(ino)?;
-        match self.fs.catch_up_now(&inode) {
-            Err(e) if e.errno() == libc::ENOENT && inode.is_gone() => return Ok(Vec::new()),
-            r => r?,
-        }
         // A log chunk's id names its block with a tag; a data extent's
         // block has none, so the same mapping leaves it as it is.
         Ok(self
-            .fs
-            .inode_blocks(&inode)?
+            .pages_named(ino)?
             .into_iter()
             .filter_map(|(id, n)| log_page_id(id).map(|(block, _)| (block, n)))
             .collect())
@@ -278,17 +272,22 @@ impl<P: Pmem> Filesystem<P> {
     /// reaping). For a client's orphan (`orphan INO GEN`).
     pub fn whole_blocks_named(&self, ino: u64) -> Result<Vec<(u64, u64)>> {
         use crate::format::log_page_id;
+        Ok(self
+            .pages_named(ino)?
+            .into_iter()
+            .filter(|&(id, _)| matches!(log_page_id(id), Some((_, None))))
+            .collect())
+    }
+
+    /// Inode `ino`'s log pages (chunk ids as they are) and data, caught
+    /// up with its record first; nothing for an inode gone.
+    fn pages_named(&self, ino: u64) -> Result<Vec<(u64, u64)>> {
         let inode = self.fs.iget(ino)?;
         match self.fs.catch_up_now(&inode) {
             Err(e) if e.errno() == libc::ENOENT && inode.is_gone() => return Ok(Vec::new()),
             r => r?,
         }
-        Ok(self
-            .fs
-            .inode_blocks(&inode)?
-            .into_iter()
-            .filter(|&(id, _)| matches!(log_page_id(id), Some((_, None))))
-            .collect())
+        self.fs.inode_blocks(&inode)
     }
 
     /// The blocks of lane `lane`'s inode table chain (a client grows it
