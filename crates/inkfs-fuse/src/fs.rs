@@ -105,7 +105,7 @@ use fuser::{
 };
 use inkfs::api::{
     self, Attr, Credentials, DirEntry, FallocFlags, File, FileKind, RenameFlags, SetAttr, TimeSet,
-    Whence, XattrFlags,
+    Whence,
 };
 
 use crate::clock::{self, Tick};
@@ -133,6 +133,11 @@ pub struct Caching {
     /// kernel sends no OPEN or RELEASE; fh 0 is served through one handle
     /// per inode (`crate::open`).
     pub kernel_open: bool,
+    /// No extended attributes through the mount (`noxattr`, every mode):
+    /// each xattr request is answered ENOSYS, after which the kernel
+    /// answers them EOPNOTSUPP itself and stops asking for
+    /// `security.capability` before writes and chowns (`fs::xattr`).
+    pub no_xattr: bool,
 }
 
 /// The FUSE protocol settings of an inkfs mount: capabilities asked at
@@ -151,7 +156,9 @@ pub fn configure_kernel(config: &mut KernelConfig, caching: Caching) {
         // The engine clears set-id bits itself (a write by an unprivileged
         // opener, a chown, an unprivileged truncate): without this the
         // kernel asks for security.capability before every write, a second
-        // round trip per write(2).
+        // round trip per write(2). With it, still before the first write
+        // after each attribute reply and at every chown (`noxattr` ends
+        // those: fs/xattr.rs).
         InitFlags::FUSE_HANDLE_KILLPRIV_V2,
     ] {
         let _ = config.add_capabilities(cap);
@@ -204,6 +211,7 @@ pub struct InkFuse {
 }
 
 mod reply;
+mod xattr;
 pub use reply::file_attr;
 use reply::*;
 
@@ -1219,37 +1227,19 @@ impl Filesystem for InkFuse {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let cred = self.cred(req);
-        self.answer(Op::setxattr, reply, || {
-            let f = XattrFlags::from_bits(flags)?;
-            self.fs.setxattr(&cred, ino.0, name_bytes(name), value, f)
-        });
+        self.xattr_set(req, ino, name, value, flags, reply);
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let cred = self.cred(req);
-        self.answer(Op::getxattr, reply, || {
-            Ok((self.fs.getxattr(&cred, ino.0, name_bytes(name))?, size))
-        });
+        self.xattr_get(req, ino, name, size, reply);
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let cred = self.cred(req);
-        self.answer(Op::listxattr, reply, || {
-            let mut buf = Vec::new();
-            for n in self.fs.listxattr(&cred, ino.0)? {
-                buf.extend_from_slice(&n);
-                buf.push(0);
-            }
-            Ok((buf, size))
-        });
+        self.xattr_list(req, ino, size, reply);
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let cred = self.cred(req);
-        self.answer(Op::removexattr, reply, || {
-            self.fs.removexattr(&cred, ino.0, name_bytes(name))
-        });
+        self.xattr_remove(req, ino, name, reply);
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {

@@ -44,6 +44,12 @@ Mount options (-o, comma separated, mount(8) style; -o may be repeated):
                            write-back, not at open; default off; ignored
                            without the cache, where the server's open must
                            choose direct_io for O_APPEND; docs/MODES.md)
+  noxattr / xattr          no extended attributes through the mount: every
+                           xattr call fails with EOPNOTSUPP (getfattr,
+                           setcap, overlayfs upper layers; files run from
+                           it get no file capabilities), and the kernel
+                           stops asking for security.capability before
+                           writes and chowns (default xattr; docs/MODES.md)
   threads=N                FUSE worker threads, 1 to 64 (default 2, 1 on a
                            1-CPU machine)
   poll / nopoll            spin on the FUSE device while requests keep coming,
@@ -132,6 +138,8 @@ pub struct MountConfig {
     pub writeback_cache: Option<bool>,
     /// `kernel_open`: regular files opened by the kernel (`crate::open`).
     pub kernel_open: bool,
+    /// `noxattr`: no xattrs through the mount (`Caching::no_xattr`).
+    pub no_xattr: bool,
     pub threads: usize,
     /// Spin on the FUSE device while requests keep coming (`poll`).
     pub poll: bool,
@@ -189,6 +197,7 @@ impl MountConfig {
             default_permissions: true,
             writeback_cache: None,
             kernel_open: false,
+            no_xattr: false,
             threads: default_threads(),
             poll: false,
             fsname: None,
@@ -228,6 +237,8 @@ impl MountConfig {
                 ("nowriteback_cache", None) => self.writeback_cache = Some(false),
                 ("kernel_open", None) => self.kernel_open = true,
                 ("nokernel_open", None) => self.kernel_open = false,
+                ("noxattr", None) => self.no_xattr = true,
+                ("xattr", None) => self.no_xattr = false,
                 ("threads", Some(v)) => {
                     self.threads = v
                         .parse()
@@ -330,6 +341,7 @@ impl MountConfig {
             writeback,
             kernel_opendir: self.default_permissions,
             kernel_open: writeback && self.kernel_open,
+            no_xattr: self.no_xattr,
         }
     }
 
@@ -750,6 +762,13 @@ pub fn run_engine(
                 caching.kernel_open,
                 "yes (no OPEN/RELEASE)",
                 "no",
+            ),
+            Field::flag(
+                "no_xattr",
+                "extended attributes",
+                caching.no_xattr,
+                "off (noxattr)",
+                "on",
             ),
         ];
         fields.extend(info);

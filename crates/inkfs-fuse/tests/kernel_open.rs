@@ -4,8 +4,9 @@
 //! stays readable and writable until its last close and is freed after
 //! it, O_TRUNC truncates, a file renamed over stays readable through its
 //! open descriptor, fsync after a close and a reopen is durable. The
-//! posix-mode suite (pagecache.rs, fuse_e2e.rs) runs with the option on
-//! through `INKFS_TEST_MOUNT_OPTS=kernel_open`. Root required (FUSE).
+//! whole suite runs with the option on through
+//! `INKFS_TEST_MOUNT_OPTS=mode=posix,kernel_open` (kernel_open_clients.rs:
+//! with the preload library). Root required (FUSE).
 
 mod common;
 

@@ -143,15 +143,74 @@ pub fn unchanged_since(generation: u64) -> bool {
 }
 
 /// Run `f`, which may change the current directory: no copy is used
-/// while it runs, and none made before its end is kept. Keeps `f`'s
-/// errno (atomics only around it).
+/// while it runs, and none made before its end is kept. Before it, the
+/// opens still in flight from the old directory finish and every
+/// placeholder kept by a path relative to it gets its kernel file
+/// (`settle`). Keeps `f`'s errno.
 pub fn changing<R>(f: impl FnOnce() -> R) -> R {
     CHANGING.fetch_add(1, SeqCst);
     GENERATION.fetch_add(1, SeqCst);
+    settle();
     let r = f();
     GENERATION.fetch_add(1, SeqCst);
     CHANGING.fetch_sub(1, SeqCst);
     r
+}
+
+/// Served opens from the current directory in flight, in this process
+/// ([`Opening`]).
+static OPENING: AtomicU32 = AtomicU32::new(0);
+
+thread_local! {
+    /// Of [`OPENING`], this thread's (a signal handler's chdir inside an
+    /// open must not wait for that open).
+    static OWN_OPENING: Cell<u32> = const { Cell::new(0) };
+}
+
+/// A served open of a path relative to the current directory, from
+/// before it checks that no change of the directory began since its walk
+/// read it (`path::Target::kept`) until its placeholder is registered
+/// with that relative path. A change waits for it (`settle`), so the
+/// change's materialization finds the placeholder: either the open saw
+/// the change begin (and keeps no relative path), or the change sees the
+/// open in flight. (Both sides' counters are SeqCst: the open's increment
+/// comes before its check, the change's generation before its read of
+/// the count.)
+pub struct Opening(());
+
+impl Opening {
+    pub fn begin() -> Opening {
+        OPENING.fetch_add(1, SeqCst);
+        let _ = OWN_OPENING.try_with(|n| n.set(n.get() + 1));
+        Opening(())
+    }
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        let _ = OWN_OPENING.try_with(|n| n.set(n.get() - 1));
+        OPENING.fetch_sub(1, SeqCst);
+    }
+}
+
+/// A change of the current directory is beginning (the generation moved):
+/// wait for the opens from the old one in flight on other threads, then
+/// materialize the placeholders kept by relative paths while the kernel
+/// still resolves them from the old directory (lazy.rs). An open that
+/// never ends (a thread stopped inside it) is waited for a second: its
+/// placeholder may then stay lazy with a relative path, which a later
+/// materialization's inode check refuses if the path names another file.
+/// Keeps errno.
+fn settle() {
+    let own = OWN_OPENING.try_with(|n| n.get()).unwrap_or(0);
+    // SAFETY: this thread's errno.
+    let errno = unsafe { *libc::__errno_location() };
+    let t = std::time::Instant::now();
+    while OPENING.load(SeqCst) > own && t.elapsed() < std::time::Duration::from_secs(1) {
+        std::thread::yield_now();
+    }
+    lazy::settle_relative();
+    crate::names::set_errno(errno);
 }
 
 /// In the child after fork: it has one thread, whose copy is still true;
@@ -159,6 +218,8 @@ pub fn changing<R>(f: impl FnOnce() -> R) -> R {
 /// child's cwd is whatever the kernel copied).
 pub fn after_fork() {
     CHANGING.store(0, SeqCst);
+    // Only this thread's opens can still be in flight.
+    OPENING.store(OWN_OPENING.try_with(|n| n.get()).unwrap_or(0), SeqCst);
     GENERATION.fetch_add(1, SeqCst);
 }
 

@@ -26,16 +26,16 @@
 //! child drops its copy of the holds (they are its parent's).
 
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicUsize, Ordering};
 
 use inkfs::api::client::Hold;
 use inkfs::api::ns::Op;
 use inkfs::api::{FileKind, OpenFlags};
 
 use crate::mounts::{self, Mount};
-use crate::path::{self, CwdBuf};
+use crate::path::{self, CwdBuf, Kept};
 use crate::table::{self, Ofd, MAX_OFD};
-use crate::{guard, names, real, stats};
+use crate::{cwd, guard, names, real, stats};
 
 /// The O_PATH descriptor of /dev/null placeholders are duplicates of.
 static NULL_FD: AtomicI32 = AtomicI32::new(-1);
@@ -79,10 +79,87 @@ const OPEN_ERRORS: [c_int; 7] = [
 ];
 
 /// What this process keeps of an open file: the path it was opened by
-/// (NUL-terminated, absolute) and its hold.
+/// (NUL-terminated) and its hold.
 pub struct Info {
     path: Box<[u8]>,
+    /// `path` is relative to the current directory, and the entry may still
+    /// be lazy: counted in [`RELATIVE`] while set. Cleared once the entry
+    /// has its kernel file.
+    relative: AtomicBool,
     hold: Option<(usize, Hold)>,
+}
+
+/// Entries of this process whose `Info::relative` is set: a change of
+/// the current directory has placeholders to materialize first only
+/// while this is not 0 ([`settle_relative`]).
+static RELATIVE: AtomicUsize = AtomicUsize::new(0);
+
+impl Info {
+    fn new(kept: Kept, hold: Option<(usize, Hold)>) -> Info {
+        if kept.relative {
+            RELATIVE.fetch_add(1, Ordering::SeqCst);
+        }
+        Info {
+            path: kept.path,
+            relative: AtomicBool::new(kept.relative),
+            hold,
+        }
+    }
+
+    /// No longer kept by a relative path's rule (materialized, or let go).
+    fn settled(&self) {
+        if self.relative.swap(false, Ordering::SeqCst) {
+            RELATIVE.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Scans of other threads' entries in progress ([`Scanning`]): while not
+/// 0, a last close lets go of its `Info` only once they are over.
+static SCANNING: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// Of [`SCANNING`], this thread's (a signal handler's close inside a
+    /// scan must not wait for that scan).
+    static OWN_SCANNING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A pass over every entry's `Info` from a thread that does not own those
+/// descriptors (a change of directory, fork, exec), which another thread
+/// may close meanwhile: [`forget`] takes the `Info` out of its slot, then
+/// waits for the scans in progress before freeing it. SeqCst on both
+/// sides: a scan that read the pointer began before the swap, so the
+/// closing thread's read of the count after its swap sees it.
+struct Scanning(());
+
+impl Scanning {
+    fn begin() -> Scanning {
+        SCANNING.fetch_add(1, Ordering::SeqCst);
+        let _ = OWN_SCANNING.try_with(|n| n.set(n.get() + 1));
+        Scanning(())
+    }
+}
+
+impl Drop for Scanning {
+    fn drop(&mut self) {
+        let _ = OWN_SCANNING.try_with(|n| n.set(n.get() - 1));
+        SCANNING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// `p`, just swapped out of its `INFO` slot (SeqCst), once no scan that
+/// may have read it before is in progress.
+fn taken(p: *mut Info) -> Option<Box<Info>> {
+    if p.is_null() {
+        return None;
+    }
+    let own = OWN_SCANNING.try_with(|n| n.get()).unwrap_or(0);
+    while SCANNING.load(Ordering::SeqCst) > own {
+        std::thread::yield_now();
+    }
+    // SAFETY: a Box this module leaked, swapped out of its slot, and no
+    // scan that could have read it is left: ours alone.
+    Some(unsafe { Box::from_raw(p) })
 }
 
 /// Per open-file entry (this process's copy).
@@ -135,47 +212,69 @@ pub fn init() {
 /// Keep `info` for open-file entry `idx` (replacing what was there).
 pub fn set_info(idx: usize, info: Info) {
     if let Some(slot) = INFO.get(idx) {
-        let old = slot.swap(Box::into_raw(Box::new(info)), Ordering::AcqRel);
-        if !old.is_null() {
-            // SAFETY: a Box this module leaked, swapped out: ours alone.
-            drop(unsafe { Box::from_raw(old) });
+        let old = slot.swap(Box::into_raw(Box::new(info)), Ordering::SeqCst);
+        if let Some(old) = taken(old) {
+            old.settled();
         }
     }
 }
 
 /// Keep the path entry `idx` (a directory) was opened by.
 pub fn keep_path(idx: usize, path: Box<[u8]>) {
-    set_info(idx, Info { path, hold: None });
+    set_info(idx, Info::new(Kept::absolute(path), None));
 }
 
-/// The path entry `idx` was opened by (without its NUL), if kept. Valid
-/// while the entry is open (a program closing a descriptor while another
-/// thread uses it is the program's bug, as with the kernel).
+/// The absolute path entry `idx` was opened by (without its NUL), if
+/// kept. Valid while the entry is open (a program closing a descriptor
+/// while another thread uses it is the program's bug, as with the
+/// kernel).
 pub fn path_of(idx: usize) -> Option<&'static [u8]> {
-    path_nul(idx)?.split_last().map(|(_, p)| p)
+    let info = info(idx)?;
+    if info.relative.load(Ordering::Acquire) {
+        return None;
+    }
+    info.path.split_last().map(|(_, p)| p)
 }
 
-/// The same, NUL-terminated.
-fn path_nul(idx: usize) -> Option<&'static [u8]> {
+/// What entry `idx` keeps, if anything.
+fn info(idx: usize) -> Option<&'static Info> {
     let p = INFO.get(idx)?.load(Ordering::Acquire);
     if p.is_null() {
         return None;
     }
     // SAFETY: a leaked Box, freed only by `forget` at the entry's last
-    // close.
-    Some(unsafe { &(*p).path })
+    // close (and by `set_info` replacing it, at an entry's registration).
+    Some(unsafe { &*p })
+}
+
+/// Before the current directory changes (cwd.rs, `changing`, once no
+/// open from the old one is in flight): materialize every placeholder
+/// kept by a path relative to it, which the kernel resolves from the
+/// directory it is now. One that cannot be (its file renamed meanwhile)
+/// stays lazy, as one kept by an absolute path would; a later
+/// materialization's inode check refuses whatever its path then names.
+/// System calls only, and nothing when no such placeholder exists.
+pub fn settle_relative() {
+    if RELATIVE.load(Ordering::SeqCst) == 0 {
+        return;
+    }
+    let _scan = Scanning::begin();
+    table::each(|_, idx, o| {
+        let relative = info(idx).is_some_and(|i| i.relative.load(Ordering::Acquire));
+        if relative && o.lazy.load(Ordering::Acquire) != 0 {
+            let _ = materialize(idx, o);
+        }
+    });
 }
 
 /// Entry `idx`'s last descriptor is closed: let its hold go (telling the
 /// server if the inode was unlinked meanwhile) and drop what was kept.
 pub fn forget(idx: usize) {
     let Some(slot) = INFO.get(idx) else { return };
-    let p = slot.swap(std::ptr::null_mut(), Ordering::AcqRel);
-    if p.is_null() {
+    let Some(info) = taken(slot.swap(std::ptr::null_mut(), Ordering::SeqCst)) else {
         return;
-    }
-    // SAFETY: a Box this module leaked, swapped out: ours alone.
-    let info = unsafe { Box::from_raw(p) };
+    };
+    info.settled();
     if let Some((mi, hold)) = info.hold {
         let done = guard::run(|| {
             let m = mounts::by_index(mi)?;
@@ -200,6 +299,13 @@ pub fn after_fork() {
             drop(unsafe { Box::from_raw(p) });
         }
     }
+    // The parent's counts, copied: the child keeps no Info, and only its
+    // one thread can be scanning.
+    RELATIVE.store(0, Ordering::SeqCst);
+    SCANNING.store(
+        OWN_SCANNING.try_with(|n| n.get()).unwrap_or(0),
+        Ordering::SeqCst,
+    );
 }
 
 fn fail(e: c_int) -> c_int {
@@ -274,6 +380,10 @@ pub fn open(dirfd: c_int, bytes: &[u8], flags: c_int, mode: libc::mode_t) -> Opt
         t.mount.alive(&lease);
         return None;
     }
+    // From the current directory: no change of it settles the
+    // placeholders kept by relative paths until this open has registered
+    // its own (`Target::kept` checks no change began before this).
+    let _opening = t.from_cwd().map(|_| cwd::Opening::begin());
     let looked = lease.client().call(|fs| {
         // The lookup checks search permission on `dir`: a refusal goes
         // to the kernel below, and an ENOENT (a create's cue) comes
@@ -289,15 +399,19 @@ pub fn open(dirfd: c_int, bytes: &[u8], flags: c_int, mode: libc::mode_t) -> Opt
         Err(path::Stop::Kernel) => return None,
     };
     // The path kept to materialize by, for an answer that makes a
-    // descriptor (a miss needs none: no getcwd for it).
-    let path = || t.absolute(|| path_of(table::local(dirfd)?.0));
+    // descriptor (a miss needs none): a file's relative to the current
+    // directory if the walk started there (no getcwd), a directory's
+    // absolute (the path of a directory descriptor is the start of the
+    // paths relative to it).
+    let path = || t.kept(|| path_of(table::local(dirfd)?.0));
+    let abs_path = || t.absolute(|| path_of(table::local(dirfd)?.0));
     match found {
         Ok(a) => {
             if creating && flags & libc::O_EXCL != 0 {
                 return Some(fail(libc::EEXIST));
             }
             if a.kind == FileKind::Dir && dirs && !creating {
-                return directory(t.mount, mi, a.ino, a.generation, flags, &cred, path()?);
+                return directory(t.mount, mi, a.ino, a.generation, flags, &cred, abs_path()?);
             }
             if a.kind != FileKind::File {
                 return None;
@@ -373,7 +487,18 @@ fn directory(
         return None;
     };
     let status = (flags & (STATUS | DIR_STATUS)) | libc::O_LARGEFILE;
-    Some(register(fd, mi, ino, libc::S_IFDIR, status, path, hold).0)
+    Some(
+        register(
+            fd,
+            mi,
+            ino,
+            libc::S_IFDIR,
+            status,
+            Kept::absolute(path),
+            hold,
+        )
+        .0,
+    )
 }
 
 /// A DIR for `fd` if it is a directory's placeholder (`None`: not one,
@@ -422,7 +547,7 @@ fn existing(
     generation: u64,
     flags: c_int,
     cred: &inkfs::api::Credentials,
-    path: Box<[u8]>,
+    path: Kept,
 ) -> Option<c_int> {
     let oflags = OpenFlags::new(flags & !(libc::O_CREAT | libc::O_EXCL));
     // O_TRUNC truncates whatever the access mode (O_RDONLY|O_TRUNC too),
@@ -498,7 +623,7 @@ fn create(
     flags: c_int,
     mode: libc::mode_t,
     cred: &inkfs::api::Credentials,
-    path: Box<[u8]>,
+    path: Kept,
 ) -> Option<c_int> {
     let lease = m.checkout()?;
     let c = lease.client();
@@ -537,25 +662,19 @@ fn register(
     ino: u64,
     kind: u32,
     status: c_int,
-    path: Box<[u8]>,
+    path: Kept,
     hold: Hold,
 ) -> (c_int, Option<(usize, u32)>) {
     let entry = table::register(fd, mi, ino, kind, status, true);
     match entry {
         Some((idx, _)) => {
-            set_info(
-                idx,
-                Info {
-                    path,
-                    hold: Some((mi, hold)),
-                },
-            );
+            set_info(idx, Info::new(path, Some((mi, hold))));
             stats::bump(&stats::OPEN_LOCAL);
         }
         None => {
             // Not served after all (table full): the kernel file then.
             // Materializing needs the entry; open it in the kernel here.
-            let kfd = kernel_open(&path, kernel_flags(status, kind));
+            let kfd = kernel_open(&path.path, kernel_flags(status, kind));
             if kfd >= 0 {
                 // SAFETY: both ours; dup3 replaces the placeholder.
                 unsafe {
@@ -624,7 +743,7 @@ fn materialize(idx: usize, ofd: &Ofd) -> bool {
     loop {
         match ofd
             .lazy
-            .compare_exchange(1, 2, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(1, 2, Ordering::SeqCst, Ordering::Acquire)
         {
             Ok(_) => break,
             Err(0) => return true,
@@ -633,8 +752,12 @@ fn materialize(idx: usize, ofd: &Ofd) -> bool {
         }
     }
     // System calls only, no allocation: an exec in a vfork child runs this.
+    let info = info(idx);
     let ok = (|| {
-        let p = path_nul(idx)?;
+        // A relative path: the current directory is the one the open was
+        // made in (a change materializes first); the inode check below
+        // refuses anything else (a thread that left CLONE_FS).
+        let p: &[u8] = &info?.path;
         let flags = ofd.flags.load(Ordering::Relaxed) as c_int;
         let kind = ofd.kind.load(Ordering::Relaxed);
         let kfd = kernel_open(p, kernel_flags(flags, kind));
@@ -668,6 +791,11 @@ fn materialize(idx: usize, ofd: &Ofd) -> bool {
         same.then_some(())
     })()
     .is_some();
+    if ok {
+        if let Some(info) = info {
+            info.settled();
+        }
+    }
     ofd.lazy.store(if ok { 0 } else { 1 }, Ordering::Release);
     if ok {
         stats::bump(&stats::MATERIALIZED);
@@ -678,6 +806,7 @@ fn materialize(idx: usize, ofd: &Ofd) -> bool {
 /// Materialize every lazy descriptor of this process that `want` picks
 /// (fork: all; exec: those that survive it). No allocation.
 pub fn materialize_all(mut want: impl FnMut(c_int) -> bool) {
+    let _scan = Scanning::begin();
     table::each(|fd, idx, o| {
         if o.lazy.load(Ordering::Acquire) != 0 && want(fd) {
             let _ = materialize(idx, o);

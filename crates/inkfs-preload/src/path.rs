@@ -66,6 +66,77 @@ impl Target<'_> {
         };
         Some(normalized(&[head, self.parts[0], self.parts[1]]))
     }
+
+    /// The cwd.rs generation the walk read, if it started at the current
+    /// directory's inode.
+    pub fn from_cwd(&self) -> Option<u64> {
+        self.from_cwd
+    }
+
+    /// The path a file's placeholder keeps to be materialized by. From the
+    /// current directory: the path as written, relative, normalized (no
+    /// getcwd: the kernel resolves it from the same current directory,
+    /// since a change of it first materializes every placeholder kept so,
+    /// `lazy::settle_relative`), if no change began since the walk read
+    /// the directory (the caller holds a `cwd::Opening` from before this
+    /// check until the placeholder is registered). Otherwise
+    /// [`absolute`](Self::absolute)'s.
+    pub fn kept(&self, dir_path: impl FnOnce() -> Option<&'static [u8]>) -> Option<Kept> {
+        match self.from_cwd {
+            Some(generation) => {
+                debug_assert!(self.parts[0].is_empty(), "a walk from the cwd has one part");
+                cwd::unchanged_since(generation).then(|| Kept {
+                    path: relative(self.parts[1]),
+                    relative: true,
+                })
+            }
+            None => self.absolute(dir_path).map(Kept::absolute),
+        }
+    }
+}
+
+/// The path kept of a served open file, NUL-terminated: absolute, or
+/// relative to the current directory the open was made in.
+pub struct Kept {
+    pub path: Box<[u8]>,
+    pub relative: bool,
+}
+
+impl Kept {
+    pub fn absolute(path: Box<[u8]>) -> Kept {
+        Kept {
+            path,
+            relative: false,
+        }
+    }
+}
+
+/// Relative path `p` normalized as [`normalize`] does an absolute one,
+/// except that a ".." with no name before it stays (it climbs above the
+/// current directory, as the kernel will), and NUL-terminated; "." if
+/// nothing is left.
+fn relative(p: &[u8]) -> Box<[u8]> {
+    let mut out: Vec<u8> = Vec::with_capacity(p.len() + 2);
+    for name in p.split(|&b| b == b'/') {
+        match name {
+            b"" | b"." => {}
+            b".." if !out.is_empty() && out != b".." && !out.ends_with(b"/..") => {
+                let cut = out.iter().rposition(|&b| b == b'/').unwrap_or(0);
+                out.truncate(cut);
+            }
+            _ => {
+                if !out.is_empty() {
+                    out.push(b'/');
+                }
+                out.extend_from_slice(name);
+            }
+        }
+    }
+    if out.is_empty() {
+        out.push(b'.');
+    }
+    out.push(0);
+    out.into_boxed_slice()
 }
 
 /// `pieces` joined by "/", normalized as [`normalize`] does, and
@@ -443,7 +514,7 @@ fn parent_of<'a>(
 
 #[cfg(test)]
 mod tests {
-    use super::{normalize, normalized};
+    use super::{normalize, normalized, relative};
 
     #[test]
     fn normalize_takes_dots_out_and_never_climbs_above_the_root() {
@@ -455,6 +526,18 @@ mod tests {
         assert_eq!(n("/"), "/");
         assert_eq!(n("/a/.."), "/");
         assert_eq!(n("/a/..b/.c"), "/a/..b/.c");
+    }
+
+    #[test]
+    fn a_relative_kept_path_keeps_only_the_dot_dots_above_its_start() {
+        let r = |p: &[u8]| relative(p).to_vec();
+        assert_eq!(r(b"a/./b//c"), b"a/b/c\0");
+        assert_eq!(r(b"a/../b"), b"b\0");
+        assert_eq!(r(b"../../a/../b"), b"../../b\0");
+        assert_eq!(r(b"a/../../b"), b"../b\0");
+        assert_eq!(r(b"a/.."), b".\0");
+        assert_eq!(r(b"./"), b".\0");
+        assert_eq!(r(b"x../.."), b".\0");
     }
 
     #[test]

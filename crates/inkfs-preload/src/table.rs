@@ -209,7 +209,26 @@ pub fn register(
 /// `fd` is closed (or about to be reused): forget it.
 pub fn release(fd: i32) {
     if let Some(slot) = usize::try_from(fd).ok().and_then(|f| FDS.get(f)) {
-        release_index(slot.swap(0, Ordering::AcqRel));
+        let i = slot.swap(0, Ordering::SeqCst);
+        release_index(i);
+        // The caller closes `fd` next. A materialization of its entry in
+        // progress on another thread (a change of directory, fork, exec:
+        // lazy.rs) may have read `fd` in this table before the swap and
+        // dup3 its file onto it: let it finish first, so that the close
+        // closes that file rather than the dup3 bringing a closed number
+        // back. SeqCst with the materialization's claim (lazy 1 -> 2) and
+        // its read of this table: either this load sees the claim, or
+        // that read sees the slot empty.
+        if let Some(o) = i.checked_sub(1).and_then(|idx| ofds()?.get(idx as usize)) {
+            // Bounded as `lazy::materialize`'s own wait (a signal
+            // handler's close inside a materialization of this thread).
+            let t = std::time::Instant::now();
+            while o.lazy.load(Ordering::SeqCst) == 2
+                && t.elapsed() < std::time::Duration::from_secs(1)
+            {
+                std::thread::yield_now();
+            }
+        }
     }
 }
 
@@ -273,7 +292,8 @@ pub fn hand_to_kernel(fd: i32) {
 pub fn each(mut f: impl FnMut(i32, usize, &'static Ofd)) {
     let Some(table) = ofds() else { return };
     for (fd, slot) in FDS.iter().enumerate() {
-        let i = slot.load(Ordering::Acquire);
+        // SeqCst: `release`'s wait for a materialization depends on it.
+        let i = slot.load(Ordering::SeqCst);
         if i != 0 {
             f(fd as i32, i as usize - 1, &table[i as usize - 1]);
         }
