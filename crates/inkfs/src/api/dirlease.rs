@@ -46,7 +46,8 @@
 //! client still writes are listed (`kept=`, at most
 //! [`super::lanelease::KEPT_MAX`]; the server enters them in its lease
 //! table before it settles D), and with the last directory the lane goes
-//! back too (`released lane`). Removals still go to the server.
+//! back too (`released lane`). Removals under the lease: `Made::removed`
+//! and crates/inkfs/src/api/client/remove.rs.
 //!
 //! The order against a recall: [`DirLeases::recall`] marks the grant
 //! recalled first; then the give-back takes the client's `local` lock,
@@ -67,6 +68,7 @@ use crate::format::inode_flags::IMMUTABLE;
 use crate::inode::read;
 use crate::perm::Credentials;
 use crate::pmem::Pmem;
+use crate::rmlocal::KernelHeld;
 use crate::types::{Attr, DirEntry, FileKind, SetAttr};
 
 /// Counted children of D a grant lists at most; beyond, `many`.
@@ -251,15 +253,17 @@ pub struct DirLeases {
     held: AtomicUsize,
     /// Recalls answered (for tests and statistics).
     recalls: AtomicU64,
-    /// Held by a create under a lease and by a give-back (see the module
-    /// comment): the files each directory's lease made, (inode,
-    /// generation).
-    local: Mutex<HashMap<u64, Vec<(u64, u64)>>>,
+    /// Held by a create or a removal under a lease and by a give-back
+    /// (see the module comment): what each directory's lease made and
+    /// removed.
+    local: Mutex<HashMap<u64, Made>>,
     /// Creates made under directory leases (for tests and statistics).
     creates: AtomicU64,
     /// Attribute changes of leased directories made by the client (for
     /// tests and statistics).
     setattrs: AtomicU64,
+    /// Removals made under directory leases (the same).
+    removals: AtomicU64,
     /// When to ask for each directory's lease: told here how each
     /// ask was answered and how each lease ended (`super::client`'s
     /// `ask` module).
@@ -281,11 +285,23 @@ pub enum Local {
     Server,
 }
 
-/// What a directory's give-back sends: `released D GEN kept=...` and, with
-/// the last directory, the lane.
+/// What one directory's lease made and removed so far (the client's
+/// book, under its `local` lock).
+#[derive(Debug, Default)]
+pub struct Made {
+    /// The files created under it, (inode, generation).
+    pub files: Vec<(u64, u64)>,
+    /// Removals made under it (`removed=` at its give-back).
+    pub removed: u64,
+}
+
+/// What a directory's give-back sends: `released D GEN kept=... removed=N`
+/// and, with the last directory, the lane.
 #[derive(Debug, Default)]
 pub struct GiveBack {
     pub kept: Vec<(u64, u64)>,
+    /// Removals made under the lease.
+    pub removed: u64,
     /// Files made under the lease given back with it (beyond
     /// [`KEPT_MAX`], or not written any more): the caller drops their
     /// write leases.
@@ -464,8 +480,25 @@ impl DirLeases {
         self.setattrs.load(Relaxed)
     }
 
-    fn local(&self) -> MutexGuard<'_, HashMap<u64, Vec<(u64, u64)>>> {
+    /// Removals made under directory leases so far.
+    pub fn local_removals(&self) -> u64 {
+        self.removals.load(Relaxed)
+    }
+
+    /// One more removal made under a directory lease.
+    pub(crate) fn removed_one(&self) {
+        self.removals.fetch_add(1, Relaxed);
+    }
+
+    fn local(&self) -> MutexGuard<'_, HashMap<u64, Made>> {
         self.local.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The book of what each lease made and removed, locked: a removal
+    /// under a lease holds it from its look at the grant to its end, as a
+    /// create does (crates/inkfs/src/api/client/remove.rs).
+    pub(crate) fn local_book(&self) -> MutexGuard<'_, HashMap<u64, Made>> {
+        self.local()
     }
 
     /// The answer to an ask of `dir` that came with `lane` (a lane leased
@@ -491,8 +524,15 @@ impl DirLeases {
             }
         }
         let held = self.answered(dir, answer);
+        // Rule 4 of a removal (crates/inkfs/src/rmlocal.rs): what the
+        // kernel held under D at the grant.
+        let kernel = match self.held(dir).map(|h| h.1) {
+            Some(KernelView::Unknown) => KernelHeld::Nothing,
+            Some(KernelView::Children(c)) => KernelHeld::Children(c),
+            _ => KernelHeld::Many,
+        };
         if held {
-            if let Err(e) = fs.fs.client_lease_dir(dir) {
+            if let Err(e) = fs.fs.client_lease_dir_with(dir, kernel) {
                 // Held, unused: its creates go to the server.
                 eprintln!("inkfs: client: directory {dir}'s lease not used: {e}");
             }
@@ -545,7 +585,11 @@ impl DirLeases {
                 // server's create leases it (`made` enters it).
                 let writable = file.flags().writable();
                 fs.release(file);
-                local.entry(dir).or_default().push((a.ino, a.generation));
+                local
+                    .entry(dir)
+                    .or_default()
+                    .files
+                    .push((a.ino, a.generation));
                 self.creates.fetch_add(1, Relaxed);
                 if !writable {
                     return Local::Made(a, 0);
@@ -585,7 +629,7 @@ impl DirLeases {
         self.held(dir)?;
         // Held in the book but not taken by the engine (its catch-up
         // failed at the grant): the server's, as that directory's creates.
-        if !fs.fs.client_holds_dir(dir) {
+        if !fs.fs.client_holds_dir_lease(dir) {
             return None;
         }
         let _w = fs.fs.client_writes();
@@ -605,8 +649,12 @@ impl DirLeases {
     ) -> GiveBack {
         let mut local = self.local();
         fs.fs.client_give_back_dir(dir);
-        let mut out = GiveBack::default();
-        for (ino, igen) in local.remove(&dir).unwrap_or_default() {
+        let made = local.remove(&dir).unwrap_or_default();
+        let mut out = GiveBack {
+            removed: made.removed,
+            ..GiveBack::default()
+        };
+        for (ino, igen) in made.files {
             if holds(ino) && out.kept.len() < KEPT_MAX {
                 out.kept.push((ino, igen));
             } else {

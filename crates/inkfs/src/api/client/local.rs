@@ -123,6 +123,25 @@ impl Client {
 }
 
 impl Shared {
+    /// `return` lines for the blocks it freed, then the lines of `then`,
+    /// in one write (one system call).
+    pub(super) fn send_lines(
+        &self,
+        freed: &[(u64, u64)],
+        then: &[Msg],
+    ) -> crate::error::Result<()> {
+        let mut lines = String::new();
+        for m in Msg::split(freed, Msg::Return).iter().chain(then) {
+            m.write_line(&mut lines);
+        }
+        if lines.is_empty() {
+            return Ok(());
+        }
+        self.sent.fetch_add(1, SeqCst);
+        let out = lock(&self.out);
+        self.write_lines(&out, &lines)
+    }
+
     /// Give directory `dir`'s grant `gen` back (out of the book already):
     /// the files made under it that this client still writes kept, the
     /// others' leases dropped, the blocks it freed returned first, and
@@ -148,7 +167,11 @@ impl Shared {
             }
         }
         let freed = fs.take_client_freed();
-        let _ = self.send_ranges(&freed, Some(&Msg::ReleasedDir(dir, gen, back.kept)), &[]);
+        let _ = self.send_ranges(
+            &freed,
+            Some(&Msg::ReleasedDir(dir, gen, back.kept, back.removed)),
+            &[],
+        );
         if let Some(r) = back.lane {
             let _ = self.send(&Msg::ReleasedLane(r));
         }
