@@ -349,6 +349,14 @@ class InkfsPreload(InkfsFuse):
 
     def __init__(self, spec: str, *a, **kw) -> None:
         base, at, extra = spec.partition("@")
+        # `+ask`: the library asks for directory leases
+        # (INKFS_PRELOAD_DIR_LEASE=1; docs/KERNEL-FREE.md, "Built: the
+        # library asks for directory leases"), e.g. inkfs-preload+ask,
+        # base.inkfs-preload+ask, inkfs-preload-sync+ask@OPTS.
+        base, plus, ask = base.partition("+")
+        if plus and ask != "ask":
+            raise ValueError(f"unknown contender inkfs-{spec}")
+        self.ask = bool(plus)
         mode = base[len("preload-"):] if base.startswith("preload-") else "strict"
         if base not in ("preload", "preload-" + mode) or mode not in ("strict", "sync"):
             raise ValueError(f"unknown contender inkfs-{spec}")
@@ -356,8 +364,9 @@ class InkfsPreload(InkfsFuse):
         self.name = "inkfs-" + spec
         self.mnt = os.path.join(self.work, "mnt", self.name)
         more = f", -o {extra}" if extra else ""
+        asks = ", directory leases asked for (INKFS_PRELOAD_DIR_LEASE=1)" if self.ask else ""
         self.describe = (f"inkfs over FUSE, mode={mode}{more}, pool in /dev/shm, the workload's programs run "
-                         "under the preload library (LD_PRELOAD=libinkfs_preload.so)")
+                         f"under the preload library (LD_PRELOAD=libinkfs_preload.so){asks}")
 
     def library(self) -> str:
         lib = self.bins.get("preload", "")
@@ -367,7 +376,10 @@ class InkfsPreload(InkfsFuse):
         return lib
 
     def extra_env(self) -> dict:
-        return {"LD_PRELOAD": self.library()}
+        env = {"LD_PRELOAD": self.library()}
+        if getattr(self, "ask", False):
+            env["INKFS_PRELOAD_DIR_LEASE"] = "1"
+        return env
 
     def setup(self, cleanup: Cleanup) -> None:
         self.library()

@@ -473,12 +473,18 @@ fn serve_leases(
                 let _ = tx.send(Work::Unheld);
             }
             Some(Msg::Released(ino, gen)) => inner.leases.released(holder, ino, gen),
-            Some(Msg::ReleasedDir(dir, gen, kept)) => {
+            Some(Msg::ReleasedDir(dir, gen, kept, removed)) => {
                 // Its files kept enter the table before the directory is
                 // settled: no one uses them unrecalled.
                 inner.leases.adopt_kept(holder, dir, gen, &kept);
                 inner.leases.released(holder, dir, gen);
+                inner.leases.lanes.removed(removed);
             }
+            // A removal under a directory lease (crate::lanes); on this
+            // thread, after the `return`s written before it, with the
+            // lease hook silent (nothing is recalled).
+            Some(Msg::Orphan(ino, gen)) => crate::lanes::orphan(&inner.leases, holder, ino, gen),
+            Some(Msg::Slot(ino)) => crate::lanes::slot(&inner.leases, holder, ino),
             Some(Msg::ReleasedLane(ret)) => {
                 if let Err(why) = crate::lanes::released(&inner.leases, holder, &ret) {
                     // The client's fault: its session ends here, and the
@@ -589,6 +595,7 @@ fn admit(inner: &Inner, conn: &UnixStream) -> Result<(Grant, GrantFds, i32), Str
             gives: true,
             dirs: true,
             lanes: true,
+            removes: true,
         },
         GrantFds { pool, data },
         peer.pid,

@@ -121,6 +121,7 @@ pub fn refusal_key(why: Refusal) -> &'static str {
         Refusal::Shutdown => "dir_leases_refused_shutdown",
         Refusal::NoLane => "dir_leases_refused_no_lane",
         Refusal::Failed => "dir_leases_refused_failed",
+        Refusal::Held => "dir_leases_refused_held",
     }
 }
 
@@ -136,6 +137,7 @@ pub fn refusal_label(why: Refusal) -> &'static str {
         Refusal::Shutdown => "directory leases refused: ending",
         Refusal::NoLane => "directory leases refused: no lane free",
         Refusal::Failed => "directory leases refused: error",
+        Refusal::Held => "directory leases refused: held by the asker",
     }
 }
 

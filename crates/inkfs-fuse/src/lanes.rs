@@ -42,6 +42,15 @@ pub struct LaneBooks {
     refused: AtomicU64,
     /// Slots handed out by `slots K` (after the grant's).
     slots_given: AtomicU64,
+    /// Removals made by clients under directory leases (`removed=` of a
+    /// directory's `released`; a client that died does not tell).
+    removed: AtomicU64,
+    /// `orphan INO GEN`: removed files another process held, adopted.
+    orphans: AtomicU64,
+    /// `slot INO`: older files a client removed, freed here.
+    slots_freed: AtomicU64,
+    /// `orphan` or `slot` messages that named nothing to adopt or free.
+    removals_refused: AtomicU64,
 }
 
 impl LaneBooks {
@@ -63,6 +72,21 @@ impl LaneBooks {
     /// Slots handed out by `slots K` so far.
     pub fn slots_given(&self) -> u64 {
         self.slots_given.load(Relaxed)
+    }
+
+    /// Clients' removals under directory leases told so far.
+    pub(crate) fn removed(&self, n: u64) {
+        self.removed.fetch_add(n, Relaxed);
+    }
+
+    /// (removals told, orphans adopted, slots freed, messages refused).
+    pub fn removals(&self) -> (u64, u64, u64, u64) {
+        (
+            self.removed.load(Relaxed),
+            self.orphans.load(Relaxed),
+            self.slots_freed.load(Relaxed),
+            self.removals_refused.load(Relaxed),
+        )
     }
 }
 
@@ -154,7 +178,9 @@ pub(crate) fn released(leases: &Leases, holder: &Holder, ret: &LaneReturn) -> Re
     *lane = None;
     drop(lane);
     leases.lanes.given_back.fetch_add(1, Relaxed);
-    let chunks: Vec<(u64, u64)> = ret.chunks.iter().map(|&(b, _)| (b, 1)).collect();
+    // Every block it carved into log chunks, once (docs/KERNEL-FREE.md,
+    // "The books of a client's chunk blocks"): the engine lists them.
+    let chunks: Vec<(u64, u64)> = settled.chunk_blocks.iter().map(|&b| (b, 1)).collect();
     holder.unreserve(&chunks);
     // The table blocks the client added to the chain (from its
     // reservation; those of the chain before it are in no reservation).
@@ -170,7 +196,8 @@ pub(crate) fn released(leases: &Leases, holder: &Holder, ret: &LaneReturn) -> Re
         }
     }
     for ino in settled.live {
-        match engine.blocks_named(ino) {
+        // Its log chunk's block is in `chunk_blocks` (above).
+        match engine.whole_blocks_named(ino) {
             Ok(named) => holder.unreserve(&named),
             // Its blocks stay in the reservation's books: returned at the
             // session's end they would be freed while named. Out of the
@@ -223,4 +250,74 @@ pub(crate) fn reap(leases: &Leases, engine: &Engine, holder: &Holder) {
     };
     holder.unreserve(&reservation);
     *lane = None;
+}
+
+/// `orphan INO GEN` from a live client (docs/KERNEL-FREE.md, "Built:
+/// client-local removals on the wire"): it removed inode INO under a
+/// directory lease and another process holds it. Its file lease (if the
+/// client held one on the server) ends without a settle (the inode is
+/// unlinked; its blocks stay named by its log), the blocks it names leave
+/// the client's books (written from its reservation: returned with the
+/// rest at the session's end they would be freed while named), and the
+/// engine adopts it: freed at the last hold (`Fs::adopt_client_orphan`),
+/// or now if no hold is left. Once: a second `orphan` finds the inode
+/// adopted or freed (a wrong generation: nothing).
+pub(crate) fn orphan(leases: &Leases, holder: &Holder, ino: u64, gen: u64) {
+    let Some(engine) = leases.engine() else {
+        return;
+    };
+    let _silent = crate::lease::silent();
+    // Against the reaping: the lane's lock, as a give-back takes it.
+    let lane = holder.lane.lock().unwrap_or_else(|e| e.into_inner());
+    leases.forget_removed(holder, ino);
+    let ok = lane.is_some() && engine.is_orphan(ino).unwrap_or(false);
+    if ok {
+        // Its log chunk's block stays in the books: settled with the
+        // lane (the take-back's `chunk_blocks`, or the reaping), and the
+        // engine holds its chunk's free until then (lanechunks.rs).
+        match engine.whole_blocks_named(ino) {
+            Ok(named) => holder.unreserve(&named),
+            // Kept out of the free lists rather than freed while named.
+            Err(e) => {
+                eprintln!("inkfs: client {}: orphan {ino}: {e}", holder.id);
+                let all = leases.reserved_of(holder);
+                holder.unreserve(&all);
+            }
+        }
+    }
+    match ok.then(|| engine.adopt_client_orphan(ino, gen)) {
+        Some(Ok(_)) => leases.lanes.orphans.fetch_add(1, Relaxed),
+        _ => leases.lanes.removals_refused.fetch_add(1, Relaxed),
+    };
+}
+
+/// `slot INO` from a live client: it removed and freed the older inode
+/// INO under a directory lease (its record FREE, its log still naming
+/// its blocks). Its file lease ends without a settle, the engine frees
+/// its blocks into the limbo and its slot (`Fs::free_client_victim`:
+/// exactly once, keyed on the slot still used), and the blocks freed
+/// leave the client's books (those it wrote under the file's lease came
+/// from its reservation). Only from a client holding a lane (the only
+/// one that can have made the removal).
+pub(crate) fn slot(leases: &Leases, holder: &Holder, ino: u64) {
+    let Some(engine) = leases.engine() else {
+        return;
+    };
+    let _silent = crate::lease::silent();
+    let lane = holder.lane.lock().unwrap_or_else(|e| e.into_inner());
+    leases.forget_removed(holder, ino);
+    let freed = match lane.is_some().then(|| engine.free_client_victim(ino)) {
+        Some(Ok(freed)) => freed,
+        Some(Err(e)) => {
+            eprintln!("inkfs: client {}: slot {ino}: {e}", holder.id);
+            leases.lanes.removals_refused.fetch_add(1, Relaxed);
+            return;
+        }
+        None => {
+            leases.lanes.removals_refused.fetch_add(1, Relaxed);
+            return;
+        }
+    };
+    holder.unreserve(&freed);
+    leases.lanes.slots_freed.fetch_add(1, Relaxed);
 }

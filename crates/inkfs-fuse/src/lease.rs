@@ -547,6 +547,18 @@ impl Leases {
                         if !asked {
                             return Ok((e.gen, None));
                         }
+                        if dir {
+                            // The holder asks for a directory it holds (a
+                            // second thread's ask, or one after a give-back
+                            // whose `released` this session has not read
+                            // yet): answered at once, `held`. Waiting here
+                            // for its give-back would wait on the asker
+                            // itself, which may never give it back (its
+                            // ring blocked until the recall timeout); in
+                            // the second case its book has the lease as
+                            // ended already, and its next ask is granted.
+                            return Err(libc::EALREADY);
+                        }
                         map = shard.wait_changed(map);
                         continue;
                     }
@@ -630,6 +642,31 @@ impl Leases {
         Ok(RangeSet::from_ranges(&refs))
     }
 
+    /// The holder removed file `ino` itself (`orphan` or `slot`,
+    /// crate::lanes): its lease of it, if it holds one, ends without a
+    /// settle. There is nothing to catch up (the inode is unlinked or
+    /// freed), and what the inode named at the grant is freed with the
+    /// inode, once: the blocks it displaced since came back in `return`s
+    /// before this message.
+    pub(crate) fn forget_removed(&self, holder: &Holder, ino: u64) {
+        let shard = self.shard(ino);
+        let mut map = lock(&shard.map);
+        let Some(e) = map.get_mut(&ino) else {
+            return;
+        };
+        if e.dir || e.holder.as_ref().map(|h| h.id) != Some(holder.id) {
+            return;
+        }
+        e.holder = None;
+        e.before = RangeSet::new();
+        e.recalling = false;
+        lock(&holder.books).leases.remove(&ino);
+        if e.idle() {
+            map.remove(&ino);
+        }
+        shard.wake_waiters(&map);
+    }
+
     /// A `released` line of the holder's session: settle it.
     pub fn released(&self, holder: &Holder, ino: u64, gen: u64) {
         self.released.fetch_add(1, Relaxed);
@@ -684,14 +721,11 @@ impl Leases {
         } else {
             engine.lease_refs(ino)
         };
-        // A file made under a lane lease: its head chunk's block leaves the
-        // holder's books with the lease, as the blocks it names do (the
-        // server's removal of the block's files frees it; the holder's
-        // returned reservation must not free it again).
-        let chunk_block = match (&after, dir) {
-            (Ok(_), false) => engine.log_chunk_block(ino).ok().flatten(),
-            _ => None,
-        };
+        // A file made under a lane lease has its head chunk in a block its
+        // holder carved: that block stays in the holder's books until the
+        // lane is settled (lanes.rs, `released`; the reaping), and the
+        // server's frees of its chunks are held until then
+        // (crates/inkfs/src/lanechunks.rs).
         let mut map = lock(&shard.map);
         let Some(e) = map.get_mut(&ino) else {
             return;
@@ -706,9 +740,6 @@ impl Leases {
                 for &(start, len) in refs {
                     freed.remove(start, len);
                     books.reserved.remove(start, len);
-                }
-                if let Some(block) = chunk_block {
-                    books.reserved.remove(block, 1);
                 }
             }
             Err(err) => {

@@ -998,6 +998,24 @@ pub fn run_engine(
                     )
                     .explained("made under a directory lease, leased as files after it"),
                 );
+                let (removed, orphans, slots, refused) = l.lanes.removals();
+                lines.push(
+                    Field::count("lane_unlinks", "unlinks made by clients", removed)
+                        .explained("under directory leases, told at each give-back"),
+                );
+                lines.push(
+                    Field::count("lane_orphans_adopted", "client orphans adopted", orphans)
+                        .explained("removed by a client, held open by another process"),
+                );
+                lines.push(
+                    Field::count("lane_slots_freed", "client-removed inodes freed", slots)
+                        .explained("older files a client removed (`slot`)"),
+                );
+                lines.push(Field::count(
+                    "lane_removals_refused",
+                    "`orphan` or `slot` refused",
+                    refused,
+                ));
                 let (released, given) = l.give_backs();
                 lines.push(
                     Field::count(

@@ -15,51 +15,22 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
+use common::lanes::*;
+use common::preload::fsck_clean;
 use common::*;
 use inkfs::api::client::Client;
 use inkfs::api::dirlease::{DirAnswer, Refusal};
-use inkfs::api::ns::{Done, Op};
-use inkfs::api::{Credentials, OpenFlags};
+use inkfs::api::ns::Done;
+use inkfs::api::OpenFlags;
 
 const CHILD_ENV: &str = "INKFS_LANE_LEASE_CHILD";
 const CHILD_DIR_ENV: &str = "INKFS_LANE_LEASE_CHILD_DIR";
 const CHILD_FROM_ENV: &str = "INKFS_LANE_LEASE_CHILD_FROM";
 
-fn root() -> Credentials {
-    Credentials::root()
-}
-
-fn stat_u64(mnt: &Path, key: &str) -> u64 {
-    let s = stats_json(mnt).expect("statistics");
-    s[key].as_u64().unwrap_or_else(|| panic!("no {key} in {s}"))
-}
-
 fn client_creates(mnt: &Path) -> u64 {
     let s = stats_json(mnt).expect("statistics");
     s["ops"]["client_create"]["count"].as_u64().unwrap_or(0)
-}
-
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < inkfs::testkit::WAIT_LIMIT, "never: {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn create_op(dir: u64, name: &str) -> Op {
-    create_with(dir, name, libc::O_WRONLY)
-}
-
-fn create_with(dir: u64, name: &str, access: i32) -> Op {
-    Op::Create {
-        dir,
-        name: name.as_bytes().to_vec(),
-        mode: 0o644,
-        flags: libc::O_CREAT | access,
-    }
 }
 
 /// D's lease and a lane, asked with a create of `name` (through the ring).
@@ -96,38 +67,6 @@ fn make(c: &Client, dir: u64, name: &str, data: &[u8]) -> u64 {
         c.release(f);
     }
     d.ino
-}
-
-/// (free blocks, inodes in use) of the mount's file system.
-fn statvfs(mnt: &Path) -> (u64, u64) {
-    let c = std::ffi::CString::new(mnt.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: all-zero is a valid statvfs; the kernel fills it.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a NUL-terminated path and a statvfs to fill.
-    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
-    (st.f_bfree, st.f_files - st.f_ffree)
-}
-
-/// The mount's books against a scan: unmounted and mounted again (the
-/// recovery's scan rebuilds the free lists), its free blocks and inodes
-/// are what the live server counted, and fsck finds nothing.
-fn books_match_a_scan(pool: &Pool, m: Mounted) -> Mounted {
-    let live = statvfs(m.path());
-    let dir = m.unmount();
-    fsck_clean(pool);
-    let m = Mounted::at(pool, dir, "mode=strict");
-    assert_eq!(
-        statvfs(m.path()),
-        live,
-        "the server's books differ from a scan"
-    );
-    m
-}
-
-fn fsck_clean(pool: &Pool) {
-    let pm = inkfs::pmem::MappedPool::open(&pool.path, &Default::default()).unwrap();
-    let report = inkfs::fsck::check(&pm, &Default::default()).unwrap();
-    assert!(report.is_clean(), "{report:?}");
 }
 
 /// Creates under D's lease go to no ring; the mount sees each name at

@@ -4,9 +4,12 @@
 //! (docs/KERNEL-FREE.md, "Attribute changes by the lease holder").
 //!
 //! A regular file whose write lease this process's client holds (a file
-//! it created or wrote) is changed by the client itself, in the
-//! inode's log, with the caller's credentials: no message at all (tar's
-//! futimens, fchown and fchmod after writing a file). Anything else is
+//! it created or wrote), and a directory whose directory lease it holds
+//! (docs/KERNEL-FREE.md, "Built: attribute changes under a directory
+//! lease"), are changed by the client itself, in the inode's log, with
+//! the caller's credentials: no message at all (tar's futimens, fchown
+//! and fchmod after writing a file, and its utimensat, fchownat and
+//! fchmodat of each directory it extracted into). Anything else is
 //! made by the server through the ring (names.rs's `ask`); what the
 //! library does not resolve goes to the kernel.
 
@@ -32,9 +35,17 @@ fn set_attr(
     kind: FileKind,
     set: SetAttr,
 ) -> Option<c_int> {
-    if kind == FileKind::File {
+    if matches!(kind, FileKind::File | FileKind::Dir) {
         if let Some(lease) = m.checkout() {
-            if let Some(r) = lease.client().setattr_leased(cred, ino, &set) {
+            let c = lease.client();
+            let local = match kind {
+                FileKind::File => c.setattr_leased(cred, ino, &set),
+                // A directory whose lease the client holds (tar's times,
+                // owner and mode of a directory it extracted into): the
+                // lease stays held.
+                _ => c.setattr_dir_leased(cred, ino, &set),
+            };
+            if let Some(r) = local {
                 stats::bump(&stats::ATTR_LOCAL);
                 return Some(match r {
                     Ok(_) => 0,

@@ -1,5 +1,5 @@
 //! Measurement aid (bench/lanegrant/run): `create_loop MOUNT_DIR DIRS N
-//! ring|lease` attaches to the inkfs mount MOUNT_DIR is on as an API
+//! ring|lease [unlink]` attaches to the inkfs mount MOUNT_DIR is on as an API
 //! client and, in each of DIRS new directories made through the mount
 //! under MOUNT_DIR, makes N empty files with `Client::ns` creates
 //! (O_CREAT|O_WRONLY, as a program's open does): `ring` asks the server
@@ -9,6 +9,10 @@
 //! client's creates end to end"). Prints one line: the mode, the creates
 //! timed, the wall and CPU ns per create, and how many ran here. The
 //! directories' first creates (the grant's, in `lease`) are not timed.
+//! With `unlink`, each directory's files (but the first) are then removed
+//! with `Client::ns` unlinks, timed apart, and a second line says the
+//! same of them (docs/KERNEL-FREE.md, "Built: client-local removals on the
+//! wire": under the lease they run here too).
 use inkfs::api::client;
 use inkfs::api::ns::Op;
 use inkfs::api::Credentials;
@@ -23,7 +27,7 @@ fn cpu_ns() -> f64 {
 }
 
 fn main() {
-    let usage = "usage: create_loop MOUNT_DIR DIRS N ring|lease";
+    let usage = "usage: create_loop MOUNT_DIR DIRS N ring|lease [unlink]";
     let mut args = std::env::args().skip(1);
     let base = std::path::PathBuf::from(args.next().expect(usage));
     let dirs: u64 = args.next().and_then(|s| s.parse().ok()).expect(usage);
@@ -31,6 +35,11 @@ fn main() {
     let lease = match args.next().as_deref() {
         Some("lease") => true,
         Some("ring") => false,
+        _ => panic!("{usage}"),
+    };
+    let unlinks = match args.next().as_deref() {
+        Some("unlink") => true,
+        None => false,
         _ => panic!("{usage}"),
     };
     let c = client::attach(&base).expect("attach");
@@ -42,6 +51,7 @@ fn main() {
         flags: libc::O_CREAT | libc::O_WRONLY,
     };
     let (mut wall, mut cpu, mut timed) = (0f64, 0f64, 0u64);
+    let (mut rm_wall, mut rm_cpu) = (0f64, 0f64);
     for k in 0..dirs {
         let path = base.join(format!("{}{k}", if lease { "lease" } else { "ring" }));
         std::fs::create_dir(&path).expect("mkdir through the mount");
@@ -60,6 +70,18 @@ fn main() {
         wall += t.elapsed().as_nanos() as f64;
         cpu += cpu_ns() - u;
         timed += n - 1;
+        if unlinks {
+            let (t, u) = (std::time::Instant::now(), cpu_ns());
+            for i in 1..n {
+                let op = Op::Unlink {
+                    dir,
+                    name: format!("f{i}").into_bytes(),
+                };
+                assert_eq!(c.ns(&root, op).expect("asked").errno, 0);
+            }
+            rm_wall += t.elapsed().as_nanos() as f64;
+            rm_cpu += cpu_ns() - u;
+        }
     }
     println!(
         "{} creates {timed} wall_ns {:.0} cpu_ns {:.0} local {}",
@@ -68,4 +90,13 @@ fn main() {
         cpu / timed as f64,
         c.local_creates()
     );
+    if unlinks {
+        println!(
+            "{} unlinks {timed} wall_ns {:.0} cpu_ns {:.0} local {}",
+            if lease { "lease" } else { "ring" },
+            rm_wall / timed as f64,
+            rm_cpu / timed as f64,
+            c.local_removals()
+        );
+    }
 }

@@ -863,7 +863,11 @@ impl<P: Pmem> Fs<P> {
         ) {
             Ok(summary) => {
                 for p in summary.pages {
-                    self.free_blocks_batched(p, 1);
+                    // A chunk of a leased lane's client: held until the
+                    // lane's settle (lanechunks.rs).
+                    if !self.hold_leased_chunk(inode.ino, p) {
+                        self.free_blocks_batched(p, 1);
+                    }
                 }
             }
             // The log was readable when the inode was loaded: damaged since.

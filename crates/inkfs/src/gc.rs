@@ -665,7 +665,11 @@ fn unlink_dropped<P: Pmem>(
         bump_log_gen(fs, inode, st);
     }
     for &p in &freed {
-        fs.free_blocks(p, 1);
+        // A head chunk a leased lane's client carved: held until the
+        // lane's settle (lanechunks.rs).
+        if !fs.hold_leased_chunk(inode.ino, p) {
+            fs.free_blocks(p, 1);
+        }
     }
     freed.len() as u64
 }

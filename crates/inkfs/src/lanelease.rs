@@ -27,6 +27,7 @@
 //! lease proceeds, one that gets it later sees the mark and picks another
 //! lane. One lane always stays the owner's.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
@@ -58,6 +59,9 @@ pub(crate) struct LaneOwner {
     users: AtomicU32,
     /// What was handed out with the lease (None: the owner's).
     grant: Mutex<Option<LaneGrant>>,
+    /// Chunks of the handed-out slots' inodes the owner freed while the
+    /// lane is leased (lanechunks.rs).
+    held: crate::lanechunks::HeldChunks,
 }
 
 /// Every lane's owner state, and the lock that orders grants and
@@ -80,6 +84,10 @@ impl LaneOwners {
         self.lanes
             .get(lane as usize)
             .is_some_and(|o| o.leased.load(SeqCst))
+    }
+
+    pub(crate) fn held_chunks(&self, lane: u32) -> Option<&crate::lanechunks::HeldChunks> {
+        self.lanes.get(lane as usize).map(|o| &o.held)
     }
 
     fn leased_count(&self) -> usize {
@@ -136,6 +144,13 @@ pub struct LaneSettled {
     pub orphans: u64,
     /// Table blocks the client added to the chain.
     pub table_blocks_added: u64,
+    /// Take-back: every block the client carved into log chunks (the
+    /// blocks of its partly used ones, of its removed inodes' head chunks,
+    /// of the head chunks of the handed-out slots' inodes, and of the
+    /// chunks the owner held for the lane): each leaves the client's
+    /// books here, and only here (docs/KERNEL-FREE.md, "The books of a
+    /// client's chunk blocks").
+    pub chunk_blocks: Vec<u64>,
     /// Reap: older inodes the client removed and freed whose `slot INO`
     /// the owner had not heard, freed by the reap.
     pub older_freed: u64,
@@ -198,6 +213,14 @@ struct HeldLane {
     slots: Vec<u64>,
     /// The grant's slots, ascending.
     granted: Vec<u64>,
+}
+
+/// The block of a log chunk's id (None: a whole page, or no page).
+fn chunk_block(id: u64) -> Option<u64> {
+    match log_page_id(id) {
+        Some((block, Some(_))) => Some(block),
+        _ => None,
+    }
 }
 
 /// How a handed-out slot's record was found.
@@ -312,6 +335,7 @@ impl<P: Pmem> Fs<P> {
             }
         }
         drop(j);
+        o.held.arm(&slots);
         let g = LaneGrant {
             lane,
             slots,
@@ -361,6 +385,19 @@ impl<P: Pmem> Fs<P> {
         if claims_used || bad_chunk || bad_freed {
             return errno(libc::EINVAL);
         }
+        // Every block the client carved into chunks: a block with a chunk
+        // free is in `chunks`; a full one has a chunk named by a
+        // handed-out slot's inode, or freed by the client (`freed_chunks`)
+        // or by the owner (held, below). Read before `settle_slots` frees
+        // the orphans.
+        let mut carved: BTreeSet<u64> = ret.chunks.iter().map(|&(b, _)| b).collect();
+        carved.extend(ret.freed_chunks.iter().filter_map(|&id| chunk_block(id)));
+        for &(slot, st) in &states {
+            if st != SlotState::Free {
+                let ino = lane_slot_to_ino(lane, slot, self.geo.lane_count);
+                carved.extend(self.log_chunk_block(ino)?);
+            }
+        }
         for &(b, m) in &ret.chunks {
             // Merged: head chunks of the client's removed inodes may have
             // reached the owner's maps through its limbo already.
@@ -368,13 +405,17 @@ impl<P: Pmem> Fs<P> {
                 .merge_chunk_block(b, m)
                 .map_err(|_| Error::Errno(libc::EINVAL))?;
         }
+        let mut settled = self.settle_slots(lane, &states);
         // After the maps have the client's chunk blocks: each chunk by its
-        // id, into the limbo (readers may still read the removed inode).
-        for &id in &ret.freed_chunks {
+        // id, into the limbo (readers may still read the removed inode);
+        // the owner's held ones too (its orphans freed just now included).
+        let held = o.held.disarm();
+        carved.extend(held.iter().filter_map(|&id| chunk_block(id)));
+        for &id in ret.freed_chunks.iter().chain(&held) {
             self.free_blocks(id, 1);
         }
-        let mut settled = self.settle_slots(lane, &states);
         settled.table_blocks_added = added.len() as u64;
+        settled.chunk_blocks = carved.into_iter().collect();
         self.end_lane_lease(o, &mut guard);
         Ok(settled)
     }
@@ -405,6 +446,7 @@ impl<P: Pmem> Fs<P> {
             }
         }
         grant.slots.extend_from_slice(&got);
+        o.held.arm(&got);
         Ok(got)
     }
 
@@ -504,10 +546,26 @@ impl<P: Pmem> Fs<P> {
                 name(s, l);
             }
         }
+        // The chunks the owner held for the lane stay in use through the
+        // merge below: freed after it, into the limbo.
+        for id in o.held.peek() {
+            name(id, 1);
+        }
+        // The older inodes the client removed (not in handed-out slots):
+        // freed, or kept for a hold. The blocks it wrote to them under
+        // their file leases came from its reservation: not its rest.
+        let older: Vec<u64> = victims
+            .into_iter()
+            .filter(|&ino| {
+                let (l, slot) = ino_to_lane_slot(ino, self.geo.lane_count);
+                l != lane || !grant.slots.contains(&slot)
+            })
+            .collect();
+        let (orphans, freed, older_named) = self.settle_older_victims(&older);
         // 5. The reservation's rest.
         let mut rest = RangeSet::from_ranges(reservation);
         let named_ranges = named.ranges();
-        for &(s, l) in &named_ranges {
+        for &(s, l) in named_ranges.iter().chain(&older_named) {
             rest.remove(s, l);
         }
         for (&block, &mask) in &chunks {
@@ -520,15 +578,9 @@ impl<P: Pmem> Fs<P> {
             }
         }
         let mut settled = self.settle_slots(lane, &states);
-        // The older inodes the client removed (not in handed-out slots).
-        let older: Vec<u64> = victims
-            .into_iter()
-            .filter(|&ino| {
-                let (l, slot) = ino_to_lane_slot(ino, self.geo.lane_count);
-                l != lane || !grant.slots.contains(&slot)
-            })
-            .collect();
-        let (orphans, freed) = self.settle_older_victims(&older);
+        for id in o.held.disarm() {
+            self.free_blocks(id, 1);
+        }
         settled.orphans += orphans;
         settled.older_freed = freed;
         settled.table_blocks_added = added.len() as u64;
@@ -648,15 +700,27 @@ impl<P: Pmem> Fs<P> {
     /// it left ORPHAN (held, or killed before its hold check) is freed or
     /// kept for a hold; one it freed whose `slot INO` the owner did not
     /// hear yet (its slot still used here) is freed as that message frees
-    /// it (`Fs::free_client_victim`). The counts (orphans, freed).
-    fn settle_older_victims(&self, victims: &[u64]) -> (u64, u64) {
-        let (mut orphans, mut freed) = (0, 0);
+    /// it (`Fs::free_client_victim`). The counts (orphans, freed), and the
+    /// blocks each names (a log chunk as its whole block): those the
+    /// client wrote under the victim's file lease came from its
+    /// reservation, and must not be returned with its rest.
+    fn settle_older_victims(&self, victims: &[u64]) -> (u64, u64, Vec<(u64, u64)>) {
+        let (mut orphans, mut freed, mut named) = (0, 0, Vec::new());
         for &ino in victims {
-            if self.free_victim_record(ino).is_ok() {
+            if let Ok(blocks) = self.free_victim_record(ino) {
                 freed += 1;
+                named.extend(blocks);
                 continue;
             }
             let Ok(inode) = self.iget(ino) else { continue };
+            if let Ok(blocks) = self.inode_blocks(&inode) {
+                // Whole blocks only: a chunk block is settled as one.
+                named.extend(
+                    blocks
+                        .into_iter()
+                        .filter(|&(id, _)| matches!(log_page_id(id), Some((_, None)))),
+                );
+            }
             let mut st = write(&inode.state);
             if st.gone || !st.orphan || st.open_count > 0 {
                 continue;
@@ -668,7 +732,7 @@ impl<P: Pmem> Fs<P> {
                 self.free_inode_now(&inode, &mut st);
             }
         }
-        (orphans, freed)
+        (orphans, freed, named)
     }
 
     /// Whether slot `slot` of `lane` is handed out to a client now.
@@ -848,6 +912,15 @@ impl<P: Pmem> Fs<P> {
         dirs.retain(|l| l.ino != dir);
         dirs.push(crate::rmlocal::DirLease::new(dir, kernel));
         Ok(())
+    }
+
+    /// Whether this client engine holds directory `dir`'s lease (taken by
+    /// [`Fs::client_lease_dir`], not given back since): the client may
+    /// then change `dir`'s own attributes in its log (api/client/attr.rs).
+    pub fn client_holds_dir_lease(&self, dir: u64) -> bool {
+        self.client
+            .as_ref()
+            .is_some_and(|side| lock(&side.lane.dirs).iter().any(|l| l.ino == dir))
     }
 
     /// A client engine gives directory `dir`'s lease back: under the

@@ -572,14 +572,10 @@ impl<P: Pmem> Fs<P> {
         Ok(out)
     }
 
-    /// The block of `ino`'s head log chunk, if its log starts in one. A
-    /// file made under a lane lease has its head chunk in a chunk block
-    /// its client carved from its reservation: once the server owns the
-    /// file, the server's removal of it (and of the block's other files)
-    /// frees that block, so the client's reservation must not hold it
-    /// too (its rest, returned at the session's end, would free it again,
-    /// or free it reused by another file).
-    pub fn log_chunk_block(&self, ino: u64) -> Result<Option<u64>> {
+    /// The block of `ino`'s head log chunk, if its log starts in one (a
+    /// file made under a lane lease: a block its client carved, which
+    /// leaves the client's books at the lane's take-back, lanelease.rs).
+    pub(crate) fn log_chunk_block(&self, ino: u64) -> Result<Option<u64>> {
         let inode = self.iget(ino)?;
         let st = read(&inode.state);
         Ok(match log_page_id(st.log.head) {

@@ -87,8 +87,8 @@ pub mod crashtest;
 
 internal!(
     alloc, blockset, dir, epoch, extents, fiemap, file, filemap, flags, format, fs, gc, health,
-    holds, inode, inthash, journal, lanelease, lease, log, namei, pagetable, perm, recovery,
-    recycle, rename, rmlocal, shared, shift, shm, superblock, time, xattr,
+    holds, inode, inthash, journal, lanechunks, lanelease, lease, log, namei, pagetable, perm,
+    recovery, recycle, rename, rmlocal, shared, shift, shm, superblock, time, xattr,
 );
 
 pub use error::{Error, Result};

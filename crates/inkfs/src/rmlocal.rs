@@ -332,6 +332,23 @@ impl<P: Pmem> Fs<P> {
         true
     }
 
+    /// Whether this client engine holds directory `dir`'s lease and a
+    /// lane (rule 1): its view of `dir` is then the authority.
+    pub fn client_holds_dir(&self, dir: u64) -> bool {
+        self.is_client() && self.client_may_remove_in(dir).is_none()
+    }
+
+    /// Whether `ino` is in a slot of this client's lane grant (an inode it
+    /// created under this lane lease, or a slot not used yet): its removal
+    /// would free its blocks as the reservation's (step 3 of the module
+    /// comment). False on an engine that is not a client's.
+    pub fn client_owns_slot(&self, ino: u64) -> bool {
+        let (lane, slot) = ino_to_lane_slot(ino.max(1), self.geo.lane_count);
+        self.client
+            .as_ref()
+            .is_some_and(|c| c.lane.granted(lane, slot))
+    }
+
     /// Older inodes this client's removals freed since the last call: the
     /// owner frees each one's blocks and slot ([`Fs::free_client_victim`],
     /// `slot INO` with the next freed batch).
@@ -381,8 +398,11 @@ impl<P: Pmem> Fs<P> {
     /// the inode goes. Exactly once: the slot is used until this frees
     /// it, and only the owner hands it out again. EINVAL for a handed-out
     /// slot, a record that is not FREE, or a slot free already; EBUSY if
-    /// the owner has the inode open (it never should: rule 4).
-    pub fn free_client_victim(&self, ino: u64) -> Result<()> {
+    /// the owner has the inode open (it never should: rule 4). The blocks
+    /// freed (a log chunk as its whole block): the server takes them out
+    /// of the client's reservation books (written under its lease, they
+    /// may still be there).
+    pub fn free_client_victim(&self, ino: u64) -> Result<Vec<(u64, u64)>> {
         if self.is_client() {
             return errno(libc::EINVAL);
         }
@@ -394,8 +414,9 @@ impl<P: Pmem> Fs<P> {
     }
 
     /// [`Fs::free_client_victim`] of an inode known not to be in a
-    /// handed-out slot (the reaping, which holds the lane's grant).
-    pub(crate) fn free_victim_record(&self, ino: u64) -> Result<()> {
+    /// handed-out slot (the reaping, which holds the lane's grant): the
+    /// blocks freed.
+    pub(crate) fn free_victim_record(&self, ino: u64) -> Result<Vec<(u64, u64)>> {
         let (lane, slot) = ino_to_lane_slot(ino, self.geo.lane_count);
         let Some(rec_off) = self.tables.record_offset(&self.pm, ino)? else {
             return errno(libc::EINVAL);
@@ -422,8 +443,27 @@ impl<P: Pmem> Fs<P> {
             lease_mark: Default::default(),
         };
         let mut st = write(&victim.state);
+        let named = self.named_blocks(&st)?;
         self.release_inode_blocks(&victim, &mut st);
-        Ok(())
+        Ok(named)
+    }
+
+    /// The whole blocks a loaded inode's state names: its log pages (not
+    /// a log chunk: a chunk block is settled as one, at a lane's return
+    /// or reaping) and its data or symlink block.
+    fn named_blocks(&self, st: &InodeState) -> Result<Vec<(u64, u64)>> {
+        let pages = crate::log::chain_pages(&self.pm, &self.geo, st.log.head, st.log.pages)?;
+        let mut out: Vec<(u64, u64)> = pages
+            .into_iter()
+            .filter(|&p| matches!(log_page_id(p), Some((_, None))))
+            .map(|p| (p, 1))
+            .collect();
+        match &st.body {
+            crate::inode::Body::File(map) => out.extend(map.iter().map(|e| (e.block, e.pages))),
+            crate::inode::Body::Symlink { block, .. } if *block != 0 => out.push((*block, 1)),
+            _ => {}
+        }
+        Ok(out)
     }
 
     /// Inode `ino`'s record was freed by a client: the owner's cached

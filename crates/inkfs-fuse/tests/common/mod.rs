@@ -18,6 +18,7 @@
 
 #![allow(dead_code)]
 
+pub mod lanes;
 pub mod preload;
 
 use std::cell::Cell;

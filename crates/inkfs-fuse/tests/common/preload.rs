@@ -103,18 +103,30 @@ pub fn preloaded(script: &str, stats: &Path, ns: u64) {
 /// `stats`, once it printed `ready`: it waits there for the caller, who
 /// writes its stdin (a go-ahead line) or closes it.
 pub fn python_when_ready(script: &str, arg: &Path, stats: &Path) -> std::process::Child {
+    python_when_ready_with(script, arg, stats, &[])
+}
+
+/// [`python_when_ready`] with `env` added to the program's environment.
+pub fn python_when_ready_with(
+    script: &str,
+    arg: &Path,
+    stats: &Path,
+    env: &[(&str, &str)],
+) -> std::process::Child {
     use std::io::{BufRead, BufReader};
     use std::process::Stdio;
-    let mut child = Command::new(PYTHON)
-        .arg("-c")
+    let mut c = Command::new(PYTHON);
+    c.arg("-c")
         .arg(script)
         .arg(arg)
         .env("LD_PRELOAD", lib())
         .env("INKFS_PRELOAD_STATS", stats)
         .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python");
+        .stdout(Stdio::piped());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let mut child = c.spawn().expect("python");
     let mut line = String::new();
     BufReader::new(child.stdout.take().expect("stdout"))
         .read_line(&mut line)

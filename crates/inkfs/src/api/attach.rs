@@ -93,6 +93,12 @@ pub struct Grant {
     /// asks (`lanes=1`; `super::lanelease`). An older server's grant has
     /// no such field: its clients never send `+lane`.
     pub lanes: bool,
+    /// The server takes a client's own removals under a directory lease
+    /// (`removes=1`: the session's `orphan` and `slot` words, `removed=`
+    /// in a directory's `released`; `super::lease`). An older server's
+    /// grant has no such field: its clients send every unlink as a
+    /// request.
+    pub removes: bool,
 }
 
 impl Grant {
@@ -104,8 +110,9 @@ impl Grant {
         let gives = if self.gives { " gives=1" } else { "" };
         let dirs = if self.dirs { " dirs=1" } else { "" };
         let lanes = if self.lanes { " lanes=1" } else { "" };
+        let removes = if self.removes { " removes=1" } else { "" };
         format!(
-            "ok layout={TABLE_LAYOUT} id={} slot={} mode={}{data}{gives}{dirs}{lanes}\n",
+            "ok layout={TABLE_LAYOUT} id={} slot={} mode={}{data}{gives}{dirs}{lanes}{removes}\n",
             self.id,
             self.slot,
             self.mode.name()
@@ -129,6 +136,7 @@ impl Grant {
         let mut gives = false;
         let mut dirs = false;
         let mut lanes = false;
+        let mut removes = false;
         for w in words {
             match w.split_once('=') {
                 Some(("layout", v)) => layout = v.parse::<u32>().ok(),
@@ -138,6 +146,7 @@ impl Grant {
                 Some(("gives", v)) => gives = v == "1",
                 Some(("dirs", v)) => dirs = v == "1",
                 Some(("lanes", v)) => lanes = v == "1",
+                Some(("removes", v)) => removes = v == "1",
                 Some(("data", v)) => {
                     data_threshold = Some(
                         v.parse::<u64>()
@@ -159,6 +168,7 @@ impl Grant {
                     gives,
                     dirs,
                     lanes,
+                    removes,
                 })
             }
             (Some(l), ..) if l != TABLE_LAYOUT => Err(format!(
@@ -351,6 +361,7 @@ mod tests {
             gives: false,
             dirs: false,
             lanes: false,
+            removes: false,
         };
         assert_eq!(Grant::parse(g.line().trim_end()), Ok(g));
         let gives = Grant { gives: true, ..g };
@@ -378,6 +389,22 @@ mod tests {
         ))
         .unwrap();
         assert!(old.dirs && !old.lanes);
+        let removes = Grant {
+            dirs: true,
+            lanes: true,
+            removes: true,
+            ..g
+        };
+        assert!(removes.line().contains(" lanes=1 removes=1"));
+        assert_eq!(Grant::parse(removes.line().trim_end()), Ok(removes));
+        // An older server's grant (no `removes=`): every unlink a request.
+        let old = Grant::parse(&format!(
+            "ok layout={TABLE_LAYOUT} id=1 slot=2 mode=strict gives=1 dirs=1 lanes=1"
+        ))
+        .unwrap();
+        assert!(old.lanes && !old.removes);
+        // An older client reads a newer grant: `removes=1` is a field it
+        // skips (the parse above ignores what it does not know).
         let h = Grant {
             data_threshold: Some(65536),
             ..g
@@ -411,6 +438,7 @@ mod tests {
             gives: true,
             dirs: true,
             lanes: true,
+            removes: true,
         };
         use std::os::fd::AsFd;
         send_grant(&a, &g, f.as_fd(), f.as_fd(), f.as_fd(), None).unwrap();

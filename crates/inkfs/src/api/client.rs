@@ -72,10 +72,14 @@ use crate::types::{Attr, DirEntry, FileKind, Mode, SetAttr};
 
 /// When to ask for a directory's lease.
 mod ask;
+/// Attribute changes of a leased directory, made by the client.
+mod attr;
 /// Finding the server of a path: its FUSE mount and control socket.
 mod discover;
 /// Creates under a directory lease, and its give-back.
 mod local;
+/// Removals under a directory lease.
+mod remove;
 
 pub use discover::mount_of;
 use discover::{find_socket, refused};
@@ -719,6 +723,9 @@ impl Client {
     fn ns_asking(&self, cred: &Credentials, op: ns::Op, ask_dir: Ask) -> Result<ns::Done> {
         let seq = self.seq.fetch_add(1, SeqCst) + 1;
         if let Some(done) = self.create_under_lease(cred, seq, &op) {
+            return Ok(done);
+        }
+        if let Some(done) = self.unlink_under_lease(cred, seq, &op) {
             return Ok(done);
         }
         let mut req = ns::Request {

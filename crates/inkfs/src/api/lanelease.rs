@@ -22,6 +22,14 @@
 //! server: slots-given K S,S,...                     (`-`: none; its
 //!                                                     creates go to the
 //!                                                     server then)
+//! client: released D DGEN kept=... removed=N        (N: removals it made
+//!                                                     under the lease;
+//!                                                     `removes=1` only)
+//! client: orphan INO GEN                            (a removal left INO
+//!                                                     held by another
+//!                                                     process)
+//! client: slot INO                                  (a removal freed the
+//!                                                     older inode INO)
 //! client: released lane K END slots=S,... chunks=B:M,... freed=ID,...
 //!                                                     (its last directory
 //!                                                     lease went: the lane
@@ -34,10 +42,12 @@
 //! `K` is the lane, `END` its inode table chain's last block, `S` the
 //! free slots handed out (`-` for none), `B:M` a chunk block and the
 //! bitmap of its chunks in use, `ID` the head chunk of a file made and
-//! removed under the lease (crates/inkfs/src/rmlocal.rs; none until a
-//! client's removals go on the wire). A server that never said `lanes=1` gets
-//! none of these words, and a client that never asked `+lane` gets none:
-//! older clients and servers are unchanged.
+//! removed under the lease (crates/inkfs/src/rmlocal.rs). A server that
+//! never said `lanes=1` gets none of these words, and a client that never
+//! asked `+lane` gets none; `orphan`, `slot` and `removed=` go only to a
+//! server that said `removes=1` (`super::attach::Grant::removes`; the
+//! client's side: `super::client`'s `remove` module): older clients and
+//! servers are unchanged.
 //!
 //! Ownership: the server's lease table owns which client holds which lane
 //! (one lane per client at most); the engine's `Fs::lease_lane` owns the
@@ -93,6 +103,15 @@ fn parse_pairs(s: &str, max: usize) -> Option<Vec<(u64, u64)>> {
     (v.len() <= max).then_some(v)
 }
 
+/// The block of a log chunk's id (a `freed=` word's head chunk): None
+/// for an id that is no chunk.
+pub fn chunk_block_of(id: u64) -> Option<u64> {
+    match crate::format::log_page_id(id) {
+        Some((block, Some(_))) => Some(block),
+        _ => None,
+    }
+}
+
 /// Slots in a `slots-given` line (`-` for none).
 pub fn slot_list(slots: &[u64]) -> String {
     list(slots.iter())
@@ -122,22 +141,48 @@ pub fn parse_grant_word(word: &str) -> Option<LaneGrant> {
 }
 
 /// The words after `released` of a directory's give-back with the files
-/// kept (`D DGEN kept=...`; no `kept=` when there are none).
-pub fn released_dir_words(dir: u64, gen: u64, kept: &[(u64, u64)]) -> String {
-    if kept.is_empty() {
-        return format!("{dir} {gen}");
+/// kept and the removals made under it (`D DGEN kept=... removed=N`; no
+/// `kept=` when there are none, no `removed=` when none: a client that
+/// removed nothing itself sends the older line).
+pub fn released_dir_words(dir: u64, gen: u64, kept: &[(u64, u64)], removed: u64) -> String {
+    let mut out = format!("{dir} {gen}");
+    if !kept.is_empty() {
+        let k = kept
+            .iter()
+            .map(|(i, g)| format!("{i}:{g}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        out.push_str(" kept=");
+        out.push_str(&k);
     }
-    let k = kept
-        .iter()
-        .map(|(i, g)| format!("{i}:{g}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    format!("{dir} {gen} kept={k}")
+    if removed > 0 {
+        out.push_str(&format!(" removed={removed}"));
+    }
+    out
 }
 
 /// Parse a `kept=...` word.
 pub fn parse_kept_word(word: &str) -> Option<Vec<(u64, u64)>> {
     parse_pairs(word.strip_prefix("kept=")?, KEPT_MAX)
+}
+
+/// Parse what follows `released D DGEN`: a `kept=` word, then a
+/// `removed=` word, each optional, in that order, nothing after.
+pub fn parse_released_dir_rest(
+    mut w: std::str::SplitAsciiWhitespace<'_>,
+) -> Option<(Vec<(u64, u64)>, u64)> {
+    let mut next = w.next();
+    let mut kept = Vec::new();
+    if let Some(k) = next.filter(|k| k.starts_with("kept=")) {
+        kept = parse_kept_word(k)?;
+        next = w.next();
+    }
+    let mut removed = 0;
+    if let Some(r) = next {
+        removed = r.strip_prefix("removed=")?.parse().ok()?;
+        next = w.next();
+    }
+    next.is_none().then_some((kept, removed))
 }
 
 /// The words after `released` of a lane's give-back (`lane K END
@@ -213,19 +258,36 @@ impl<P: Pmem> Filesystem<P> {
     /// Nothing for an inode gone.
     pub fn blocks_named(&self, ino: u64) -> Result<Vec<(u64, u64)>> {
         use crate::format::log_page_id;
+        // A log chunk's id names its block with a tag; a data extent's
+        // block has none, so the same mapping leaves it as it is.
+        Ok(self
+            .pages_named(ino)?
+            .into_iter()
+            .filter_map(|(id, n)| log_page_id(id).map(|(block, _)| (block, n)))
+            .collect())
+    }
+
+    /// [`Filesystem::blocks_named`] but the log chunks: the whole blocks
+    /// only (a chunk block is settled as one, at a lane's return or
+    /// reaping). For a client's orphan (`orphan INO GEN`).
+    pub fn whole_blocks_named(&self, ino: u64) -> Result<Vec<(u64, u64)>> {
+        use crate::format::log_page_id;
+        Ok(self
+            .pages_named(ino)?
+            .into_iter()
+            .filter(|&(id, _)| matches!(log_page_id(id), Some((_, None))))
+            .collect())
+    }
+
+    /// Inode `ino`'s log pages (chunk ids as they are) and data, caught
+    /// up with its record first; nothing for an inode gone.
+    fn pages_named(&self, ino: u64) -> Result<Vec<(u64, u64)>> {
         let inode = self.fs.iget(ino)?;
         match self.fs.catch_up_now(&inode) {
             Err(e) if e.errno() == libc::ENOENT && inode.is_gone() => return Ok(Vec::new()),
             r => r?,
         }
-        // A log chunk's id names its block with a tag; a data extent's
-        // block has none, so the same mapping leaves it as it is.
-        Ok(self
-            .fs
-            .inode_blocks(&inode)?
-            .into_iter()
-            .filter_map(|(id, n)| log_page_id(id).map(|(block, _)| (block, n)))
-            .collect())
+        self.fs.inode_blocks(&inode)
     }
 
     /// The blocks of lane `lane`'s inode table chain (a client grows it
@@ -237,6 +299,18 @@ impl<P: Pmem> Filesystem<P> {
     /// More slots of leased lane `lane` (`Fs::lease_more_slots`).
     pub fn lease_more_slots(&self, lane: u32, slots_max: usize) -> Result<Vec<u64>> {
         self.fs.lease_more_slots(lane, slots_max)
+    }
+
+    /// `orphan INO GEN` from a client (`Fs::adopt_client_orphan`): true
+    /// if freed now.
+    pub fn adopt_client_orphan(&self, ino: u64, generation: u64) -> Result<bool> {
+        self.fs.adopt_client_orphan(ino, generation)
+    }
+
+    /// `slot INO` from a client (`Fs::free_client_victim`): the blocks
+    /// freed.
+    pub fn free_client_victim(&self, ino: u64) -> Result<Vec<(u64, u64)>> {
+        self.fs.free_client_victim(ino)
     }
 
     /// A dead client's lane back (`Fs::reap_lane`).
@@ -298,13 +372,23 @@ mod tests {
         ] {
             assert_eq!(Msg::parse(m.line().trim_end()), Some(m));
         }
-        let kept = Msg::ReleasedDir(5, 6, vec![(7, 8), (9, 10)]);
-        assert_eq!(Msg::parse(kept.line().trim_end()), Some(kept));
-        // No files kept: the old line, word for word.
+        for m in [
+            Msg::ReleasedDir(5, 6, vec![(7, 8), (9, 10)], 0),
+            Msg::ReleasedDir(5, 6, vec![(7, 8)], 3),
+            Msg::ReleasedDir(5, 6, vec![], u64::MAX),
+        ] {
+            assert_eq!(Msg::parse(m.line().trim_end()), Some(m));
+        }
+        // No files kept, none removed: the old line, word for word.
         assert_eq!(
-            Msg::ReleasedDir(5, 6, vec![]).line(),
+            Msg::ReleasedDir(5, 6, vec![], 0).line(),
             Msg::Released(5, 6).line()
         );
+        // A client that removed nothing itself (an older one, or one whose
+        // server did not say `removes=1`) sends no `removed=`.
+        assert!(!Msg::ReleasedDir(5, 6, vec![(7, 8)], 0)
+            .line()
+            .contains("removed"));
         for bad in [
             "lane=",
             "lane=1:2",
@@ -323,6 +407,10 @@ mod tests {
             "released lane 1 2 slots=- chunks=-",
             "released lane 1 2 slots=- chunks=- freed=- more",
             "released 5 6 kept=7",
+            "released 5 6 removed=x",
+            "released 5 6 removed=1 kept=7:8",
+            "released 5 6 kept=7:8 removed=1 more",
+            "released 5 6 kept=7:8 kept=9:1",
             "slots",
             "slots-given 3",
             "slots-given 3 1,,2",

@@ -26,7 +26,18 @@
 //! client: released lane K ...     a lane back (`super::lanelease`)
 //! client: slots K                 more slots of lane K (`super::lanelease`)
 //! server: slots-given K S,S,...   (`-`: none)
+//! client: orphan INO GEN          it removed INO (generation GEN) under a
+//!                                 directory lease and another process
+//!                                 holds it: the server keeps it until the
+//!                                 last hold (`super::lanelease`)
+//! client: slot INO                it removed and freed the older inode
+//!                                 INO under a directory lease: the server
+//!                                 frees its blocks and slot
 //! ```
+//!
+//! `orphan` and `slot` (and `removed=` in a directory's `released`) go
+//! only to a server whose attach grant said `removes=1`
+//! (`super::attach::Grant::removes`); an older client sends none.
 //!
 //! GEN numbers each grant (unique while the server runs). A lease may also
 //! come with a namespace request's answer (`super::ns`: a create), which
@@ -90,15 +101,21 @@ pub enum Msg {
     Lane(u32),
     /// A directory's lease given back (inode, grant number) with the
     /// files created under it that the client keeps writing (inode,
-    /// generation): `super::lanelease`. None kept: the line of
-    /// [`Msg::Released`].
-    ReleasedDir(u64, u64, Vec<(u64, u64)>),
+    /// generation), and the removals it made under it: `super::lanelease`.
+    /// None kept, none removed: the line of [`Msg::Released`].
+    ReleasedDir(u64, u64, Vec<(u64, u64)>, u64),
     /// A lane given back (`super::lanelease`).
     ReleasedLane(super::lanelease::LaneReturn),
     /// More slots of lane K, asked (`super::lanelease`).
     Slots(u32),
     /// Its answer: the slots added (none: the creates go to the server).
     SlotsGiven(u32, Vec<u64>),
+    /// A removal under a directory lease left this inode (number,
+    /// generation) held by another process (`super::lanelease`).
+    Orphan(u64, u64),
+    /// A removal under a directory lease freed this older inode's record:
+    /// its blocks and slot are the server's to free (`super::lanelease`).
+    Slot(u64),
 }
 
 impl Msg {
@@ -153,10 +170,10 @@ impl Msg {
             }
             Msg::Unheld(i) => writeln!(out, "unheld {i}"),
             Msg::Lane(k) => writeln!(out, "lane {k}"),
-            Msg::ReleasedDir(i, g, kept) => writeln!(
+            Msg::ReleasedDir(i, g, kept, removed) => writeln!(
                 out,
                 "released {}",
-                super::lanelease::released_dir_words(*i, *g, kept)
+                super::lanelease::released_dir_words(*i, *g, kept, *removed)
             ),
             Msg::ReleasedLane(r) => {
                 writeln!(out, "released {}", super::lanelease::released_lane_words(r))
@@ -165,6 +182,8 @@ impl Msg {
             Msg::SlotsGiven(k, v) => {
                 writeln!(out, "slots-given {k} {}", super::lanelease::slot_list(v))
             }
+            Msg::Orphan(i, g) => writeln!(out, "orphan {i} {g}"),
+            Msg::Slot(i) => writeln!(out, "slot {i}"),
         };
     }
 
@@ -207,16 +226,11 @@ impl Msg {
                     return super::lanelease::parse_released_lane(w).map(Msg::ReleasedLane);
                 }
                 let (ino, gen) = (num(Some(first))?, num(w.next())?);
-                match w.next() {
-                    // An older client's line, or a give-back keeping nothing.
-                    None => Msg::Released(ino, gen),
-                    Some(k) => {
-                        let kept = super::lanelease::parse_kept_word(k)?;
-                        if w.next().is_some() {
-                            return None;
-                        }
-                        Msg::ReleasedDir(ino, gen, kept)
-                    }
+                match super::lanelease::parse_released_dir_rest(w)? {
+                    // An older client's line, or a give-back keeping and
+                    // removing nothing.
+                    (kept, 0) if kept.is_empty() => Msg::Released(ino, gen),
+                    (kept, removed) => Msg::ReleasedDir(ino, gen, kept, removed),
                 }
             }
             "ns" => Msg::Ns(super::ns::Request::parse(w)?),
@@ -229,6 +243,8 @@ impl Msg {
                 Msg::SlotsGiven(k, v)
             }
             "lane" => Msg::Lane(w.next()?.parse().ok()?),
+            "orphan" => Msg::Orphan(num(w.next())?, num(w.next())?),
+            "slot" => Msg::Slot(num(w.next())?),
             _ => return None,
         };
         Some(msg)
@@ -247,13 +263,6 @@ impl<P: Pmem> Filesystem<P> {
     /// file, ENOENT if gone.
     pub fn lease_refs(&self, ino: u64) -> Result<Vec<(u64, u64)>> {
         self.fs.lease_refs(ino)
-    }
-
-    /// The block of `ino`'s head log chunk, if its log starts in one
-    /// (`Fs::log_chunk_block`): a client's chunk block when the file was
-    /// made under a lane lease.
-    pub fn log_chunk_block(&self, ino: u64) -> Result<Option<u64>> {
-        self.fs.log_chunk_block(ino)
     }
 
     /// Whether `ino` is unlinked (kept by open handles): not leased.
@@ -340,6 +349,8 @@ mod tests {
             Msg::Released(9, 4),
             Msg::Unheld(9),
             Msg::Lane(3),
+            Msg::Orphan(9, 4),
+            Msg::Slot(u64::MAX),
         ];
         for m in all {
             let line = m.line();
@@ -358,6 +369,10 @@ mod tests {
             "released 5",
             "lane",
             "lane -1",
+            "orphan 5",
+            "orphan x 1",
+            "slot",
+            "slot -2",
         ] {
             assert_eq!(Msg::parse(bad), None, "{bad}");
         }

@@ -9,7 +9,8 @@
 //! lane and directory `d`'s lease.
 //!
 //! **The sequence** ([`explore_namespace_leases`]): the client creates
-//! files in `d` and writes them, removes one of them and an older file of
+//! files in `d` and writes them, changes `d`'s own mode under its lease
+//! (`Step::DirMode`, once per lease), removes one of them and an older file of
 //! the owner's (`Fs::client_unlink`), removes a file a second client
 //! holds (its hold in the epoch table: the removal leaves it ORPHAN), gives
 //! `d` and the lane back (`Fs::take_back_lane`; the owner frees the older
@@ -21,17 +22,19 @@
 //! every fence, crash images are checked: fsck finds no error; recovery
 //! mounts the image; `d` holds exactly the names before or after the step
 //! in flight, each file the bytes the model gives it (a write in flight:
-//! before or after it); after a clean unmount fsck reports nothing.
+//! before or after it), `d`'s mode the one before or after it; after a
+//! clean unmount fsck reports nothing.
 //!
 //! **The kill variant** ([`explore_namespace_reaping`]): the lane's first
 //! table block is filled but for two slots (the owner's creates, with the
 //! other lanes leased away), then the client is killed after each of its
 //! stores (`SimPool::kill_after_stores`) during three creates (the third
-//! grows the lane's chain), a write and two removals (its own create, an
-//! older file); the owner reaps the lane
+//! grows the lane's chain), a write, a chmod of `d` and two removals (its
+//! own create, an older file); the owner reaps the lane
 //! (`Fs::reap_lane`),
 //! its books are compared with a recovery scan of the memory as it is
-//! (every slot and block accounted), and it then creates and removes in
+//! (every slot and block accounted), `d`'s mode is the chmod's if a later
+//! create was adopted (else either), and it then creates and removes in
 //! `d` (its create in the leased lane, in the block the chain gained).
 //! Images at every fence from the reap on: the names are those of a state
 //! of the client's operations no later than what the reap adopted, and
@@ -91,6 +94,11 @@ enum Step {
     UnlinkHeld(&'static str),
     /// The second client's hold ends: the owner frees the orphan.
     Unhold(&'static str),
+    /// The client changes `d`'s own mode under its lease (one SET_ATTR
+    /// entry in `d`'s log among its DIR_ADDs: tar's chmod of a directory
+    /// it extracted into, docs/KERNEL-FREE.md "Built: attribute changes
+    /// under a directory lease").
+    DirMode(u32),
 }
 
 const STEPS: &[Step] = &[
@@ -101,6 +109,7 @@ const STEPS: &[Step] = &[
     Step::Write("c1", 3000, 1),
     Step::Create("c2"),
     Step::Create("c3"),
+    Step::DirMode(0o750),
     Step::Write("c3", 5000, 2),
     // The client's own create, then an older file (the owner's, lane 0).
     Step::Unlink("c2"),
@@ -114,6 +123,7 @@ const STEPS: &[Step] = &[
     Step::Unhold("c3"),
     Step::OwnerUnlink("c1"),
     Step::Grant,
+    Step::DirMode(0o711),
     Step::Create("c4"),
     Step::Write("c4", 100, 3),
     Step::Unlink("o2"),
@@ -231,6 +241,8 @@ struct Traced {
     fences: (usize, usize),
     before: Model,
     after: Model,
+    /// `d`'s mode before and after the step.
+    modes: (u32, u32),
 }
 
 fn sequence(
@@ -248,6 +260,7 @@ fn sequence(
     } = setup(mode)?;
     let holder = table.claim_index().ok_or("no epoch slot")?;
     let mut model: Model = [("o1", Vec::new())].into_iter().collect();
+    let mut dmode = 0o755;
     let mut handles = BTreeMap::new();
     let mut holds = BTreeMap::new();
     let mut orphans = Vec::new();
@@ -257,6 +270,7 @@ fn sequence(
     let mut traced = Vec::new();
     for &step in STEPS {
         let before = model.clone();
+        let mode_before = dmode;
         let start = fences();
         match step {
             Step::Grant => {
@@ -342,6 +356,15 @@ fn sequence(
                     return Err(format!("{step:?}: the orphan was not freed"));
                 }
             }
+            Step::DirMode(m) => {
+                let _w = client.client_writes();
+                let set = crate::types::SetAttr {
+                    mode: Some(m),
+                    ..Default::default()
+                };
+                client.setattr(d, &set).map_err(e("client chmod d"))?;
+                dmode = m;
+            }
         }
         if matches!(step, Step::GiveBack) {
             // `orphan INO GEN`, after the freed batch: held, so kept.
@@ -361,7 +384,7 @@ fn sequence(
         } else {
             &owner
         };
-        if !same(&dir_model(holder, d)?, &model, None) {
+        if !same(&dir_model(holder, d)?, &model, None) || dir_mode(holder, d)? != dmode {
             return Err(format!("{step:?}: the live directory is not the model"));
         }
         traced.push(Traced {
@@ -369,10 +392,11 @@ fn sequence(
             fences: (start, fences()),
             before,
             after: model.clone(),
+            modes: (mode_before, dmode),
         });
     }
     let trace = owner.pmem().stop_trace();
-    if !same(&dir_model(&owner, d)?, &model, None) {
+    if !same(&dir_model(&owner, d)?, &model, None) || dir_mode(&owner, d)? != dmode {
         return Err("the owner's directory at the end is not the model".into());
     }
     report.steps += traced.len() as u64;
@@ -383,9 +407,15 @@ fn sequence(
             for img in trace.crash_images(point, max_images, seed) {
                 report.states += 1;
                 let sync_write = mode == Mode::Sync && matches!(t.step, Step::Write(..));
-                if let Err(why) =
-                    check_image(img.image, mode, d, &[&t.before, &t.after], sync_write)
-                {
+                let modes = [t.modes.0, t.modes.1];
+                if let Err(why) = check_image(
+                    img.image,
+                    mode,
+                    d,
+                    &[&t.before, &t.after],
+                    sync_write,
+                    Some(&modes),
+                ) {
                     report
                         .violations
                         .push(format!("{mode:?} {:?} {}: {why}", t.step, img.description));
@@ -415,6 +445,13 @@ fn dir_model<P: Pmem>(fs: &Fs<P>, d: u64) -> Result<Got, String> {
 /// A directory read back, as a model.
 type Got = BTreeMap<Vec<u8>, Vec<u8>>;
 
+/// `d`'s permission bits.
+fn dir_mode<P: Pmem>(fs: &Fs<P>, d: u64) -> Result<u32, String> {
+    fs.getattr(d)
+        .map(|a| a.mode & 0o7777)
+        .map_err(|e| format!("getattr d: {e}"))
+}
+
 /// Whether `got` is `m`: the same names, each with `m`'s bytes (or, for a
 /// sync-mode write in flight, `mixed` between `before`'s and `m`'s).
 fn same(got: &Got, m: &Model, before: Option<&Model>) -> bool {
@@ -431,14 +468,15 @@ fn same(got: &Got, m: &Model, before: Option<&Model>) -> bool {
 
 /// One crash image: fsck, recovery, `d` one of `allowed` (names exactly;
 /// a sync-mode write in flight, `sync_write`, may mix old and new bytes:
-/// `allowed` is then before and after), a clean unmount that fsck finds
-/// perfect.
+/// `allowed` is then before and after) and, if `modes` are given, `d`'s
+/// mode one of them; a clean unmount that fsck finds perfect.
 fn check_image(
     image: Vec<u8>,
     mode: Mode,
     d: u64,
     allowed: &[&Model],
     sync_write: bool,
+    modes: Option<&[u32]>,
 ) -> Result<(), String> {
     let pm = SimPool::from_image(image);
     fsck(&pm, false)?;
@@ -453,6 +491,13 @@ fn check_image(
             .collect();
         return Err(format!("d holds {names:?}: none of the states allowed"));
     }
+    if let Some(modes) = modes {
+        let got = dir_mode(&fs, d)?;
+        if !modes.contains(&got) {
+            let octal: Vec<String> = modes.iter().map(|m| format!("{m:o}")).collect();
+            return Err(format!("d's mode {got:o}: none of {octal:?}"));
+        }
+    }
     let pm = fs.unmount().map_err(|e| format!("unmount: {e}"))?;
     fsck(&pm, true)
 }
@@ -466,9 +511,10 @@ const KILL_CREATES: [&str; 3] = ["c1", "c2", "c3"];
 /// `o1` (lane 0).
 const KILL_UNLINKS: [&str; 2] = ["c2", "o1"];
 /// The names after each of the kill variant's operations (the write of
-/// `c1` changes none).
-const KILL_STATES: [&[&str]; 7] = [
+/// `c1` and the chmod of `d` after it change none).
+const KILL_STATES: [&[&str]; 8] = [
     &["o1"],
+    &["c1", "o1"],
     &["c1", "o1"],
     &["c1", "o1"],
     &["c1", "c2", "o1"],
@@ -478,6 +524,10 @@ const KILL_STATES: [&[&str]; 7] = [
 ];
 /// `c1`'s bytes once written.
 const KILL_WRITE: usize = 4096;
+/// `d`'s mode before the kill variant's chmod of it, and after.
+const KILL_MODES: (u32, u32) = (0o755, 0o700);
+/// The first of [`KILL_STATES`] after that chmod returned (`c2` made).
+const KILL_AFTER_CHMOD: usize = 4;
 /// Bound on the kill points (the operations have far fewer stores).
 const KILLS_MAX: u64 = 400;
 
@@ -563,6 +613,13 @@ fn kill_run(
         let (_, fh) = client.create(d, KILL_CREATES[0].as_bytes(), 0o644, 0, 0)?;
         client.write(&fh, 0, &[5u8; KILL_WRITE])?;
         client.release(fh);
+        // `d`'s own attributes under its lease: a kill between its
+        // SET_ATTR entry and the tail store leaves the entry unnamed.
+        let set = crate::types::SetAttr {
+            mode: Some(KILL_MODES.1),
+            ..Default::default()
+        };
+        client.setattr(d, &set)?;
         for name in &KILL_CREATES[1..] {
             let (_, fh) = client.create(d, name.as_bytes(), 0o644, 0, 0)?;
             client.release(fh);
@@ -612,6 +669,19 @@ fn kill_run(
         ));
     };
     report.adopted += (killed && reached > 0) as u64;
+    // `d`'s mode: the chmod's once a later create was adopted (its commit
+    // follows the chmod's in `d`'s log), either before.
+    let dmode = dir_mode(&owner, d)?;
+    let modes_allowed: &[u32] = if reached >= KILL_AFTER_CHMOD {
+        &[KILL_MODES.1]
+    } else {
+        &[KILL_MODES.0, KILL_MODES.1]
+    };
+    if !modes_allowed.contains(&dmode) {
+        return Err(format!(
+            "the reap adopted {dmode:o} for d's mode at state {reached}"
+        ));
+    }
     // Every slot and block accounted: the owner's books are what a
     // recovery scan of the memory as it is finds.
     let scan = Fs::mount(
@@ -682,7 +752,7 @@ fn kill_run(
             report.points += 1;
             for img in trace.crash_images(point, max_images, seed) {
                 report.states += 1;
-                check_image(img.image, mode, d, allowed, false)
+                check_image(img.image, mode, d, allowed, false, None)
                     .map_err(|why| format!("phase {i}, {}: {why}", img.description))?;
             }
         }

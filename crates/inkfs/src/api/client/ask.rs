@@ -38,9 +38,9 @@
 //! request.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 
-use super::Client;
+use super::{Client, Msg};
 use crate::api::ns;
 use crate::error::Result;
 use crate::perm::Credentials;
@@ -246,6 +246,28 @@ impl Client {
     /// whose grant did not say `dirs=1`.
     pub fn ns_adaptive(&self, cred: &Credentials, op: ns::Op) -> Result<ns::Done> {
         self.ns_asking(cred, op, super::Ask::Adaptive)
+    }
+
+    /// Send `op` with `+dir` (and `+lane` if the server leases lanes)
+    /// whatever this client's book says, and take nothing of the answer
+    /// into the book: a raw client's ask, for tests of the server's
+    /// answer to an ask the book would not send (a second ask by the
+    /// holder of the lease, which the server must answer at once).
+    #[doc(hidden)]
+    pub fn ns_ask_unchecked(&self, cred: &Credentials, op: ns::Op) -> Result<ns::Done> {
+        let seq = self.seq.fetch_add(1, SeqCst) + 1;
+        let req = ns::Request {
+            seq,
+            cred: cred.clone(),
+            op,
+            give: Vec::new(),
+            dir_lease: true,
+            lane_lease: self.grant.lanes,
+        };
+        match self.ask(&Msg::Ns(req))? {
+            Msg::Done(d) if d.seq == seq => Ok(d),
+            other => Err(super::protocol_error(&other)),
+        }
     }
 
     /// Give back every directory lease this client holds, and with the

@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering::SeqCst;
 
 use super::{lock, Client, Msg, Shared};
-use crate::api::dirlease::Local;
+use crate::api::dirlease::{Local, HELD_MAX};
 use crate::api::ns;
 use crate::perm::Credentials;
 
@@ -105,17 +105,43 @@ impl Client {
             d.and_then(|d| d.dir.as_ref()),
             d.and_then(|d| d.lane.as_ref()),
         );
-        let (_, back) = self
+        let (held, back) = self
             .shared
             .dirs
             .answered_with(&self.shared.fs, dir, answer, lane);
         if let Some(r) = back {
             let _ = self.shared.send(&Msg::ReleasedLane(r));
         }
+        if held {
+            // Past the bound, the oldest lease goes back (`HELD_MAX`).
+            if let Some((old, gen)) = self.shared.dirs.oldest_beyond(HELD_MAX) {
+                debug_assert_ne!(old, dir, "the newest grant given back");
+                self.shared.give_back_dir(old, gen);
+            }
+        }
     }
 }
 
 impl Shared {
+    /// `return` lines for the blocks it freed, then the lines of `then`,
+    /// in one write (one system call).
+    pub(super) fn send_lines(
+        &self,
+        freed: &[(u64, u64)],
+        then: &[Msg],
+    ) -> crate::error::Result<()> {
+        let mut lines = String::new();
+        for m in Msg::split(freed, Msg::Return).iter().chain(then) {
+            m.write_line(&mut lines);
+        }
+        if lines.is_empty() {
+            return Ok(());
+        }
+        self.sent.fetch_add(1, SeqCst);
+        let out = lock(&self.out);
+        self.write_lines(&out, &lines)
+    }
+
     /// Give directory `dir`'s grant `gen` back (out of the book already):
     /// the files made under it that this client still writes kept, the
     /// others' leases dropped, the blocks it freed returned first, and
@@ -141,7 +167,11 @@ impl Shared {
             }
         }
         let freed = fs.take_client_freed();
-        let _ = self.send_ranges(&freed, Some(&Msg::ReleasedDir(dir, gen, back.kept)), &[]);
+        let _ = self.send_ranges(
+            &freed,
+            Some(&Msg::ReleasedDir(dir, gen, back.kept, back.removed)),
+            &[],
+        );
         if let Some(r) = back.lane {
             let _ = self.send(&Msg::ReleasedLane(r));
         }

@@ -1,0 +1,76 @@
+//! Helpers of the lane lease tests (lane_lease.rs, lane_unlink.rs): an
+//! API client's requests, the server's counters, and the server's books
+//! against a scan (what a live mount counts free must be what a
+//! remount's recovery scan finds, with no double free counted and fsck
+//! clean).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use inkfs::api::ns::Op;
+use inkfs::api::Credentials;
+
+use super::preload::fsck_clean;
+use super::{stats_json, Mounted, Pool};
+
+pub fn root() -> Credentials {
+    Credentials::root()
+}
+
+/// A counter of `inkfs stat --json`.
+pub fn stat_u64(mnt: &Path, key: &str) -> u64 {
+    let s = stats_json(mnt).expect("statistics");
+    s[key].as_u64().unwrap_or_else(|| panic!("no {key} in {s}"))
+}
+
+/// Wait until `f` holds (a condition another process makes true).
+pub fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < inkfs::testkit::WAIT_LIMIT, "never: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A create of `name` in `dir`, opened for writing.
+pub fn create_op(dir: u64, name: &str) -> Op {
+    create_with(dir, name, libc::O_WRONLY)
+}
+
+/// A create of `name` in `dir`, opened with `access`.
+pub fn create_with(dir: u64, name: &str, access: i32) -> Op {
+    Op::Create {
+        dir,
+        name: name.as_bytes().to_vec(),
+        mode: 0o644,
+        flags: libc::O_CREAT | access,
+    }
+}
+
+/// (free blocks, inodes in use) of the mount's file system.
+pub fn statvfs(mnt: &Path) -> (u64, u64) {
+    let c = std::ffi::CString::new(mnt.as_os_str().as_encoded_bytes()).expect("a path");
+    // SAFETY: all-zero is a valid statvfs; the kernel fills it.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a statvfs to fill.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    (st.f_bfree, st.f_files - st.f_ffree)
+}
+
+/// The mount's books against a scan: no double free counted
+/// (`frees_refused`), then unmounted and mounted again (the recovery's
+/// scan rebuilds the free lists), its free blocks and inodes are what the
+/// live server counted, and fsck finds nothing.
+pub fn books_match_a_scan(pool: &Pool, m: Mounted) -> Mounted {
+    assert_eq!(stat_u64(m.path(), "frees_refused"), 0, "blocks freed twice");
+    let live = statvfs(m.path());
+    let dir = m.unmount();
+    fsck_clean(pool);
+    let m = Mounted::at(pool, dir, "mode=strict");
+    assert_eq!(
+        statvfs(m.path()),
+        live,
+        "the server's books differ from a scan"
+    );
+    m
+}
