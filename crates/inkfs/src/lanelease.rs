@@ -164,6 +164,10 @@ pub struct LaneSettled {
 #[derive(Default)]
 pub(crate) struct ClientLane {
     held: Mutex<Option<HeldLane>>,
+    /// Lane leases taken so far: numbers each [`HeldLane`], so that an
+    /// answer asked under one lease is not taken into a later one of the
+    /// same lane ([`Fs::client_add_slots`]).
+    takes: std::sync::atomic::AtomicU64,
     /// Directories whose write lease this client holds (the directory
     /// lease: the per-inode lease with its directory flag).
     pub(crate) dirs: Mutex<Vec<crate::rmlocal::DirLease>>,
@@ -203,6 +207,8 @@ impl ClientLane {
 
 struct HeldLane {
     lane: u32,
+    /// Which of the client's lane leases this is (`ClientLane::takes`).
+    taken: u64,
     /// Handed-out slots not used yet, descending (the lowest is popped).
     slots: Vec<u64>,
     /// The grant's slots, ascending.
@@ -792,8 +798,10 @@ impl<P: Pmem> Fs<P> {
         slots.sort_unstable_by(|a, b| b.cmp(a));
         let mut granted = grant.slots.clone();
         granted.sort_unstable();
+        let taken = side.lane.takes.fetch_add(1, SeqCst) + 1;
         *held = Some(HeldLane {
             lane: grant.lane,
+            taken,
             slots,
             granted,
         });
@@ -836,20 +844,35 @@ impl<P: Pmem> Fs<P> {
     }
 
     /// More slots of the lane this client engine holds (`slots K`'s
-    /// answer). EINVAL if it holds another lane or none.
-    pub fn client_add_slots(&self, lane: u32, slots: &[u64]) -> Result<()> {
+    /// answer to a request sent while it held lease `taken` of the lane,
+    /// [`Fs::client_lane_lease`]). EINVAL if it holds another lane, none,
+    /// or a later lease of the same lane: the lane may have gone back
+    /// while the request was in flight, its unused slots (these among
+    /// them, FREE) returned to the owner's list, and a new grant of it
+    /// handed some of them out again, so two creates would be given one
+    /// slot (the second found it in use: EIO). Slots refused here are
+    /// FREE in the owner's books of that grant, which its take-back
+    /// returns to its list as any unused slot.
+    pub fn client_add_slots(&self, lane: u32, taken: u64, slots: &[u64]) -> Result<()> {
         let Some(side) = &self.client else {
             return errno(libc::EINVAL);
         };
         let mut held = lock(&side.lane.held);
         match held.as_mut() {
-            Some(h) if h.lane == lane => {
+            Some(h) if h.lane == lane && h.taken == taken => {
                 h.slots.extend_from_slice(slots);
                 h.slots.sort_unstable_by(|a, b| b.cmp(a));
                 Ok(())
             }
             _ => errno(libc::EINVAL),
         }
+    }
+
+    /// The lane this client engine holds and which of its lane leases
+    /// that is (for [`Fs::client_add_slots`]).
+    pub fn client_lane_lease(&self) -> Option<(u32, u64)> {
+        let side = self.client.as_ref()?;
+        lock(&side.lane.held).as_ref().map(|h| (h.lane, h.taken))
     }
 
     /// The lane this client engine holds.

@@ -868,3 +868,54 @@ fn a_removal_failing_a_rule_is_not_local() {
     assert!(errors.is_empty(), "{errors:?}");
     assert_eq!(p.owner.statfs(), scan);
 }
+
+/// Issue 16's lost creates (docs/KERNEL-FREE.md, "Built: a late `slots`
+/// answer"): a client asks `slots K` with its lane's slots used up; the
+/// lane goes back (the last directory's recall) before the answer lands,
+/// its unused slots, the answer's among them, FREE again in the owner's
+/// list; a new grant of the same lane hands some of them out again; the
+/// late answer must not add them to the new lease, or two creates get one
+/// slot and the second fails ("handed out while in use": EIO to the
+/// program, whose thread's file was then missing from its listing).
+/// Replayed here in the order the wire delivered it.
+#[test]
+fn slots_answered_for_an_earlier_lane_lease_are_not_taken() {
+    let p = pair("lateslots");
+    let d = p.owner.mkdir(ROOT, b"d", 0o755, 0, 0).unwrap().ino;
+    let (g, _) = grant(&p, d, 1);
+    let (lane, taken) = p.client.client_lane_lease().unwrap();
+    assert_eq!(lane, g.lane);
+    client_creates(&p, d, &["a".to_string()]);
+    assert_eq!(p.client.client_lane_slots(), 0);
+    // The server answers `slots K` for the first lease...
+    let late = p.owner.lease_more_slots(lane, 4).unwrap();
+    assert!(!late.is_empty());
+    // ...the lane goes back, and is granted again, before it lands.
+    give_back(&p, d);
+    let (g2, _) = grant(&p, d, 8);
+    assert_eq!(g2.lane, lane);
+    assert!(
+        late.iter().any(|s| g2.slots.contains(s)),
+        "no slot handed out twice: the test shows nothing ({late:?}, {:?})",
+        g2.slots
+    );
+    let now = p.client.client_lane_lease().unwrap();
+    assert_ne!(now.1, taken);
+    assert!(p.client.client_add_slots(lane, taken, &late).is_err());
+    assert_eq!(p.client.client_lane_slots(), 8);
+    // Every slot held is the client's alone: each create finds it FREE.
+    let names: Vec<String> = (0..8).map(|i| format!("f{i}")).collect();
+    client_creates(&p, d, &names);
+    // An answer to the lease held now is taken.
+    let more = p.owner.lease_more_slots(lane, 2).unwrap();
+    p.client.client_add_slots(lane, now.1, &more).unwrap();
+    assert_eq!(p.client.client_lane_slots(), more.len());
+    give_back(&p, d);
+    assert_eq!(names_of(&p, d), 9);
+    let (_, problems) = scanned(&p);
+    assert!(problems.is_empty(), "{problems:?}");
+}
+
+fn names_of(p: &Pair, d: u64) -> usize {
+    names(&p.owner, d).len()
+}

@@ -88,10 +88,10 @@ impl Client {
     /// server gave none (the creates go to it).
     fn more_slots(&self) -> Option<()> {
         let fs = &self.shared.fs.fs;
-        let k = fs.client_lane()?;
+        let (k, taken) = fs.client_lane_lease()?;
         match self.ask(&Msg::Slots(k)).ok()? {
             Msg::SlotsGiven(lane, slots) if lane == k && !slots.is_empty() => {
-                fs.client_add_slots(k, &slots).ok()
+                fs.client_add_slots(k, taken, &slots).ok()
             }
             _ => None,
         }
