@@ -14,14 +14,12 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 use common::lanes::*;
 use common::preload::fsck_clean;
 use common::*;
 use inkfs::api::client::Client;
 use inkfs::api::dirlease::{DirAnswer, Refusal};
-use inkfs::api::ns::Done;
 use inkfs::api::OpenFlags;
 
 const CHILD_ENV: &str = "INKFS_LANE_LEASE_CHILD";
@@ -31,19 +29,6 @@ const CHILD_FROM_ENV: &str = "INKFS_LANE_LEASE_CHILD_FROM";
 fn client_creates(mnt: &Path) -> u64 {
     let s = stats_json(mnt).expect("statistics");
     s["ops"]["client_create"]["count"].as_u64().unwrap_or(0)
-}
-
-/// D's lease and a lane, asked with a create of `name` (through the ring).
-fn lease(c: &Client, dir: u64, name: &str) {
-    let d: Done = c
-        .ns_dir_lease(&root(), create_op(dir, name))
-        .expect("asked");
-    assert_eq!(d.errno, 0, "create {name}");
-    assert!(
-        matches!(d.dir, Some(DirAnswer::Granted { .. })),
-        "not granted: {:?}",
-        d.dir
-    );
 }
 
 /// Create `name` in `dir` (under the lease when held) and write `data`
@@ -254,20 +239,13 @@ fn lane_lease_child() {
 }
 
 fn spawn_child(mnt: &Path, d: u64, from: u64) -> std::process::Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "lane_lease_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, mnt)
-        .env(CHILD_DIR_ENV, d.to_string())
-        .env(CHILD_FROM_ENV, from.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn the client")
+    spawn_kill_loop_child(
+        "lane_lease_child",
+        [CHILD_ENV, CHILD_DIR_ENV, CHILD_FROM_ENV],
+        mnt,
+        d,
+        from,
+    )
 }
 
 /// The names a child acknowledged until it was killed after `acks` of

@@ -14,14 +14,12 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 use common::lanes::*;
 use common::preload::fsck_clean;
 use common::*;
 use inkfs::api::client::Client;
-use inkfs::api::dirlease::DirAnswer;
-use inkfs::api::ns::{Done, Op};
+use inkfs::api::ns::Op;
 use inkfs::api::OpenFlags;
 
 const CHILD_ENV: &str = "INKFS_LANE_UNLINK_CHILD";
@@ -39,19 +37,6 @@ fn unlink_op(dir: u64, name: &str) -> Op {
         dir,
         name: name.as_bytes().to_vec(),
     }
-}
-
-/// D's lease and a lane, asked with a create of `name` (through the ring).
-fn lease(c: &Client, dir: u64, name: &str) {
-    let d: Done = c
-        .ns_dir_lease(&root(), create_op(dir, name))
-        .expect("asked");
-    assert_eq!(d.errno, 0, "create {name}");
-    assert!(
-        matches!(d.dir, Some(DirAnswer::Granted { .. })),
-        "not granted: {:?}",
-        d.dir
-    );
 }
 
 /// Create `name` in `dir` (under the lease when held) and write `data`
@@ -430,20 +415,13 @@ fn lane_unlink_child() {
 }
 
 fn spawn_child(mnt: &Path, d: u64, from: u64) -> std::process::Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "lane_unlink_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, mnt)
-        .env(CHILD_DIR_ENV, d.to_string())
-        .env(CHILD_FROM_ENV, from.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn the client")
+    spawn_kill_loop_child(
+        "lane_unlink_child",
+        [CHILD_ENV, CHILD_DIR_ENV, CHILD_FROM_ENV],
+        mnt,
+        d,
+        from,
+    )
 }
 
 /// What a child acknowledged: (made, gone), read until `stop` says so

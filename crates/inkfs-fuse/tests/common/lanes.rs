@@ -5,9 +5,12 @@
 //! clean).
 
 use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use inkfs::api::ns::Op;
+use inkfs::api::client::Client;
+use inkfs::api::dirlease::DirAnswer;
+use inkfs::api::ns::{Done, Op};
 use inkfs::api::Credentials;
 
 use super::preload::fsck_clean;
@@ -73,4 +76,32 @@ pub fn books_match_a_scan(pool: &Pool, m: Mounted) -> Mounted {
         "the server's books differ from a scan"
     );
     m
+}
+
+/// Take `dir`'s lease (and a lane) with a create of `name` in it.
+pub fn lease(c: &Client, dir: u64, name: &str) {
+    let d: Done = c
+        .ns_dir_lease(&root(), create_op(dir, name))
+        .expect("asked");
+    assert_eq!(d.errno, 0, "create {name}");
+    assert!(
+        matches!(d.dir, Some(DirAnswer::Granted { .. })),
+        "not granted: {:?}",
+        d.dir
+    );
+}
+
+/// A kill loop's child: this test binary running only `test`, told the
+/// mount, D's inode number and the first file number through the
+/// variables named in `env` (in that order); its stdout piped.
+pub fn spawn_kill_loop_child(test: &str, env: [&str; 3], mnt: &Path, d: u64, from: u64) -> Child {
+    Command::new(std::env::current_exe().expect("this test binary"))
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(env[0], mnt)
+        .env(env[1], d.to_string())
+        .env(env[2], from.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the client")
 }
