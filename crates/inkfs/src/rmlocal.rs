@@ -374,7 +374,9 @@ impl<P: Pmem> Fs<P> {
         if self.is_client() {
             return errno(libc::EINVAL);
         }
-        let Ok(inode) = self.iget(ino) else {
+        // As the record says now: the owner's cached object may predate
+        // the client's removal (and the slot's reuse).
+        let Ok(inode) = self.iget_current(ino) else {
             return Ok(false);
         };
         let mut st = write(&inode.state);
