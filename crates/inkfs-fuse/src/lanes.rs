@@ -212,6 +212,32 @@ pub(crate) fn released(leases: &Leases, holder: &Holder, ret: &LaneReturn) -> Re
     Ok(())
 }
 
+/// The whole blocks (log pages but chunks, data) of the inodes a client
+/// linked into a directory under its lease, at the lease's settle: they
+/// leave its books then (docs/KERNEL-FREE.md, "The books of a client's
+/// chunk blocks", files made under a directory lease). From that moment
+/// the client's authority over them is a file lease's at most (`kept=`,
+/// adopted before D is settled: they are its grant's blocks), and anyone
+/// may free them (the server's removal of a file made under an earlier
+/// lease, a later grant's settle of a displaced block), once. Left in the
+/// books they were freed twice: by that free, and with the reservation's
+/// rest at the session's end. A log chunk's block stays the lane's
+/// (settled at its take-back or reaping); an inode gone since (removed
+/// under the lease: its blocks came back in `return`s) names nothing.
+pub(crate) fn made_blocks(engine: &Engine, made: &[u64]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for &ino in made {
+        match engine.whole_blocks_named(ino) {
+            Ok(named) => out.extend(named),
+            Err(e) if e.errno() == libc::ENOENT => {}
+            // Its log does not load (damage: the pool wants fsck): its
+            // blocks stay in the books, as before this settle named any.
+            Err(e) => eprintln!("inkfs: inode {ino} made under a directory lease: {e}"),
+        }
+    }
+    out
+}
+
 /// The holder died (or its session was ended) holding a lane: the
 /// reaping (docs/KERNEL-FREE.md, "What each crash leaves (stage 5)",
 /// steps 2 and 4-6: `Fs::reap_lane`) with its leased directories and its

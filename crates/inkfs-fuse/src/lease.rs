@@ -140,6 +140,21 @@ impl Holder {
         }
     }
 
+    /// A lease of `ino` granted to it, the inode naming `named` (its
+    /// `before`): those blocks are the inode's, out of the reservation's
+    /// books (docs/KERNEL-FREE.md, "Built: the books with the ask on").
+    /// A block a file made under a directory lease still had there (the
+    /// directory's settle not seen yet) was otherwise freed twice: by the
+    /// `return` of it, taken from the books, and by the lease's settle,
+    /// which frees what `before` has and the file no longer names.
+    fn lease_named(&self, ino: u64, named: &[(u64, u64)]) {
+        let mut books = lock(&self.books);
+        for &(s, l) in named {
+            books.reserved.remove(s, l);
+        }
+        books.leases.insert(ino);
+    }
+
     /// Whether the client died (its session ended).
     pub(crate) fn is_dead(&self) -> bool {
         self.dead.load(SeqCst)
@@ -393,7 +408,7 @@ impl Leases {
             e.before = RangeSet::from_ranges(&refs);
             e.recalling = false;
             e.dir = false;
-            lock(&holder.books).leases.insert(ino);
+            holder.lease_named(ino, &refs);
             self.lanes.kept();
         }
     }
@@ -606,10 +621,11 @@ impl Leases {
             }
             e.holder = Some(holder.clone());
             e.gen = self.next_gen.fetch_add(1, Relaxed);
+            let named = before.ranges();
             e.before = before;
             e.recalling = false;
             e.dir = dir;
-            lock(&holder.books).leases.insert(ino);
+            holder.lease_named(ino, &named);
             return Ok((e.gen, view));
         }
     }
@@ -713,11 +729,14 @@ impl Leases {
         }
         // A directory's holder wrote its new entries' log pages from its
         // reservation: caught up, the blocks its log names leave the
-        // reservation (they are the directory's now).
+        // reservation (they are the directory's now), and so do those of
+        // the files it made under the lease (crate::lanes::made_blocks).
         let after = if dir {
-            engine
-                .dir_catch_up(ino)
-                .and_then(|()| engine.blocks_named(ino))
+            engine.dir_catch_up_made(ino).and_then(|made| {
+                let mut refs = engine.blocks_named(ino)?;
+                refs.extend(crate::lanes::made_blocks(&engine, &made));
+                Ok(refs)
+            })
         } else {
             engine.lease_refs(ino)
         };

@@ -101,7 +101,9 @@ impl<P: Pmem> Fs<P> {
     /// still linked, with generation `generation` (the one its lookup
     /// found), so the hold protects the file it opened.
     pub fn is_linked(&self, ino: u64, generation: u64) -> bool {
-        self.iget(ino).is_ok_and(|inode| {
+        // As the record says now: the owner's cached object of a slot a
+        // client freed and made again under its lane is stale.
+        self.iget_current(ino).is_ok_and(|inode| {
             let st = read(&inode.state);
             !st.gone && !st.orphan && st.generation == generation
         })

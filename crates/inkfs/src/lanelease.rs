@@ -611,17 +611,32 @@ impl<P: Pmem> Fs<P> {
     /// visible and not durable, which nothing may be built on). A
     /// directory removed meanwhile: Ok, nothing to settle.
     pub fn settle_dir(&self, dir: u64) -> Result<()> {
+        self.settle_dir_made(dir).map(drop)
+    }
+
+    /// [`Fs::settle_dir`], and the inodes the holder linked into `dir`
+    /// meanwhile and still has there (its DIR_ADD entries past the
+    /// owner's cached tail that no later DIR_REMOVE undid, each once):
+    /// the files it made under the lease, whose blocks its reservation
+    /// paid for and which the lease's end hands to the owner
+    /// (docs/KERNEL-FREE.md, "Built: the books with the ask on"). Nothing
+    /// for a directory removed meanwhile.
+    pub fn settle_dir_made(&self, dir: u64) -> Result<Vec<u64>> {
         let inode = self.iget_cached(dir)?;
         if inode.kind != FileKind::Dir {
             return errno(libc::ENOTDIR);
         }
+        let (head, from) = {
+            let st = read(&inode.state);
+            (st.log.head, st.log.tail)
+        };
         match self.catch_up_now(&inode) {
-            Err(e) if e.errno() == libc::ENOENT && inode.is_gone() => return Ok(()),
+            Err(e) if e.errno() == libc::ENOENT && inode.is_gone() => return Ok(Vec::new()),
             r => r?,
         }
         self.pm.flush(inode.rec_off + INODE_TAIL_FIELD, 8);
         self.pm.fence();
-        Ok(())
+        self.added_between(&inode, head, from)
     }
 
     /// Walk `lane`'s chain from `known_end` on: the blocks after it, each
@@ -746,6 +761,24 @@ impl<P: Pmem> Fs<P> {
             }
         }
         (orphans, freed, named)
+    }
+
+    /// Inode `ino` as its record says now, whether or not the pool is
+    /// shared: the owner's cached object caught up, or loaded again if it
+    /// was stale (a client under a lane lease freed the inode and perhaps
+    /// made another in its slot: the owner hears of neither, and its
+    /// `iget` does not catch up). ENOENT for a slot free now.
+    pub(crate) fn iget_current(&self, ino: u64) -> Result<Arc<Inode>> {
+        let inode = self.iget(ino)?;
+        match self.catch_up_now(&inode) {
+            Ok(()) => Ok(inode),
+            Err(e) if e.errno() == libc::ENOENT && inode.is_gone() => {
+                let fresh = self.iget_cached(ino)?;
+                self.catch_up_now(&fresh)?;
+                Ok(fresh)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Whether slot `slot` of `lane` is handed out to a client now.
@@ -875,6 +908,12 @@ impl<P: Pmem> Fs<P> {
             Some(h) if h.lane == lane && h.taken == taken => {
                 h.slots.extend_from_slice(slots);
                 h.slots.sort_unstable_by(|a, b| b.cmp(a));
+                // Part of the grant as the first slots are: an inode made
+                // in one is the client's to free as the reservation's
+                // (`ClientLane::granted`, rmlocal.rs), as the owner's
+                // grant, which `lease_more_slots` extended, says.
+                h.granted.extend_from_slice(slots);
+                h.granted.sort_unstable();
                 Ok(())
             }
             _ => errno(libc::EINVAL),

@@ -586,7 +586,9 @@ impl<P: Pmem> Fs<P> {
 
     /// Whether inode `ino` is an unlinked file kept alive by open handles.
     pub fn is_orphan(&self, ino: u64) -> Result<bool> {
-        let inode = self.iget(ino)?;
+        // As the record says now: a client under a lane lease may have
+        // orphaned it since the owner cached it (lanelease.rs).
+        let inode = self.iget_current(ino)?;
         let st = read(&inode.state);
         Ok(st.orphan || st.gone)
     }

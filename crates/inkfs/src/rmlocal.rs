@@ -374,7 +374,9 @@ impl<P: Pmem> Fs<P> {
         if self.is_client() {
             return errno(libc::EINVAL);
         }
-        let Ok(inode) = self.iget(ino) else {
+        // As the record says now: the owner's cached object may predate
+        // the client's removal (and the slot's reuse).
+        let Ok(inode) = self.iget_current(ino) else {
             return Ok(false);
         };
         let mut st = write(&inode.state);
@@ -488,19 +490,58 @@ impl<P: Pmem> Fs<P> {
     /// tail `from` and the directory's tail now (its DIR_REMOVE entries),
     /// for the reaping of a dead client's lane.
     pub(crate) fn removed_between(&self, dir: &Arc<Inode>, head: u64, from: u64) -> Result<Vec<u64>> {
-        let to = read(&dir.state).log.tail;
         let mut out = Vec::new();
+        self.entries_between(dir, head, from, |added, ino| {
+            if !added {
+                out.push(ino);
+            }
+        })?;
+        // Each once (a slot freed and made again under one lease).
+        out.sort_unstable();
+        out.dedup();
+        Ok(out)
+    }
+
+    /// The inodes a client linked into `dir` between the owner's cached
+    /// tail `from` and the directory's tail now and did not remove since
+    /// (DIR_ADD entries not followed by a DIR_REMOVE of the inode), for
+    /// the settle of its directory lease ([`Fs::settle_dir_made`]). An
+    /// inode removed under the lease is left out: its slot may hold
+    /// another file by now (made again in another directory), whose
+    /// blocks are not this lease's.
+    pub(crate) fn added_between(&self, dir: &Arc<Inode>, head: u64, from: u64) -> Result<Vec<u64>> {
+        let mut linked = std::collections::BTreeSet::new();
+        self.entries_between(dir, head, from, |added, ino| {
+            if added {
+                linked.insert(ino);
+            } else {
+                linked.remove(&ino);
+            }
+        })?;
+        Ok(linked.into_iter().collect())
+    }
+
+    /// Each DIR_ADD (true) and DIR_REMOVE (false) of `dir` past `from`,
+    /// in log order, with the child's inode number.
+    fn entries_between(
+        &self,
+        dir: &Arc<Inode>,
+        head: u64,
+        from: u64,
+        mut f: impl FnMut(bool, u64),
+    ) -> Result<()> {
+        let to = read(&dir.state).log.tail;
         if to == from {
-            return Ok(out);
+            return Ok(());
         }
         crate::log::walk_from(&self.pm, &self.geo, dir.ino, head, from, to, |_, e| {
-            if let crate::log::Entry::DirRemove { head, .. } = e {
-                if !out.contains(&head.ino) {
-                    out.push(head.ino);
-                }
+            match e {
+                crate::log::Entry::DirAdd { head, .. } => f(true, head.ino),
+                crate::log::Entry::DirRemove { head, .. } => f(false, head.ino),
+                _ => {}
             }
             Ok(())
         })?;
-        Ok(out)
+        Ok(())
     }
 }

@@ -267,6 +267,13 @@ impl<P: Pmem> Filesystem<P> {
             .collect())
     }
 
+    /// Directory `ino` caught up with what its lease holder committed
+    /// (`Fs::settle_dir_made`), and the inodes the holder linked into it
+    /// under the lease (its new files: their blocks leave its books).
+    pub fn dir_catch_up_made(&self, ino: u64) -> Result<Vec<u64>> {
+        self.fs.settle_dir_made(ino)
+    }
+
     /// [`Filesystem::blocks_named`] but the log chunks: the whole blocks
     /// only (a chunk block is settled as one, at a lane's return or
     /// reaping). For a client's orphan (`orphan INO GEN`).
@@ -282,12 +289,11 @@ impl<P: Pmem> Filesystem<P> {
     /// Inode `ino`'s log pages (chunk ids as they are) and data, caught
     /// up with its record first; nothing for an inode gone.
     fn pages_named(&self, ino: u64) -> Result<Vec<(u64, u64)>> {
-        let inode = self.fs.iget(ino)?;
-        match self.fs.catch_up_now(&inode) {
-            Err(e) if e.errno() == libc::ENOENT && inode.is_gone() => return Ok(Vec::new()),
-            r => r?,
+        match self.fs.iget_current(ino) {
+            Ok(inode) => self.fs.inode_blocks(&inode),
+            Err(e) if e.errno() == libc::ENOENT => Ok(Vec::new()),
+            Err(e) => Err(e),
         }
-        self.fs.inode_blocks(&inode)
     }
 
     /// The blocks of lane `lane`'s inode table chain (a client grows it
