@@ -77,7 +77,7 @@ impl Client {
 
     /// Whether a create in `dir` went to the server for want of a slot
     /// only: the lease of `dir` held, a lane held with none left.
-    fn more_slots_due(&self, dir: u64) -> bool {
+    pub(super) fn more_slots_due(&self, dir: u64) -> bool {
         let fs = &self.shared.fs.fs;
         self.shared.dirs.held(dir).is_some()
             && fs.client_lane().is_some()
@@ -86,7 +86,7 @@ impl Client {
 
     /// Ask for more slots of the lane held (`slots K`): None if the
     /// server gave none (the creates go to it).
-    fn more_slots(&self) -> Option<()> {
+    pub(super) fn more_slots(&self) -> Option<()> {
         let fs = &self.shared.fs.fs;
         let (k, taken) = fs.client_lane_lease()?;
         match self.ask(&Msg::Slots(k)).ok()? {
