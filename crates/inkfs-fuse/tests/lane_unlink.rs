@@ -384,13 +384,7 @@ fn lane_unlink_child() {
     let Ok(mnt) = std::env::var(CHILD_ENV) else {
         return;
     };
-    let num = |k: &str| -> u64 {
-        std::env::var(k)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .expect("a number")
-    };
-    let (d, from) = (num(CHILD_DIR_ENV), num(CHILD_FROM_ENV));
+    let (d, from) = (env_u64(CHILD_DIR_ENV), env_u64(CHILD_FROM_ENV));
     let c = Client::attach_mountpoint(Path::new(&mnt), None).expect("attach");
     let other = Client::attach_mountpoint(Path::new(&mnt), None).expect("attach");
     lease(&c, d, &format!("lease{from}"));

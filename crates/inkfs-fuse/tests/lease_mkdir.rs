@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
@@ -244,13 +243,7 @@ fn lease_mkdir_child() {
     let Ok(mnt) = std::env::var(CHILD_MNT_ENV) else {
         return;
     };
-    let num = |k: &str| -> u64 {
-        std::env::var(k)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .expect("a number")
-    };
-    let (d, from) = (num(CHILD_DIR_ENV), num(CHILD_FROM_ENV));
+    let (d, from) = (env_u64(CHILD_DIR_ENV), env_u64(CHILD_FROM_ENV));
     let c = Client::attach_mountpoint(Path::new(&mnt), None).expect("attach");
     lease(&c, d, &format!("lease{from}"));
     println!("@granted");
@@ -272,28 +265,6 @@ fn lease_mkdir_child() {
             println!("@made {f}");
         }
     }
-}
-
-/// The names a child acknowledged until it was killed after `acks` of
-/// them.
-fn run_and_kill(child: &mut std::process::Child, acks: usize) -> Vec<String> {
-    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-    let (mut line, mut made, mut granted) = (String::new(), Vec::new(), false);
-    while out.read_line(&mut line).unwrap_or(0) > 0 {
-        granted |= line.contains("@granted");
-        if let Some(name) = line.trim_end().strip_prefix("@made ") {
-            made.push(name.to_string());
-            if made.len() >= acks {
-                // SAFETY: a signal to our own child.
-                unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
-                break;
-            }
-        }
-        line.clear();
-    }
-    let _ = child.wait();
-    assert!(granted, "the child never got D's lease");
-    made
 }
 
 /// A client making directories (and some files) under D's lease,
@@ -468,24 +439,8 @@ fn unlinks_of_files_the_process_wrote_ask_for_the_lease() {
 /// [`PY_WRITE_THEN_DELETE`] in `d`, the ask on, once `ready`; `keep`
 /// written last when `keep`.
 fn write_then_delete(d: &Path, stats: &Path, keep: bool) -> std::process::Child {
-    use std::process::Stdio;
-    let mut c = std::process::Command::new(PYTHON);
-    c.arg("-c").arg(PY_WRITE_THEN_DELETE).arg(d);
-    if keep {
-        c.arg("keep");
-    }
-    c.env("LD_PRELOAD", lib())
-        .env("INKFS_PRELOAD_STATS", stats)
-        .envs(ASK.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped());
-    let mut child = c.spawn().expect("python");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read");
-    assert_eq!(line, "ready\n", "the script failed");
-    child
+    let args: &[&str] = if keep { &["keep"] } else { &[] };
+    python_when_ready_args(PY_WRITE_THEN_DELETE, d, args, stats, ASK)
 }
 
 /// **Ignored: a bug of main's found here, not fixed on this branch** (the

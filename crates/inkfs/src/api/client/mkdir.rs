@@ -26,7 +26,6 @@
 use std::sync::atomic::Ordering::SeqCst;
 
 use super::Client;
-use crate::api::dirlease::Local;
 use crate::api::ns;
 use crate::perm::Credentials;
 
@@ -52,34 +51,12 @@ impl Client {
         if self.shared.dirs.count() == 0 || self.shared.closed.load(SeqCst) {
             return None;
         }
-        let done = |errno, ino, igen| ns::Done {
-            seq,
-            errno,
-            ino,
-            igen,
-            gen: 0,
-            dir: None,
-            lane: None,
-        };
-        for tries in 1..=2 {
-            let refills = self.shared.refills.load(SeqCst);
-            let r = self.call(|fs| self.shared.dirs.mkdir_local(fs, cred, *dir, name, *mode));
-            match r {
-                Local::Made(a, _) => {
-                    self.shared.dirs.asks().born(a.ino);
-                    self.shared.refill_ahead_if_low(0);
-                    return Some(done(0, a.ino, a.generation));
-                }
-                Local::Failed(e) => return Some(done(e, 0, 0)),
-                Local::NoSpace if tries == 1 => {
-                    self.refill(0, 1, refills).ok()?;
-                }
-                Local::Server if tries == 1 && self.more_slots_due(*dir) => {
-                    self.more_slots()?;
-                }
-                Local::NoSpace | Local::Server => return None,
-            }
+        let r = self.local_with_retries(*dir, || {
+            self.call(|fs| self.shared.dirs.mkdir_local(fs, cred, *dir, name, *mode))
+        })?;
+        if let Ok((a, _)) = &r {
+            self.shared.dirs.asks().born(a.ino);
         }
-        None
+        Some(super::local::answer(seq, r))
     }
 }
