@@ -257,10 +257,7 @@ fn spawn_child(mnt: &Path, d: u64, from: u64) -> std::process::Child {
 #[test]
 fn a_client_killed_under_the_lease_is_reaped() {
     require_root();
-    let rounds: u64 = std::env::var("INKFS_TEST_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(8);
+    let rounds = kill_loop_rounds();
     let pool = Pool::new("ll-kill", 64);
     let m = Mounted::new(&pool, "mode=strict");
     std::fs::create_dir(m.p("D")).unwrap();
@@ -306,14 +303,7 @@ fn a_client_killed_under_the_lease_is_reaped() {
         "{rounds} rounds: {reaped} lanes reaped, {} files acknowledged",
         acked.len()
     );
-    assert!(reaped > rounds / 2, "{reaped} of {rounds} lanes reaped");
-    let m = books_match_a_scan(&pool, m);
-    let scrub = inkfs_fuse::scrub::request(m.path(), &mut |_, _| {})
-        .expect("an inkfs mount")
-        .expect("scrub ran");
-    assert!(scrub.findings.is_empty(), "{scrub:?}");
-    m.unmount();
-    fsck_clean(&pool);
+    kill_loop_end(&pool, m, rounds);
 }
 
 /// The server killed while a client creates under D's lease: the remount

@@ -489,10 +489,7 @@ fn check_names(m: &Mounted, made: &[String], gone: &[String], what: &str) {
 #[test]
 fn a_client_killed_among_removals_is_reaped() {
     require_root();
-    let rounds: u64 = std::env::var("INKFS_TEST_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(8);
+    let rounds = kill_loop_rounds();
     let pool = Pool::new("rmw-kill", 64);
     let m = Mounted::new(&pool, "mode=strict");
     let d = dir(&m, "D");

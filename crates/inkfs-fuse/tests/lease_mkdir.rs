@@ -280,10 +280,7 @@ fn lease_mkdir_child() {
 #[test]
 fn a_client_killed_making_directories_leaves_them_whole_or_absent() {
     require_root();
-    let rounds: u64 = std::env::var("INKFS_TEST_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(8);
+    let rounds = kill_loop_rounds();
     let pool = Pool::new("askmkdir-kill", 64);
     let m = Mounted::new(&pool, "mode=strict");
     std::fs::create_dir(m.p("D")).expect("mkdir");
@@ -343,14 +340,7 @@ fn a_client_killed_making_directories_leaves_them_whole_or_absent() {
         "{rounds} rounds: {reaped} lanes reaped, {} names acknowledged",
         acked.len()
     );
-    assert!(reaped > rounds / 2, "{reaped} of {rounds} lanes reaped");
-    let m = books_match_a_scan(&pool, m);
-    let scrub = inkfs_fuse::scrub::request(m.path(), &mut |_, _| {})
-        .expect("an inkfs mount")
-        .expect("scrub ran");
-    assert!(scrub.findings.is_empty(), "{scrub:?}");
-    m.unmount();
-    fsck_clean(&pool);
+    kill_loop_end(&pool, m, rounds);
 }
 
 // ---------------------------------------------------------------------

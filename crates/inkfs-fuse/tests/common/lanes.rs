@@ -137,3 +137,26 @@ pub fn run_and_kill(child: &mut Child, acks: usize) -> Vec<String> {
     assert!(granted, "the child never got D's lease");
     made
 }
+
+/// Rounds of a kill loop: `INKFS_TEST_ROUNDS`, 8 by default.
+pub fn kill_loop_rounds() -> u64 {
+    std::env::var("INKFS_TEST_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8)
+}
+
+/// The end of a kill loop of `rounds` rounds on `m`: most of its clients'
+/// lanes were reaped (the others given back by a recall before the
+/// kill), the books equal a scan's, scrub and fsck find nothing.
+pub fn kill_loop_end(pool: &Pool, m: Mounted, rounds: u64) {
+    let reaped = stat_u64(m.path(), "lanes_reaped");
+    assert!(reaped > rounds / 2, "{reaped} of {rounds} lanes reaped");
+    let m = books_match_a_scan(pool, m);
+    let scrub = inkfs_fuse::scrub::request(m.path(), &mut |_, _| {})
+        .expect("an inkfs mount")
+        .expect("scrub ran");
+    assert!(scrub.findings.is_empty(), "{scrub:?}");
+    m.unmount();
+    fsck_clean(pool);
+}
