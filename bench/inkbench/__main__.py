@@ -36,7 +36,8 @@ def parse_args(argv):
     ap.add_argument("--only", help="comma-separated workloads (micro,fio,filebench,sqlite,rocksdb,redis,meta,copy), "
                     "each optionally NAME:STEP+STEP (e.g. filebench:fileserver+webproxy)")
     ap.add_argument("--contenders", help="comma-separated, from: " + ",".join(C.ALL_NAMES + C.HYBRID_NAMES + C.PRELOAD_NAMES)
-                    + " (default: the first seven), or inkfs-MODE@OPTS")
+                    + " (default: the first seven), or inkfs-MODE@OPTS; the preload ones also "
+                    "NAME+ask (the library asks for directory leases), e.g. inkfs-hybrid-preload+ask@OPTS")
     ap.add_argument("--reps", type=int, help="repetitions (overrides the mode's)")
     ap.add_argument("--out", help="output directory (default bench/results/MODE-DATE)")
     ap.add_argument("--inkfs-bin", help="inkfs binary (default: build with cargo)")

@@ -339,6 +339,23 @@ class InkfsHybrid(InkfsFuse):
         self.remove_data()
 
 
+def split_ask(spec: str) -> tuple:
+    """`NAME+ask@OPTS` -> (`NAME@OPTS`, True); `NAME@OPTS` -> (itself,
+    False). `+ask`: the library asks for directory leases
+    (INKFS_PRELOAD_DIR_LEASE=1; docs/KERNEL-FREE.md, "Built: the library
+    asks for directory leases"), e.g. inkfs-preload+ask,
+    base.inkfs-hybrid-preload+ask, inkfs-preload-sync+ask@OPTS. It comes
+    before `@`: after it, '+' joins mount options."""
+    base, at, extra = spec.partition("@")
+    base, plus, ask = base.partition("+")
+    if plus and ask != "ask":
+        raise ValueError(f"unknown contender inkfs-{spec}")
+    return base + at + extra, bool(plus)
+
+
+ASK_DESCRIBE = ", directory leases asked for (INKFS_PRELOAD_DIR_LEASE=1)"
+
+
 class InkfsPreload(InkfsFuse):
     """`inkfs-preload` (strict), `inkfs-preload-sync` (and `@OPTS`): an inkfs
     mount as `inkfs-MODE`, with the workload's commands (fio, db_bench,
@@ -348,15 +365,8 @@ class InkfsPreload(InkfsFuse):
     (docs/KERNEL-FREE.md); namespace calls still go through the mount."""
 
     def __init__(self, spec: str, *a, **kw) -> None:
-        base, at, extra = spec.partition("@")
-        # `+ask`: the library asks for directory leases
-        # (INKFS_PRELOAD_DIR_LEASE=1; docs/KERNEL-FREE.md, "Built: the
-        # library asks for directory leases"), e.g. inkfs-preload+ask,
-        # base.inkfs-preload+ask, inkfs-preload-sync+ask@OPTS.
-        base, plus, ask = base.partition("+")
-        if plus and ask != "ask":
-            raise ValueError(f"unknown contender inkfs-{spec}")
-        self.ask = bool(plus)
+        plain, self.ask = split_ask(spec)
+        base, at, extra = plain.partition("@")
         mode = base[len("preload-"):] if base.startswith("preload-") else "strict"
         if base not in ("preload", "preload-" + mode) or mode not in ("strict", "sync"):
             raise ValueError(f"unknown contender inkfs-{spec}")
@@ -364,7 +374,7 @@ class InkfsPreload(InkfsFuse):
         self.name = "inkfs-" + spec
         self.mnt = os.path.join(self.work, "mnt", self.name)
         more = f", -o {extra}" if extra else ""
-        asks = ", directory leases asked for (INKFS_PRELOAD_DIR_LEASE=1)" if self.ask else ""
+        asks = ASK_DESCRIBE if self.ask else ""
         self.describe = (f"inkfs over FUSE, mode={mode}{more}, pool in /dev/shm, the workload's programs run "
                          f"under the preload library (LD_PRELOAD=libinkfs_preload.so){asks}")
 
@@ -424,13 +434,15 @@ class InkfsPreload(InkfsFuse):
 
 class InkfsHybridPreload(InkfsHybrid):
     """`inkfs-hybrid-preload` (strict), `inkfs-hybrid-preload-sync` (and
-    `@OPTS`): the hybrid pool of `inkfs-hybrid`, with the workload's
-    programs under the preload library as in `inkfs-preload`: their reads
-    and writes of large files' data go to the data device from the
-    process (docs/KERNEL-FREE.md, "Built: hybrid pools")."""
+    `+ask`, `@OPTS` as for `inkfs-preload`): the hybrid pool of
+    `inkfs-hybrid`, with the workload's programs under the preload library
+    as in `inkfs-preload`: their reads and writes of large files' data go
+    to the data device from the process (docs/KERNEL-FREE.md, "Built:
+    hybrid pools")."""
 
     def __init__(self, spec: str, *a, **kw) -> None:
-        base, at, extra = spec.partition("@")
+        plain, self.ask = split_ask(spec)
+        base, at, extra = plain.partition("@")
         mode = base[len("hybrid-preload-"):] if base.startswith("hybrid-preload-") else "strict"
         if base not in ("hybrid-preload", "hybrid-preload-" + mode) or mode not in ("strict", "sync"):
             raise ValueError(f"unknown contender inkfs-{spec}")
@@ -438,8 +450,9 @@ class InkfsHybridPreload(InkfsHybrid):
         self.name = "inkfs-" + spec
         self.mnt = os.path.join(self.work, "mnt", self.name)
         more = f", -o {extra}" if extra else ""
+        asks = ASK_DESCRIBE if self.ask else ""
         self.describe = (f"inkfs over FUSE, mode={mode}{more}, hybrid pool as inkfs-hybrid, the workload's "
-                         "programs run under the preload library (LD_PRELOAD=libinkfs_preload.so)")
+                         f"programs run under the preload library (LD_PRELOAD=libinkfs_preload.so){asks}")
 
     library = InkfsPreload.library
     extra_env = InkfsPreload.extra_env

@@ -32,6 +32,33 @@ class NamesTest(unittest.TestCase):
             with self.assertRaises(ValueError):
                 C.make(bad, "/w", 1 << 30, bins)
 
+    def test_ask_variant_of_both_preload_contenders(self):
+        # `+ask` (before any `@OPTS`) sets INKFS_PRELOAD_DIR_LEASE=1 for the
+        # workloads, on PM and hybrid pools alike, and is not a mount option.
+        # extra_env() checks the library is there: any existing file does.
+        bins = dict(self.BINS, base="/old", preload=__file__)
+        for name, opts in (("inkfs-preload+ask", "mode=strict"),
+                           ("inkfs-hybrid-preload+ask", "mode=strict"),
+                           ("inkfs-hybrid-preload-sync+ask@threads=3", "mode=sync,threads=3"),
+                           ("base.inkfs-hybrid-preload+ask", "mode=strict")):
+            c = C.make(name, "/w", 1 << 30, bins)
+            self.assertEqual(c.name, name)
+            self.assertEqual(c.opts, opts)
+            if not name.startswith("base."):  # its library is /old's: not there
+                self.assertEqual(c.extra_env()["INKFS_PRELOAD_DIR_LEASE"], "1", name)
+            self.assertTrue(c.ask, name)
+            self.assertIn("directory leases", c.describe)
+        self.assertEqual(C.make("base.inkfs-hybrid-preload+ask", "/w", 1 << 30, bins).bins["preload"],
+                         "/old/libinkfs_preload.so")
+        for name in ("inkfs-preload", "inkfs-hybrid-preload", "inkfs-hybrid-preload@threads=3"):
+            self.assertNotIn("INKFS_PRELOAD_DIR_LEASE", C.make(name, "/w", 1 << 30, bins).extra_env(), name)
+        # After `@`, '+' joins mount options: not an ask.
+        self.assertEqual(C.make("inkfs-hybrid-preload@threads=3+ask", "/w", 1 << 30, bins).opts,
+                         "mode=strict,threads=3,ask")
+        for bad in ("inkfs-hybrid-preload+asks", "inkfs-hybrid-preload+ask+ask", "inkfs-hybrid+ask"):
+            with self.assertRaises(ValueError):
+                C.make(bad, "/w", 1 << 30, bins)
+
     def test_fio_like_for_like_write_cases(self):
         self.assertEqual(Fio.job_args("seqwrite128k-endfsync-big-1j"),
                          ["--rw=write", "--numjobs=1", "--bs=128k", "--end_fsync=1"])

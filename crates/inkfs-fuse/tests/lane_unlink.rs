@@ -74,10 +74,13 @@ fn dir(m: &Mounted, name: &str) -> u64 {
 /// mount (its lookup recalls D) and the others there with their data, the
 /// count told at D's give-back; once the client is gone the inodes in use
 /// are back where they were but for the files kept, and the books equal a
-/// scan's, fsck clean. Fails without the local removal (the ring's count
-/// moves), without the local ENOENT (the same), and without the
-/// unreserve of the `freed=` head chunks' blocks at the lane's return
-/// (fsck: a saved chunk block on the free list).
+/// scan's, fsck clean. The removals send the server nothing: their
+/// freed blocks wait for a batch, here D's give-back (the books then
+/// equal a scan's). Fails without the local removal (the ring's count
+/// moves), without the local ENOENT (the same), without the unreserve of
+/// the `freed=` head chunks' blocks at the lane's return (fsck: a saved
+/// chunk block on the free list), and with a message per removal (the
+/// client's count of messages moves).
 #[test]
 fn removals_of_files_made_under_the_lease() {
     require_root();
@@ -97,9 +100,11 @@ fn removals_of_files_made_under_the_lease() {
             &vec![i as u8; 5000 + 4096 * (i % 3)],
         );
     }
+    let sent = c.messages_sent();
     for i in (0..n).step_by(2) {
         unlink(&c, d, &format!("n{i}"));
     }
+    assert_eq!(c.messages_sent(), sent, "the removals sent messages");
     // A name already removed: ENOENT from the client's engine.
     let again = c.ns(&root(), unlink_op(d, "n0")).expect("asked");
     assert_eq!(again.errno, libc::ENOENT);

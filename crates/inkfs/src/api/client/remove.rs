@@ -9,12 +9,19 @@
 //! the server as before, with its give-back of the file's lease.
 //!
 //! What the server hears, in one write on the session, after the removal:
-//! the blocks the removal freed (`return` lines: a file created under the
-//! lease, whose blocks are its reservation's), then `slot INO` for an
-//! older file it freed (the server frees its blocks and slot), or
-//! `orphan INO GEN` for a file another process holds open (the server
-//! frees it at the last hold). Either message also ends the client's file
-//! lease of INO on the server (it was held: rule 3), without a settle.
+//! `slot INO` for an older file it freed (the server frees its blocks and
+//! slot), or `orphan INO GEN` for a file another process holds open (the
+//! server frees it at the last hold), each after the blocks this client
+//! freed so far (`return` lines). Either message also ends the client's
+//! file lease of INO on the server (it was held: rule 3), without a
+//! settle. The removal of a file created under the lease sends nothing:
+//! its blocks (its reservation's) wait in the engine's freed list for a
+//! full batch (`Fs::client_freed_due`, as a write's freed blocks do) or
+//! the next message that takes them (a give-back of a file's or the
+//! directory's lease, a detach); a dead client's reaping returns them
+//! with the reservation's rest. A message per removal was a system call
+//! and the server woken, 30-40 % of a removal's time under the library
+//! (bench/results-notes/hybask.md).
 //!
 //! **A file created under an earlier lease of D (or of another
 //! directory) with the lane kept** goes to the server: its slot is the
@@ -125,10 +132,14 @@ impl Client {
             .map(Msg::Slot)
             .collect();
         then.extend(held.map(|(i, g)| Msg::Orphan(i, g)));
-        let freed = fs.take_client_freed();
-        // A failed write: the session is ending, and its end reaps the
-        // lane (the removal is in the directory's log).
-        let _ = shared.send_lines(&freed, &then);
+        // The freed blocks wait for a full batch, as a write's do (see the
+        // module comment), unless a message goes anyway.
+        if !then.is_empty() || fs.client_freed_due() {
+            let freed = fs.take_client_freed();
+            // A failed write: the session is ending, and its end reaps the
+            // lane (the removal is in the directory's log).
+            let _ = shared.send_lines(&freed, &then);
+        }
         drop(book);
         Some(done(0))
     }
