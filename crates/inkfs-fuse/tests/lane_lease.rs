@@ -221,13 +221,7 @@ fn lane_lease_child() {
     let Ok(mnt) = std::env::var(CHILD_ENV) else {
         return;
     };
-    let num = |k: &str| -> u64 {
-        std::env::var(k)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .expect("a number")
-    };
-    let (d, from) = (num(CHILD_DIR_ENV), num(CHILD_FROM_ENV));
+    let (d, from) = (env_u64(CHILD_DIR_ENV), env_u64(CHILD_FROM_ENV));
     let c = Client::attach_mountpoint(Path::new(&mnt), None).expect("attach");
     lease(&c, d, &format!("lease{from}"));
     println!("@granted");
@@ -248,35 +242,6 @@ fn spawn_child(mnt: &Path, d: u64, from: u64) -> std::process::Child {
     )
 }
 
-/// The names a child acknowledged until it was killed after `acks` of
-/// them (or its output ended).
-fn run_and_kill(child: &mut std::process::Child, acks: usize) -> Vec<String> {
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    let mut made = Vec::new();
-    let mut granted = false;
-    loop {
-        line.clear();
-        if out.read_line(&mut line).unwrap_or(0) == 0 {
-            break;
-        }
-        if line.contains("@granted") {
-            granted = true;
-        }
-        if let Some(name) = line.trim_end().strip_prefix("@made ") {
-            made.push(name.to_string());
-            if made.len() >= acks {
-                // SAFETY: a signal to our own child.
-                unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
-                break;
-            }
-        }
-    }
-    let _ = child.wait();
-    assert!(granted, "the child never got D's lease");
-    made
-}
-
 /// A client creating and writing files under D's lease, SIGKILLed after a
 /// varying number of acknowledged files, up to 300 (past the grant's
 /// slots: `slots K`; the kill lands anywhere in the
@@ -292,10 +257,7 @@ fn run_and_kill(child: &mut std::process::Child, acks: usize) -> Vec<String> {
 #[test]
 fn a_client_killed_under_the_lease_is_reaped() {
     require_root();
-    let rounds: u64 = std::env::var("INKFS_TEST_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(8);
+    let rounds = kill_loop_rounds();
     let pool = Pool::new("ll-kill", 64);
     let m = Mounted::new(&pool, "mode=strict");
     std::fs::create_dir(m.p("D")).unwrap();
@@ -341,14 +303,7 @@ fn a_client_killed_under_the_lease_is_reaped() {
         "{rounds} rounds: {reaped} lanes reaped, {} files acknowledged",
         acked.len()
     );
-    assert!(reaped > rounds / 2, "{reaped} of {rounds} lanes reaped");
-    let m = books_match_a_scan(&pool, m);
-    let scrub = inkfs_fuse::scrub::request(m.path(), &mut |_, _| {})
-        .expect("an inkfs mount")
-        .expect("scrub ran");
-    assert!(scrub.findings.is_empty(), "{scrub:?}");
-    m.unmount();
-    fsck_clean(&pool);
+    kill_loop_end(&pool, m, rounds);
 }
 
 /// The server killed while a client creates under D's lease: the remount

@@ -389,13 +389,7 @@ fn lane_unlink_child() {
     let Ok(mnt) = std::env::var(CHILD_ENV) else {
         return;
     };
-    let num = |k: &str| -> u64 {
-        std::env::var(k)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .expect("a number")
-    };
-    let (d, from) = (num(CHILD_DIR_ENV), num(CHILD_FROM_ENV));
+    let (d, from) = (env_u64(CHILD_DIR_ENV), env_u64(CHILD_FROM_ENV));
     let c = Client::attach_mountpoint(Path::new(&mnt), None).expect("attach");
     let other = Client::attach_mountpoint(Path::new(&mnt), None).expect("attach");
     lease(&c, d, &format!("lease{from}"));
@@ -500,10 +494,7 @@ fn check_names(m: &Mounted, made: &[String], gone: &[String], what: &str) {
 #[test]
 fn a_client_killed_among_removals_is_reaped() {
     require_root();
-    let rounds: u64 = std::env::var("INKFS_TEST_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(8);
+    let rounds = kill_loop_rounds();
     let pool = Pool::new("rmw-kill", 64);
     let m = Mounted::new(&pool, "mode=strict");
     let d = dir(&m, "D");

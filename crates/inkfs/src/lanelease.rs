@@ -987,13 +987,15 @@ impl<P: Pmem> Fs<P> {
 
     /// For `make_node` in a client engine: may it create a `kind` in
     /// `dir` (called under `dir`'s lock)? EROFS without the directory's
-    /// lease or a lane, and for anything but a regular file (the server
-    /// makes those).
+    /// lease or a lane, and for anything but a regular file or a
+    /// directory (the server makes those; a directory: "Built: mkdir
+    /// under a directory lease" in docs/KERNEL-FREE.md).
     pub(crate) fn client_may_create(&self, dir: u64, kind: FileKind) -> Result<()> {
         let Some(side) = &self.client else {
             return Ok(());
         };
-        if kind != FileKind::File || !lock(&side.lane.dirs).iter().any(|l| l.ino == dir) {
+        let kind_ok = matches!(kind, FileKind::File | FileKind::Dir);
+        if !kind_ok || !lock(&side.lane.dirs).iter().any(|l| l.ino == dir) {
             return errno(libc::EROFS);
         }
         if lock(&side.lane.held).is_none() {

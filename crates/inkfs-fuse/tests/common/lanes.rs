@@ -4,6 +4,7 @@
 //! remount's recovery scan finds, with no double free counted and fsck
 //! clean).
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -104,4 +105,58 @@ pub fn spawn_kill_loop_child(test: &str, env: [&str; 3], mnt: &Path, d: u64, fro
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn the client")
+}
+
+/// A kill loop child's number from variable `k` (set by its parent).
+pub fn env_u64(k: &str) -> u64 {
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .expect("a number")
+}
+
+/// The names a kill loop's child acknowledged (`@made NAME` lines) until
+/// it was SIGKILLed after `acks` of them (or its output ended); it must
+/// have said `@granted`.
+pub fn run_and_kill(child: &mut Child, acks: usize) -> Vec<String> {
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let (mut line, mut made, mut granted) = (String::new(), Vec::new(), false);
+    while out.read_line(&mut line).unwrap_or(0) > 0 {
+        granted |= line.contains("@granted");
+        if let Some(name) = line.trim_end().strip_prefix("@made ") {
+            made.push(name.to_string());
+            if made.len() >= acks {
+                // SAFETY: a signal to our own child.
+                unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+                break;
+            }
+        }
+        line.clear();
+    }
+    let _ = child.wait();
+    assert!(granted, "the child never got D's lease");
+    made
+}
+
+/// Rounds of a kill loop: `INKFS_TEST_ROUNDS`, 8 by default.
+pub fn kill_loop_rounds() -> u64 {
+    std::env::var("INKFS_TEST_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8)
+}
+
+/// The end of a kill loop of `rounds` rounds on `m`: most of its clients'
+/// lanes were reaped (the others given back by a recall before the
+/// kill), the books equal a scan's, scrub and fsck find nothing.
+pub fn kill_loop_end(pool: &Pool, m: Mounted, rounds: u64) {
+    let reaped = stat_u64(m.path(), "lanes_reaped");
+    assert!(reaped > rounds / 2, "{reaped} of {rounds} lanes reaped");
+    let m = books_match_a_scan(pool, m);
+    let scrub = inkfs_fuse::scrub::request(m.path(), &mut |_, _| {})
+        .expect("an inkfs mount")
+        .expect("scrub ran");
+    assert!(scrub.findings.is_empty(), "{scrub:?}");
+    m.unmount();
+    fsck_clean(pool);
 }

@@ -113,12 +113,24 @@ pub fn python_when_ready_with(
     stats: &Path,
     env: &[(&str, &str)],
 ) -> std::process::Child {
+    python_when_ready_args(script, arg, &[], stats, env)
+}
+
+/// [`python_when_ready_with`] with `more` arguments after `arg`.
+pub fn python_when_ready_args(
+    script: &str,
+    arg: &Path,
+    more: &[&str],
+    stats: &Path,
+    env: &[(&str, &str)],
+) -> std::process::Child {
     use std::io::{BufRead, BufReader};
     use std::process::Stdio;
     let mut c = Command::new(PYTHON);
     c.arg("-c")
         .arg(script)
         .arg(arg)
+        .args(more)
         .env("LD_PRELOAD", lib())
         .env("INKFS_PRELOAD_STATS", stats)
         .stdin(Stdio::piped())

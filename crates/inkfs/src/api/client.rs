@@ -78,6 +78,8 @@ mod attr;
 mod discover;
 /// Creates under a directory lease, and its give-back.
 mod local;
+/// Directories made under a directory lease.
+mod mkdir;
 /// Removals under a directory lease.
 mod remove;
 
@@ -728,6 +730,9 @@ impl Client {
         if let Some(done) = self.unlink_under_lease(cred, seq, &op) {
             return Ok(done);
         }
+        if let Some(done) = self.mkdir_under_lease(cred, seq, &op) {
+            return Ok(done);
+        }
         let mut req = ns::Request {
             seq,
             cred: cred.clone(),
@@ -736,9 +741,6 @@ impl Client {
             dir_lease: false,
             lane_lease: false,
         };
-        let asked = self.asks_dir(ask_dir, &req);
-        req.dir_lease = asked.is_some();
-        req.lane_lease = req.dir_lease && self.grant.lanes;
         if !req.fits() {
             return errno(libc::E2BIG);
         }
@@ -762,9 +764,13 @@ impl Client {
             }
             _ => {}
         }
-        let asked = asked.filter(|&d| self.shared.dirs.ask(d));
+        // After the give-backs: an unlink is counted toward the ask only
+        // if it carries its file's (`ask::made_under_lease`).
+        let asked = self
+            .asks_dir(ask_dir, &req)
+            .filter(|&d| self.shared.dirs.ask(d));
         req.dir_lease = asked.is_some();
-        req.lane_lease &= req.dir_lease;
+        req.lane_lease = req.dir_lease && self.grant.lanes;
         let answer = self.ask(&Msg::Ns(req));
         if let Some(dir) = asked {
             let d = answer.as_ref().ok().and_then(|m| match m {

@@ -264,6 +264,8 @@ pub struct DirLeases {
     setattrs: AtomicU64,
     /// Removals made under directory leases (the same).
     removals: AtomicU64,
+    /// Directories made under directory leases (the same).
+    mkdirs: AtomicU64,
     /// When to ask for each directory's lease: told here how each
     /// ask was answered and how each lease ended (`super::client`'s
     /// `ask` module).
@@ -480,6 +482,11 @@ impl DirLeases {
         self.setattrs.load(Relaxed)
     }
 
+    /// Directories made under directory leases so far.
+    pub fn local_mkdirs(&self) -> u64 {
+        self.mkdirs.load(Relaxed)
+    }
+
     /// Removals made under directory leases so far.
     pub fn local_removals(&self) -> u64 {
         self.removals.load(Relaxed)
@@ -601,6 +608,43 @@ impl DirLeases {
             Err(e) if [libc::EROFS, libc::EAGAIN, libc::EEXIST].contains(&e.errno()) => {
                 Local::Server
             }
+            Err(e) if e.errno() == libc::ENOSPC => Local::NoSpace,
+            Err(e) => Local::Failed(e.errno()),
+        }
+    }
+
+    /// A mkdir of `name` in `dir` under `dir`'s lease, in the client's
+    /// engine `fs` (pinned by the caller), if this client holds the lease
+    /// and a lane with a slot left: the engine's own `make_node`, as a
+    /// create's (docs/KERNEL-FREE.md, "Built: mkdir under a directory
+    /// lease"). The new directory is no file lease (nothing to keep at the
+    /// give-back: the lane's take-back finds its slot LIVE and takes its
+    /// blocks into the owner's books, `d`'s settle its entry); `Made`'s
+    /// grant is 0. Under D's lease the engine's view of D is the
+    /// authority: EEXIST is answered here, as an unlink's ENOENT is.
+    pub fn mkdir_local<P: Pmem>(
+        &self,
+        fs: &Filesystem<P>,
+        cred: &Credentials,
+        dir: u64,
+        name: &[u8],
+        mode: u32,
+    ) -> Local {
+        let _local = self.local();
+        if self.held(dir).is_none() || fs.fs.client_lane_slots() == 0 {
+            return Local::Server;
+        }
+        let made = {
+            let _w = fs.fs.client_writes();
+            fs.mkdir(cred, dir, name, mode & 0o7777)
+        };
+        match made {
+            Ok(a) => {
+                self.mkdirs.fetch_add(1, Relaxed);
+                Local::Made(a, 0)
+            }
+            // No lease or lane any more (the engine refused it), no slot.
+            Err(e) if [libc::EROFS, libc::EAGAIN].contains(&e.errno()) => Local::Server,
             Err(e) if e.errno() == libc::ENOSPC => Local::NoSpace,
             Err(e) => Local::Failed(e.errno()),
         }

@@ -10,27 +10,34 @@
 //!
 //! **The sequence** ([`explore_namespace_leases`]): the client creates
 //! files in `d` and writes them, changes `d`'s own mode under its lease
-//! (`Step::DirMode`, once per lease), removes one of them and an older file of
+//! (`Step::DirMode`, once per lease), makes a directory in `d`
+//! (`Step::Mkdir`: a new directory inode from the lane's slots, its
+//! DIR_ADD in `d`, `d`'s link count from it), removes one of them and an older file of
 //! the owner's (`Fs::client_unlink`), removes a file a second client
 //! holds (its hold in the epoch table: the removal leaves it ORPHAN), gives
 //! `d` and the lane back (`Fs::take_back_lane`; the owner frees the older
 //! file, `Fs::free_client_victim`, and adopts the held one); the owner
 //! creates and writes in `d` (into the blocks the removals freed), the
-//! hold ends (the owner frees the orphan), the owner removes; `d` and the
+//! hold ends (the owner frees the orphan), the owner removes a file and
+//! the client's directory; `d` and the
 //! lane go to the client again, which creates, removes an older file and
-//! its own create, and creates in the slot that freed. At
+//! its own create, creates in the slot that freed, and makes a second
+//! directory. At
 //! every fence, crash images are checked: fsck finds no error; recovery
 //! mounts the image; `d` holds exactly the names before or after the step
 //! in flight, each file the bytes the model gives it (a write in flight:
-//! before or after it), `d`'s mode the one before or after it; after a
+//! before or after it), each directory whole (empty, `..` naming `d`, two
+//! links) and `d`'s link count two plus its directories, `d`'s mode the
+//! one before or after it; after a
 //! clean unmount fsck reports nothing.
 //!
 //! **The kill variant** ([`explore_namespace_reaping`]): the lane's first
 //! table block is filled but for two slots (the owner's creates, with the
 //! other lanes leased away), then the client is killed after each of its
 //! stores (`SimPool::kill_after_stores`) during three creates (the third
-//! grows the lane's chain), a write, a chmod of `d` and two removals (its
-//! own create, an older file); the owner reaps the lane
+//! grows the lane's chain), a write, a chmod of `d`, two removals (its
+//! own create, an older file) and a mkdir (adopted whole or not at all);
+//! the owner reaps the lane
 //! (`Fs::reap_lane`),
 //! its books are compared with a recovery scan of the memory as it is
 //! (every slot and block accounted), `d`'s mode is the chmod's if a later
@@ -49,7 +56,7 @@ use crate::fs::Fs;
 use crate::lanelease::LaneGrant;
 use crate::pmem::{Killed, Pmem, SimPool};
 use crate::rmlocal::ClientUnlink;
-use crate::types::Mode;
+use crate::types::{FileKind, Mode};
 
 /// What one exploration found.
 #[derive(Debug, Default)]
@@ -99,13 +106,25 @@ enum Step {
     /// it extracted into, docs/KERNEL-FREE.md "Built: attribute changes
     /// under a directory lease").
     DirMode(u32),
+    /// The client makes a directory in `d` under its lease (`make_node`
+    /// as a create: the record FREE, its first log chunk, the DIR_ADD,
+    /// then the journal's `{state LIVE, d's tail}`).
+    Mkdir(&'static str),
+    /// The owner removes a directory (the client's, once the lane is
+    /// back).
+    OwnerRmdir(&'static str),
 }
+
+/// A directory in the model: whole (empty, `..` naming its parent, two
+/// links) reads as this; anything else as what is wrong with it.
+const DIR_MARK: &[u8] = b"<dir>";
 
 const STEPS: &[Step] = &[
     // An older file with blocks for the client to remove.
     Step::OwnerWrite("o1", 12288, 6),
     Step::Grant,
     Step::Create("c1"),
+    Step::Mkdir("s1"),
     Step::Write("c1", 3000, 1),
     Step::Create("c2"),
     Step::Create("c3"),
@@ -122,6 +141,7 @@ const STEPS: &[Step] = &[
     Step::OwnerWrite("o2", 8192, 4),
     Step::Unhold("c3"),
     Step::OwnerUnlink("c1"),
+    Step::OwnerRmdir("s1"),
     Step::Grant,
     Step::DirMode(0o711),
     Step::Create("c4"),
@@ -130,6 +150,7 @@ const STEPS: &[Step] = &[
     Step::Unlink("c4"),
     // In c4's slot.
     Step::Create("c5"),
+    Step::Mkdir("s2"),
     Step::GiveBack,
 ];
 
@@ -356,6 +377,17 @@ fn sequence(
                     return Err(format!("{step:?}: the orphan was not freed"));
                 }
             }
+            Step::Mkdir(name) => {
+                let _w = client.client_writes();
+                client
+                    .mkdir(d, name.as_bytes(), 0o755, 0, 0)
+                    .map_err(e("client mkdir"))?;
+                model.insert(name, DIR_MARK.to_vec());
+            }
+            Step::OwnerRmdir(name) => {
+                owner.rmdir(d, name.as_bytes()).map_err(e("owner rmdir"))?;
+                model.remove(name);
+            }
             Step::DirMode(m) => {
                 let _w = client.client_writes();
                 let set = crate::types::SetAttr {
@@ -426,20 +458,55 @@ fn sequence(
     Ok(())
 }
 
-/// The directory as a model: names and bytes.
+/// The directory as a model: names and bytes (a directory's:
+/// [`subdir_bytes`]). Err if `d`'s link count is not two plus its
+/// directories (a directory's count is its DIR_ADDs of directories, kept
+/// nowhere else: a mkdir's commit is its parent's too).
 fn dir_model<P: Pmem>(fs: &Fs<P>, d: u64) -> Result<Got, String> {
     let mut names = Vec::new();
     fs.readdir(d, 0, &mut |e| {
         if e.name != b"." && e.name != b".." {
-            names.push((e.name.clone(), e.ino));
+            names.push((e.name.clone(), e.ino, e.kind));
         }
         true
     })
     .map_err(|e| format!("readdir: {e}"))?;
+    let dirs = names.iter().filter(|n| n.2 == FileKind::Dir).count() as u32;
+    let nlink = fs.getattr(d).map_err(|e| format!("getattr d: {e}"))?.nlink;
+    if nlink != 2 + dirs {
+        return Err(format!("d has {nlink} links and {dirs} directories"));
+    }
     names
         .into_iter()
-        .map(|(n, ino)| Ok((n, read_all(fs, ino)?)))
+        .map(|(n, ino, kind)| match kind {
+            FileKind::Dir => Ok((n, subdir_bytes(fs, d, ino)?)),
+            _ => Ok((n, read_all(fs, ino)?)),
+        })
         .collect()
+}
+
+/// Directory `ino` in `d`, as the model reads it: [`DIR_MARK`] when it is
+/// whole (no entry but `.` and `..`, `..` naming `d`, two links), else
+/// what it is.
+fn subdir_bytes<P: Pmem>(fs: &Fs<P>, d: u64, ino: u64) -> Result<Vec<u8>, String> {
+    let (mut parent, mut entries) = (0, 0);
+    fs.readdir(ino, 0, &mut |e| {
+        if e.name == b".." {
+            parent = e.ino;
+        } else if e.name != b"." {
+            entries += 1;
+        }
+        true
+    })
+    .map_err(|e| format!("readdir {ino}: {e}"))?;
+    let nlink = fs
+        .getattr(ino)
+        .map_err(|e| format!("getattr {ino}: {e}"))?
+        .nlink;
+    if (parent, entries, nlink) == (d, 0, 2) {
+        return Ok(DIR_MARK.to_vec());
+    }
+    Ok(format!("<dir: .. {parent}, {entries} entries, {nlink} links>").into_bytes())
 }
 
 /// A directory read back, as a model.
@@ -510,9 +577,11 @@ const KILL_CREATES: [&str; 3] = ["c1", "c2", "c3"];
 /// Removed after the creates: the client's own `c2`, the owner's older
 /// `o1` (lane 0).
 const KILL_UNLINKS: [&str; 2] = ["c2", "o1"];
+/// Made after the removals (perhaps in `c2`'s slot).
+const KILL_MKDIR: &str = "s1";
 /// The names after each of the kill variant's operations (the write of
 /// `c1` and the chmod of `d` after it change none).
-const KILL_STATES: [&[&str]; 8] = [
+const KILL_STATES: [&[&str]; 9] = [
     &["o1"],
     &["c1", "o1"],
     &["c1", "o1"],
@@ -521,6 +590,7 @@ const KILL_STATES: [&[&str]; 8] = [
     &["c1", "c2", "c3", "o1"],
     &["c1", "c3", "o1"],
     &["c1", "c3"],
+    &["c1", "c3", "s1"],
 ];
 /// `c1`'s bytes once written.
 const KILL_WRITE: usize = 4096;
@@ -630,6 +700,7 @@ fn kill_run(
                 r => return Err(crate::Error::Corrupt(format!("unlink {name}: {r:?}"))),
             }
         }
+        client.mkdir(d, KILL_MKDIR.as_bytes(), 0o755, 0, 0)?;
         Ok(())
     }));
     let killed = match done {
@@ -669,6 +740,14 @@ fn kill_run(
         ));
     };
     report.adopted += (killed && reached > 0) as u64;
+    // A directory adopted is whole (its record, its log and `d`'s entry
+    // came with one commit).
+    if adopted
+        .get(KILL_MKDIR.as_bytes())
+        .is_some_and(|b| b.as_slice() != DIR_MARK)
+    {
+        return Err(format!("the reap adopted {KILL_MKDIR} broken: {adopted:?}"));
+    }
     // `d`'s mode: the chmod's once a later create was adopted (its commit
     // follows the chmod's in `d`'s log), either before.
     let dmode = dir_mode(&owner, d)?;
@@ -722,6 +801,7 @@ fn kill_run(
                     b"c2" => "c2",
                     b"c3" => "c3",
                     b"o1" => "o1",
+                    b"s1" => "s1",
                     _ => "o2",
                 };
                 (name, b.clone())
@@ -732,7 +812,14 @@ fn kill_run(
     let mut during_reap = Vec::new();
     for names in &KILL_STATES[..=reached] {
         for c1 in [Vec::new(), vec![5u8; KILL_WRITE]] {
-            let mut m: Model = names.iter().map(|&n| (n, Vec::new())).collect();
+            let empty = |n: &str| {
+                if n == KILL_MKDIR {
+                    DIR_MARK.to_vec()
+                } else {
+                    Vec::new()
+                }
+            };
+            let mut m: Model = names.iter().map(|&n| (n, empty(n))).collect();
             if m.contains_key("c1") {
                 m.insert("c1", c1);
             }

@@ -218,6 +218,19 @@ impl AskTable {
         });
     }
 
+    /// Directory `dir` was just made by this client under its parent's
+    /// lease (`super::mkdir`): its first request through the ring asks
+    /// (the count starts at `k`, `k` at its floor: a way left by an older
+    /// inode of the same number is forgotten). A directory made and then
+    /// filled is tar's: without this, its first [`ASK_AFTER_MIN`] creates
+    /// went through the ring, and one of four files or fewer never asked.
+    pub fn born(&self, dir: u64) {
+        self.update(dir, true, |w| Way {
+            count: 1 << K_LOG_MIN,
+            ..Way::new(w.tag)
+        });
+    }
+
     /// `dir`'s `k` now (for tests and statistics; [`ASK_AFTER_MIN`] when
     /// not in the table).
     pub fn ask_after(&self, dir: u64) -> u32 {
@@ -229,14 +242,26 @@ impl AskTable {
     }
 }
 
-/// Whether the client makes a request like `op` itself under its
-/// directory's lease: only those are counted, and only they ask. Today
-/// creates; a removal, rename, mkdir or attribute change in a leased
-/// directory is the server's and recalls the lease, so asking with one
-/// (an `rm -rf` of small directories: a grant, a lane, and their recall
-/// at the next unlink, for each directory) costs and gains nothing.
-fn made_under_lease(op: &ns::Op) -> bool {
-    matches!(op, ns::Op::Create { .. })
+/// Whether the client would make a request like `op` itself under its
+/// directory's lease: only those are counted, and only they ask. Creates,
+/// mkdirs (`super::mkdir`), and the unlinks of files whose write lease
+/// the client holds (`gives`: the request carries the file's give-back):
+/// under D's lease those are made here (`super::remove`, rule 3 of
+/// docs/KERNEL-FREE.md "Removals"), a delete loop of the files a process
+/// wrote (fileserver's, varmail's). An unlink of a file the client does
+/// not hold (`rm -rf` of a tree another process wrote) is the server's
+/// under the lease too, and recalls it: asking with it would cost a
+/// grant, a lane and a recall per directory and gain nothing, so it is
+/// not counted (measured: docs/KERNEL-FREE.md, "Built: mkdir under a
+/// directory lease"). A rename, rmdir or attribute change through the
+/// ring is not counted either (a leased directory's own setattr is made
+/// here without the ring: `super::attr`).
+fn made_under_lease(op: &ns::Op, gives: bool) -> bool {
+    match op {
+        ns::Op::Create { .. } | ns::Op::Mkdir { .. } => true,
+        ns::Op::Unlink { .. } => gives,
+        _ => false,
+    }
 }
 
 impl Client {
@@ -299,7 +324,11 @@ impl Client {
         match how {
             super::Ask::Never => None,
             super::Ask::Always => Some(dir).filter(|_| self.grant.dirs),
-            super::Ask::Adaptive if !self.grant.dirs || !made_under_lease(&req.op) => None,
+            super::Ask::Adaptive
+                if !self.grant.dirs || !made_under_lease(&req.op, !req.give.is_empty()) =>
+            {
+                None
+            }
             super::Ask::Adaptive => Some(dir).filter(|&d| self.shared.dirs.asks().ring_request(d)),
         }
     }
@@ -345,6 +374,26 @@ mod tests {
         assert_eq!(t.ask_after(7), ASK_AFTER_MIN);
         // Other directories are counted apart.
         assert_eq!(asks_at(&t, 8), 5);
+    }
+
+    /// A directory made under its parent's lease asks at its first
+    /// request, with `k` at its floor whatever an older inode of its
+    /// number left in the way.
+    #[test]
+    fn a_directory_made_here_asks_at_once() {
+        let t = AskTable::default();
+        for _ in 0..3 {
+            t.answered(9, true);
+            t.ended(9, Ended::Recalled);
+        }
+        assert_eq!(t.ask_after(9), 32);
+        t.born(9);
+        assert_eq!(t.ask_after(9), ASK_AFTER_MIN);
+        assert!(t.ring_request(9), "the first request asks");
+        t.born(10);
+        assert!(t.ring_request(10));
+        t.answered(10, false);
+        assert_eq!((1..=5).find(|_| t.ring_request(10)), Some(5));
     }
 
     /// Bounded: many directories share the table; a directory whose

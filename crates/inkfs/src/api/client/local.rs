@@ -9,6 +9,7 @@ use super::{lock, Client, Msg, Shared};
 use crate::api::dirlease::{Local, HELD_MAX};
 use crate::api::ns;
 use crate::perm::Credentials;
+use crate::types::Attr;
 
 impl Client {
     /// Creates made by this client under directory leases so far.
@@ -41,32 +42,37 @@ impl Client {
             let cell = self.shared.lease_cell(ino);
             lock(&cell).take(gen, &self.shared.held);
         };
-        for tries in 1..=2 {
-            let refills = self.shared.refills.load(SeqCst);
-            let r = self.call(|fs| {
+        let r = self.local_with_retries(*dir, || {
+            self.call(|fs| {
                 self.shared
                     .dirs
                     .create_local(fs, cred, *dir, name, *mode, *flags, made)
-            });
-            let done = |errno, ino, igen, gen| ns::Done {
-                seq,
-                errno,
-                ino,
-                igen,
-                gen,
-                dir: None,
-                lane: None,
-            };
-            match r {
+            })
+        })?;
+        Some(answer(seq, r))
+    }
+
+    /// `attempt` (a create or a mkdir under `dir`'s lease) until it is
+    /// made or refused: a reservation found empty is refilled once, a lane
+    /// with no slot left asks for more once (`slots K`). None: ask the
+    /// server.
+    pub(super) fn local_with_retries(
+        &self,
+        dir: u64,
+        mut attempt: impl FnMut() -> Local,
+    ) -> Option<std::result::Result<(Attr, u64), i32>> {
+        for tries in 1..=2 {
+            let refills = self.shared.refills.load(SeqCst);
+            match attempt() {
                 Local::Made(a, gen) => {
                     self.shared.refill_ahead_if_low(0);
-                    return Some(done(0, a.ino, a.generation, gen));
+                    return Some(Ok((a, gen)));
                 }
-                Local::Failed(e) => return Some(done(e, 0, 0, 0)),
+                Local::Failed(e) => return Some(Err(e)),
                 Local::NoSpace if tries == 1 => {
                     self.refill(0, 1, refills).ok()?;
                 }
-                Local::Server if tries == 1 && self.more_slots_due(*dir) => {
+                Local::Server if tries == 1 && self.more_slots_due(dir) => {
                     self.more_slots()?;
                 }
                 Local::NoSpace | Local::Server => return None,
@@ -119,6 +125,24 @@ impl Client {
                 self.shared.give_back_dir(old, gen);
             }
         }
+    }
+}
+
+/// The answer to request `seq` made under a lease: the new inode and the
+/// grant its write lease is held by (0: none), or the errno.
+pub(super) fn answer(seq: u64, r: std::result::Result<(Attr, u64), i32>) -> ns::Done {
+    let ((ino, igen, gen), errno) = match r {
+        Ok((a, gen)) => ((a.ino, a.generation, gen), 0),
+        Err(e) => ((0, 0, 0), e),
+    };
+    ns::Done {
+        seq,
+        errno,
+        ino,
+        igen,
+        gen,
+        dir: None,
+        lane: None,
     }
 }
 
