@@ -51,9 +51,25 @@ pub struct LaneBooks {
     slots_freed: AtomicU64,
     /// `orphan` or `slot` messages that named nothing to adopt or free.
     removals_refused: AtomicU64,
+    /// Settles the engine could not finish (a chain, log or record that
+    /// does not load): blocks kept out of the free lists until fsck or
+    /// the next mount rather than freed while perhaps named.
+    failed: AtomicU64,
 }
 
 impl LaneBooks {
+    /// A settle the engine failed: said on the server's stderr, counted
+    /// for `inkfs stat` (a test or an operator sees it without the log).
+    pub(crate) fn failed(&self, why: std::fmt::Arguments) {
+        eprintln!("inkfs: {why}");
+        self.failed.fetch_add(1, Relaxed);
+    }
+
+    /// Settles the engine could not finish so far.
+    pub fn failures(&self) -> u64 {
+        self.failed.load(Relaxed)
+    }
+
     pub(crate) fn kept(&self) {
         self.kept.fetch_add(1, Relaxed);
     }
@@ -152,7 +168,9 @@ pub(crate) fn untake(leases: &Leases, engine: &Engine, holder: &Holder, g: &Lane
             leases.lanes.given_back.fetch_add(1, Relaxed);
         }
         // Left leased to the holder: its reaping takes it back.
-        Err(e) => eprintln!("inkfs: lane {}: not taken back unused: {e}", g.lane),
+        Err(e) => leases
+            .lanes
+            .failed(format_args!("lane {}: not taken back unused: {e}", g.lane)),
     }
 }
 
@@ -190,7 +208,9 @@ pub(crate) fn released(leases: &Leases, holder: &Holder, ret: &LaneReturn) -> Re
             holder.unreserve(&table);
         }
         Err(e) => {
-            eprintln!("inkfs: lane {}: its table chain: {e}", ret.lane);
+            leases
+                .lanes
+                .failed(format_args!("lane {}: its table chain: {e}", ret.lane));
             let all = leases.reserved_of(holder);
             holder.unreserve(&all);
         }
@@ -203,7 +223,10 @@ pub(crate) fn released(leases: &Leases, holder: &Holder, ret: &LaneReturn) -> Re
             // session's end they would be freed while named. Out of the
             // books unreturned instead (fsck reports them if unnamed).
             Err(e) => {
-                eprintln!("inkfs: lane {}: inode {ino} made under it: {e}", ret.lane);
+                leases.lanes.failed(format_args!(
+                    "lane {}: inode {ino} made under it: {e}",
+                    ret.lane
+                ));
                 let all = leases.reserved_of(holder);
                 holder.unreserve(&all);
             }
@@ -270,7 +293,10 @@ pub(crate) fn reap(leases: &Leases, engine: &Engine, holder: &Holder) {
         Err(e) => {
             // The lane stays leased (the pool wants fsck); its blocks are
             // kept out of the free lists rather than freed while named.
-            eprintln!("inkfs: reaping lane {k} of client {}: {e}", holder.id);
+            leases.lanes.failed(format_args!(
+                "reaping lane {k} of client {}: {e}",
+                holder.id
+            ));
             0
         }
     };
@@ -305,7 +331,9 @@ pub(crate) fn orphan(leases: &Leases, holder: &Holder, ino: u64, gen: u64) {
             Ok(named) => holder.unreserve(&named),
             // Kept out of the free lists rather than freed while named.
             Err(e) => {
-                eprintln!("inkfs: client {}: orphan {ino}: {e}", holder.id);
+                leases
+                    .lanes
+                    .failed(format_args!("client {}: orphan {ino}: {e}", holder.id));
                 let all = leases.reserved_of(holder);
                 holder.unreserve(&all);
             }
@@ -335,7 +363,9 @@ pub(crate) fn slot(leases: &Leases, holder: &Holder, ino: u64) {
     let freed = match lane.is_some().then(|| engine.free_client_victim(ino)) {
         Some(Ok(freed)) => freed,
         Some(Err(e)) => {
-            eprintln!("inkfs: client {}: slot {ino}: {e}", holder.id);
+            leases
+                .lanes
+                .failed(format_args!("client {}: slot {ino}: {e}", holder.id));
             leases.lanes.removals_refused.fetch_add(1, Relaxed);
             return;
         }

@@ -992,6 +992,14 @@ pub fn run_engine(
                 );
                 lines.push(
                     Field::count(
+                        "lane_settles_failed",
+                        "lane settles failed",
+                        l.lanes.failures(),
+                    )
+                    .explained("blocks kept from the free lists until fsck; stderr says why"),
+                );
+                lines.push(
+                    Field::count(
                         "dir_files_kept",
                         "files kept at a directory's give-back",
                         kept,

@@ -549,7 +549,10 @@ impl<P: Pmem> Fs<P> {
         for &(slot, st) in &states {
             if st != SlotState::Free {
                 let ino = lane_slot_to_ino(lane, slot, self.geo.lane_count);
-                for (s, l) in self.inode_blocks(&self.iget(ino)?)? {
+                // Current, not as cached: the client may have freed and
+                // reused the slot since the owner last loaded it (a stale
+                // head walks a chain that is not this inode's).
+                for (s, l) in self.inode_blocks(&self.iget_current(ino)?)? {
                     name(s, l);
                 }
             }
@@ -708,7 +711,9 @@ impl<P: Pmem> Fs<P> {
                 SlotState::Live => out.live.push(ino),
                 SlotState::Orphan => {
                     out.orphans += 1;
-                    if let Ok(inode) = self.iget(ino) {
+                    // Current (see step 4): freeing a stale object would
+                    // free another life's blocks.
+                    if let Ok(inode) = self.iget_current(ino) {
                         let mut st = write(&inode.state);
                         if !st.gone && st.open_count == 0 {
                             if self.client_holds(ino) {
@@ -740,7 +745,7 @@ impl<P: Pmem> Fs<P> {
                 named.extend(blocks);
                 continue;
             }
-            let Ok(inode) = self.iget(ino) else { continue };
+            let Ok(inode) = self.iget_current(ino) else { continue };
             if let Ok(blocks) = self.inode_blocks(&inode) {
                 // Whole blocks only: a chunk block is settled as one.
                 named.extend(

@@ -67,6 +67,11 @@ pub fn statvfs(mnt: &Path) -> (u64, u64) {
 /// live server counted, and fsck finds nothing.
 pub fn books_match_a_scan(pool: &Pool, m: Mounted) -> Mounted {
     assert_eq!(stat_u64(m.path(), "frees_refused"), 0, "blocks freed twice");
+    assert_eq!(
+        stat_u64(m.path(), "lane_settles_failed"),
+        0,
+        "a lane's give-back, reaping or removal the engine failed"
+    );
     let live = statvfs(m.path());
     let dir = m.unmount();
     fsck_clean(pool);
