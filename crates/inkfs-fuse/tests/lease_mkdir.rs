@@ -444,6 +444,14 @@ fn write_then_delete(d: &Path, stats: &Path, keep: bool) -> std::process::Child 
 /// DRAM view, `is_orphan`, presumably): after a clean unmount fsck finds
 /// the orphan. Seen with main's ask rule too (the later lease asked by
 /// creates, no unlink counted: 12 local removals, the same orphan).
+///
+/// Since c4200a1 (`iget_current`) the orphan is adopted
+/// (`lane_removals_refused` 0 in 30 of 30 runs, h/askon), but the test
+/// still fails about 1 run in 15 at [`books_match_a_scan`]: the live
+/// server counted fewer free blocks than the scan after a remount
+/// (14273 against 16307, 2034 blocks short; inodes equal; fsck clean).
+/// Not yet known whether a lane's blocks come back late (the process
+/// just exited) or never: kept ignored until that is found.
 #[test]
 #[ignore]
 fn the_last_written_file_removed_under_a_later_lease_is_freed() {
