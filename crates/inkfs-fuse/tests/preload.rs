@@ -1154,3 +1154,91 @@ fn a_served_durable_append_makes_no_system_call() {
     drop(m);
     fsck_clean(&pool);
 }
+
+/// write, pwrite and pread of 4096 bytes with a buffer of which only the
+/// first 100 bytes are mapped (the next page PROT_NONE), each in a forked
+/// child on a file of 16 KiB the parent wrote: `OP RET ERRNO`, or `OP
+/// signal N` if the child died of a signal.
+const C_BAD_BUFFER: &str = r#"
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    long pg = sysconf(_SC_PAGESIZE);
+    char *m = mmap(0, 2 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED || mprotect(m + pg, pg, PROT_NONE)) { perror("mmap"); return 1; }
+    memset(m, 'x', pg);
+    char *bad = m + pg - 100;
+    int fd = open(argv[1], O_RDWR | O_CREAT, 0644);
+    if (fd < 0) { perror(argv[1]); return 1; }
+    char page[4096];
+    memset(page, 'y', sizeof page);
+    for (int i = 0; i < 4; i++)
+        if (pwrite(fd, page, sizeof page, i * 4096) != 4096) { perror("fill"); return 1; }
+    close(fd);
+    const char *ops[] = {"write", "pwrite", "pread"};
+    for (int k = 0; k < 3; k++) {
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid == 0) {
+            fd = open(argv[1], O_RDWR);
+            if (fd < 0) { perror(argv[1]); _exit(2); }
+            ssize_t r;
+            errno = 0;
+            if (k == 0) r = write(fd, bad, 4096);
+            else if (k == 1) r = pwrite(fd, bad, 4096, 8192);
+            else r = pread(fd, bad, 4096, 0);
+            printf("%s %zd %d\n", ops[k], r, r < 0 ? errno : 0);
+            fflush(stdout);
+            _exit(0);
+        }
+        int st;
+        if (waitpid(pid, &st, 0) != pid) { perror("waitpid"); return 1; }
+        if (WIFSIGNALED(st)) printf("%s signal %d\n", ops[k], WTERMSIG(st));
+        else if (WEXITSTATUS(st)) printf("%s exit %d\n", ops[k], WEXITSTATUS(st));
+    }
+    return 0;
+}
+"#;
+
+/// A documented limit (docs/KERNEL-FREE.md, "Built: ... a bad buffer"):
+/// a served read or write whose user buffer is partly unmapped dies of
+/// SIGSEGV in the library's copy, where the kernel (this mount without
+/// the library) copies up to the fault and returns the short count.
+/// Pinned here so that a fix (a fault-tolerant copy) changes this test
+/// with the docs.
+#[test]
+fn a_buffer_partly_unmapped_is_the_kernels_short_count_and_the_librarys_sigsegv() {
+    require_tool("cc", "build-essential");
+    let pool = Pool::new("preload-badbuf", 64);
+    let m = Mounted::new(&pool, "mode=strict");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("bad.c");
+    let exe = dir.path().join("bad");
+    std::fs::write(&src, C_BAD_BUFFER).expect("source");
+    run(Command::new("cc").arg("-O2").arg("-o").arg(&exe).arg(&src));
+    let (ok, out, err) = sh_run(&format!("{} {}", exe.display(), m.p("k").display()), None);
+    assert!(ok, "{err}");
+    assert_eq!(out, "write 100 0\npwrite 100 0\npread 100 0\n", "{err}");
+    let stats = stats_file("badbuf");
+    let (ok, out, err) = sh_run(
+        &format!("{} {}", exe.display(), m.p("l").display()),
+        Some(stats.path()),
+    );
+    assert!(ok, "{err}");
+    assert_eq!(
+        out, "write signal 11\npwrite signal 11\npread signal 11\n",
+        "{err}"
+    );
+    // Served (the parent's four writes; the children _exit or die
+    // uncounted), not the kernel's.
+    let n = counts(stats.path());
+    assert!(c(&n, "write_local") >= 4, "{n:?}");
+    assert_eq!(c(&n, "write_kernel"), 0, "{n:?}");
+    drop(m);
+    fsck_clean(&pool);
+}

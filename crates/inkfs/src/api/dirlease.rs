@@ -56,7 +56,6 @@
 //! before the kept list is made (and is in it) or finds no grant (and
 //! goes to the server).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Mutex, MutexGuard};
 
@@ -66,6 +65,7 @@ use super::{Filesystem, OpenFlags};
 use crate::error::{errno, Result};
 use crate::format::inode_flags::IMMUTABLE;
 use crate::inode::read;
+use crate::inthash::IntMap;
 use crate::perm::Credentials;
 use crate::pmem::Pmem;
 use crate::rmlocal::KernelHeld;
@@ -249,14 +249,14 @@ impl DirAnswer {
 /// A client's book of its directory leases (see the module comment).
 #[derive(Default)]
 pub struct DirLeases {
-    map: Mutex<HashMap<u64, DirState>>,
+    map: Mutex<IntMap<DirState>>,
     held: AtomicUsize,
     /// Recalls answered (for tests and statistics).
     recalls: AtomicU64,
     /// Held by a create or a removal under a lease and by a give-back
     /// (see the module comment): what each directory's lease made and
     /// removed.
-    local: Mutex<HashMap<u64, Made>>,
+    local: Mutex<IntMap<Made>>,
     /// Creates made under directory leases (for tests and statistics).
     creates: AtomicU64,
     /// Attribute changes of leased directories made by the client (for
@@ -291,10 +291,65 @@ pub enum Local {
 /// book, under its `local` lock).
 #[derive(Debug, Default)]
 pub struct Made {
-    /// The files created under it, (inode, generation).
-    pub files: Vec<(u64, u64)>,
+    /// The files created under it and not removed under it: inode ->
+    /// (generation, order made). A map, not a list: a removal under the
+    /// lease looks its victim up and forgets it, and a list's scans of a
+    /// thousand files made were a removal's cost (bench/results-notes/
+    /// hybdel.md). An inode number is in it once: its slot is made again
+    /// only after its removal, which under the lease is this client's
+    /// (`forget`) or a request naming the directory (its recall ends the
+    /// book's entry).
+    files: IntMap<(u64, u64)>,
+    /// The next create's order (the give-back lists files as made).
+    made_next: u64,
     /// Removals made under it (`removed=` at its give-back).
     pub removed: u64,
+}
+
+impl Made {
+    /// Inode `ino`, generation `generation`, made under the lease.
+    pub fn add(&mut self, ino: u64, generation: u64) {
+        let order = self.made_next;
+        self.made_next += 1;
+        let old = self.files.insert(ino, (generation, order));
+        debug_assert!(
+            old.is_none(),
+            "inode {ino} made twice under one lease: {old:?}"
+        );
+    }
+
+    /// Whether inode `ino` of generation `generation` was made under the
+    /// lease (and not removed since).
+    pub fn has(&self, ino: u64, generation: u64) -> bool {
+        self.files.get(&ino).is_some_and(|&(g, _)| g == generation)
+    }
+
+    /// Inode `ino` removed under the lease.
+    pub fn forget(&mut self, ino: u64) {
+        self.files.remove(&ino);
+    }
+
+    /// How many files made under the lease are left.
+    pub fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    /// Whether no file made under the lease is left.
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+
+    /// The files made under the lease, (inode, generation), in the order
+    /// made (the give-back keeps the first [`KEPT_MAX`] still written).
+    pub fn into_files(self) -> Vec<(u64, u64)> {
+        let mut v: Vec<(u64, u64, u64)> = self
+            .files
+            .into_iter()
+            .map(|(i, (g, o))| (o, i, g))
+            .collect();
+        v.sort_unstable();
+        v.into_iter().map(|(_, i, g)| (i, g)).collect()
+    }
 }
 
 /// What a directory's give-back sends: `released D GEN kept=... removed=N`
@@ -329,7 +384,7 @@ impl DirState {
 }
 
 impl DirLeases {
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, DirState>> {
+    fn lock(&self) -> MutexGuard<'_, IntMap<DirState>> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -497,14 +552,14 @@ impl DirLeases {
         self.removals.fetch_add(1, Relaxed);
     }
 
-    fn local(&self) -> MutexGuard<'_, HashMap<u64, Made>> {
+    fn local(&self) -> MutexGuard<'_, IntMap<Made>> {
         self.local.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The book of what each lease made and removed, locked: a removal
     /// under a lease holds it from its look at the grant to its end, as a
     /// create does (crates/inkfs/src/api/client/remove.rs).
-    pub(crate) fn local_book(&self) -> MutexGuard<'_, HashMap<u64, Made>> {
+    pub(crate) fn local_book(&self) -> MutexGuard<'_, IntMap<Made>> {
         self.local()
     }
 
@@ -592,11 +647,7 @@ impl DirLeases {
                 // server's create leases it (`made` enters it).
                 let writable = file.flags().writable();
                 fs.release(file);
-                local
-                    .entry(dir)
-                    .or_default()
-                    .files
-                    .push((a.ino, a.generation));
+                local.entry(dir).or_default().add(a.ino, a.generation);
                 self.creates.fetch_add(1, Relaxed);
                 if !writable {
                     return Local::Made(a, 0);
@@ -698,7 +749,7 @@ impl DirLeases {
             removed: made.removed,
             ..GiveBack::default()
         };
-        for (ino, igen) in made.files {
+        for (ino, igen) in made.into_files() {
             if holds(ino) && out.kept.len() < KEPT_MAX {
                 out.kept.push((ino, igen));
             } else {
@@ -765,6 +816,25 @@ impl<P: Pmem> Filesystem<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_book_lists_files_as_made_without_those_removed() {
+        let mut m = Made::default();
+        for ino in [40u64, 7, 300, 12, 9] {
+            m.add(ino, ino + 1000);
+        }
+        m.forget(300);
+        m.forget(5); // never made: nothing
+        assert!(m.has(7, 1007));
+        assert!(!m.has(7, 1008), "another generation of the slot");
+        assert!(!m.has(300, 1300), "removed");
+        assert_eq!(m.len(), 4);
+        m.add(300, 2300); // its slot made again
+        assert_eq!(
+            m.into_files(),
+            vec![(40, 1040), (7, 1007), (12, 1012), (9, 1009), (300, 2300)]
+        );
+    }
 
     #[test]
     fn answers_round_trip_and_junk_is_refused() {

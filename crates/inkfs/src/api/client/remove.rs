@@ -91,9 +91,7 @@ impl Client {
         if a.kind != FileKind::File {
             return None;
         }
-        let created = book
-            .get(dir)
-            .is_some_and(|m| m.files.contains(&(a.ino, a.generation)));
+        let created = book.get(dir).is_some_and(|m| m.has(a.ino, a.generation));
         if !created && fs.client_owns_slot(a.ino) {
             return None;
         }
@@ -123,7 +121,7 @@ impl Client {
         drop(lease);
         fs.client_release_inode(victim);
         let made = book.entry(*dir).or_default();
-        made.files.retain(|&(i, _)| i != victim);
+        made.forget(victim);
         made.removed += 1;
         shared.dirs.removed_one();
         let mut then: Vec<Msg> = fs
