@@ -565,6 +565,18 @@ fn detach_stdio() {
             unsafe { libc::dup2(null.as_raw_fd(), fd) };
         }
     }
+    // The server's messages (a settle the engine failed, a client's
+    // session ended for a bad message) kept where the operator says.
+    if let Some(path) = std::env::var_os("INKFS_SERVER_LOG") {
+        if let Ok(log) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            // SAFETY: dup2 onto stderr; log stays open for the call.
+            unsafe { libc::dup2(log.as_raw_fd(), 2) };
+        }
+    }
     let _ = std::env::set_current_dir("/");
 }
 
