@@ -774,25 +774,22 @@ impl<P: Pmem> Fs<P> {
     /// made another in its slot: the owner hears of neither, and its
     /// `iget` does not catch up). ENOENT for a slot free now.
     pub(crate) fn iget_current(&self, ino: u64) -> Result<Arc<Inode>> {
+        // A stale cached object is dropped from the cache by `iget` (which
+        // loads again only on a shared pool) or by the catch-up: either
+        // way, load what the slot holds today (ENOENT if it is free).
+        let reload = || {
+            let fresh = self.iget_cached(ino)?;
+            self.catch_up_now(&fresh)?;
+            Ok(fresh)
+        };
         let inode = match self.iget(ino) {
             Ok(inode) => inode,
-            // `iget` found its cached object stale and dropped it, but
-            // loads again only on a shared pool: load what the slot
-            // holds today here (ENOENT if it is free).
-            Err(e) if e.errno() == libc::ENOENT => {
-                let fresh = self.iget_cached(ino)?;
-                self.catch_up_now(&fresh)?;
-                return Ok(fresh);
-            }
+            Err(e) if e.errno() == libc::ENOENT => return reload(),
             Err(e) => return Err(e),
         };
         match self.catch_up_now(&inode) {
             Ok(()) => Ok(inode),
-            Err(e) if e.errno() == libc::ENOENT && inode.is_gone() => {
-                let fresh = self.iget_cached(ino)?;
-                self.catch_up_now(&fresh)?;
-                Ok(fresh)
-            }
+            Err(e) if e.errno() == libc::ENOENT && inode.is_gone() => reload(),
             Err(e) => Err(e),
         }
     }
